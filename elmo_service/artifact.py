@@ -1,0 +1,220 @@
+"""The on-disk model artifact: a directory anyone can inspect.
+
+    model_dir/
+      config.json          schema_version, model (BiLMConfig), tokenizer, provenance
+      weights.safetensors  the BiLM's tensors (never pickle)
+      tokenizer.model      sentencepiece models only
+      manifest.json        sha256 of every file above; their hash is the model version
+      tasks/NAME.json      optional learned scalar mixes (not part of the version)
+
+Loading checks every file against the manifest and every tensor's name, shape
+and dtype against the config, and names what is wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from elmo_service.config import BiLMConfig
+from elmo_service.errors import ArtifactError, ConfigError
+from elmo_service.model import BiLM
+from elmo_service.scalar_mix import MixSpec
+from elmo_service.tokenizers import Tokenizer, load_tokenizer
+
+SCHEMA_VERSION = 1
+FORMAT = "elmo-service-bilm"
+CONFIG, WEIGHTS, MANIFEST, TASKS = "config.json", "weights.safetensors", "manifest.json", "tasks"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def version_of(file_hashes: dict[str, str]) -> str:
+    """The model version: a hash over the manifest's files, 16 hex chars."""
+    h = hashlib.sha256()
+    for name in sorted(file_hashes):
+        h.update(f"{name}\0{file_hashes[name]}\n".encode())
+    return h.hexdigest()[:16]
+
+
+@dataclass
+class Artifact:
+    path: Path
+    config: BiLMConfig
+    tokenizer: Tokenizer
+    model: BiLM
+    version: str
+    provenance: dict[str, Any] = field(default_factory=dict)
+    tasks: dict[str, MixSpec] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def save_artifact(
+    model: BiLM,
+    tokenizer: Tokenizer,
+    directory: str | Path,
+    provenance: dict[str, Any] | None = None,
+    tasks: dict[str, MixSpec] | None = None,
+    overwrite: bool = False,
+) -> str:
+    """Write an artifact atomically (temp dir + rename). Returns its version."""
+    directory = Path(directory)
+    if directory.exists() and any(directory.iterdir()) and not overwrite:
+        raise ArtifactError(f"{directory} exists and is not empty (pass overwrite=True)", field="out")
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
+        save_file(state, str(tmp / WEIGHTS), metadata={"format": FORMAT})
+        config = {
+            "schema_version": SCHEMA_VERSION,
+            "format": FORMAT,
+            "model": model.cfg.to_dict(),
+            "tokenizer": tokenizer.save(tmp),
+            "provenance": provenance or {},
+        }
+        (tmp / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        hashes = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+        version = version_of(hashes)
+        manifest = {"version": version, "files": hashes}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        for name, spec in (tasks or {}).items():
+            write_task(tmp, name, spec)
+        if directory.exists():
+            shutil.rmtree(directory)
+        os.replace(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return version
+
+
+def write_task(directory: str | Path, name: str, spec: MixSpec) -> Path:
+    path = Path(directory) / TASKS / f"{name}.json"
+    path.parent.mkdir(exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(spec.to_dict(), indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ArtifactError(f"missing {path.name} in {path.parent}", field=path.name)
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ArtifactError(f"corrupt {path.name}: {e}", field=path.name) from e
+    if not isinstance(data, dict):
+        raise ArtifactError(f"corrupt {path.name}: expected a JSON object", field=path.name)
+    return data
+
+
+def read_manifest(directory: str | Path) -> dict[str, Any]:
+    """The manifest (version and file hashes) without loading weights."""
+    return _read_json(Path(directory) / MANIFEST)
+
+
+def read_config(directory: str | Path) -> dict[str, Any]:
+    return _read_json(Path(directory) / CONFIG)
+
+
+def verify_files(directory: Path, manifest: dict[str, Any]) -> str:
+    files = manifest.get("files")
+    if not isinstance(files, dict) or CONFIG not in files or WEIGHTS not in files:
+        raise ArtifactError(f"corrupt {MANIFEST}: no file list", field=MANIFEST)
+    for name, want in files.items():
+        p = directory / name
+        if not p.is_file():
+            raise ArtifactError(f"missing {name} in {directory}", field=name)
+        if sha256_file(p) != want:
+            raise ArtifactError(f"{name} is corrupt: its sha256 does not match {MANIFEST}", field=name)
+    version = version_of(files)
+    if manifest.get("version") != version:
+        raise ArtifactError(f"corrupt {MANIFEST}: version does not match its files", field=MANIFEST)
+    return version
+
+
+def check_state_dict(model: BiLM, state: dict[str, torch.Tensor]) -> None:
+    """Raise naming the first missing, unexpected or mis-shaped tensor."""
+    expected = model.state_dict()
+    for name, ref in expected.items():
+        if name not in state:
+            raise ArtifactError(f"weights lack tensor {name!r} (shape {list(ref.shape)})", field=name)
+        t = state[name]
+        if tuple(t.shape) != tuple(ref.shape):
+            raise ArtifactError(
+                f"tensor {name!r} has shape {list(t.shape)}, expected {list(ref.shape)}", field=name
+            )
+        if not t.is_floating_point():
+            raise ArtifactError(f"tensor {name!r} has dtype {t.dtype}, expected a float", field=name)
+    extra = sorted(set(state) - set(expected))
+    if extra:
+        raise ArtifactError(f"weights hold unexpected tensor {extra[0]!r}", field=extra[0])
+
+
+def load_tasks(directory: Path, n_layers: int) -> dict[str, MixSpec]:
+    tasks = {}
+    for p in sorted((directory / TASKS).glob("*.json")) if (directory / TASKS).is_dir() else []:
+        try:
+            tasks[p.stem] = MixSpec.from_dict(_read_json(p)).validate(n_layers, p.name)
+        except ConfigError as e:
+            raise ArtifactError(f"task {p.name}: {e.message}", field=p.name) from e
+    return tasks
+
+
+def load_artifact(directory: str | Path, device: str | torch.device = "cpu") -> Artifact:
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ArtifactError(f"model directory {directory} does not exist", field="model")
+    manifest = read_manifest(directory)
+    version = verify_files(directory, manifest)
+    config = read_config(directory)
+    if config.get("schema_version") != SCHEMA_VERSION:
+        raise ArtifactError(
+            f"{CONFIG} has schema_version {config.get('schema_version')!r}, expected {SCHEMA_VERSION}",
+            field="schema_version",
+        )
+    try:
+        cfg = BiLMConfig.from_dict(config["model"])
+    except KeyError as e:
+        raise ArtifactError(f"{CONFIG} lacks 'model'", field="model") from e
+    except ConfigError as e:
+        raise ArtifactError(f"{CONFIG}: {e.message}", field=e.field) from e
+    tokenizer = load_tokenizer(config.get("tokenizer", {}), directory)
+    try:
+        state = load_file(str(directory / WEIGHTS))
+    except (SafetensorError, OSError) as e:
+        raise ArtifactError(f"corrupt {WEIGHTS}: {e}", field=WEIGHTS) from e
+    model = BiLM(cfg)
+    check_state_dict(model, state)
+    model.load_state_dict({k: v.float() for k, v in state.items()})
+    model.to(device).eval()
+    return Artifact(
+        path=directory,
+        config=cfg,
+        tokenizer=tokenizer,
+        model=model,
+        version=version,
+        provenance=config.get("provenance", {}),
+        tasks=load_tasks(directory, cfg.n_output_layers),
+    )

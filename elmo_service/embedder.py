@@ -1,0 +1,249 @@
+"""Sentences -> per-layer contextual vectors, fast and reproducible.
+
+``Embedder.embed`` tokenizes, then ``embed_tokens`` does the work:
+
+1. sentences are sorted by length and cut into batches under a token budget
+   (padded cost ``n * max_len``), so padding stays small;
+2. each batch's distinct tokens are looked up in the token-vector cache (the
+   character CNN is most of the FLOPs of released-size models); misses run
+   through the CNN once per distinct token;
+3. the biLSTM runs on the assembled ``[B, T, P]`` token vectors, from a zero
+   state, so a sentence's vectors do not depend on its batch mates.
+
+Outputs are float32 numpy arrays ``[L+1, T, D]`` per sentence, markers removed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from cachetools import LRUCache
+
+from elmo_service.artifact import Artifact, load_artifact
+from elmo_service.char_ids import bos_ids, eos_ids, token_ids
+from elmo_service.errors import ConfigError, InputError, LimitError
+from elmo_service.scalar_mix import MixSpec, ScalarMix
+from elmo_service.runtime import autocast, pick_device, set_threads
+from elmo_service.tokenizers import Token
+
+Sentence = str | Sequence[str]
+# keys for the sentence markers that no real token text can collide with
+_BOS, _EOS = "\x00<S>", "\x00</S>"
+
+
+@dataclass
+class EmbeddedSentence:
+    tokens: list[Token]
+    layers: np.ndarray  # [L+1, T, D] float32
+
+    def words(self) -> tuple[list[str], np.ndarray]:
+        """Word-level vectors: a word's pieces averaged. ``[L+1, W, D]``."""
+        return words_of(self.tokens, self.layers)
+
+
+def words_of(tokens: Sequence[Token], layers: np.ndarray, text: str | None = None) -> tuple[list[str], np.ndarray]:
+    """Average the vectors of each word's tokens.
+
+    Returns the words (their text from ``text`` when given, else the joined
+    token texts without sentencepiece markers) and ``[L+1, W, D]``.
+    """
+    if not tokens:
+        return [], layers[:, :0]
+    word_ids = np.array([t.word for t in tokens])
+    n_words = int(word_ids.max()) + 1
+    sums = np.zeros((layers.shape[0], n_words, layers.shape[2]), dtype=np.float64)
+    np.add.at(sums, (slice(None), word_ids), layers.astype(np.float64))
+    counts = np.bincount(word_ids, minlength=n_words)
+    out = (sums / np.maximum(counts, 1)[None, :, None]).astype(np.float32)
+    words = []
+    for w in range(n_words):
+        pieces = [t for t in tokens if t.word == w]
+        if text is not None and pieces:
+            words.append(text[pieces[0].start : pieces[-1].end])
+        else:
+            words.append("".join(p.text for p in pieces).replace("\u2581", ""))
+    return words, out
+
+
+def apply_mix(layers: np.ndarray, spec: MixSpec) -> np.ndarray:
+    """``[L+1, T, D]`` -> ``[T, D]`` with a task's scalar mix."""
+    mix = ScalarMix.from_spec(spec, layers.shape[0])
+    with torch.inference_mode():
+        return mix(torch.from_numpy(np.ascontiguousarray(layers))).numpy()
+
+
+class Embedder:
+    """Load once, embed many times. Thread-safe: one forward pass at a time."""
+
+    def __init__(
+        self,
+        artifact: Artifact,
+        *,
+        device: str = "auto",
+        precision: str = "fp32",
+        token_cache_size: int = 100_000,
+        batch_tokens: int = 4096,
+        max_batch_sentences: int = 256,
+        max_sentence_tokens: int | None = None,
+        compile: bool = False,
+    ) -> None:
+        if batch_tokens < 1 or max_batch_sentences < 1:
+            raise ConfigError("batch_tokens and max_batch_sentences must be >= 1", field="batch_tokens")
+        self.artifact = artifact
+        self.device = pick_device(device)
+        self.precision = precision
+        autocast(self.device, precision)  # validates the precision early
+        self.model = artifact.model.to(self.device).eval()
+        self.tokenizer = artifact.tokenizer
+        self.cfg = artifact.config
+        self.batch_tokens = batch_tokens
+        self.max_batch_sentences = max_batch_sentences
+        self.max_sentence_tokens = max_sentence_tokens or self.cfg.max_sentence_tokens
+        self._cache: LRUCache | None = LRUCache(token_cache_size) if token_cache_size > 0 else None
+        self.cache_hits = 0
+        self.cache_misses = 0
+        self._lock = threading.Lock()
+        self._compiled = compile
+        self._encode = self.model.token_encoder
+        self._contextualize = self.model.contextualize
+        if compile:
+            self._encode = torch.compile(self.model.token_encoder, dynamic=False)
+            self._contextualize = torch.compile(self.model.contextualize, dynamic=False)
+
+    @classmethod
+    def load(cls, path: str | Path, *, threads: int | None = None, device: str = "auto", **kwargs) -> Embedder:
+        set_threads(threads)
+        return cls(load_artifact(path, device="cpu"), device=device, **kwargs)
+
+    # -- properties the service reports ---------------------------------
+    @property
+    def version(self) -> str:
+        return self.artifact.version
+
+    @property
+    def n_layers(self) -> int:
+        return self.cfg.n_output_layers
+
+    @property
+    def dim(self) -> int:
+        return self.cfg.output_dim
+
+    @property
+    def cache_key_prefix(self) -> str:
+        """Model version + tokenizer: a new model never reuses old vectors."""
+        return f"{self.version}:{self.tokenizer.fingerprint}"
+
+    # -- public API -------------------------------------------------------
+    def tokenize(self, sentences: Iterable[Sentence]) -> list[list[Token]]:
+        out = []
+        for i, s in enumerate(sentences):
+            if not isinstance(s, str) and not (
+                isinstance(s, Sequence) and all(isinstance(w, str) for w in s)
+            ):
+                raise InputError(f"sentence {i} must be a string or a list of strings", field=f"sentences[{i}]")
+            toks = self.tokenizer(s)
+            if len(toks) > self.max_sentence_tokens:
+                raise LimitError(
+                    f"sentence {i} has {len(toks)} tokens; the limit is {self.max_sentence_tokens}",
+                    field=f"sentences[{i}]",
+                )
+            out.append(toks)
+        return out
+
+    def embed(self, sentences: Iterable[Sentence]) -> list[EmbeddedSentence]:
+        """Embed strings (tokenized by the model's tokenizer) or token lists."""
+        token_lists = self.tokenize(sentences)
+        layers = self.embed_tokens([[t.text for t in toks] for toks in token_lists])
+        return [EmbeddedSentence(t, x) for t, x in zip(token_lists, layers, strict=True)]
+
+    def embed_tokens(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """Token texts -> ``[L+1, T, D]`` float32 per sentence, in input order."""
+        out: list[np.ndarray | None] = [None] * len(sentences)
+        for batch in self.plan_batches([len(s) for s in sentences]):
+            for i, arr in zip(batch, self._run_batch([sentences[i] for i in batch]), strict=True):
+                out[i] = arr
+        return out  # type: ignore[return-value]
+
+    def plan_batches(self, lengths: Sequence[int]) -> Iterator[list[int]]:
+        """Indices sorted by length (longest first), cut under the token budget."""
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        batch: list[int] = []
+        for i in order:
+            width = lengths[batch[0]] + 2 if batch else lengths[i] + 2
+            if batch and ((len(batch) + 1) * width > self.batch_tokens or len(batch) >= self.max_batch_sentences):
+                yield batch
+                batch = []
+            batch.append(i)
+        if batch:
+            yield batch
+
+    # -- internals --------------------------------------------------------
+    def _token_vectors(self, keys: list[str]) -> torch.Tensor:
+        """``[U, P]`` layer-0 vectors for distinct token keys, cache first."""
+        w = self.cfg.max_chars_per_token
+        vecs: list[torch.Tensor | None] = [None] * len(keys)
+        missing: list[int] = []
+        for i, k in enumerate(keys):
+            v = self._cache.get(k) if self._cache is not None else None
+            if v is None:
+                missing.append(i)
+            else:
+                vecs[i] = v
+        self.cache_hits += len(keys) - len(missing)
+        self.cache_misses += len(missing)
+        if missing:
+            ids = np.stack(
+                [bos_ids(w) if keys[i] == _BOS else eos_ids(w) if keys[i] == _EOS else token_ids(keys[i], w) for i in missing]
+            )
+            ids_t = torch.from_numpy(ids).to(self.device)
+            n = len(missing)
+            if self._compiled:  # bucket the shape so compile does not run per request
+                ids_t = _pad_rows(ids_t, _bucket(n, 64))
+            with autocast(self.device, self.precision):
+                computed = self._encode(ids_t)[:n].float()
+            for j, i in enumerate(missing):
+                vecs[i] = computed[j]
+                if self._cache is not None:
+                    self._cache[keys[i]] = computed[j].clone()
+        return torch.stack(vecs)  # type: ignore[arg-type]
+
+    def _run_batch(self, sentences: list[Sequence[str]]) -> list[np.ndarray]:
+        lengths = [len(s) + 2 for s in sentences]
+        b, t = len(sentences), max(lengths)
+        if self._compiled:
+            b_pad, t_pad = _bucket(b, 1), _bucket(t, 8)
+        else:
+            b_pad, t_pad = b, t
+        keys: dict[str, int] = {}
+        index = np.zeros((b_pad, t_pad), dtype=np.int64)  # 0 -> the zero row
+        for r, sent in enumerate(sentences):
+            for c, tok in enumerate((_BOS, *sent, _EOS)):
+                index[r, c] = keys.setdefault(tok, len(keys)) + 1
+        with self._lock, torch.inference_mode():
+            table = self._token_vectors(list(keys))
+            table = torch.cat([table.new_zeros(1, table.shape[1]), table])
+            tokens = table[torch.from_numpy(index).to(self.device)]
+            lens = torch.tensor(lengths + [0] * (b_pad - b), device=self.device)
+            with autocast(self.device, self.precision):
+                layers = self._contextualize(tokens, lens)
+            layers = layers.float().cpu().numpy()
+        return [np.ascontiguousarray(layers[:, r, 1 : lengths[r] - 1]) for r in range(b)]
+
+
+def _bucket(n: int, multiple: int) -> int:
+    """Round ``n`` up: to a power of two for small sizes, else to ``multiple``."""
+    p = 1
+    while p < n:
+        p *= 2
+    return p if p <= max(multiple, 1) * 4 else -(-n // multiple) * multiple
+
+
+def _pad_rows(x: torch.Tensor, n: int) -> torch.Tensor:
+    if x.shape[0] >= n:
+        return x
+    return torch.cat([x, x.new_zeros(n - x.shape[0], *x.shape[1:])])

@@ -1,0 +1,53 @@
+"""Device, thread and precision choices, made once per process.
+
+Shared by the embedder and the trainer so both pick devices and autocast the
+same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+from elmo_service.errors import ConfigError
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def pick_device(device: str | torch.device | None = "auto") -> torch.device:
+    if device is None or str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device 'cuda' requested but CUDA is not available", field="device")
+    return dev
+
+
+def set_threads(threads: int | None) -> int:
+    """Give this process an explicit intra-op thread count.
+
+    OpenMP spinning across two threads collapses when another process shares
+    the cores, so an explicit count (default: ELMO_THREADS, else all cores)
+    is set rather than left to the runtime.
+    """
+    if threads is None:
+        env = os.environ.get("ELMO_THREADS")
+        threads = int(env) if env else (os.cpu_count() or 1)
+    if threads < 1:
+        raise ConfigError("threads must be >= 1", field="threads")
+    torch.set_num_threads(threads)
+    return threads
+
+
+def autocast(device: torch.device, precision: str):
+    """Autocast context for ``precision`` on ``device`` (a no-op for fp32)."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision must be one of {PRECISIONS}", field="precision")
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if precision == "fp16" and device.type != "cuda":
+        raise ConfigError("fp16 autocast needs CUDA; use bf16 on CPU", field="precision")
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)

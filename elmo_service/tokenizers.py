@@ -1,0 +1,185 @@
+"""Text -> tokens with character offsets.
+
+Two tokenizers sit behind one interface:
+
+* ``SentencePieceTokenizer``: the project's own models; tokens are pieces
+  (``"▁bank"``), a new word starts at each piece carrying ``▁``.
+* ``WordTokenizer``: imported bilm-tf models, trained on word-tokenized text
+  (1B Word Benchmark style: punctuation split off, ``n't`` split).
+
+Pre-tokenized input (a list of words) is accepted by both; offsets then refer
+to the words joined by single spaces, and each given word is one word.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from elmo_service.errors import ArtifactError, ConfigError
+
+SP_SPACE = "\u2581"  # sentencepiece's visible space
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """A model token: its text (what the character CNN reads), the span
+    ``[start, end)`` in the original string, and the index of its word."""
+
+    text: str
+    start: int
+    end: int
+    word: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": self.text, "start": self.start, "end": self.end, "word": self.word}
+
+
+class Tokenizer(ABC):
+    kind: str
+
+    @abstractmethod
+    def tokenize(self, text: str) -> list[Token]: ...
+
+    @abstractmethod
+    def tokenize_words(self, words: Sequence[str]) -> list[Token]: ...
+
+    @property
+    @abstractmethod
+    def fingerprint(self) -> str:
+        """Identifies the tokenization exactly; part of every cache key."""
+
+    @abstractmethod
+    def save(self, directory: Path) -> dict[str, Any]:
+        """Write any files into ``directory``; return the config entry."""
+
+    def __call__(self, sentence: str | Sequence[str]) -> list[Token]:
+        if isinstance(sentence, str):
+            return self.tokenize(sentence)
+        return self.tokenize_words(sentence)
+
+
+# Words with inner hyphens/apostrophes/periods stay whole; n't and clitics split off.
+_WORD_RE = re.compile(
+    r"\w+(?=n't\b)|n't\b|'(?:s|re|ve|ll|d|m)\b|\w+(?:[-.]\w+)*|[^\w\s]",
+    re.IGNORECASE,
+)
+
+
+class WordTokenizer(Tokenizer):
+    kind = "word"
+
+    def __init__(self, lowercase: bool = False) -> None:
+        self.lowercase = lowercase
+
+    def _norm(self, s: str) -> str:
+        return s.lower() if self.lowercase else s
+
+    def tokenize(self, text: str) -> list[Token]:
+        return [
+            Token(self._norm(m.group()), m.start(), m.end(), i)
+            for i, m in enumerate(_WORD_RE.finditer(text))
+        ]
+
+    def tokenize_words(self, words: Sequence[str]) -> list[Token]:
+        out, pos = [], 0
+        for i, w in enumerate(words):
+            out.append(Token(self._norm(w), pos, pos + len(w), i))
+            pos += len(w) + 1
+        return out
+
+    @property
+    def fingerprint(self) -> str:
+        return f"word-v1-lower{int(self.lowercase)}"
+
+    def save(self, directory: Path) -> dict[str, Any]:
+        return {"type": "word", "lowercase": self.lowercase}
+
+
+class SentencePieceTokenizer(Tokenizer):
+    kind = "sentencepiece"
+    FILE = "tokenizer.model"
+
+    def __init__(self, model_proto: bytes) -> None:
+        import sentencepiece as spm
+
+        self._proto = model_proto
+        self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
+        self._fp = "sp-" + hashlib.sha256(model_proto).hexdigest()[:16]
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> SentencePieceTokenizer:
+        return cls(Path(path).read_bytes())
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sp.get_piece_size()
+
+    def piece(self, i: int) -> str:
+        return self.sp.id_to_piece(i)
+
+    def _pieces(self, text: str, offset: int, word_base: int) -> tuple[list[Token], int]:
+        """Tokens of ``text``, offsets shifted by ``offset``; returns next word index."""
+        if not text:
+            return [], word_base
+        proto = self.sp.encode(text, return_type="proto")
+        # sentencepiece reports byte offsets; map them to character offsets
+        char_of = [0] * (len(text.encode("utf-8")) + 1)
+        b = 0
+        for i, ch in enumerate(text):
+            n = len(ch.encode("utf-8"))
+            char_of[b : b + n] = [i] * n
+            b += n
+        char_of[b] = len(text)
+        out: list[Token] = []
+        word = word_base - 1
+        for p in proto.pieces:
+            start, end = char_of[p.begin], char_of[p.end]
+            start += len(text[start:end]) - len(text[start:end].lstrip())
+            start, end = offset + start, offset + end
+            if p.piece.startswith(SP_SPACE) or not out:
+                word += 1
+            out.append(Token(p.piece, start, max(start, end), word))
+        return out, word + 1
+
+    def tokenize(self, text: str) -> list[Token]:
+        return self._pieces(text, 0, 0)[0]
+
+    def tokenize_words(self, words: Sequence[str]) -> list[Token]:
+        out: list[Token] = []
+        pos = 0
+        for i, w in enumerate(words):
+            toks, _ = self._pieces(w, pos, i)
+            # a word is one word, whatever pieces say
+            out.extend(Token(t.text, t.start, t.end, i) for t in toks)
+            pos += len(w) + 1
+        return out
+
+    @property
+    def fingerprint(self) -> str:
+        return self._fp
+
+    def save(self, directory: Path) -> dict[str, Any]:
+        (Path(directory) / self.FILE).write_bytes(self._proto)
+        return {"type": "sentencepiece", "file": self.FILE}
+
+
+def load_tokenizer(entry: dict[str, Any], directory: Path) -> Tokenizer:
+    """Build the tokenizer an artifact's ``config.json`` describes."""
+    kind = entry.get("type")
+    if kind == "word":
+        return WordTokenizer(lowercase=bool(entry.get("lowercase", False)))
+    if kind == "sentencepiece":
+        path = Path(directory) / entry.get("file", SentencePieceTokenizer.FILE)
+        if not path.is_file():
+            raise ArtifactError(f"missing tokenizer file {path.name} in {directory}", field=path.name)
+        try:
+            return SentencePieceTokenizer.from_file(path)
+        except Exception as e:  # sentencepiece raises bare RuntimeError/OSError
+            raise ArtifactError(f"corrupt tokenizer file {path.name}: {e}", field=path.name) from e
+    raise ConfigError(f"unknown tokenizer type {kind!r}", field="tokenizer.type")
