@@ -79,11 +79,16 @@ def save_artifact(
     """Write an artifact atomically (temp dir + rename). Returns its version."""
     directory = Path(directory)
     if directory.exists() and any(directory.iterdir()) and not overwrite:
-        raise ArtifactError(f"{directory} exists and is not empty (pass overwrite=True)", field="out")
+        raise ArtifactError(
+            f"{directory} exists and is not empty (pass overwrite=True)", field="out"
+        )
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     try:
-        state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
+        state = {
+            k: v.detach().to("cpu", torch.float32).contiguous()
+            for k, v in model.state_dict().items()
+        }
         save_file(state, str(tmp / WEIGHTS), metadata={"format": FORMAT})
         config = {
             "schema_version": SCHEMA_VERSION,
@@ -147,7 +152,9 @@ def verify_files(directory: Path, manifest: dict[str, Any]) -> str:
         if not p.is_file():
             raise ArtifactError(f"missing {name} in {directory}", field=name)
         if sha256_file(p) != want:
-            raise ArtifactError(f"{name} is corrupt: its sha256 does not match {MANIFEST}", field=name)
+            raise ArtifactError(
+                f"{name} is corrupt: its sha256 does not match {MANIFEST}", field=name
+            )
     version = version_of(files)
     if manifest.get("version") != version:
         raise ArtifactError(f"corrupt {MANIFEST}: version does not match its files", field=MANIFEST)
@@ -159,14 +166,18 @@ def check_state_dict(model: BiLM, state: dict[str, torch.Tensor]) -> None:
     expected = model.state_dict()
     for name, ref in expected.items():
         if name not in state:
-            raise ArtifactError(f"weights lack tensor {name!r} (shape {list(ref.shape)})", field=name)
+            raise ArtifactError(
+                f"weights lack tensor {name!r} (shape {list(ref.shape)})", field=name
+            )
         t = state[name]
         if tuple(t.shape) != tuple(ref.shape):
             raise ArtifactError(
                 f"tensor {name!r} has shape {list(t.shape)}, expected {list(ref.shape)}", field=name
             )
         if not t.is_floating_point():
-            raise ArtifactError(f"tensor {name!r} has dtype {t.dtype}, expected a float", field=name)
+            raise ArtifactError(
+                f"tensor {name!r} has dtype {t.dtype}, expected a float", field=name
+            )
     extra = sorted(set(state) - set(expected))
     if extra:
         raise ArtifactError(f"weights hold unexpected tensor {extra[0]!r}", field=extra[0])

@@ -56,7 +56,9 @@ def sentence_ids(tokens: Sequence[str], max_chars: int = 50) -> np.ndarray:
     return out
 
 
-def batch_ids(sentences: Sequence[Sequence[str]], max_chars: int = 50) -> tuple[np.ndarray, np.ndarray]:
+def batch_ids(
+    sentences: Sequence[Sequence[str]], max_chars: int = 50
+) -> tuple[np.ndarray, np.ndarray]:
     """Pad a batch with "no token" rows (all zeros).
 
     Returns ``(ids [B, T_max + 2, max_chars], lengths [B])`` where lengths

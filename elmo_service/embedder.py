@@ -27,8 +27,8 @@ from cachetools import LRUCache
 from elmo_service.artifact import Artifact, load_artifact
 from elmo_service.char_ids import bos_ids, eos_ids, token_ids
 from elmo_service.errors import ConfigError, InputError, LimitError
-from elmo_service.scalar_mix import MixSpec, ScalarMix
 from elmo_service.runtime import autocast, pick_device, set_threads
+from elmo_service.scalar_mix import MixSpec, ScalarMix
 from elmo_service.tokenizers import Token
 
 Sentence = str | Sequence[str]
@@ -46,7 +46,9 @@ class EmbeddedSentence:
         return words_of(self.tokens, self.layers)
 
 
-def words_of(tokens: Sequence[Token], layers: np.ndarray, text: str | None = None) -> tuple[list[str], np.ndarray]:
+def words_of(
+    tokens: Sequence[Token], layers: np.ndarray, text: str | None = None
+) -> tuple[list[str], np.ndarray]:
     """Average the vectors of each word's tokens.
 
     Returns the words (their text from ``text`` when given, else the joined
@@ -93,7 +95,9 @@ class Embedder:
         compile: bool = False,
     ) -> None:
         if batch_tokens < 1 or max_batch_sentences < 1:
-            raise ConfigError("batch_tokens and max_batch_sentences must be >= 1", field="batch_tokens")
+            raise ConfigError(
+                "batch_tokens and max_batch_sentences must be >= 1", field="batch_tokens"
+            )
         self.artifact = artifact
         self.device = pick_device(device)
         self.precision = precision
@@ -116,7 +120,9 @@ class Embedder:
             self._contextualize = torch.compile(self.model.contextualize, dynamic=False)
 
     @classmethod
-    def load(cls, path: str | Path, *, threads: int | None = None, device: str = "auto", **kwargs) -> Embedder:
+    def load(
+        cls, path: str | Path, *, threads: int | None = None, device: str = "auto", **kwargs
+    ) -> Embedder:
         set_threads(threads)
         return cls(load_artifact(path, device="cpu"), device=device, **kwargs)
 
@@ -145,7 +151,9 @@ class Embedder:
             if not isinstance(s, str) and not (
                 isinstance(s, Sequence) and all(isinstance(w, str) for w in s)
             ):
-                raise InputError(f"sentence {i} must be a string or a list of strings", field=f"sentences[{i}]")
+                raise InputError(
+                    f"sentence {i} must be a string or a list of strings", field=f"sentences[{i}]"
+                )
             toks = self.tokenizer(s)
             if len(toks) > self.max_sentence_tokens:
                 raise LimitError(
@@ -175,7 +183,10 @@ class Embedder:
         batch: list[int] = []
         for i in order:
             width = lengths[batch[0]] + 2 if batch else lengths[i] + 2
-            if batch and ((len(batch) + 1) * width > self.batch_tokens or len(batch) >= self.max_batch_sentences):
+            if batch and (
+                (len(batch) + 1) * width > self.batch_tokens
+                or len(batch) >= self.max_batch_sentences
+            ):
                 yield batch
                 batch = []
             batch.append(i)
@@ -198,7 +209,14 @@ class Embedder:
         self.cache_misses += len(missing)
         if missing:
             ids = np.stack(
-                [bos_ids(w) if keys[i] == _BOS else eos_ids(w) if keys[i] == _EOS else token_ids(keys[i], w) for i in missing]
+                [
+                    bos_ids(w)
+                    if keys[i] == _BOS
+                    else eos_ids(w)
+                    if keys[i] == _EOS
+                    else token_ids(keys[i], w)
+                    for i in missing
+                ]
             )
             ids_t = torch.from_numpy(ids).to(self.device)
             n = len(missing)

@@ -39,7 +39,9 @@ class CharCNN(nn.Module):
         self.convs = nn.ModuleList(nn.Conv1d(cfg.char_dim, n, w) for w, n in cfg.filters)
         n_filters = cfg.n_filters
         # each highway layer is one matmul: rows [transform ; carry]
-        self.highways = nn.ModuleList(nn.Linear(n_filters, 2 * n_filters) for _ in range(cfg.n_highway))
+        self.highways = nn.ModuleList(
+            nn.Linear(n_filters, 2 * n_filters) for _ in range(cfg.n_highway)
+        )
         self.projection = nn.Linear(n_filters, cfg.projection_dim)
         self._act = torch.tanh if cfg.activation == "tanh" else F.relu
 
@@ -153,7 +155,9 @@ class BiLM(nn.Module):
         The biLSTM half of :meth:`forward`, separate so that callers can supply
         cached token vectors and skip the character CNN.
         """
-        mask = length_mask(lengths.to(tokens.device), tokens.shape[1]).unsqueeze(-1).to(tokens.dtype)
+        mask = (
+            length_mask(lengths.to(tokens.device), tokens.shape[1]).unsqueeze(-1).to(tokens.dtype)
+        )
         tokens = tokens * mask
         fwd_in, bwd_in = tokens, reverse_padded(tokens, lengths)
         layers = [torch.cat([tokens, tokens], dim=-1)]

@@ -112,13 +112,17 @@ class ScalarMix(nn.Module):
         n = expected_weights(n_layers, per_direction)
         init = [0.0] * n if weights is None else list(weights)
         MixSpec(init, gamma, per_direction).validate(n_layers)
-        self.scalars = nn.Parameter(torch.tensor(init, dtype=torch.float32), requires_grad=trainable)
+        self.scalars = nn.Parameter(
+            torch.tensor(init, dtype=torch.float32), requires_grad=trainable
+        )
         self.gamma = nn.Parameter(torch.tensor(float(gamma)), requires_grad=trainable)
 
     @classmethod
     def from_spec(cls, spec: MixSpec, n_layers: int, trainable: bool = False) -> ScalarMix:
         spec.validate(n_layers)
-        return cls(n_layers, spec.per_direction, spec.layer_norm, spec.weights, spec.gamma, trainable)
+        return cls(
+            n_layers, spec.per_direction, spec.layer_norm, spec.weights, spec.gamma, trainable
+        )
 
     def to_spec(self, **meta) -> MixSpec:
         return MixSpec(

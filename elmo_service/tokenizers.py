@@ -177,7 +177,9 @@ def load_tokenizer(entry: dict[str, Any], directory: Path) -> Tokenizer:
     if kind == "sentencepiece":
         path = Path(directory) / entry.get("file", SentencePieceTokenizer.FILE)
         if not path.is_file():
-            raise ArtifactError(f"missing tokenizer file {path.name} in {directory}", field=path.name)
+            raise ArtifactError(
+                f"missing tokenizer file {path.name} in {directory}", field=path.name
+            )
         try:
             return SentencePieceTokenizer.from_file(path)
         except Exception as e:  # sentencepiece raises bare RuntimeError/OSError

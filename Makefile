@@ -1,0 +1,49 @@
+# Every target sets up what it needs: `make serve` and `make test` work on a fresh clone.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+HOST   ?= 127.0.0.1
+PORT   ?= 8000
+
+.PHONY: setup serve test lint format bench system-deps clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# torch first, with the exact pin: it takes the CPU wheel; a looser spec pulls CUDA.
+$(STAMP): pyproject.toml $(wildcard tests/install_parity_deps.sh) | $(BIN)/python
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e ".[test]"
+	if [ -f tests/install_parity_deps.sh ]; then bash tests/install_parity_deps.sh $(BIN)/pip; fi
+	touch $@
+
+setup: $(STAMP)
+
+# redis-server is needed by the cache and job tests (a real server, on loopback).
+system-deps:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; \
+	  else echo "redis-server is required for the tests: install it (apt-get install redis-server)"; exit 1; fi; }
+
+serve: $(STAMP)
+	$(BIN)/elmo-service serve --host $(HOST) --port $(PORT)
+
+test: $(STAMP) system-deps
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: $(STAMP)
+	$(BIN)/python bench/bench_embedder.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -1,0 +1,47 @@
+"""``elmo-service``: the core commands plus ``serve`` and ``worker``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from elmo_service.cli import build_parser, run
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from api.server import run as run_server
+
+    overrides = {}
+    if args.threads is not None:
+        overrides["threads"] = args.threads
+    run_server(host=args.host, port=args.port, model_dir=args.model, **overrides)
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from api.worker import main as worker_main
+
+    return worker_main(burst=args.burst) or 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = build_parser()
+    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    s = sub.add_parser("serve", help="run the HTTP service (FastAPI + uvicorn)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--model", default=None, help="model directory (default: the bundled model)")
+    s.add_argument("--threads", type=int, default=None)
+    s.set_defaults(func=cmd_serve)
+    w = sub.add_parser("worker", help="run a pretraining-job worker")
+    w.add_argument("--burst", action="store_true", help="exit when the queue is empty")
+    w.set_defaults(func=cmd_worker)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(parser(), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

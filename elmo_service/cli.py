@@ -1,0 +1,185 @@
+"""``elmo-service`` core commands: convert, embed-file, info.
+
+The service commands (``serve``, ``worker``) are added by ``api.cli``, which
+is the console script's entry point; this module never imports ``api``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from elmo_service.errors import ElmoServiceError
+
+
+def _chunks(lines: Iterator[str], n: int) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    for line in lines:
+        chunk.append(line.rstrip("\n"))
+        if len(chunk) == n:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def cmd_embed_file(args: argparse.Namespace) -> int:
+    """Write AllenNLP ``elmo`` command's HDF5 layout: one dataset per line
+    index (``--all``: ``[L+1, T, D]``; ``--top``/``--average``/``--task``:
+    ``[T, D]``) plus ``sentence_to_index`` (a JSON string)."""
+    import h5py
+    from tqdm import tqdm
+
+    from elmo_service.embedder import Embedder, apply_mix, words_of
+    from elmo_service.scalar_mix import MixSpec
+
+    emb = Embedder.load(
+        args.model,
+        threads=args.threads,
+        precision=args.precision,
+        batch_tokens=args.batch_tokens,
+        device=args.device,
+    )
+    if args.task:
+        if args.task not in emb.artifact.tasks:
+            known = ", ".join(sorted(emb.artifact.tasks)) or "none"
+            raise ElmoServiceError(
+                f"model has no task {args.task!r} (tasks: {known})", field="task"
+            )
+        spec = emb.artifact.tasks[args.task]
+    elif args.average:
+        spec = MixSpec.average(emb.n_layers)
+    else:
+        spec = None
+
+    in_path = Path(args.input)
+    total = sum(1 for _ in in_path.open(encoding="utf-8", errors="replace"))
+    sentence_to_index: dict[str, str] = {}
+    out = Path(args.output)
+    tmp = out.with_name(out.name + ".partial")
+    with (
+        in_path.open(encoding="utf-8", errors="replace") as fin,
+        h5py.File(tmp, "w") as fout,
+        tqdm(total=total, unit="sent", disable=args.quiet) as bar,
+    ):
+        index = 0
+        for chunk in _chunks(fin, args.chunk_lines):
+            inputs = [line.split() for line in chunk] if args.whitespace else chunk
+            for line, sent, res in zip(chunk, inputs, emb.embed(inputs), strict=True):
+                layers = res.layers
+                if args.granularity == "word":
+                    _, layers = words_of(res.tokens, layers, None if args.whitespace else sent)
+                if args.top:
+                    data = layers[-1]
+                elif spec is not None:
+                    data = apply_mix(layers, spec)
+                else:
+                    data = layers
+                fout.create_dataset(str(index), data=data, dtype="float32")
+                sentence_to_index[line] = str(index)
+                index += 1
+            bar.update(len(chunk))
+        ds = fout.create_dataset("sentence_to_index", (1,), dtype=h5py.string_dtype())
+        ds[0] = json.dumps(sentence_to_index)
+    tmp.replace(out)  # a crash never leaves a half-written OUT behind
+    print(f"wrote {index} sentences to {out}", file=sys.stderr)
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from elmo_service.convert import convert_bilm
+
+    version = convert_bilm(
+        args.options, args.weights, args.out, lowercase=args.lowercase, overwrite=args.overwrite
+    )
+    print(f"wrote {args.out} (version {version})")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from elmo_service.artifact import load_artifact
+
+    art = load_artifact(args.model)
+    info = {
+        "path": str(art.path),
+        "version": art.version,
+        "config": art.config.to_dict(),
+        "tokenizer": art.tokenizer.kind,
+        "tasks": sorted(art.tasks),
+        "parameters": sum(p.numel() for p in art.model.parameters()),
+        "provenance": art.provenance,
+    }
+    print(json.dumps(info, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="elmo-service", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser(
+        "convert", help="convert bilm-tf/AllenNLP options.json + weights.hdf5 to an artifact"
+    )
+    c.add_argument("--options", required=True)
+    c.add_argument("--weights", required=True)
+    c.add_argument("--out", required=True)
+    c.add_argument(
+        "--lowercase", action="store_true", help="the model was trained on lowercased text"
+    )
+    c.add_argument("--overwrite", action="store_true")
+    c.set_defaults(func=cmd_convert)
+
+    e = sub.add_parser(
+        "embed-file", help="embed one sentence per line into HDF5 (AllenNLP 'elmo' layout)"
+    )
+    e.add_argument("input")
+    e.add_argument("output")
+    e.add_argument("--model", required=True)
+    what = e.add_mutually_exclusive_group()
+    what.add_argument("--all", action="store_true", help="all layers [L+1, T, D] (default)")
+    what.add_argument("--top", action="store_true", help="top layer only [T, D]")
+    what.add_argument(
+        "--average", action="store_true", help="equal-weight mix of all layers [T, D]"
+    )
+    what.add_argument("--task", help="a task mix stored with the model [T, D]")
+    e.add_argument("--granularity", choices=["token", "word"], default="token")
+    e.add_argument(
+        "--whitespace", action="store_true", help="lines are pre-tokenized on whitespace"
+    )
+    e.add_argument("--batch-tokens", type=int, default=4096)
+    e.add_argument(
+        "--chunk-lines", type=int, default=1024, help="lines read per step (bounds memory)"
+    )
+    e.add_argument("--threads", type=int, default=None)
+    e.add_argument("--device", default="auto")
+    e.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
+    e.add_argument("--quiet", action="store_true")
+    e.set_defaults(func=cmd_embed_file)
+
+    i = sub.add_parser("info", help="print an artifact's config, version and provenance")
+    i.add_argument("model")
+    i.set_defaults(func=cmd_info)
+    return p
+
+
+def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ElmoServiceError as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser(), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
