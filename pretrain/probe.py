@@ -1,0 +1,340 @@
+"""Learn a task's scalar mix on labelled data, and measure what context buys.
+
+ELMo's recipe (Peters et al. 2018, §3.3): freeze the biLM, learn the task's
+softmax-normalised layer weights ``s`` and scale ``γ`` together with the
+downstream model. Here the downstream model is linear, so the numbers are a
+probe of what each layer encodes (Liu et al. 2019):
+
+* token task (POS): word vectors ``[L+1, D]`` → mix → linear → 12 tags;
+* sentence task (polarity): layers mean-pooled over tokens → mix → logistic
+  regression.
+
+One run reports test accuracy for layer 0 alone (context-free), each LSTM
+layer alone, the standard mix, the per-direction mix, and the same-shaped
+model with random weights, and returns the learned standard mix as a
+:class:`MixSpec` ready to store as a task.
+
+Embeddings are computed once per (model version, split) and kept on disk as
+float16 arrays, so re-running a probe costs only the linear training.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from elmo_service.artifact import Artifact, load_artifact, write_task
+from elmo_service.embedder import Embedder, words_of
+from elmo_service.model import BiLM
+from elmo_service.scalar_mix import MixSpec, ScalarMix
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class ProbeConfig:
+    epochs: int = 6
+    batch_size: int = 512
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    seed: int = 0
+    embed_batch_tokens: int = 4096
+    precision: str = "fp32"
+
+
+@dataclass
+class ProbeResult:
+    name: str
+    dev_acc: float
+    test_acc: float
+    mix: MixSpec | None = None
+    extra: dict = field(default_factory=dict)
+
+
+# -- features -----------------------------------------------------------------
+
+
+def word_features(
+    emb: Embedder, sentences: Sequence[Sequence[str]], chunk: int = 2048
+) -> np.ndarray:
+    """Pre-tokenized sentences → word vectors ``[N_words, L+1, D]`` float16.
+
+    A word's subword pieces are averaged; words appear in sentence order.
+    """
+    n_words = sum(len(s) for s in sentences)
+    out = np.empty((n_words, emb.n_layers, emb.dim), dtype=np.float16)
+    pos = 0
+    for start in range(0, len(sentences), chunk):
+        for sent, res in zip(
+            sentences[start : start + chunk],
+            emb.embed(sentences[start : start + chunk]),
+            strict=True,
+        ):
+            _, layers = words_of(res.tokens, res.layers)
+            assert layers.shape[1] == len(sent), "one vector per given word"
+            out[pos : pos + len(sent)] = layers.transpose(1, 0, 2)
+            pos += len(sent)
+    return out
+
+
+def pooled_features(emb: Embedder, texts: Sequence[str], chunk: int = 2048) -> np.ndarray:
+    """Sentences → mean over tokens of each layer, ``[N, L+1, D]`` float32."""
+    out = np.zeros((len(texts), emb.n_layers, emb.dim), dtype=np.float32)
+    for start in range(0, len(texts), chunk):
+        for i, res in enumerate(emb.embed(texts[start : start + chunk])):
+            if res.layers.shape[1]:
+                out[start + i] = res.layers.mean(axis=1)
+    return out
+
+
+def cached(path: Path, make: Callable[[], np.ndarray]) -> np.ndarray:
+    """Load ``path`` (.npy) if present, else compute and save it atomically."""
+    if path.is_file():
+        return np.load(path, mmap_mode="r")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arr = make()
+    tmp = path.with_suffix(".tmp.npy")
+    np.save(tmp, arr)
+    tmp.replace(path)
+    return np.load(path, mmap_mode="r")
+
+
+# -- the probe model ------------------------------------------------------------
+
+
+class MixProbe(nn.Module):
+    """``[B, L+1, D]`` → logits ``[B, C]``: a scalar mix (or one fixed layer) + linear."""
+
+    def __init__(self, n_layers: int, dim: int, n_classes: int, mode: str) -> None:
+        super().__init__()
+        self.mode = mode
+        self.mix = None
+        if mode in ("mix", "mix_per_direction"):
+            self.mix = ScalarMix(n_layers, per_direction=mode == "mix_per_direction")
+        self.layer = int(mode.split(":")[1]) if mode.startswith("layer:") else None
+        self.linear = nn.Linear(dim, n_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x[:, self.layer] if self.mix is None else self.mix(x.transpose(0, 1))
+        return self.linear(h)
+
+
+def _batches(n: int, size: int, rng: np.random.Generator | None) -> list[np.ndarray]:
+    order = rng.permutation(n) if rng is not None else np.arange(n)
+    return [np.sort(order[i : i + size]) for i in range(0, n, size)]
+
+
+@torch.no_grad()
+def accuracy(model: MixProbe, x: np.ndarray, y: np.ndarray, batch: int = 8192) -> float:
+    model.eval()
+    correct = 0
+    for idx in _batches(len(y), batch, None):
+        logits = model(torch.from_numpy(np.asarray(x[idx], dtype=np.float32)))
+        correct += int((logits.argmax(-1).numpy() == y[idx]).sum())
+    return correct / max(len(y), 1)
+
+
+def train_probe(
+    mode: str,
+    train: tuple[np.ndarray, np.ndarray],
+    dev: tuple[np.ndarray, np.ndarray],
+    test: tuple[np.ndarray, np.ndarray],
+    n_classes: int,
+    cfg: ProbeConfig,
+) -> ProbeResult:
+    """Train on ``train``, keep the epoch with the best dev accuracy, report test."""
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    (xtr, ytr), (xdv, ydv), (xte, yte) = train, dev, test
+    model = MixProbe(xtr.shape[1], xtr.shape[2], n_classes, mode)
+    # the mix scalars learn faster than the classifier needs; no decay on them
+    groups = [{"params": model.linear.parameters(), "weight_decay": cfg.weight_decay}]
+    if model.mix is not None:
+        groups.append({"params": model.mix.parameters(), "weight_decay": 0.0, "lr": cfg.lr * 3})
+    opt = torch.optim.AdamW(groups, lr=cfg.lr)
+    best = (-1.0, None)
+    for _ in range(cfg.epochs):
+        model.train()
+        for idx in _batches(len(ytr), cfg.batch_size, rng):
+            x = torch.from_numpy(np.asarray(xtr[idx], dtype=np.float32))
+            loss = nn.functional.cross_entropy(model(x), torch.from_numpy(ytr[idx]))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        dev_acc = accuracy(model, xdv, ydv)
+        if dev_acc > best[0]:
+            best = (dev_acc, {k: v.clone() for k, v in model.state_dict().items()})
+    model.load_state_dict(best[1])
+    mix = model.mix.to_spec() if model.mix is not None else None
+    return ProbeResult(mode, best[0], accuracy(model, xte, yte), mix)
+
+
+# -- the two tasks -----------------------------------------------------------------
+
+
+def random_artifact(art: Artifact, seed: int = 0) -> Artifact:
+    """The same shape and tokenizer with untrained weights: the no-pretraining baseline."""
+    torch.manual_seed(seed)
+    model = BiLM(art.config).eval()
+    return Artifact(art.path, art.config, art.tokenizer, model, f"random-{seed}-{art.version}")
+
+
+MODES = ("layer", "mix", "mix_per_direction")
+
+
+def _mode_names(n_layers: int) -> list[tuple[str, str]]:
+    names = [
+        (f"layer:{j}", "layer 0 (context-free)" if j == 0 else f"layer {j} alone")
+        for j in range(n_layers)
+    ]
+    return [*names, ("mix", "scalar mix"), ("mix_per_direction", "per-direction mix")]
+
+
+def run_probe(
+    art: Artifact,
+    features: Callable[[Embedder, str], np.ndarray],
+    labels: dict[str, np.ndarray],
+    n_classes: int,
+    cache_dir: Path,
+    cfg: ProbeConfig,
+    log: Log = print,
+) -> list[ProbeResult]:
+    """Every mode on the trained model, then the mix on a random-weight model."""
+    results = []
+    for which, artifact in (("trained", art), ("random", random_artifact(art, cfg.seed))):
+        emb = Embedder(
+            artifact, device="cpu", precision=cfg.precision, batch_tokens=cfg.embed_batch_tokens
+        )
+        t0 = time.time()
+        feats = {
+            split: cached(
+                cache_dir / artifact.version / f"{split}.npy", lambda s=split, e=emb: features(e, s)
+            )
+            for split in ("train", "dev", "test")
+        }
+        log(f"[probe] {which} features ready in {time.time() - t0:.0f}s")
+        modes = (
+            _mode_names(artifact.config.n_output_layers)
+            if which == "trained"
+            else [("mix", "random weights, scalar mix")]
+        )
+        for mode, title in modes:
+            r = train_probe(
+                mode,
+                *((feats[s], labels[s]) for s in ("train", "dev", "test")),
+                n_classes=n_classes,
+                cfg=cfg,
+            )
+            r.name = title
+            r.extra = {"mode": mode, "weights": which}
+            log(f"[probe] {title:32s} dev {r.dev_acc:.4f} test {r.test_acc:.4f}")
+            results.append(r)
+    return results
+
+
+def results_table(results: Sequence[ProbeResult]) -> str:
+    rows = ["| features | dev acc | test acc |", "|---|---|---|"]
+    rows += [f"| {r.name} | {100 * r.dev_acc:.2f} | {100 * r.test_acc:.2f} |" for r in results]
+    return "\n".join(rows)
+
+
+def best_mix(results: Sequence[ProbeResult]) -> ProbeResult:
+    return next(
+        r for r in results if r.extra.get("mode") == "mix" and r.extra.get("weights") == "trained"
+    )
+
+
+def pos_probe(
+    model_dir: Path,
+    data: dict[str, list[tuple[list[str], list[str]]]],
+    tagset: Sequence[str],
+    cache_dir: Path,
+    cfg: ProbeConfig,
+    log: Log = print,
+) -> tuple[list[ProbeResult], MixSpec]:
+    """``data[split]`` = list of (words, tags). Returns results and the learned task mix."""
+    art = load_artifact(model_dir)
+    tag_id = {t: i for i, t in enumerate(tagset)}
+    labels = {
+        s: np.array([tag_id[t] for _, tags in data[s] for t in tags], dtype=np.int64) for s in data
+    }
+    words = {s: [w for w, _ in data[s]] for s in data}
+    results = run_probe(
+        art, lambda e, s: word_features(e, words[s]), labels, len(tagset), cache_dir, cfg, log
+    )
+    return results, _task_spec("pos", results, art)
+
+
+def polarity_probe(
+    model_dir: Path,
+    data: dict[str, list[tuple[str, int]]],
+    cache_dir: Path,
+    cfg: ProbeConfig,
+    log: Log = print,
+) -> tuple[list[ProbeResult], MixSpec]:
+    """``data[split]`` = list of (sentence, 0|1)."""
+    art = load_artifact(model_dir)
+    labels = {s: np.array([y for _, y in data[s]], dtype=np.int64) for s in data}
+    texts = {s: [t for t, _ in data[s]] for s in data}
+    results = run_probe(
+        art, lambda e, s: pooled_features(e, texts[s]), labels, 2, cache_dir, cfg, log
+    )
+    return results, _task_spec("polarity", results, art)
+
+
+def _task_spec(task: str, results: Sequence[ProbeResult], art: Artifact) -> MixSpec:
+    r = best_mix(results)
+    spec = r.mix
+    spec.meta = {
+        "task": task,
+        "model_version": art.version,
+        "dev_accuracy": round(r.dev_acc, 4),
+        "test_accuracy": round(r.test_acc, 4),
+        "learned_by": "elmo-pretrain probe",
+    }
+    return spec
+
+
+def save_task(
+    spec: MixSpec,
+    name: str,
+    model_dir: Path | None = None,
+    service: str | None = None,
+    admin_key: str | None = None,
+) -> list[str]:
+    """Store the mix with the artifact and/or PUT it to a running service."""
+    done = []
+    if model_dir is not None:
+        done.append(str(write_task(model_dir, name, spec)))
+    if service:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
+        r = httpx.put(
+            f"{service.rstrip('/')}/v1/tasks/{name}",
+            json=spec.to_dict(),
+            headers=headers,
+            timeout=30,
+        )
+        r.raise_for_status()
+        done.append(f"{service}/v1/tasks/{name}")
+    return done
+
+
+def write_report(path: Path, title: str, results: Sequence[ProbeResult], command: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = f"## {title}\n\n```\n{command}\n```\n\n{results_table(results)}\n"
+    path.write_text(body)
+    path.with_suffix(".json").write_text(
+        json.dumps(
+            [{"name": r.name, "dev": r.dev_acc, "test": r.test_acc, **r.extra} for r in results],
+            indent=2,
+        )
+    )

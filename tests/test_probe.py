@@ -1,0 +1,93 @@
+"""The task probe runs end to end on a tiny model and learns what it can."""
+
+import random
+
+import numpy as np
+import torch
+
+from elmo_service.artifact import load_artifact
+from elmo_service.embedder import Embedder
+from pretrain.probe import ProbeConfig, polarity_probe, pos_probe, results_table, save_task
+from tests.core_fixtures import tiny_artifact
+
+torch.set_num_threads(1)
+
+VOCAB = {
+    "dog": "NOUN",
+    "cat": "NOUN",
+    "runs": "VERB",
+    "sees": "VERB",
+    "the": "DET",
+    "a": "DET",
+    "red": "ADJ",
+}
+TAGS = ["NOUN", "VERB", "DET", "ADJ"]
+
+
+def _pos_data(n, seed):
+    rng = random.Random(seed)
+    words = list(VOCAB)
+    out = []
+    for _ in range(n):
+        sent = [rng.choice(words) for _ in range(rng.randint(2, 7))]
+        out.append((sent, [VOCAB[w] for w in sent]))
+    return out
+
+
+def test_pos_probe_end_to_end(tmp_path):
+    model = tiny_artifact(tmp_path / "m")
+    data = {"train": _pos_data(200, 0), "dev": _pos_data(40, 1), "test": _pos_data(40, 2)}
+    cfg = ProbeConfig(epochs=25, batch_size=64, lr=1e-2)
+    results, spec = pos_probe(model, data, TAGS, tmp_path / "cache", cfg, log=lambda _: None)
+    names = [r.name for r in results]
+    assert names == [
+        "layer 0 (context-free)", "layer 1 alone", "layer 2 alone", "scalar mix",
+        "per-direction mix", "random weights, scalar mix",
+    ]  # fmt: skip
+    by = {r.name: r for r in results}
+    # tags are a function of the word: the token layer alone must get (nearly) all of them
+    assert by["layer 0 (context-free)"].test_acc > 0.95
+    assert by["scalar mix"].test_acc > 0.9
+    assert len(spec.weights) == 3 and spec.meta["task"] == "pos"
+    assert "| scalar mix |" in results_table(results)
+    # features were cached per model version and split
+    assert len(list((tmp_path / "cache").rglob("*.npy"))) == 6
+
+    save_task(spec, "pos", model_dir=model)
+    art = load_artifact(model)
+    assert art.tasks["pos"].weights == spec.weights
+    # the stored task works through the embedder's mix
+    emb = Embedder(art, device="cpu")
+    from elmo_service.embedder import apply_mix
+
+    layers = emb.embed([["the", "dog"]])[0].layers
+    assert apply_mix(layers, art.tasks["pos"]).shape == (2, emb.dim)
+
+
+def test_polarity_probe_runs(tmp_path):
+    model = tiny_artifact(tmp_path / "m")
+    rng = random.Random(0)
+    pos_words, neg_words = ["good", "great", "fine"], ["bad", "awful", "poor"]
+
+    def make(n):
+        out = []
+        for _ in range(n):
+            y = rng.randint(0, 1)
+            words = [rng.choice(pos_words if y else neg_words)] + [
+                rng.choice(["film", "plot", "the"]) for _ in range(3)
+            ]
+            rng.shuffle(words)
+            out.append((" ".join(words), y))
+        return out
+
+    data = {"train": make(200), "dev": make(50), "test": make(50)}
+    results, spec = polarity_probe(
+        model,
+        data,
+        tmp_path / "cache",
+        ProbeConfig(epochs=40, batch_size=32, lr=1e-2),
+        log=lambda _: None,
+    )
+    assert all(0.0 <= r.test_acc <= 1.0 for r in results)
+    assert max(r.test_acc for r in results) > 0.7
+    assert np.isfinite(spec.gamma)
