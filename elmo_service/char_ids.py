@@ -36,8 +36,20 @@ def eos_ids(max_chars: int = 50) -> np.ndarray:
     return _marker(EOS_CHAR, max_chars)
 
 
+# bilm-tf (vocabulary lookup) and AllenNLP (ELMoCharacterMapper) both read the
+# literal tokens "<S>" and "</S>" as the sentence markers, in training and at
+# prediction time; a pre-tokenized "<S>" must give the same vectors here.
+MARKER_TOKENS = {"<S>": BOS_CHAR, "</S>": EOS_CHAR}
+
+
 def token_ids(token: str, max_chars: int = 50) -> np.ndarray:
-    """Character ids of one token, shape ``[max_chars]`` (int64)."""
+    """Character ids of one token, shape ``[max_chars]`` (int64).
+
+    The literal tokens ``<S>`` and ``</S>`` get the marker ids, as in bilm-tf
+    and AllenNLP.
+    """
+    if token in MARKER_TOKENS:
+        return _marker(MARKER_TOKENS[token], max_chars)
     data = token.encode("utf-8", "ignore")[: max_chars - 2]
     ids = np.full(max_chars, PAD_CHAR, dtype=np.int64)
     ids[0] = BOW_CHAR
