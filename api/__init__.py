@@ -1,0 +1,7 @@
+"""HTTP service for elmo-service: FastAPI app, micro-batcher, embedding cache.
+
+``uvicorn api.main:app`` or ``api.server.run(host, port, model_dir)``. The HTTP
+layer never touches the model: routes tokenize, look up the cache and hand
+token lists to the :class:`api.batcher.Batcher`, whose single worker thread is
+the only caller of ``Embedder.embed_tokens``.
+"""

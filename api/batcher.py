@@ -1,0 +1,305 @@
+"""Micro-batching: one bounded queue, one worker thread, the only model caller.
+
+Requests ``submit`` token lists (already tokenized in the request path) and
+await one future per sentence. The worker thread:
+
+* wakes as soon as anything is queued and the model is idle -- there is no
+  fixed batch delay: whatever queued up while the previous batch ran forms
+  the next one (as TEI's next batch forms while the current one runs);
+* takes pending sentences FIFO up to a few batches' worth of padded tokens,
+  drops those whose future is already done (client gone, timed out), sorts
+  the rest by length and cuts them into batches under the token budget;
+* runs each batch with ``embed_tokens`` and hands results back to the event
+  loop; sentences cancelled while earlier batches ran are dropped too.
+
+A full queue raises :class:`QueueFull` at once (the route answers 429). The
+queue is counted in sentences, the unit the model works in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from api.metrics import Metrics
+
+log = logging.getLogger("api.batcher")
+
+EmbedFn = Callable[[Sequence[Sequence[str]]], list[np.ndarray]]
+
+
+class QueueFull(Exception):
+    """The batcher's queue cannot take the request."""
+
+
+class BatcherClosed(Exception):
+    """The batcher was stopped (shutdown or model swap) before the work ran."""
+
+
+@dataclass(eq=False)
+class _Item:
+    tokens: Sequence[str]
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    enqueued: float = field(default_factory=time.perf_counter)
+
+    @property
+    def cost(self) -> int:
+        return len(self.tokens) + 2  # the model adds <S> and </S>
+
+
+def _set_results(
+    pairs: list[tuple[asyncio.Future, object]], error: BaseException | None = None
+) -> None:
+    """Runs on the event loop: complete futures that nobody cancelled meanwhile."""
+    for fut, value in pairs:
+        if fut.done():
+            continue
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(value)
+
+
+class Batcher:
+    def __init__(
+        self,
+        embed_fn: EmbedFn,
+        *,
+        batch_tokens: int = 4096,
+        max_batch_sentences: int = 256,
+        max_queue: int = 4096,
+        metrics: Metrics | None = None,
+        take_batches: int = 4,
+        name: str = "batcher",
+    ) -> None:
+        self.embed_fn = embed_fn
+        self.batch_tokens = batch_tokens
+        self.max_batch_sentences = max_batch_sentences
+        self.max_queue = max_queue
+        self.metrics = metrics
+        self.take_tokens = batch_tokens * take_batches
+        self._queue: deque[_Item] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._busy = False
+        self.batches_run = 0
+        self.sentences_run = 0
+        self.dropped = 0
+        self._thread = threading.Thread(target=self._worker, name=name, daemon=True)
+        self._thread.start()
+
+    # -- request side (event loop) ---------------------------------------------
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    def submit_nowait(self, token_lists: Sequence[Sequence[str]]) -> list[asyncio.Future]:
+        """Queue sentences; one future per sentence. Raises QueueFull / BatcherClosed at once."""
+        loop = asyncio.get_running_loop()
+        items = [_Item(toks, loop.create_future(), loop) for toks in token_lists]
+        with self._cond:
+            if self._closed:
+                raise BatcherClosed("the model is shutting down")
+            if len(self._queue) + len(items) > self.max_queue:
+                if self.metrics:
+                    self.metrics.rejected.labels("queue_full").inc()
+                raise QueueFull(
+                    f"queue full: {len(self._queue)} sentences waiting, limit {self.max_queue}"
+                )
+            self._queue.extend(items)
+            self._gauge()
+            self._cond.notify()
+        return [it.future for it in items]
+
+    async def embed(
+        self, token_lists: Sequence[Sequence[str]], timeout: float | None = None
+    ) -> list[np.ndarray]:
+        """Queue, wait, return ``[L+1, T, D]`` per sentence. On timeout or cancellation
+        the sentences still queued are dropped before they reach the model."""
+        if not token_lists:
+            return []
+        futures = self.submit_nowait(token_lists)
+        try:
+            async with asyncio.timeout(timeout):
+                return list(await asyncio.gather(*futures))
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+
+    # -- lifecycle ------------------------------------------------------------------
+    def close(self, timeout: float = 30.0, drain: bool = True) -> None:
+        """Stop taking work; run (drain) or fail what is still queued; wait for the worker."""
+        with self._cond:
+            self._closed = True
+            pending: list[_Item] = []
+            if not drain:
+                pending = list(self._queue)
+                self._queue.clear()
+                self._gauge()
+            self._cond.notify_all()
+        self._complete(pending, error=BatcherClosed("the model is shutting down"))
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._closed
+
+    # -- worker thread -------------------------------------------------------------------
+    def _gauge(self) -> None:
+        if self.metrics:
+            self.metrics.queue_depth.set(len(self._queue))
+
+    def _take(self) -> list[_Item] | None:
+        with self._cond:
+            while not self._queue and not self._closed:
+                self._cond.wait()
+            if not self._queue:  # closed and drained
+                return None
+            taken: list[_Item] = []
+            budget = self.take_tokens
+            while self._queue and (not taken or self._queue[0].cost <= budget):
+                it = self._queue.popleft()
+                budget -= it.cost
+                taken.append(it)
+            self._gauge()
+            return taken
+
+    def _drop_cancelled(self, items: list[_Item]) -> list[_Item]:
+        live = [it for it in items if not it.future.done()]
+        n = len(items) - len(live)
+        if n:
+            self.dropped += n
+            if self.metrics:
+                self.metrics.dropped.labels("cancelled").inc(n)
+        return live
+
+    def plan(self, items: list[_Item]) -> list[list[_Item]]:
+        """Sort by length (longest first) and cut under the padded-token budget."""
+        items = sorted(items, key=lambda it: -it.cost)
+        batches: list[list[_Item]] = []
+        cur: list[_Item] = []
+        for it in items:
+            width = cur[0].cost if cur else it.cost
+            if cur and (
+                (len(cur) + 1) * width > self.batch_tokens or len(cur) >= self.max_batch_sentences
+            ):
+                batches.append(cur)
+                cur = []
+            cur.append(it)
+        if cur:
+            batches.append(cur)
+        return batches
+
+    def _complete(
+        self, items: list[_Item], values: list | None = None, error: BaseException | None = None
+    ) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, object]]] = {}
+        for i, it in enumerate(items):
+            by_loop.setdefault(it.loop, []).append(
+                (it.future, None if values is None else values[i])
+            )
+        for loop, pairs in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # a closed loop: its requests are gone
+                loop.call_soon_threadsafe(_set_results, pairs, error)
+
+    def _worker(self) -> None:
+        while True:
+            taken = self._take()
+            if taken is None:
+                return
+            for batch in self.plan(self._drop_cancelled(taken)):
+                batch = self._drop_cancelled(batch)  # cancelled while earlier batches ran
+                if not batch:
+                    continue
+                self._run(batch)
+
+    def _run(self, batch: list[_Item]) -> None:
+        start = time.perf_counter()
+        if self.metrics:
+            for it in batch:
+                self.metrics.queue_seconds.observe(start - it.enqueued)
+        try:
+            out = self.embed_fn([it.tokens for it in batch])
+        except Exception as e:  # a model failure fails this batch's requests, not the worker
+            log.exception("batch of %d sentences failed", len(batch))
+            self._complete(batch, error=e)
+            return
+        self.batches_run += 1
+        self.sentences_run += len(batch)
+        if self.metrics:
+            m = self.metrics
+            m.batch_seconds.observe(time.perf_counter() - start)
+            m.batch_sentences.observe(len(batch))
+            m.batch_tokens.observe(len(batch) * max(it.cost for it in batch))
+            m.tokens.inc(sum(len(it.tokens) for it in batch))
+        self._complete(batch, out)
+
+
+class DirectRunner:
+    """No batching: each request's sentences are one ``embed_fn`` call in a thread.
+
+    The naive baseline the benchmark compares against (``ELMO_BATCHING=false``);
+    requests still queue (on the embedder's lock), bounded by ``max_queue``.
+    """
+
+    def __init__(
+        self, embed_fn: EmbedFn, *, max_queue: int = 4096, metrics: Metrics | None = None
+    ) -> None:
+        self.embed_fn = embed_fn
+        self.max_queue = max_queue
+        self.metrics = metrics
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def depth(self) -> int:
+        return self._pending
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed
+
+    def _call(self, token_lists: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        with self._lock:
+            start = time.perf_counter()
+            out = self.embed_fn(token_lists)
+        if self.metrics:
+            m = self.metrics
+            m.batch_seconds.observe(time.perf_counter() - start)
+            m.batch_sentences.observe(len(token_lists))
+            m.tokens.inc(sum(len(t) for t in token_lists))
+        return out
+
+    async def embed(
+        self, token_lists: Sequence[Sequence[str]], timeout: float | None = None
+    ) -> list[np.ndarray]:
+        if not token_lists:
+            return []
+        if self._closed:
+            raise BatcherClosed("the model is shutting down")
+        if self._pending + len(token_lists) > self.max_queue:
+            if self.metrics:
+                self.metrics.rejected.labels("queue_full").inc()
+            raise QueueFull(
+                f"queue full: {self._pending} sentences waiting, limit {self.max_queue}"
+            )
+        self._pending += len(token_lists)
+        try:
+            async with asyncio.timeout(timeout):
+                return await asyncio.to_thread(self._call, token_lists)
+        finally:
+            self._pending -= len(token_lists)
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._closed = True

@@ -1,0 +1,362 @@
+"""Per-sentence layer-vector cache behind one interface: Redis or in-process LRU.
+
+Key: ``<prefix>:emb:<embedder.cache_key_prefix>:<dtype>:<sha256 of the token
+texts>`` -- a new model version or tokenizer never reuses old vectors.
+
+Value: a small header then the ``[L+1, T, D]`` array (float32 or float16)::
+
+    magic "ELC1" | dtype u8 | L+1 u16 | T u32 | D u32 | len(version) u8 | version
+    | sha256(token texts)[:8] | payload
+
+Every read is verified against what the request expects (magic, dtype,
+shape, model version, token digest, payload length); anything else is
+counted as ``corrupt`` and recomputed (the fresh value overwrites it). Mixes
+and pooling are computed from cached layers, so task weights never
+invalidate the cache.
+
+Redis errors open a circuit breaker: for ``retry_interval`` seconds the
+backend is skipped (requests are served uncached), then one request tries
+again; a success closes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import struct
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from cachetools import TTLCache
+
+from api.metrics import Metrics
+
+log = logging.getLogger("api.cache")
+
+MAGIC = b"ELC1"
+_DTYPES = {"float32": 0, "float16": 1}
+_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+_HEAD = struct.Struct("<4sBHIIB")
+_DIGEST = 8
+
+
+def token_digest(tokens: Sequence[str]) -> bytes:
+    h = hashlib.sha256()
+    for t in tokens:
+        h.update(t.encode("utf-8", "surrogatepass"))
+        h.update(b"\x1f")
+    return h.digest()
+
+
+def cache_key(prefix: str, model_prefix: str, dtype: str, digest: bytes) -> str:
+    return f"{prefix}:emb:{model_prefix}:{dtype}:{digest[:16].hex()}"
+
+
+class CorruptEntry(ValueError):
+    pass
+
+
+def pack(layers: np.ndarray, dtype: str, version: str, digest: bytes) -> bytes:
+    arr = np.ascontiguousarray(layers, dtype=np.dtype(dtype).newbyteorder("<"))
+    n, t, d = arr.shape
+    v = version.encode()
+    return _HEAD.pack(MAGIC, _DTYPES[dtype], n, t, d, len(v)) + v + digest[:_DIGEST] + arr.tobytes()
+
+
+def unpack(
+    blob: bytes, *, dtype: str, version: str, digest: bytes, shape: tuple[int, int, int]
+) -> np.ndarray:
+    """Verify and decode; raises CorruptEntry on any mismatch. Returns float32."""
+    if not isinstance(blob, bytes | bytearray | memoryview) or len(blob) < _HEAD.size:
+        raise CorruptEntry("short entry")
+    magic, code, n, t, d, vlen = _HEAD.unpack_from(blob)
+    if magic != MAGIC:
+        raise CorruptEntry("bad magic")
+    if _DTYPE_NAMES.get(code) != dtype:
+        raise CorruptEntry("dtype mismatch")
+    if (n, t, d) != tuple(shape):
+        raise CorruptEntry(f"shape {(n, t, d)} != {tuple(shape)}")
+    off = _HEAD.size
+    if bytes(blob[off : off + vlen]).decode("utf-8", "replace") != version:
+        raise CorruptEntry("model version mismatch")
+    off += vlen
+    if bytes(blob[off : off + _DIGEST]) != digest[:_DIGEST]:
+        raise CorruptEntry("token digest mismatch")
+    off += _DIGEST
+    dt = np.dtype(dtype).newbyteorder("<")
+    if len(blob) - off != n * t * d * dt.itemsize:
+        raise CorruptEntry("payload length mismatch")
+    arr = np.frombuffer(blob, dtype=dt, offset=off).reshape(n, t, d)
+    if not np.isfinite(arr).all():
+        raise CorruptEntry("non-finite values")
+    return arr.astype(np.float32)
+
+
+class CacheBackend(ABC):
+    """Bytes in, bytes out. Implementations never raise for backend failures:
+    they count them, return misses and skip writes."""
+
+    name: str
+
+    @abstractmethod
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]: ...
+
+    @abstractmethod
+    def set_many(self, items: Sequence[tuple[str, bytes]], ttl: int) -> None: ...
+
+    @abstractmethod
+    def state(self) -> dict[str, Any]: ...
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        pass
+
+
+class NullCache(CacheBackend):
+    name = "none"
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        return [None] * len(keys)
+
+    def set_many(self, items: Sequence[tuple[str, bytes]], ttl: int) -> None:
+        pass
+
+    def state(self) -> dict[str, Any]:
+        return {"backend": self.name, "state": "disabled"}
+
+
+class LocalCache(CacheBackend):
+    """In-process LRU bounded in bytes (values' lengths), with a TTL."""
+
+    name = "memory"
+
+    def __init__(
+        self, max_bytes: int, ttl: int, timer: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.max_bytes = max_bytes
+        self._lru: TTLCache = TTLCache(maxsize=max_bytes, ttl=ttl, timer=timer, getsizeof=len)
+        self._lock = threading.Lock()
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        with self._lock:
+            return [self._lru.get(k) for k in keys]
+
+    def set_many(self, items: Sequence[tuple[str, bytes]], ttl: int) -> None:
+        with self._lock:
+            for k, v in items:
+                if len(v) <= self.max_bytes:
+                    self._lru[k] = v
+
+    @property
+    def current_bytes(self) -> int:
+        return int(self._lru.currsize)
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "backend": self.name,
+            "state": "ok",
+            "entries": len(self._lru),
+            "bytes": self.current_bytes,
+            "max_bytes": self.max_bytes,
+        }
+
+
+class CircuitBreaker:
+    """closed -> (failure) -> open for ``retry_interval`` -> half-open trial -> closed/open."""
+
+    def __init__(self, retry_interval: float, timer: Callable[[], float] = time.monotonic) -> None:
+        self.retry_interval = retry_interval
+        self.timer = timer
+        self._opened_at: float | None = None
+        self._trial = False
+        self._lock = threading.Lock()
+        self.last_error: str | None = None
+
+    def allow(self) -> bool:
+        with self._lock:
+            if self._opened_at is None:
+                return True
+            if self._trial:
+                return False  # one trial at a time
+            if self.timer() - self._opened_at >= self.retry_interval:
+                self._trial = True
+                return True
+            return False
+
+    def success(self) -> None:
+        with self._lock:
+            self._opened_at = None
+            self._trial = False
+            self.last_error = None
+
+    def failure(self, error: str) -> None:
+        with self._lock:
+            self._opened_at = self.timer()
+            self._trial = False
+            self.last_error = error
+
+    @property
+    def state(self) -> str:
+        if self._opened_at is None:
+            return "ok"
+        return "half_open" if self._trial else "down"
+
+
+class RedisCache(CacheBackend):
+    """Redis via redis-py: MGET for reads, a non-transactional pipeline of SET EX for writes."""
+
+    name = "redis"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float = 0.25,
+        retry_interval: float = 5.0,
+        metrics: Metrics | None = None,
+        client: Any = None,
+    ) -> None:
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        self.url = url
+        self.metrics = metrics
+        self.breaker = CircuitBreaker(retry_interval)
+        self.client = client or redis.Redis.from_url(
+            url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0),
+            health_check_interval=0,
+            max_connections=64,
+        )
+        self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+
+    def _failed(self, e: BaseException, op: str) -> None:
+        was = self.breaker.state
+        self.breaker.failure(f"{type(e).__name__}: {e}")
+        if self.metrics:
+            self.metrics.cache_errors.labels("backend").inc()
+        if was == "ok":
+            log.warning(
+                "redis %s failed (%s); serving uncached, retrying in %.1fs",
+                op,
+                e,
+                self.breaker.retry_interval,
+            )
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        if not keys or not self.breaker.allow():
+            return [None] * len(keys)
+        try:
+            values = self.client.mget(list(keys))
+        except self._errors as e:
+            self._failed(e, "MGET")
+            return [None] * len(keys)
+        if self.breaker.state != "ok":
+            log.info("redis is back")
+        self.breaker.success()
+        return list(values)
+
+    def set_many(self, items: Sequence[tuple[str, bytes]], ttl: int) -> None:
+        if not items or not self.breaker.allow():
+            return
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for k, v in items:
+                pipe.set(k, v, ex=ttl)
+            pipe.execute()
+        except self._errors as e:
+            self._failed(e, "SET")
+            return
+        self.breaker.success()
+
+    def ping(self) -> bool:
+        try:
+            return bool(self.client.ping())
+        except self._errors:
+            return False
+
+    def state(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"backend": self.name, "state": self.breaker.state}
+        if self.breaker.last_error:
+            out["last_error"] = self.breaker.last_error
+        return out
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # closing a dead connection
+            self.client.close()
+
+
+class SentenceCache:
+    """Typed layer: token lists -> verified arrays, using a byte backend."""
+
+    def __init__(
+        self,
+        backend: CacheBackend,
+        *,
+        key_prefix: str,
+        model_prefix: str,
+        version: str,
+        dtype: str,
+        ttl: int,
+        n_layers: int,
+        dim: int,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.backend = backend
+        self.key_prefix, self.model_prefix, self.version = key_prefix, model_prefix, version
+        self.dtype, self.ttl, self.n_layers, self.dim = dtype, ttl, n_layers, dim
+        self.metrics = metrics
+        self.enabled = not isinstance(backend, NullCache)
+
+    def digests(self, token_lists: Sequence[Sequence[str]]) -> list[bytes]:
+        return [token_digest(t) for t in token_lists]
+
+    def key(self, digest: bytes) -> str:
+        return cache_key(self.key_prefix, self.model_prefix, self.dtype, digest)
+
+    def get(
+        self, token_lists: Sequence[Sequence[str]], digests: Sequence[bytes]
+    ) -> list[np.ndarray | None]:
+        """Runs in a worker thread (backend I/O). Corrupt entries count and read as misses."""
+        blobs = self.backend.get_many([self.key(d) for d in digests])
+        out: list[np.ndarray | None] = []
+        corrupt = 0
+        for toks, dig, blob in zip(token_lists, digests, blobs, strict=True):
+            if blob is None:
+                out.append(None)
+                continue
+            try:
+                out.append(
+                    unpack(blob, dtype=self.dtype, version=self.version, digest=dig,
+                           shape=(self.n_layers, len(toks), self.dim))
+                )  # fmt: skip
+            except (CorruptEntry, ValueError, struct.error) as e:
+                corrupt += 1
+                log.warning("ignoring corrupt cache entry %s: %s", self.key(dig), e)
+                out.append(None)
+        if corrupt and self.metrics:
+            self.metrics.cache_errors.labels("corrupt").inc(corrupt)
+        return out
+
+    def put(self, arrays: Sequence[np.ndarray], digests: Sequence[bytes]) -> None:
+        items = [
+            (self.key(d), pack(a, self.dtype, self.version, d))
+            for a, d in zip(arrays, digests, strict=True)
+        ]
+        self.backend.set_many(items, self.ttl)
+
+    def quantize(self, arr: np.ndarray) -> np.ndarray:
+        """What a cache round trip would return, so cached == uncached exactly."""
+        if self.dtype == "float32" or not self.enabled:
+            return arr
+        return arr.astype(np.float16).astype(np.float32)
+
+    def state(self) -> dict[str, Any]:
+        return {**self.backend.state(), "dtype": self.dtype, "ttl": self.ttl}

@@ -1,0 +1,91 @@
+"""Dependencies: settings, the model holder, metrics and API-key auth.
+
+Everything hangs off ``app.state`` (set by the factory and lifespan), so two
+apps in one process -- tests, a future hot swap -- never share state.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from api.errors import ApiError
+from api.metrics import Metrics
+from api.service import ModelHolder, ServedModel
+from api.settings import Settings
+
+bearer = HTTPBearer(auto_error=False, description="API key: `Authorization: Bearer <key>`")
+
+
+def get_settings(request: Request) -> Settings:
+    settings = getattr(request.app.state, "settings", None)
+    if settings is None:
+        raise ApiError(503, "not_ready", "the service is starting")
+    return settings
+
+
+def get_holder(request: Request) -> ModelHolder:
+    return request.app.state.holder
+
+
+def get_metrics(request: Request) -> Metrics | None:
+    return getattr(request.app.state, "metrics", None)
+
+
+def get_model(holder: ModelHolder = Depends(get_holder)) -> ServedModel:
+    served = holder.current
+    if served is None or not served.warmed:
+        raise ApiError(503, "not_ready", "the model is loading", headers={"Retry-After": "5"})
+    return served
+
+
+def _matches(token: str, keys: list[str]) -> bool:
+    ok = False
+    for k in keys:  # compare with every key: no early exit timing
+        ok |= hmac.compare_digest(token.encode(), k.encode())
+    return ok
+
+
+def _unauthorized(message: str) -> ApiError:
+    return ApiError(
+        401, "unauthorized", message, "authorization", headers={"WWW-Authenticate": "Bearer"}
+    )
+
+
+def require_key(
+    creds: HTTPAuthorizationCredentials | None = Depends(bearer),
+    settings: Settings = Depends(get_settings),
+) -> str | None:
+    """When ELMO_API_KEYS is set, every /v1 route needs an API key or an admin key."""
+    if not settings.api_keys:
+        return None
+    if creds is None:
+        raise _unauthorized("an API key is required: Authorization: Bearer <key>")
+    if not _matches(creds.credentials, settings.api_keys + settings.admin_keys):
+        raise _unauthorized("invalid API key")
+    return creds.credentials
+
+
+def require_admin(
+    creds: HTTPAuthorizationCredentials | None = Depends(bearer),
+    settings: Settings = Depends(get_settings),
+) -> str:
+    """Writes need an admin key (ELMO_ADMIN_KEYS); with none configured, writes are refused."""
+    if not settings.admin_keys:
+        raise ApiError(
+            403, "forbidden", "writes are disabled: no admin keys configured (ELMO_ADMIN_KEYS)"
+        )
+    if creds is None:
+        raise _unauthorized("an admin API key is required: Authorization: Bearer <key>")
+    if not _matches(creds.credentials, settings.admin_keys):
+        if _matches(creds.credentials, settings.api_keys):
+            raise ApiError(
+                403,
+                "forbidden",
+                "this API key may not write; an admin key is required",
+                "authorization",
+            )
+        raise _unauthorized("invalid API key")
+    return creds.credentials

@@ -1,0 +1,147 @@
+"""Every rejection is JSON ``{"code", "message", "field"}`` with a 4xx status.
+
+Library errors (:mod:`elmo_service.errors`) already carry ``code`` and
+``field``; :class:`ApiError` adds the HTTP status for errors raised here.
+FastAPI's own validation errors are re-shaped so that ``field`` is a path such
+as ``sentences[2]`` or ``mix[1]``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from api.encoding import JSONBytesResponse
+from elmo_service.errors import ArtifactError, ConfigError, ElmoServiceError, InputError, LimitError
+
+log = logging.getLogger("api")
+
+
+class ApiError(Exception):
+    """An error with an HTTP status, raised by routes and dependencies."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        field: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.field = status, code, message, field
+        self.headers = headers
+
+
+def error_body(code: str, message: str, field: str | None = None) -> dict[str, Any]:
+    return {"code": code, "message": message, "field": field}
+
+
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    field: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    return JSONBytesResponse(error_body(code, message, field), status_code=status, headers=headers)
+
+
+# Status of each library error class (most specific first).
+_LIBRARY_STATUS: list[tuple[type[ElmoServiceError], int]] = [
+    (LimitError, 413),
+    (InputError, 422),
+    (ConfigError, 422),
+    (ArtifactError, 500),
+]
+
+
+def status_of(e: ElmoServiceError) -> int:
+    for cls, status in _LIBRARY_STATUS:
+        if isinstance(e, cls):
+            return status
+    return 500
+
+
+def loc_to_field(loc: Sequence[Any]) -> str | None:
+    """``("body", "sentences", 2)`` -> ``"sentences[2]"``; type tags of unions are skipped."""
+    parts: list[str] = []
+    items = list(loc)
+    if items and items[0] in ("body", "query", "path", "header", "cookie"):
+        items = items[1:]
+    for item in items:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            s = str(item)
+            # pydantic tags union branches with their type: "str", "list[str]", "function-after[...]"
+            if "[" in s or s in {"str", "int", "float", "bool", "list", "dict", "none"}:
+                continue
+            parts.append(("." if parts else "") + s)
+    return "".join(parts) or None
+
+
+def _validation_response(exc: RequestValidationError) -> Response:
+    errors = exc.errors()
+    if not errors:
+        return error_response(422, "invalid_request", "invalid request")
+    first = errors[0]
+    typ = first.get("type", "")
+    if typ == "json_invalid":
+        ctx = first.get("ctx") or {}
+        detail = ctx.get("error", first.get("msg", ""))
+        return error_response(
+            400, "invalid_json", f"request body is not valid JSON: {detail}", "body"
+        )
+    field = loc_to_field(first.get("loc", ()))
+    if (
+        typ == "missing"
+        and first.get("loc", ())[:1] == ("body",)
+        and len(first.get("loc", ())) == 1
+    ):
+        return error_response(
+            422, "invalid_request", "request body is required (JSON object)", "body"
+        )
+    msg = first.get("msg", "invalid value").removeprefix("Value error, ")
+    if field:
+        msg = f"{field}: {msg}"
+    if len(errors) > 1:
+        msg += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
+    return error_response(422, "invalid_request", msg, field)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> Response:
+        return error_response(exc.status, exc.code, exc.message, exc.field, exc.headers)
+
+    @app.exception_handler(ElmoServiceError)
+    async def _library_error(request: Request, exc: ElmoServiceError) -> Response:
+        status = status_of(exc)
+        if status >= 500:
+            log.error("server error: %s", exc.message)
+        return error_response(status, exc.code, exc.message, exc.field)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+        return _validation_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        codes = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized", 403: "forbidden"}
+        code = codes.get(exc.status_code, "http_error")
+        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 404 and message == "Not Found":
+            message = f"no route {request.method} {request.url.path}"
+        return error_response(exc.status_code, code, message, None, getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(500, "internal_error", "internal server error")

@@ -1,0 +1,129 @@
+"""App factory and lifespan. ``uvicorn api.main:app`` serves the default settings.
+
+Importing this module loads no model and reads no settings: the lifespan does
+both (settings first, so a bad ``ELMO_*`` value fails startup with a message
+naming it), then warms the model up before ``/readyz`` turns 200.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from api.cache import CacheBackend, LocalCache, NullCache, RedisCache
+from api.encoding import JSONBytesResponse
+from api.errors import install_error_handlers
+from api.metrics import Metrics, MetricsMiddleware
+from api.middleware import RequestGuardMiddleware
+from api.routers import embed, health, models, openai, tasks
+from api.service import ModelHolder, load_served_model
+from api.settings import Settings, load_settings
+from elmo_service.errors import ElmoServiceError
+
+log = logging.getLogger("api")
+
+DESCRIPTION = """\
+Contextual token embeddings from an ELMo-style biLM.
+
+* `POST /v1/embed`: per-token / per-word / pooled vectors, any layers, a task's scalar mix or inline weights.
+* `POST /v1/embeddings`: OpenAI-compatible (one pooled vector per input).
+* `GET /v1/models`, `/v1/tasks`: what is served; tasks are named mixes (writes need an admin key).
+* Errors are always `{"code", "message", "field"}` with a 4xx status for client mistakes.
+"""
+
+
+def make_cache_backend(settings: Settings, metrics: Metrics | None) -> CacheBackend:
+    if not settings.cache:
+        return NullCache()
+    if settings.redis_url:
+        return RedisCache(
+            settings.redis_url,
+            timeout=settings.redis_timeout,
+            retry_interval=settings.redis_retry_interval,
+            metrics=metrics,
+        )
+    if settings.cache_max_bytes > 0:
+        return LocalCache(settings.cache_max_bytes, settings.cache_ttl)
+    return NullCache()
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    try:
+        settings = app.state.settings or load_settings()
+    except ElmoServiceError as e:
+        log.error("%s", e.message)
+        raise
+    app.state.settings = settings
+    metrics: Metrics = app.state.metrics
+    backend = make_cache_backend(settings, metrics)
+    io = ThreadPoolExecutor(max_workers=8, thread_name_prefix="elmo-io")
+    holder: ModelHolder = app.state.holder
+    try:
+        served = await asyncio.to_thread(load_served_model, settings, backend, io, metrics)
+    except ElmoServiceError as e:
+        log.error("cannot load the model: %s", e.message)
+        backend.close()
+        io.shutdown(wait=False)
+        raise
+    if isinstance(backend, RedisCache) and not await asyncio.to_thread(backend.ping):
+        log.warning(
+            "redis at %s is not reachable: serving uncached until it is", settings.redis_url
+        )
+    if settings.warmup:
+        await served.warm_up()
+    else:
+        served.warmed = True
+    await holder.swap(served, warm=False)
+    metrics.ready.set(1)
+    log.info(
+        "serving %s (version %s, %d layers x %d)",
+        served.name,
+        served.version,
+        served.n_layers,
+        served.dim,
+    )
+    try:
+        yield
+    finally:
+        metrics.ready.set(0)
+        await holder.close()
+        backend.close()
+        io.shutdown(wait=False)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the app. With ``settings=None`` they are read from the environment at startup."""
+    app = FastAPI(
+        title="elmo-service",
+        version="0.1.0",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        default_response_class=JSONBytesResponse,
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    app.state.settings = settings
+    app.state.holder = ModelHolder()
+    app.state.metrics = Metrics()
+    install_error_handlers(app)
+    for r in (embed.router, openai.router, models.router, tasks.router, health.router):
+        app.include_router(r)
+
+    def max_body() -> int:
+        s = app.state.settings
+        return (
+            s.max_body_bytes if s is not None else Settings.model_fields["max_body_bytes"].default
+        )
+
+    app.add_middleware(RequestGuardMiddleware, max_body_bytes=max_body)
+    app.add_middleware(MetricsMiddleware, metrics=lambda: app.state.metrics)
+    return app
+
+
+app = create_app()

@@ -1,0 +1,113 @@
+"""Pure-ASGI request guards: body size (413) and JSON content type (415).
+
+The body is read here, bounded by ``ELMO_MAX_BODY_BYTES`` (declared
+Content-Length or counted while streaming), then replayed to the app; later
+``receive`` calls go to the server, so disconnect detection still works.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from api.encoding import dumps
+from api.errors import error_body
+from api.metrics import ASGIApp, Message, Receive, Scope, Send
+
+_BODY_METHODS = {"POST", "PUT", "PATCH"}
+
+
+async def _send_error(send: Send, status: int, code: str, message: str, field: str | None) -> None:
+    body = dumps(error_body(code, message, field))
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def _is_json(content_type: str) -> bool:
+    mt = content_type.split(";", 1)[0].strip().lower()
+    return mt == "application/json" or (mt.startswith("application/") and mt.endswith("+json"))
+
+
+class RequestGuardMiddleware:
+    def __init__(self, app: ASGIApp, max_body_bytes: Callable[[], int]) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") not in _BODY_METHODS:
+            await self.app(scope, receive, send)
+            return
+        headers = {
+            k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])
+        }
+        limit = self.max_body_bytes()
+        declared = headers.get("content-length")
+        has_body = headers.get("transfer-encoding", "").lower() == "chunked" or (
+            declared not in (None, "0")
+        )
+        if has_body and not _is_json(headers.get("content-type", "")):
+            got = headers.get("content-type") or "none"
+            await _send_error(
+                send,
+                415,
+                "unsupported_media_type",
+                f"Content-Type must be application/json, got {got}",
+                "content-type",
+            )
+            return
+        if declared is not None:
+            try:
+                n = int(declared)
+            except ValueError:
+                await _send_error(
+                    send, 400, "invalid_request", "bad Content-Length header", "content-length"
+                )
+                return
+            if n > limit:
+                await _send_error(
+                    send,
+                    413,
+                    "body_too_large",
+                    f"request body is {n} bytes; the limit is {limit}",
+                    "body",
+                )
+                return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the client left before sending its body
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                await _send_error(
+                    send,
+                    413,
+                    "body_too_large",
+                    f"request body exceeds the limit of {limit} bytes",
+                    "body",
+                )
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)

@@ -1,0 +1,122 @@
+"""Helpers shared by the embedding routes: limits, running work, client disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Sequence
+from typing import TypeVar
+
+import numpy as np
+from starlette.requests import Request
+
+from api.batcher import BatcherClosed, QueueFull
+from api.errors import ApiError
+from api.service import ServedModel
+from api.settings import Settings
+from elmo_service.tokenizers import Token
+
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The client disconnected while its request waited."""
+
+
+def check_request_limits(
+    sentences: Sequence[str | Sequence[str]], settings: Settings, field: str
+) -> None:
+    """Sentences per request and characters per request (before any tokenization)."""
+    if not sentences:
+        raise ApiError(422, "invalid_input", f"{field} must hold at least one sentence", field)
+    if len(sentences) > settings.max_sentences:
+        raise ApiError(
+            413,
+            "limit_exceeded",
+            f"{len(sentences)} sentences in one request; the limit is {settings.max_sentences}",
+            field,
+        )
+    chars = 0
+    for s in sentences:
+        chars += len(s) if isinstance(s, str) else sum(map(len, s)) + max(len(s) - 1, 0)
+    if chars > settings.max_chars:
+        raise ApiError(
+            413,
+            "limit_exceeded",
+            f"{chars} characters in one request; the limit is {settings.max_chars}",
+            field,
+        )
+
+
+def tokenize(served: ServedModel, sentences: list, field: str) -> list[list[Token]]:
+    """Tokenize in the request path; errors name ``<field>[i]``; empty sentences are refused."""
+    try:
+        token_lists = served.tokenize(sentences)
+    except Exception as e:
+        f = getattr(e, "field", None)
+        if f and f.startswith("sentences") and field != "sentences":
+            e.field = field + f[len("sentences") :]  # type: ignore[attr-defined]
+            e.message = e.message.replace("sentence ", f"{field} ", 1)  # type: ignore[attr-defined]
+        raise
+    for i, toks in enumerate(token_lists):
+        if not toks:
+            raise ApiError(
+                422,
+                "invalid_input",
+                f"{field}[{i}] has no tokens (empty sentence)",
+                f"{field}[{i}]",
+            )
+    return token_lists
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def run_guarded(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work``; if the client disconnects first, cancel it (its queued
+    sentences are then dropped before the model) and raise ClientGone."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        watcher.cancel()
+        raise
+    if task in done:
+        watcher.cancel()
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+    raise ClientGone()
+
+
+async def embed_layers(
+    request: Request, served: ServedModel, token_lists: list[list[Token]]
+) -> tuple[list[np.ndarray], int, int]:
+    texts = [[t.text for t in toks] for toks in token_lists]
+    try:
+        return await run_guarded(request, served.layers(texts))
+    except QueueFull as e:
+        raise ApiError(
+            429,
+            "overloaded",
+            f"the model is overloaded ({e}); retry later",
+            None,
+            {"Retry-After": "1"},
+        ) from e
+    except TimeoutError as e:
+        raise ApiError(
+            503,
+            "timeout",
+            f"timed out after {served.request_timeout:g}s waiting for the model; retry later",
+            None,
+            {"Retry-After": "1"},
+        ) from e
+    except BatcherClosed as e:
+        raise ApiError(503, "unavailable", str(e), None, {"Retry-After": "1"}) from e

@@ -1,0 +1,221 @@
+"""``POST /v1/embed``: contextual vectors per token (or word, or pooled), any layers or mix."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import Response
+
+from api import outputs
+from api.deps import get_model, get_settings, require_key
+from api.encoding import JSONBytesResponse, dumps, encode_array
+from api.errors import ApiError
+from api.routers.common import ClientGone, check_request_limits, embed_layers, tokenize
+from api.schemas import ERROR_RESPONSES, EmbedRequest, EmbedResponse
+from api.service import ServedModel
+from api.settings import Settings
+from api.tasks_store import StoreUnavailable
+from elmo_service.scalar_mix import MixSpec
+
+router = APIRouter(prefix="/v1", tags=["embed"], dependencies=[Depends(require_key)])
+
+# responses with more floats than this are built off the event loop
+_OFFLOAD_FLOATS = 200_000
+
+
+async def resolve_mix(req: EmbedRequest, served: ServedModel) -> tuple[MixSpec | None, str | None]:
+    """The mix to apply (None: no mix output) and the task name it came from."""
+    inline_extras = {
+        "gamma": req.gamma,
+        "per_direction": req.per_direction,
+        "layer_norm": req.layer_norm,
+    }
+    if req.mix is None:
+        for name, value in inline_extras.items():
+            if value is not None:
+                raise ApiError(
+                    422,
+                    "invalid_input",
+                    f"{name} applies to an inline mix: give mix weights too",
+                    name,
+                )
+    if req.task is not None and req.mix is not None:
+        raise ApiError(422, "invalid_input", "give either task or mix, not both", "mix")
+    output = req.output or ("mix" if (req.task is not None or req.mix is not None) else "layers")
+    if output == "layers":
+        if req.task is not None or req.mix is not None:
+            which = "task" if req.task is not None else "mix"
+            raise ApiError(
+                422,
+                "invalid_input",
+                f"{which} given but output is 'layers'; use 'mix' or 'both'",
+                which,
+            )
+        return None, None
+    if req.task is not None:
+        try:
+            found = await asyncio.get_running_loop().run_in_executor(
+                served.io, served.tasks.spec, req.task
+            )
+        except StoreUnavailable as e:
+            raise ApiError(503, "store_unavailable", str(e), "task", {"Retry-After": "5"}) from e
+        if found is None:
+            listed = await asyncio.get_running_loop().run_in_executor(served.io, _safe_list, served)
+            known = ", ".join(t["name"] for t in listed) or "none"
+            raise ApiError(
+                422, "unknown_task", f"unknown task {req.task!r} (known: {known})", "task"
+            )
+        spec = found[0]
+        spec.validate(served.n_layers, "task")
+        return spec, req.task
+    if req.mix is not None:
+        spec = MixSpec(
+            weights=list(req.mix),
+            gamma=1.0 if req.gamma is None else req.gamma,
+            per_direction=bool(req.per_direction),
+            layer_norm=bool(req.layer_norm),
+        )
+        spec.validate(served.n_layers, "mix")
+        return spec, None
+    return await asyncio.get_running_loop().run_in_executor(served.io, served.default_mix)
+
+
+def _safe_list(served: ServedModel) -> list[dict[str, Any]]:
+    try:
+        return served.tasks.list()
+    except StoreUnavailable:
+        return []
+
+
+def resolve_layers(req: EmbedRequest, served: ServedModel, output: str) -> list[int] | None:
+    if output == "mix":
+        if req.layers is not None:
+            raise ApiError(
+                422,
+                "invalid_input",
+                "layers selects the 'layers' output; output is 'mix'",
+                "layers",
+            )
+        return None
+    n = served.n_layers
+    if req.layers is None:
+        return list(range(n))
+    if not req.layers:
+        raise ApiError(422, "invalid_input", "layers must name at least one layer index", "layers")
+    seen: set[int] = set()
+    for i, idx in enumerate(req.layers):
+        if not 0 <= idx < n:
+            raise ApiError(
+                422,
+                "invalid_input",
+                f"layer index {idx} out of range: the model has {n} layers (0..{n - 1})",
+                f"layers[{i}]",
+            )
+        if idx in seen:
+            raise ApiError(422, "invalid_input", f"layer index {idx} given twice", f"layers[{i}]")
+        seen.add(idx)
+    return list(req.layers)
+
+
+def build_sentence(
+    index: int,
+    text: str,
+    tokens: list,
+    layers: np.ndarray,
+    req: EmbedRequest,
+    layer_idx: list[int] | None,
+    spec: MixSpec | None,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"index": index}
+    word = req.granularity == "word"
+    if word:
+        out["words"] = outputs.words_meta(tokens, text)
+    else:
+        out["tokens"] = [
+            {"text": t.text, "start": t.start, "end": t.end, "word": t.word} for t in tokens
+        ]
+    if layer_idx is not None:
+        x = layers if layer_idx == list(range(layers.shape[0])) else layers[layer_idx]
+        if word:
+            x = outputs.to_words(x, tokens, axis=1)
+        x = outputs.pool(x, req.pooling, axis=1)
+        out["layers"] = {**encode_array(x, req.encoding, req.dtype), "indices": layer_idx}
+    if spec is not None:
+        m = outputs.mix(layers, spec)
+        if word:
+            m = outputs.to_words(m, tokens, axis=0)
+        m = outputs.pool(m, req.pooling, axis=0)
+        out["mix"] = encode_array(m, req.encoding, req.dtype)
+    return out
+
+
+def build_body(
+    served: ServedModel,
+    req: EmbedRequest,
+    texts: list[str],
+    token_lists: list,
+    arrays: list[np.ndarray],
+    layer_idx: list[int] | None,
+    spec: MixSpec | None,
+    task: str | None,
+    hits: int,
+    misses: int,
+) -> bytes:
+    data = [
+        build_sentence(i, texts[i], token_lists[i], arrays[i], req, layer_idx, spec)
+        for i in range(len(arrays))
+    ]
+    return dumps(
+        {
+            "object": "embed_result",
+            "model": {"id": served.name, "version": served.version},
+            "task": task,
+            "data": data,
+            "usage": {
+                "sentences": len(arrays),
+                "tokens": sum(len(t) for t in token_lists),
+                "cache_hits": hits,
+                "cache_misses": misses,
+            },
+        }
+    )
+
+
+@router.post(
+    "/embed",
+    response_model=EmbedResponse,
+    responses=ERROR_RESPONSES,
+    summary="Contextual embeddings of sentences",
+    description=(
+        "Per-token (or per-word, or pooled) vectors: any subset of the biLM's layers, a scalar mix "
+        "(a registered task, inline weights, or by default the 'default' task / the layer average), or both. "
+        "Identical sentences give identical vectors whether alone, batched with others, cached or not."
+    ),
+)
+async def embed(
+    req: EmbedRequest,
+    request: Request,
+    served: ServedModel = Depends(get_model),
+    settings: Settings = Depends(get_settings),
+) -> Response:
+    check_request_limits(req.sentences, settings, "sentences")
+    output = req.output or ("mix" if (req.task is not None or req.mix is not None) else "layers")
+    spec, task = await resolve_mix(req, served)
+    layer_idx = resolve_layers(req, served, output)
+    token_lists = tokenize(served, req.sentences, "sentences")
+    try:
+        arrays, hits, misses = await embed_layers(request, served, token_lists)
+    except ClientGone:
+        return Response(status_code=499)
+    texts = [s if isinstance(s, str) else " ".join(s) for s in req.sentences]
+    n_floats = sum(a.size for a in arrays)
+    args = (served, req, texts, token_lists, arrays, layer_idx, spec, task, hits, misses)
+    body = (
+        await asyncio.to_thread(build_body, *args)
+        if n_floats > _OFFLOAD_FLOATS
+        else build_body(*args)
+    )
+    return JSONBytesResponse(body)

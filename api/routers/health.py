@@ -1,0 +1,58 @@
+"""Liveness, readiness and Prometheus metrics (never behind auth)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import Response
+
+from api.cache import RedisCache
+from api.deps import get_holder, get_metrics
+from api.encoding import JSONBytesResponse
+from api.errors import error_body
+from api.metrics import Metrics
+from api.service import ModelHolder
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", summary="Liveness: the process answers")
+async def healthz() -> dict[str, Any]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz", summary="Readiness: model loaded and warmed; cache backend state")
+async def readyz(request: Request, holder: ModelHolder = Depends(get_holder)) -> Response:
+    served = holder.current
+    if not holder.ready or served is None:
+        body = error_body(
+            "not_ready", "the model is loading" if served is None else "the model is warming up"
+        )
+        return JSONBytesResponse(
+            {**body, "status": "starting"}, status_code=503, headers={"Retry-After": "5"}
+        )
+    cache = served.cache.state()
+    backend = served.cache.backend
+    if isinstance(backend, RedisCache):
+        cache["reachable"] = await asyncio.get_running_loop().run_in_executor(
+            served.io, backend.ping
+        )
+    return JSONBytesResponse(
+        {
+            "status": "ready",
+            "model": {"id": served.name, "version": served.version},
+            "queue_depth": served.runner.depth,
+            "cache": cache,
+            "tasks_store": served.tasks.store.kind,
+        }
+    )
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+async def metrics(m: Metrics | None = Depends(get_metrics)) -> Response:
+    if m is None:
+        return Response(status_code=503)
+    data, content_type = m.render()
+    return Response(data, media_type=content_type)

@@ -1,0 +1,88 @@
+"""``POST /v1/embeddings``: OpenAI-compatible, one pooled vector per input.
+
+The vector is the **mean over the input's tokens of the default mix**: the
+task named ``default`` (stored, or shipped in the artifact) when there is
+one, else the plain average of all biLM layers (equal weights, gamma 1).
+Its width is the model's ``dim`` (2 x projection); ``dimensions`` may only
+repeat it. ``base64`` is little-endian float32, as OpenAI's clients expect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import Response
+
+from api import outputs
+from api.deps import get_model, get_settings, require_key
+from api.encoding import JSONBytesResponse, dumps
+from api.errors import ApiError
+from api.routers.common import ClientGone, check_request_limits, embed_layers, tokenize
+from api.schemas import ERROR_RESPONSES, EmbeddingsRequest, EmbeddingsResponse
+from api.service import ServedModel
+from api.settings import Settings
+
+router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[Depends(require_key)])
+
+
+def model_matches(name: str, served: ServedModel) -> bool:
+    return name in (served.name, served.version, f"{served.name}@{served.version}")
+
+
+@router.post(
+    "/embeddings",
+    response_model=EmbeddingsResponse,
+    responses=ERROR_RESPONSES,
+    summary="OpenAI-compatible embeddings (one pooled vector per input)",
+    description=__doc__,
+)
+async def embeddings(
+    req: EmbeddingsRequest,
+    request: Request,
+    served: ServedModel = Depends(get_model),
+    settings: Settings = Depends(get_settings),
+) -> Response:
+    if not model_matches(req.model, served):
+        raise ApiError(
+            404,
+            "model_not_found",
+            f"model {req.model!r} is not served; this server serves {served.name!r}",
+            "model",
+        )
+    if req.dimensions is not None and req.dimensions != served.dim:
+        raise ApiError(
+            422,
+            "invalid_input",
+            f"dimensions={req.dimensions} is not supported: this model's vectors have {served.dim}",
+            "dimensions",
+        )
+    inputs = [req.input] if isinstance(req.input, str) else list(req.input)
+    check_request_limits(inputs, settings, "input")
+    token_lists = tokenize(served, inputs, "input")
+    spec, _ = await asyncio.get_running_loop().run_in_executor(served.io, served.default_mix)
+    try:
+        arrays, _, _ = await embed_layers(request, served, token_lists)
+    except ClientGone:
+        return Response(status_code=499)
+    data = []
+    for i, layers in enumerate(arrays):
+        vec = outputs.pool(outputs.mix(layers, spec), "mean", axis=0).astype("<f4")
+        emb: object = (
+            base64.b64encode(vec.tobytes()).decode("ascii")
+            if req.encoding_format == "base64"
+            else vec
+        )
+        data.append({"object": "embedding", "index": i, "embedding": emb})
+    n_tokens = sum(len(t) for t in token_lists)
+    return JSONBytesResponse(
+        dumps(
+            {
+                "object": "list",
+                "data": data,
+                "model": served.name,
+                "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+            }
+        )
+    )

@@ -1,0 +1,253 @@
+"""Request and response bodies, with the examples shown at /docs."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator
+
+
+def _sentence(v: Any) -> str | list[str]:
+    if isinstance(v, str):
+        return v
+    if isinstance(v, list) and all(isinstance(x, str) for x in v):
+        return v
+    raise ValueError("must be a string or a list of token strings")
+
+
+Sentence = Annotated[
+    str | list[str], PlainValidator(_sentence, json_schema_input_type=str | list[str])
+]
+
+
+def _number(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ValueError("must be a number")
+    f = float(v)
+    if f != f or f in (float("inf"), float("-inf")):
+        raise ValueError("must be a finite number")
+    return f
+
+
+Number = Annotated[float, PlainValidator(_number, json_schema_input_type=float)]
+
+
+class EmbedRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "sentences": ["The bank raised rates.", "We sat on the river bank."],
+                    "output": "mix",
+                },
+                {
+                    "sentences": [["I", "ate", "an", "apple", "."]],
+                    "output": "layers",
+                    "layers": [0, 2],
+                },
+                {
+                    "sentences": ["Contextual vectors, pooled."],
+                    "output": "mix",
+                    "mix": [0.1, 0.5, 0.4],
+                    "gamma": 1.0,
+                    "pooling": "mean",
+                    "encoding": "base64",
+                    "dtype": "float16",
+                },
+                {"sentences": ["Use a registered task."], "task": "ner", "granularity": "word"},
+            ]
+        },
+    )
+
+    sentences: list[Sentence] = Field(
+        ...,
+        description="Strings (tokenized by the model's tokenizer) or lists of tokens (pre-tokenized words).",
+        examples=[["The bank raised rates.", ["We", "sat", "on", "the", "river", "bank", "."]]],
+    )
+    output: Literal["layers", "mix", "both"] | None = Field(
+        None,
+        description="What to return. Default: 'mix' when task or mix is given, else 'layers'.",
+    )
+    layers: list[int] | None = Field(
+        None,
+        description="Subset of layer indices for the 'layers' output (0 = token layer).",
+        examples=[[0, 2]],
+    )
+    task: str | None = Field(
+        None, description="Name of a registered task (GET /v1/tasks) whose mix to apply."
+    )
+    mix: list[Number] | None = Field(
+        None,
+        description="Inline scalar-mix weights (unnormalised; softmax is applied): L+1, or 2L+1 per direction.",
+    )
+    gamma: Number | None = Field(None, description="Scale of the inline mix (default 1.0).")
+    per_direction: bool | None = Field(
+        None, description="Inline mix weights are per direction (2L+1)."
+    )
+    layer_norm: bool | None = Field(
+        None, description="Normalise each layer (per sentence) before mixing."
+    )
+    granularity: Literal["token", "word"] = Field(
+        "token", description="'word' averages the vectors of each word's tokens."
+    )
+    pooling: Literal["none", "mean", "max"] = Field(
+        "none", description="Pool over positions: one vector per sentence."
+    )
+    encoding: Literal["json", "base64"] = Field(
+        "json", description="'base64': little-endian C-order bytes of the array, base64-encoded."
+    )
+    dtype: Literal["float32", "float16"] = "float32"
+
+
+class TokenOut(BaseModel):
+    text: str
+    start: int
+    end: int
+    word: int
+
+
+class WordOut(BaseModel):
+    text: str
+    start: int
+    end: int
+
+
+class ArrayOut(BaseModel):
+    shape: list[int]
+    dtype: Literal["float32", "float16"]
+    data: list[Any] | str = Field(
+        ..., description="Nested lists (json) or base64 (base64 encoding)."
+    )
+    indices: list[int] | None = Field(
+        None, description="Layer indices of the first axis ('layers' only)."
+    )
+
+
+class SentenceOut(BaseModel):
+    index: int
+    tokens: list[TokenOut] | None = None
+    words: list[WordOut] | None = None
+    layers: ArrayOut | None = Field(
+        None, description="[layers, positions, dim] (or [layers, dim] pooled)."
+    )
+    mix: ArrayOut | None = Field(None, description="[positions, dim] (or [dim] pooled).")
+
+
+class ModelRef(BaseModel):
+    id: str
+    version: str
+
+
+class EmbedUsage(BaseModel):
+    sentences: int
+    tokens: int
+    cache_hits: int
+    cache_misses: int
+
+
+class EmbedResponse(BaseModel):
+    object: Literal["embed_result"] = "embed_result"
+    model: ModelRef
+    task: str | None = None
+    data: list[SentenceOut]
+    usage: EmbedUsage
+
+
+class EmbeddingsRequest(BaseModel):
+    """OpenAI's ``POST /v1/embeddings``."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"input": ["The bank raised rates.", "A river bank."], "model": "default"}]
+        },
+    )
+
+    input: str | list[str] = Field(
+        ..., description="A string or a list of strings (token-id arrays are not supported)."
+    )
+    model: str = Field(..., description="The served model's id (GET /v1/models).")
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, description="Only the model's own width is supported.")
+    user: str | None = None
+
+
+class EmbeddingOut(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingsUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingOut]
+    model: str
+    usage: EmbeddingsUsage
+
+
+class TaskIn(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"weights": [0.0, 1.0, 2.0], "gamma": 1.0},
+                {"weights": [0.0, 1.0, 1.0, 0.5, 0.5], "gamma": 0.8, "per_direction": True},
+            ]
+        },
+    )
+
+    weights: list[Number] = Field(
+        ..., description="Unnormalised mix weights: L+1, or 2L+1 with per_direction."
+    )
+    gamma: Number = 1.0
+    per_direction: bool = False
+    layer_norm: bool = False
+    meta: dict[str, Any] = Field(
+        default_factory=dict, description="Free-form notes (source, metrics...)."
+    )
+
+
+class TaskOut(BaseModel):
+    name: str
+    weights: list[float]
+    gamma: float
+    per_direction: bool
+    layer_norm: bool
+    meta: dict[str, Any]
+    source: Literal["model", "store"] = Field(
+        ..., description="'model': shipped in the artifact; 'store': stored."
+    )
+    overrides_model: bool
+    read_only: bool
+
+
+class TaskList(BaseModel):
+    object: Literal["list"] = "list"
+    n_layers: int
+    data: list[TaskOut]
+
+
+class ErrorOut(BaseModel):
+    code: str = Field(..., examples=["limit_exceeded"])
+    message: str = Field(..., examples=["sentence 2 has 700 tokens; the limit is 512"])
+    field: str | None = Field(None, examples=["sentences[2]"])
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorOut, "description": desc}
+    for status, desc in {
+        400: "Malformed JSON",
+        401: "Missing or invalid API key",
+        413: "A limit was exceeded (body size, sentences, tokens, characters)",
+        415: "Content-Type is not application/json",
+        422: "Invalid request",
+        429: "Queue full: retry later",
+        503: "Not ready, or timed out waiting for the model",
+    }.items()
+}

@@ -1,0 +1,282 @@
+"""The served model and its holder.
+
+:class:`ServedModel` bundles what one model needs to serve: the embedder
+(touched only by its runner's worker thread), the runner (batcher), the
+sentence cache view and the task registry. :class:`ModelHolder` is what routes
+get through a dependency; ``swap`` replaces the model atomically (requests in
+flight keep the ServedModel they started with; the old batcher drains).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from api.batcher import Batcher, DirectRunner
+from api.cache import CacheBackend, SentenceCache
+from api.metrics import Metrics
+from api.settings import Settings
+from api.tasks_store import FileTaskStore, RedisTaskStore, TaskRegistry, TaskStore
+from elmo_service.errors import ArtifactError
+from elmo_service.scalar_mix import MixSpec
+from elmo_service.tokenizers import Token
+
+log = logging.getLogger("api.service")
+
+WARMUP_SENTENCES = [
+    ["Hello", "world", "."],
+    [
+        "The",
+        "quick",
+        "brown",
+        "fox",
+        "jumps",
+        "over",
+        "the",
+        "lazy",
+        "dog",
+        "near",
+        "the",
+        "river",
+        "bank",
+        ".",
+    ],
+]
+
+
+@dataclass
+class ServedModel:
+    name: str
+    path: Path
+    embedder: Any  # elmo_service.embedder.Embedder
+    runner: Batcher | DirectRunner
+    cache: SentenceCache
+    tasks: TaskRegistry
+    io: ThreadPoolExecutor
+    request_timeout: float
+    max_tokens_per_sentence: int
+    metrics: Metrics | None = None
+    loaded_at: float = field(default_factory=time.time)
+    warmed: bool = False
+
+    @property
+    def version(self) -> str:
+        return self.embedder.version
+
+    @property
+    def n_layers(self) -> int:
+        return self.embedder.n_layers
+
+    @property
+    def dim(self) -> int:
+        return self.embedder.dim
+
+    def tokenize(self, sentences: list[str | list[str]]) -> list[list[Token]]:
+        """Cheap, in the request path; raises InputError/LimitError naming ``sentences[i]``."""
+        return self.embedder.tokenize(sentences)
+
+    def default_mix(self) -> tuple[MixSpec, str | None]:
+        """The task named 'default' when there is one, else the plain average of all layers."""
+        try:
+            found = self.tasks.spec("default")
+        except Exception:  # noqa: BLE001 - store down and nothing remembered: fall back
+            found = None
+        if found is not None:
+            return found[0], "default"
+        return MixSpec.average(self.n_layers), None
+
+    async def layers(self, token_lists: list[list[str]]) -> tuple[list[np.ndarray], int, int]:
+        """``[L+1, T, D]`` float32 per sentence: cache first, the batcher for the rest.
+
+        Returns (arrays, cache hits, cache misses) counted over distinct sentences.
+        """
+        loop = asyncio.get_running_loop()
+        cache = self.cache
+        digests = cache.digests(token_lists)
+        first: dict[bytes, int] = {}
+        for i, d in enumerate(digests):
+            first.setdefault(d, i)
+        uniq = list(first.values())
+        u_tokens = [token_lists[i] for i in uniq]
+        u_digests = [digests[i] for i in uniq]
+        found: list[np.ndarray | None]
+        if cache.enabled:
+            found = await loop.run_in_executor(self.io, cache.get, u_tokens, u_digests)
+        else:
+            found = [None] * len(uniq)
+        miss = [j for j, a in enumerate(found) if a is None]
+        hits = len(uniq) - len(miss)
+        if miss:
+            computed = await self.runner.embed(
+                [u_tokens[j] for j in miss], timeout=self.request_timeout
+            )
+            computed = [cache.quantize(a) for a in computed]
+            for j, a in zip(miss, computed, strict=True):
+                found[j] = a
+            if cache.enabled:
+                await loop.run_in_executor(
+                    self.io, cache.put, computed, [u_digests[j] for j in miss]
+                )
+        if self.metrics is not None and cache.enabled:
+            self.metrics.cache_hits.inc(hits)
+            self.metrics.cache_misses.inc(len(miss))
+        by_digest = {d: found[j] for j, d in enumerate(u_digests)}
+        out = [by_digest[d] for d in digests]
+        if self.metrics is not None:
+            self.metrics.tokens_served.inc(sum(len(t) for t in token_lists))
+        return out, hits, len(miss)  # type: ignore[return-value]
+
+    async def warm_up(self) -> None:
+        await self.runner.embed(WARMUP_SENTENCES, timeout=max(self.request_timeout, 120.0))
+        self.warmed = True
+
+    def info(self) -> dict[str, Any]:
+        cfg = self.embedder.cfg
+        tok = self.embedder.tokenizer
+        return {
+            "id": self.name,
+            "object": "model",
+            "created": int(self.loaded_at),
+            "owned_by": "elmo-service",
+            "version": self.version,
+            "path": str(self.path),
+            "n_layers": self.n_layers,
+            "dim": self.dim,
+            "max_tokens_per_sentence": self.max_tokens_per_sentence,
+            "config": cfg.to_dict(),
+            "tokenizer": {"type": tok.kind, "fingerprint": tok.fingerprint},
+            "provenance": self.embedder.artifact.provenance,
+            "tasks_shipped": sorted(self.tasks.shipped),
+            "cache_key_prefix": self.embedder.cache_key_prefix,
+            "loaded_at": self.loaded_at,
+            "warmed": self.warmed,
+        }
+
+    def close(self) -> None:
+        self.runner.close()
+        close = getattr(self.tasks.store, "close", None)
+        if close:
+            close()
+
+
+def make_task_store(settings: Settings, namespace: str) -> TaskStore:
+    if settings.redis_url:
+        return RedisTaskStore(
+            settings.redis_url,
+            namespace,
+            prefix=settings.redis_prefix,
+            timeout=max(settings.redis_timeout, 0.5),
+        )
+    return FileTaskStore(settings.resolved_tasks_file, namespace)
+
+
+def load_served_model(
+    settings: Settings,
+    backend: CacheBackend,
+    io: ThreadPoolExecutor,
+    metrics: Metrics | None = None,
+    model_path: Path | None = None,
+) -> ServedModel:
+    """Load the artifact and build its runner. Blocking: call it off the event loop."""
+    from elmo_service.embedder import Embedder
+
+    path = Path(model_path or settings.resolved_model_path)
+    if not path.is_dir():
+        raise ArtifactError(
+            f"model directory {path} does not exist: set ELMO_MODEL_PATH, or ELMO_MODELS_DIR and "
+            "ELMO_MODEL (default models/default), or pass --model",
+            field="model",
+        )
+    embedder = Embedder.load(
+        path,
+        threads=settings.threads,
+        device=settings.device,
+        precision=settings.precision,
+        token_cache_size=settings.token_cache_size,
+        batch_tokens=settings.batch_tokens,
+        max_batch_sentences=settings.max_batch_sentences,
+    )
+    # requests are refused above the smaller of the service limit and the model's own
+    embedder.max_sentence_tokens = min(
+        settings.max_tokens_per_sentence, embedder.cfg.max_sentence_tokens
+    )
+    name = path.name
+    runner: Batcher | DirectRunner
+    if settings.batching:
+        runner = Batcher(
+            embedder.embed_tokens,
+            batch_tokens=settings.batch_tokens,
+            max_batch_sentences=settings.max_batch_sentences,
+            max_queue=settings.max_queue,
+            metrics=metrics,
+            name=f"batcher-{name}",
+        )
+    else:
+        runner = DirectRunner(embedder.embed_tokens, max_queue=settings.max_queue, metrics=metrics)
+    cache = SentenceCache(
+        backend,
+        key_prefix=settings.redis_prefix,
+        model_prefix=embedder.cache_key_prefix,
+        version=embedder.version,
+        dtype=settings.cache_dtype,
+        ttl=settings.cache_ttl,
+        n_layers=embedder.n_layers,
+        dim=embedder.dim,
+        metrics=metrics,
+    )
+    tasks = TaskRegistry(
+        make_task_store(settings, name), dict(embedder.artifact.tasks), embedder.n_layers
+    )
+    served = ServedModel(
+        name=name,
+        path=path,
+        embedder=embedder,
+        runner=runner,
+        cache=cache,
+        tasks=tasks,
+        io=io,
+        request_timeout=settings.request_timeout,
+        max_tokens_per_sentence=embedder.max_sentence_tokens,
+        metrics=metrics,
+    )
+    if metrics is not None:
+        metrics.model_info.labels(name, embedder.version).set(1)
+    return served
+
+
+class ModelHolder:
+    """Holds the served model; routes get it via ``Depends(get_model)``, never a global."""
+
+    def __init__(self) -> None:
+        self._current: ServedModel | None = None
+        self._swap_lock = asyncio.Lock()
+
+    @property
+    def current(self) -> ServedModel | None:
+        return self._current
+
+    @property
+    def ready(self) -> bool:
+        return self._current is not None and self._current.warmed and self._current.runner.alive
+
+    async def swap(self, new: ServedModel, *, warm: bool = True) -> ServedModel | None:
+        """Warm ``new``, make it current, then drain and close the old one."""
+        async with self._swap_lock:
+            if warm and not new.warmed:
+                await new.warm_up()
+            old, self._current = self._current, new
+        if old is not None:
+            await asyncio.to_thread(old.close)
+        return old
+
+    async def close(self) -> None:
+        cur, self._current = self._current, None
+        if cur is not None:
+            await asyncio.to_thread(cur.close)

@@ -1,0 +1,179 @@
+"""Service settings: ``ELMO_*`` environment variables (plus ``REDIS_URL``) and ``.env``.
+
+A bad value fails at startup with one message naming every offending variable
+(:func:`load_settings`), never later in a request.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from elmo_service.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ENV_PREFIX = "ELMO_"
+
+
+def _split_keys(v: object) -> object:
+    if v is None:
+        return []
+    if isinstance(v, str):
+        return [k.strip() for k in v.split(",") if k.strip()]
+    return v
+
+
+class Settings(BaseSettings):
+    """Every knob of the server. Environment names are ``ELMO_<FIELD>`` upper-cased."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        validate_default=True,
+        populate_by_name=True,
+    )
+
+    # -- the model -------------------------------------------------------------
+    models_dir: Path = Field(REPO_ROOT / "models", description="Directory holding model artifacts.")
+    model: str = Field("default", description="Artifact name inside models_dir.")
+    model_path: Path | None = Field(
+        None, description="Explicit artifact directory; wins over models_dir/model."
+    )
+    device: str = "cpu"
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    threads: int | None = Field(
+        None, ge=1, description="torch intra-op threads (default: all cores)."
+    )
+    token_cache_size: int = Field(
+        100_000, ge=0, description="Embedder's per-token CNN vector cache (entries)."
+    )
+    warmup: bool = True
+
+    # -- batching --------------------------------------------------------------
+    batching: bool = Field(
+        True,
+        description="Micro-batch across requests. false = one forward pass per request (benchmark baseline).",
+    )
+    batch_tokens: int = Field(4096, ge=16, description="Padded-token budget of one model batch.")
+    max_batch_sentences: int = Field(256, ge=1)
+    max_queue: int = Field(4096, ge=1, description="Sentences waiting for the model; more -> 429.")
+    request_timeout: float = Field(
+        30.0, gt=0, description="Seconds a request may wait for the model -> 503."
+    )
+
+    # -- cache -------------------------------------------------------------------
+    redis_url: str | None = Field(
+        None, validation_alias=AliasChoices("REDIS_URL", "ELMO_REDIS_URL", "redis_url")
+    )
+    cache: bool = Field(True, description="Cache per-sentence layer vectors.")
+    cache_dtype: Literal["float32", "float16"] = "float32"
+    cache_ttl: int = Field(7 * 24 * 3600, ge=1, description="Seconds; every cache entry expires.")
+    cache_max_bytes: int = Field(
+        256 * 1024 * 1024, ge=0, description="In-process LRU bound (no Redis)."
+    )
+    redis_timeout: float = Field(0.25, gt=0, description="Redis socket timeouts, seconds.")
+    redis_retry_interval: float = Field(
+        5.0, gt=0, description="Seconds before retrying a failed Redis."
+    )
+    redis_prefix: str = "elmo"
+
+    # -- limits --------------------------------------------------------------------
+    max_sentences: int = Field(256, ge=1, description="Sentences (or inputs) per request.")
+    max_tokens_per_sentence: int = Field(512, ge=1, description="Capped by the model's own limit.")
+    max_chars: int = Field(
+        200_000, ge=1, description="Characters per request, all sentences together."
+    )
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+
+    # -- auth ------------------------------------------------------------------------
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated; when set, every /v1 route needs one (or an admin key).",
+    )
+    admin_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated; needed for writes (tasks). None set = writes refused.",
+    )
+
+    # -- files -------------------------------------------------------------------------
+    data_dir: Path = REPO_ROOT / "data"
+    runs_dir: Path = REPO_ROOT / "runs"
+    tasks_file: Path | None = Field(
+        None, description="Task store without Redis (default <data_dir>/tasks.json)."
+    )
+
+    @field_validator("api_keys", "admin_keys", mode="before")
+    @classmethod
+    def _keys(cls, v: object) -> object:
+        return _split_keys(v)
+
+    @field_validator("redis_url", mode="before")
+    @classmethod
+    def _redis_url(cls, v: object) -> object:
+        if isinstance(v, str):
+            v = v.strip() or None
+        if v is not None and not str(v).startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return v
+
+    @field_validator("model")
+    @classmethod
+    def _model_name(cls, v: str) -> str:
+        if not v or "/" in v or v in (".", ".."):
+            raise ValueError("must be a directory name inside models_dir")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if self.max_sentences > self.max_queue:
+            raise ValueError(
+                f"ELMO_MAX_SENTENCES ({self.max_sentences}) exceeds ELMO_MAX_QUEUE ({self.max_queue}): "
+                "such a request could never be queued"
+            )
+        return self
+
+    # -- derived ----------------------------------------------------------------------
+    @property
+    def resolved_model_path(self) -> Path:
+        return Path(self.model_path) if self.model_path else Path(self.models_dir) / self.model
+
+    @property
+    def resolved_tasks_file(self) -> Path:
+        return Path(self.tasks_file) if self.tasks_file else Path(self.data_dir) / "tasks.json"
+
+    @property
+    def auth_required(self) -> bool:
+        return bool(self.api_keys)
+
+
+def _env_name(loc: tuple) -> str:
+    name = str(loc[0]) if loc else "settings"
+    if name in ("REDIS_URL", "redis_url"):
+        return "REDIS_URL"
+    return ENV_PREFIX + name.upper()
+
+
+def format_validation_error(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        loc = err.get("loc") or ()
+        where = _env_name(loc) if loc else "settings"
+        msg = err.get("msg", "invalid")
+        if "input" in err and loc:
+            lines.append(f"{where}={err['input']!r}: {msg}")
+        else:
+            lines.append(f"{where}: {msg}")
+    return "invalid settings: " + "; ".join(lines)
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Settings from the environment, ``.env`` and ``overrides``; ConfigError naming the bad ones."""
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e), field="settings") from e

@@ -1,0 +1,235 @@
+"""Named scalar-mix tasks: stored in Redis when configured, else a local JSON file.
+
+Tasks shipped inside the model artifact (``artifact.tasks``) are visible
+read-only; a PUT of the same name stores an override, and deleting that
+override brings the shipped task back. Stored tasks are namespaced by the
+served model's name and validated against its layer count when written and
+when used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import threading
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+from elmo_service.errors import ConfigError
+from elmo_service.scalar_mix import MixSpec
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class StoreUnavailable(Exception):
+    """The task store's backend (Redis) did not answer."""
+
+
+def check_name(name: str) -> str:
+    if not NAME_RE.match(name):
+        raise ConfigError(
+            "task names are 1-64 characters: letters, digits, '_', '.', '-', starting with a letter or digit",
+            field="name",
+        )
+    return name
+
+
+class TaskStore(ABC):
+    kind: str
+
+    @abstractmethod
+    def all(self) -> dict[str, dict[str, Any]]: ...
+
+    @abstractmethod
+    def get(self, name: str) -> dict[str, Any] | None: ...
+
+    @abstractmethod
+    def put(self, name: str, spec: dict[str, Any]) -> None: ...
+
+    @abstractmethod
+    def delete(self, name: str) -> bool: ...
+
+
+class FileTaskStore(TaskStore):
+    """``{namespace: {name: spec}}`` in one JSON file, rewritten atomically."""
+
+    kind = "file"
+
+    def __init__(self, path: Path, namespace: str) -> None:
+        self.path = Path(path)
+        self.namespace = namespace
+        self._lock = threading.Lock()
+
+    def _read(self) -> dict[str, Any]:
+        if not self.path.is_file():
+            return {}
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise StoreUnavailable(f"task file {self.path} is unreadable: {e}") from e
+        return data if isinstance(data, dict) else {}
+
+    def _write(self, data: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(self.path.suffix + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, self.path)
+
+    def all(self) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            return dict(self._read().get(self.namespace, {}))
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        return self.all().get(name)
+
+    def put(self, name: str, spec: dict[str, Any]) -> None:
+        with self._lock:
+            data = self._read()
+            data.setdefault(self.namespace, {})[name] = spec
+            self._write(data)
+
+    def delete(self, name: str) -> bool:
+        with self._lock:
+            data = self._read()
+            found = data.get(self.namespace, {}).pop(name, None) is not None
+            if found:
+                self._write(data)
+            return found
+
+
+class RedisTaskStore(TaskStore):
+    """One hash per model: ``<prefix>:tasks:<namespace>`` name -> JSON. No TTL: tasks persist."""
+
+    kind = "redis"
+
+    def __init__(
+        self,
+        url: str,
+        namespace: str,
+        *,
+        prefix: str = "elmo",
+        timeout: float = 0.5,
+        client: Any = None,
+    ):
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        self.key = f"{prefix}:tasks:{namespace}"
+        self.client = client or redis.Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0)
+        )
+        self._errors = (redis.RedisError, OSError)
+
+    def _call(self, fn, *args):
+        try:
+            return fn(*args)
+        except self._errors as e:
+            raise StoreUnavailable(
+                f"task store (redis) unavailable: {type(e).__name__}: {e}"
+            ) from e
+
+    def all(self) -> dict[str, dict[str, Any]]:
+        raw = self._call(self.client.hgetall, self.key)
+        out = {}
+        for k, v in raw.items():
+            try:
+                out[k.decode()] = json.loads(v)
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                continue  # a corrupt entry is skipped, not fatal
+        return out
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        v = self._call(self.client.hget, self.key, name)
+        if v is None:
+            return None
+        try:
+            return json.loads(v)
+        except json.JSONDecodeError:
+            return None
+
+    def put(self, name: str, spec: dict[str, Any]) -> None:
+        self._call(self.client.hset, self.key, name, json.dumps(spec, sort_keys=True))
+
+    def delete(self, name: str) -> bool:
+        return bool(self._call(self.client.hdel, self.key, name))
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.client.close()
+
+
+class TaskRegistry:
+    """Shipped tasks + a store; the store wins. Remembers the last good read
+    so that embedding with a task survives a store outage."""
+
+    def __init__(self, store: TaskStore, shipped: dict[str, MixSpec], n_layers: int) -> None:
+        self.store = store
+        self.shipped = shipped
+        self.n_layers = n_layers
+        self._last: dict[str, dict[str, Any]] = {}
+
+    def _stored(self) -> dict[str, dict[str, Any]]:
+        try:
+            data = self.store.all()
+        except StoreUnavailable:
+            if self._last:
+                return dict(self._last)
+            raise
+        self._last = dict(data)
+        return data
+
+    def describe(self, name: str, spec: MixSpec, source: str) -> dict[str, Any]:
+        d = spec.to_dict()
+        d.update(
+            name=name, source=source, overrides_model=source == "store" and name in self.shipped
+        )
+        d["read_only"] = source == "model"
+        return d
+
+    def list(self) -> list[dict[str, Any]]:
+        stored = self._stored()
+        out = {}
+        for name, spec in self.shipped.items():
+            out[name] = self.describe(name, spec, "model")
+        for name, raw in stored.items():
+            try:
+                out[name] = self.describe(name, MixSpec.from_dict(raw), "store")
+            except ConfigError:
+                continue
+        return [out[k] for k in sorted(out)]
+
+    def spec(self, name: str) -> tuple[MixSpec, str] | None:
+        try:
+            raw = self.store.get(name)
+            if raw is not None:
+                self._last[name] = raw
+            else:
+                self._last.pop(name, None)
+        except StoreUnavailable:
+            raw = self._last.get(name)
+            if raw is None and name not in self.shipped:
+                raise
+        if raw is not None:
+            return MixSpec.from_dict(raw), "store"
+        if name in self.shipped:
+            return self.shipped[name], "model"
+        return None
+
+    def put(self, name: str, spec: MixSpec) -> bool:
+        """Store (validated); True when it created a new stored task."""
+        spec.validate(self.n_layers, "weights")
+        existed = self.store.get(name) is not None
+        self.store.put(name, spec.to_dict())
+        self._last[name] = spec.to_dict()
+        return not existed
+
+    def delete(self, name: str) -> str:
+        """'deleted' | 'read_only' (only shipped) | 'missing'."""
+        if self.store.delete(name):
+            self._last.pop(name, None)
+            return "deleted"
+        return "read_only" if name in self.shipped else "missing"
