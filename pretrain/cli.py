@@ -1,0 +1,271 @@
+"""`elmo-pretrain`: prepare | train | eval | export (and the data fetchers of pretrain.sources).
+
+    elmo-pretrain prepare corpus/*.txt --out data/prepared --vocab-size 16000
+    elmo-pretrain train configs/default.yaml --run-dir runs/default [--set optim.lr=3e-4] [--resume | --force]
+    torchrun --nproc-per-node 2 -m pretrain.cli train configs/tiny.yaml --run-dir runs/ddp
+    elmo-pretrain eval runs/default [--split heldout | --file test.txt]
+    elmo-pretrain export runs/default models/elmo-en
+
+Errors the user can fix (bad input, bad config, a run folder in the way)
+print one line to stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from elmo_service.errors import ElmoServiceError
+
+
+def _add_prepare(sub) -> None:
+    p = sub.add_parser(
+        "prepare", help="text files/folders/globs -> cleaned sentences, tokenizer, token shards"
+    )
+    p.add_argument(
+        "inputs",
+        nargs="+",
+        help="text files, folders (recursive) or globs; .gz/.bz2/.xz are read too",
+    )
+    p.add_argument(
+        "--out", required=True, help="output folder (refused if it holds a different preparation)"
+    )
+    p.add_argument("--tokenizer", choices=["sentencepiece", "word"], default="sentencepiece")
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=16000,
+        help="softmax size incl. <S>, </S>, <unk> (default 16000)",
+    )
+    p.add_argument("--sp-model-type", choices=["unigram", "bpe", "char", "word"], default="unigram")
+    p.add_argument(
+        "--no-byte-fallback",
+        action="store_true",
+        help="sentencepiece: rare characters become <unk>",
+    )
+    p.add_argument("--character-coverage", type=float, default=0.9995)
+    p.add_argument(
+        "--split",
+        choices=["paragraphs", "lines", "none"],
+        default="paragraphs",
+        help="paragraphs: blank-line separated running text; lines: each line is running text; none: one sentence a line",
+    )
+    p.add_argument(
+        "--pretokenized",
+        action="store_true",
+        help="word tokenizer: split on whitespace only (e.g. PTB)",
+    )
+    p.add_argument("--lowercase", action="store_true")
+    p.add_argument(
+        "--no-dedupe", action="store_true", help="keep duplicate sentences (benchmarks such as PTB)"
+    )
+    p.add_argument("--heldout-fraction", type=float, default=0.01)
+    p.add_argument(
+        "--heldout",
+        nargs="+",
+        default=[],
+        metavar="FILE",
+        help="held-out files instead of a random fraction",
+    )
+    p.add_argument(
+        "--encoding-errors",
+        choices=["replace", "skip"],
+        default="replace",
+        help="invalid UTF-8: replace bytes or skip the line",
+    )
+    p.add_argument(
+        "--max-line-chars", type=int, default=100_000, help="longer lines are skipped and counted"
+    )
+    p.add_argument("--max-sentence-words", type=int, default=250)
+    p.add_argument("--shard-tokens", type=int, default=50_000_000)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--force", action="store_true", help="replace an existing, different preparation in --out"
+    )
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser("train", help="train a biLM from a YAML config")
+    p.add_argument(
+        "config", nargs="?", help="YAML config (optional with --resume: the run's saved config)"
+    )
+    p.add_argument(
+        "--run-dir",
+        required=True,
+        help="checkpoints, metrics.jsonl and the resolved config go here",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set optim.lr=0.2 --set model.lstm_dim=512",
+    )
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
+        "--resume", action="store_true", help="continue from the newest checkpoint in --run-dir"
+    )
+    g.add_argument(
+        "--force", action="store_true", help="start over in a run folder that holds another run"
+    )
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+
+
+def _add_eval(sub) -> None:
+    p = sub.add_parser("eval", help="exact held-out perplexity (forward, backward, average)")
+    p.add_argument("run_dir")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
+        "--split", default="heldout", help="a split of the prepared corpus (default heldout)"
+    )
+    g.add_argument("--file", help="a text file, one sentence a line, tokenized like the corpus")
+    p.add_argument("--checkpoint", help="a checkpoint file (default: the newest)")
+    p.add_argument("--data", help="prepared corpus folder (default: the run's)")
+    p.add_argument("--max-sentences", type=int, default=0)
+    p.add_argument("--threads", type=int)
+    p.add_argument("--json", action="store_true", help="print JSON only")
+
+
+def _add_export(sub) -> None:
+    p = sub.add_parser("export", help="write a serving artifact (no softmax, no optimizer state)")
+    p.add_argument("run_dir")
+    p.add_argument("out")
+    p.add_argument("--checkpoint")
+    p.add_argument("--data")
+    p.add_argument(
+        "--no-eval", action="store_true", help="skip the held-out perplexity in the provenance"
+    )
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--threads", type=int)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="elmo-pretrain", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_prepare(sub)
+    _add_train(sub)
+    _add_eval(sub)
+    _add_export(sub)
+    try:  # corpus / PTB / Brown fetchers, owned by the data team
+        from pretrain.sources.cli import add_source_commands
+    except ImportError:
+        pass
+    else:
+        add_source_commands(sub)
+    return parser
+
+
+def cmd_prepare(a) -> int:
+    from pretrain.prepare import PrepareOptions, prepare
+
+    opts = PrepareOptions(
+        tokenizer=a.tokenizer,
+        vocab_size=a.vocab_size,
+        sp_model_type=a.sp_model_type,
+        byte_fallback=not a.no_byte_fallback,
+        character_coverage=a.character_coverage,
+        split=a.split,
+        pretokenized=a.pretokenized,
+        lowercase=a.lowercase,
+        dedupe=not a.no_dedupe,
+        heldout_fraction=a.heldout_fraction,
+        heldout_files=a.heldout,
+        encoding_errors=a.encoding_errors,
+        max_line_chars=a.max_line_chars,
+        max_sentence_words=a.max_sentence_words,
+        shard_tokens=a.shard_tokens,
+        threads=a.threads,
+    )
+    prepare(a.inputs, a.out, opts, force=a.force, progress=not a.no_progress)
+    return 0
+
+
+def cmd_train(a) -> int:
+    from pathlib import Path
+
+    from pretrain.config import dump_config
+    from pretrain.train import resolve_config, run_training
+
+    cfg = resolve_config(
+        a.config, a.overrides, Path(a.run_dir), a.resume
+    )  # all config errors surface here
+    if a.print_config:
+        print(dump_config(cfg), end="")
+        return 0
+    run_training(cfg, a.run_dir, resume=a.resume, force=a.force)
+    return 0
+
+
+def cmd_eval(a) -> int:
+    from pretrain.evaluate import evaluate
+
+    res = evaluate(
+        a.run_dir,
+        split=a.split,
+        file=a.file,
+        checkpoint=a.checkpoint,
+        data_path=a.data,
+        threads=a.threads,
+        max_sentences=a.max_sentences,
+    )
+    if a.json:
+        print(json.dumps(res))
+    else:
+        print(
+            f"{res['source']} at {res['checkpoint']} (step {res['step']}): {res['sentences']} sentences, {res['predictions']} predictions"
+        )
+        for k in ("forward_ppl", "backward_ppl", "avg_ppl"):
+            if k in res:
+                print(f"  {k:13s} {res[k]:.3f}")
+    return 0
+
+
+def cmd_export(a) -> int:
+    from pretrain.evaluate import export
+
+    res = export(
+        a.run_dir,
+        a.out,
+        checkpoint=a.checkpoint,
+        data_path=a.data,
+        evaluate_heldout=not a.no_eval,
+        threads=a.threads,
+        overwrite=a.overwrite,
+    )
+    print(
+        f"exported {res['out']} (version {res['version']}, step {res['step']}, {res['tokens_seen']} tokens seen)"
+    )
+    if res.get("heldout"):
+        print(
+            "  held-out: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in res["heldout"].items() if k.endswith("ppl"))
+        )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler = {
+        "prepare": cmd_prepare,
+        "train": cmd_train,
+        "eval": cmd_eval,
+        "export": cmd_export,
+    }.get(args.command)
+    if handler is None:  # a command added by pretrain.sources carries its own handler
+        func = getattr(args, "func", None)
+        if func is None:
+            print(f"elmo-pretrain: no handler for {args.command!r}", file=sys.stderr)
+            return 2
+        handler = func
+    try:
+        return int(handler(args) or 0)
+    except ElmoServiceError as e:
+        print(f"elmo-pretrain {args.command}: error: {e.message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""`elmo-pretrain eval` and `export`: exact perplexity, and the serving artifact.
+
+Perplexity is exact whatever softmax trained the model: the full softmax (or
+the adaptive softmax's full log-probabilities) over the whole vocabulary, in
+float32, dropout off, each sentence from a zero state. Per direction it is
+``exp(sum NLL / n)`` over n = tokens + 1 predictions a sentence (``</S>`` for
+the forward LM, ``<S>`` for the backward one); ``avg_ppl`` is
+``exp((NLL_f + NLL_b) / 2n)``, the geometric mean of the two, which is what
+bilm-tf reports as its average perplexity.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from elmo_service.errors import ConfigError, InputError
+from elmo_service.runtime import autocast, pick_device, set_threads
+from pretrain.checkpoint import list_checkpoints, load_checkpoint
+from pretrain.config import TrainConfig
+from pretrain.data import Corpus, eval_batches
+from pretrain.lm import LanguageModel
+
+
+@torch.no_grad()
+def perplexity(
+    model: LanguageModel,
+    corpus: Corpus,
+    sentences: list[np.ndarray],
+    device,
+    precision: str = "fp32",
+    tokens_per_batch: int = 4096,
+) -> dict[str, float]:
+    was_training = model.training
+    model.eval()
+    nf = nb = 0.0
+    n = 0
+    try:
+        for batch in eval_batches(sentences, corpus, tokens_per_batch):
+            if device.type != "cpu":
+                from pretrain.train import _to
+
+                batch = _to(batch, device)
+            with autocast(device, precision):
+                f, b, k = model.exact_nll(batch)
+            nf, nb, n = nf + f, nb + b, n + k
+    finally:
+        model.train(was_training)
+    out = {
+        "sentences": len(sentences),
+        "predictions": n,
+        "forward_nll": nf / n,
+        "forward_ppl": math.exp(nf / n),
+    }
+    if model.directions == "both":
+        out.update(
+            backward_nll=nb / n,
+            backward_ppl=math.exp(nb / n),
+            avg_ppl=math.exp((nf + nb) / (2 * n)),
+        )
+    return out
+
+
+def load_run(
+    run_dir: str | Path, checkpoint: str | Path | None = None, data_path: str | None = None
+) -> tuple[TrainConfig, Corpus, LanguageModel, dict[str, Any]]:
+    """Config, corpus and model of a run at a checkpoint (default: the newest)."""
+    run_dir = Path(run_dir)
+    info_path = run_dir / "run.json"
+    if not info_path.is_file():
+        raise ConfigError(f"{run_dir} is not a training run (no run.json)", field="run_dir")
+    cfg = TrainConfig.from_dict(json.loads(info_path.read_text())["config"])
+    if data_path:
+        cfg.data.path = data_path
+    if checkpoint is None:
+        found = list_checkpoints(run_dir)
+        if not found:
+            raise ConfigError(f"{run_dir} has no checkpoint yet", field="checkpoint")
+        checkpoint = found[-1]
+    st = load_checkpoint(checkpoint)
+    corpus = Corpus(cfg.data.path)
+    model = LanguageModel(
+        cfg.model,
+        cfg.softmax,
+        corpus.softmax_size,
+        corpus.char_table(cfg.model.max_chars_per_token),
+        cfg.train.directions,
+    )
+    model.load_state_dict(st["model"])
+    model.eval()
+    meta = {
+        "checkpoint": Path(checkpoint).name,
+        "step": int(st["step"]),
+        "tokens_seen": int(st["tokens_seen"]),
+    }
+    return cfg, corpus, model, meta
+
+
+def evaluate(
+    run_dir: str | Path,
+    *,
+    split: str = "heldout",
+    file: str | None = None,
+    checkpoint: str | None = None,
+    data_path: str | None = None,
+    threads: int | None = None,
+    max_sentences: int = 0,
+) -> dict[str, Any]:
+    set_threads(threads)
+    cfg, corpus, model, meta = load_run(run_dir, checkpoint, data_path)
+    if file:
+        sents, extra = corpus.encode_file(file)
+        if extra:
+            model.set_char_table(corpus.char_table(cfg.model.max_chars_per_token, extra))
+        source = str(file)
+    else:
+        data = corpus.split(split)
+        if len(data) == 0:
+            raise InputError(f"split {split!r} is empty", field="split")
+        sents = [np.asarray(data.sentence(i)) for i in range(len(data))]
+        source = f"split:{split}"
+    if max_sentences:
+        sents = sents[:max_sentences]
+    device = pick_device(cfg.train.device)
+    model.to(device)
+    res = perplexity(model, corpus, sents, device)
+    return {"source": source, **meta, **res}
+
+
+def export(
+    run_dir: str | Path,
+    out: str | Path,
+    *,
+    checkpoint: str | None = None,
+    data_path: str | None = None,
+    evaluate_heldout: bool = True,
+    threads: int | None = None,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Write a serving artifact (BiLM + tokenizer; no softmax, no optimizer state) with provenance."""
+    from elmo_service.artifact import save_artifact
+
+    set_threads(threads)
+    cfg, corpus, model, meta = load_run(run_dir, checkpoint, data_path)
+    provenance: dict[str, Any] = {
+        "trainer": "elmo-pretrain",
+        "run": str(Path(run_dir).resolve()),
+        **meta,
+        "directions": cfg.train.directions,
+        "training_config": cfg.to_dict(),
+        "corpus": {
+            "params_hash": corpus.manifest.get("params_hash"),
+            "summary": corpus.manifest.get("summary"),
+            "inputs": [i["path"] for i in corpus.manifest.get("inputs", {}).get("train", [])],
+            "tokenizer": corpus.manifest.get("tokenizer"),
+            "vocab_size": corpus.manifest["vocab"]["softmax_size"],
+        },
+    }
+    if evaluate_heldout and len(corpus.split("heldout")):
+        data = corpus.split("heldout")
+        sents = [np.asarray(data.sentence(i)) for i in range(len(data))]
+        provenance["heldout"] = perplexity(model, corpus, sents, torch.device("cpu"))
+    version = save_artifact(
+        model.bilm, corpus.load_tokenizer(), out, provenance=provenance, overwrite=overwrite
+    )
+    return {"out": str(out), "version": version, **meta, "heldout": provenance.get("heldout")}

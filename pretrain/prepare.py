@@ -1,0 +1,480 @@
+"""`elmo-pretrain prepare`: raw text -> a prepared corpus folder.
+
+    out/
+      manifest.json          settings, inputs, what was kept/skipped and why, vocab and shard index
+      sentences.train.txt    cleaned, de-duplicated sentences, one a line
+      sentences.heldout.txt
+      tokenizer.model        sentencepiece only
+      vocab.txt              "token<TAB>train count", one a line; line number = token id
+      shards/{split}-NNNNN.tokens.npy   int32 [n_tokens], token ids, no sentence markers
+      shards/{split}-NNNNN.offsets.npy  int64 [n_sentences + 1], sentence starts in .tokens
+
+Token ids are our own, sorted by training frequency so that a log-uniform
+sampler and an adaptive softmax see the usual Zipf order: 0 ``<S>``,
+1 ``</S>``, 2 ``<unk>``, then tokens by count. For word vocabularies the
+softmax covers the first ``softmax_size`` ids; rarer (and held-out only)
+words keep an id so the character CNN still reads their spelling, and their
+training target is ``<unk>`` (as in bilm-tf).
+
+The folder is built in a temporary sibling and renamed into place, so an
+interrupted run leaves nothing half-written under ``out``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from elmo_service.errors import InputError
+from pretrain import text as T
+
+FORMAT = "elmo-pretrain-corpus"
+FORMAT_VERSION = 1
+BOS, EOS, UNK = "<S>", "</S>", "<unk>"
+SPECIALS = (BOS, EOS, UNK)
+BOS_ID, EOS_ID, UNK_ID = 0, 1, 2
+
+
+@dataclass
+class PrepareOptions:
+    tokenizer: str = "sentencepiece"  # sentencepiece | word
+    vocab_size: int = 16000  # softmax size including <S>, </S>, <unk>
+    sp_model_type: str = "unigram"  # unigram | bpe | char | word
+    byte_fallback: bool = True  # rare characters -> byte pieces instead of <unk>
+    character_coverage: float = 0.9995
+    sp_input_sentences: int = 2_000_000  # sentencepiece trains on a sample this large
+    split: str = "paragraphs"  # paragraphs | lines | none (one sentence a line)
+    pretokenized: bool = False  # word tokenizer: split on whitespace only (PTB)
+    lowercase: bool = False
+    dedupe: bool = True
+    heldout_fraction: float = 0.01
+    heldout_files: list[str] = field(default_factory=list)
+    encoding_errors: str = "replace"  # replace | skip
+    max_line_chars: int = 100_000
+    max_sentence_words: int = 250
+    shard_tokens: int = 50_000_000
+    seed: int = 1234
+    threads: int = 2
+
+    def validate(self) -> None:
+        def need(cond: bool, msg: str, fld: str) -> None:
+            if not cond:
+                raise InputError(msg, field=fld)
+
+        need(
+            self.tokenizer in ("sentencepiece", "word"),
+            "tokenizer must be sentencepiece or word",
+            "tokenizer",
+        )
+        need(self.vocab_size >= 8, "vocab size must be >= 8", "vocab_size")
+        need(
+            self.split in ("paragraphs", "lines", "none"),
+            "split must be paragraphs, lines or none",
+            "split",
+        )
+        need(
+            0.0 <= self.heldout_fraction < 0.5,
+            "held-out fraction must be in [0, 0.5)",
+            "heldout_fraction",
+        )
+        need(
+            self.encoding_errors in ("replace", "skip"),
+            "encoding errors: replace or skip",
+            "encoding_errors",
+        )
+        need(self.max_line_chars >= 100, "max line chars must be >= 100", "max_line_chars")
+        need(self.shard_tokens >= 1000, "shard tokens must be >= 1000", "shard_tokens")
+
+
+def _inputs_fingerprint(files: list[Path]) -> list[dict[str, Any]]:
+    out = []
+    for f in files:
+        st = f.stat()
+        out.append({"path": str(f.resolve()), "bytes": st.st_size, "mtime": int(st.st_mtime)})
+    return out
+
+
+def _params_hash(opts: PrepareOptions, train: list[dict], heldout: list[dict]) -> str:
+    blob = json.dumps({"options": asdict(opts), "train": train, "heldout": heldout}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _hash64(s: str) -> int:
+    return int.from_bytes(hashlib.blake2b(s.encode(), digest_size=8).digest(), "little")
+
+
+def check_output(out: Path, params_hash: str, force: bool) -> bool:
+    """True if ``out`` already holds this exact preparation (nothing to do)."""
+    if not out.exists():
+        return False
+    if not out.is_dir():
+        raise InputError(f"output {out} exists and is not a folder", field="out")
+    if not any(out.iterdir()):
+        return False
+    manifest = out / "manifest.json"
+    if manifest.is_file():
+        try:
+            old = json.loads(manifest.read_text())
+        except json.JSONDecodeError:
+            old = {}
+        if old.get("params_hash") == params_hash and not force:
+            return True
+        if not force:
+            raise InputError(
+                f"output folder {out} already holds a different prepared corpus "
+                f"(params hash {old.get('params_hash')}, this run {params_hash}); "
+                "pass --force to replace it or choose another folder",
+                field="out",
+            )
+    elif not force:
+        raise InputError(
+            f"output folder {out} is not empty and is not a prepared corpus; pass --force to replace it",
+            field="out",
+        )
+    return False
+
+
+class ShardWriter:
+    """Appends sentences' token ids; flushes ``.tokens``/``.offsets`` .npy pairs of bounded size."""
+
+    def __init__(self, folder: Path, split: str, shard_tokens: int) -> None:
+        self.folder, self.split, self.shard_tokens = folder, split, shard_tokens
+        self.bufs: list[np.ndarray] = []
+        self.lens: list[int] = []
+        self.n_buf = 0
+        self.shards: list[dict[str, Any]] = []
+
+    def add(self, ids: np.ndarray) -> None:
+        self.bufs.append(ids.astype(np.int32, copy=False))
+        self.lens.append(len(ids))
+        self.n_buf += len(ids)
+        if self.n_buf >= self.shard_tokens:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.lens:
+            return
+        name = f"{self.split}-{len(self.shards):05d}"
+        tokens = np.concatenate(self.bufs)
+        offsets = np.zeros(len(self.lens) + 1, dtype=np.int64)
+        np.cumsum(self.lens, out=offsets[1:])
+        np.save(self.folder / f"{name}.tokens.npy", tokens)
+        np.save(self.folder / f"{name}.offsets.npy", offsets)
+        self.shards.append({"name": name, "sentences": len(self.lens), "tokens": int(len(tokens))})
+        self.bufs, self.lens, self.n_buf = [], [], 0
+
+
+def _sentences_from(files: list[Path], opts: PrepareOptions, stats: Counter, bar) -> Any:
+    for f in files:
+        lines = T.read_lines(
+            f, stats, opts.encoding_errors, opts.max_line_chars, on_bytes=bar.update
+        )
+        for unit in T.units(lines, opts.split, 4 * opts.max_line_chars, stats):
+            yield from T.sentences_of(unit, opts.split, opts.lowercase)
+
+
+def prepare(
+    inputs: list[str],
+    out: str | Path,
+    opts: PrepareOptions | None = None,
+    *,
+    force: bool = False,
+    progress: bool = True,
+    log=print,
+) -> dict[str, Any]:
+    """Run the whole preparation; returns the manifest. Raises InputError on bad input."""
+    opts = opts or PrepareOptions()
+    opts.validate()
+    out = Path(out)
+    if not inputs:
+        raise InputError("no input files given", field="inputs")
+    train_files = T.expand_inputs(inputs)
+    heldout_files = T.expand_inputs(opts.heldout_files) if opts.heldout_files else []
+    train_fp, heldout_fp = _inputs_fingerprint(train_files), _inputs_fingerprint(heldout_files)
+    params_hash = _params_hash(opts, train_fp, heldout_fp)
+    if check_output(out, params_hash, force):
+        log(f"{out} already holds this preparation (params hash {params_hash}); nothing to do")
+        return json.loads((out / "manifest.json").read_text())
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    t0 = time.time()
+    try:
+        manifest = _prepare_into(tmp, train_files, heldout_files, opts, progress, log)
+        manifest.update(
+            format=FORMAT,
+            format_version=FORMAT_VERSION,
+            params_hash=params_hash,
+            options=asdict(opts),
+            inputs={"train": train_fp, "heldout": heldout_fp},
+            seconds=round(time.time() - t0, 1),
+        )
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        if out.exists():
+            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, trash / "old")
+            shutil.rmtree(trash, ignore_errors=True)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log(format_summary(manifest))
+    return manifest
+
+
+def _prepare_into(
+    tmp: Path,
+    train_files: list[Path],
+    heldout_files: list[Path],
+    opts: PrepareOptions,
+    progress: bool,
+    log,
+) -> dict[str, Any]:
+    stats: Counter = Counter()
+    seen: set[int] = set()
+    files = heldout_files + train_files  # held-out first: a training duplicate of it is dropped
+    total_bytes = sum(f.stat().st_size for f in files)
+    bar = tqdm(
+        total=total_bytes, unit="B", unit_scale=True, desc="read", disable=not progress, leave=False
+    )
+    n_split = {"train": 0, "heldout": 0}
+    paths = {s: tmp / f"sentences.{s}.txt" for s in ("train", "heldout")}
+    with (
+        open(paths["train"], "w", encoding="utf-8") as ftrain,
+        open(paths["heldout"], "w", encoding="utf-8") as fheld,
+    ):
+        for group, group_files in (("heldout", heldout_files), ("train", train_files)):
+            for sent in _sentences_from(group_files, opts, stats, bar):
+                stats["sentences_seen"] += 1
+                if not T.has_word_chars(sent):
+                    stats["skipped_no_letters"] += 1
+                    continue
+                if len(sent.split()) > opts.max_sentence_words:
+                    stats["skipped_too_long"] += 1
+                    continue
+                h = _hash64(sent)
+                if opts.dedupe:
+                    if h in seen:
+                        stats["skipped_duplicate"] += 1
+                        continue
+                    seen.add(h)
+                if (
+                    group == "heldout"
+                    or not heldout_files
+                    and (h % 100_000) < opts.heldout_fraction * 100_000
+                ):
+                    split = "heldout"
+                else:
+                    split = "train"
+                (fheld if split == "heldout" else ftrain).write(sent + "\n")
+                n_split[split] += 1
+    bar.close()
+    del seen
+    skipped_files = stats["files_binary"] + stats["files_unreadable"]
+    if n_split["train"] == 0:
+        raise InputError(
+            f"empty corpus: no usable training sentences in {len(train_files)} file(s) "
+            f"({stats['files_read']} read, {skipped_files} skipped as binary/unreadable, "
+            f"{stats['lines']} lines, {stats['sentences_seen']} sentences before filtering)",
+            field="inputs",
+        )
+    if n_split["heldout"] == 0:
+        log(
+            "warning: the held-out split is empty (raise --heldout-fraction or pass --heldout FILE)"
+        )
+
+    vocab, counts, softmax_size, shards = _tokenize(tmp, paths, opts, log, progress)
+    with open(tmp / "vocab.txt", "w", encoding="utf-8") as f:
+        for tok, c in zip(vocab, counts, strict=True):
+            f.write(f"{tok}\t{c}\n")
+    n_tokens = {s: sum(sh["tokens"] for sh in shards[s]) for s in shards}
+    unk_train = int(counts[UNK_ID])
+    summary = dict(stats)
+    summary.update(
+        train_sentences=n_split["train"],
+        heldout_sentences=n_split["heldout"],
+        train_tokens=n_tokens["train"],
+        heldout_tokens=n_tokens["heldout"],
+        train_unk_rate=round(unk_train / max(1, n_tokens["train"] + n_split["train"]), 6),
+    )
+    return {
+        "tokenizer": {
+            "type": opts.tokenizer,
+            "lowercase": opts.lowercase,
+            "pretokenized": opts.pretokenized,
+        },
+        "vocab": {
+            "file": "vocab.txt",
+            "size": len(vocab),
+            "softmax_size": softmax_size,
+            "bos_id": BOS_ID,
+            "eos_id": EOS_ID,
+            "unk_id": UNK_ID,
+        },
+        "shards": shards,
+        "summary": summary,
+    }
+
+
+def _tokenize(tmp: Path, paths: dict[str, Path], opts: PrepareOptions, log, progress: bool):
+    shard_dir = tmp / "shards"
+    shard_dir.mkdir()
+    if opts.tokenizer == "sentencepiece":
+        return _tokenize_sp(tmp, shard_dir, paths, opts, log, progress)
+    return _tokenize_words(shard_dir, paths, opts, progress)
+
+
+def count_lines(path: Path) -> int:
+    with open(path, encoding="utf-8") as f:
+        return sum(1 for _ in f)
+
+
+def _encode_file(path: Path, encode, writer: ShardWriter, progress: bool, desc: str) -> None:
+    chunk: list[str] = []
+    n = count_lines(path)
+    with (
+        open(path, encoding="utf-8") as f,
+        tqdm(total=n, desc=desc, unit="sent", disable=not progress, leave=False) as bar,
+    ):
+        for line in f:
+            chunk.append(line.rstrip("\n"))
+            if len(chunk) == 4096:
+                for ids in encode(chunk):
+                    writer.add(ids)
+                bar.update(len(chunk))
+                chunk = []
+        if chunk:
+            for ids in encode(chunk):
+                writer.add(ids)
+            bar.update(len(chunk))
+    writer.flush()
+
+
+def _tokenize_sp(tmp, shard_dir, paths, opts: PrepareOptions, log, progress):
+    import sentencepiece as spm
+
+    log(f"training sentencepiece ({opts.sp_model_type}, vocab {opts.vocab_size})...")
+    try:
+        spm.SentencePieceTrainer.train(
+            input=str(paths["train"]),
+            model_prefix=str(tmp / "tokenizer"),
+            vocab_size=opts.vocab_size - 2,  # + <S>, </S> = the softmax size
+            model_type=opts.sp_model_type,
+            character_coverage=opts.character_coverage,
+            byte_fallback=opts.byte_fallback,
+            input_sentence_size=opts.sp_input_sentences,
+            shuffle_input_sentence=True,
+            hard_vocab_limit=False,
+            bos_id=-1,
+            eos_id=-1,
+            unk_id=0,
+            num_threads=max(1, opts.threads),
+            seed_sentencepiece_size=1_000_000,
+            minloglevel=2,
+        )
+    except RuntimeError as e:
+        raise InputError(f"sentencepiece training failed: {e}", field="vocab_size") from e
+    (tmp / "tokenizer.vocab").unlink(missing_ok=True)
+    sp = spm.SentencePieceProcessor(model_file=str(tmp / "tokenizer.model"))
+    n_sp = sp.get_piece_size()
+
+    def encode(lines):
+        return [np.asarray(x, dtype=np.int32) for x in sp.encode(lines)]
+
+    shards = {}
+    for split in ("train", "heldout"):
+        w = ShardWriter(shard_dir, split, opts.shard_tokens)
+        _encode_file(paths[split], encode, w, progress, f"encode {split}")
+        shards[split] = w.shards
+    # our ids: specials, then pieces by training count (ties: sentencepiece order)
+    counts = np.zeros(n_sp, dtype=np.int64)
+    for sh in shards["train"]:
+        counts += np.bincount(np.load(shard_dir / f"{sh['name']}.tokens.npy"), minlength=n_sp)
+    pieces = [i for i in range(n_sp) if i != sp.unk_id()]
+    pieces.sort(key=lambda i: (-counts[i], i))
+    remap = np.full(n_sp, UNK_ID, dtype=np.int32)
+    remap[pieces] = np.arange(len(SPECIALS), len(SPECIALS) + len(pieces), dtype=np.int32)
+    for split in shards:
+        for sh in shards[split]:
+            p = shard_dir / f"{sh['name']}.tokens.npy"
+            np.save(p, remap[np.load(p)])
+    n_sent = sum(sh["sentences"] for sh in shards["train"])
+    vocab = list(SPECIALS) + [sp.id_to_piece(i) for i in pieces]
+    vocab_counts = [n_sent, n_sent, int(counts[sp.unk_id()])] + [int(counts[i]) for i in pieces]
+    return vocab, vocab_counts, len(vocab), shards
+
+
+def _word_split(opts: PrepareOptions):
+    if opts.pretokenized:
+        return str.split
+    from elmo_service.tokenizers import WordTokenizer
+
+    tok = WordTokenizer(lowercase=opts.lowercase)
+    return lambda s: [t.text for t in tok.tokenize(s)]
+
+
+def _tokenize_words(shard_dir, paths, opts: PrepareOptions, progress):
+    split_words = _word_split(opts)
+    counts: Counter = Counter()
+    with open(paths["train"], encoding="utf-8") as f:
+        for line in tqdm(f, desc="count words", unit="sent", disable=not progress, leave=False):
+            counts.update(split_words(line))
+    n_sent = count_lines(paths["train"])
+    unk_count = counts.pop(UNK, 0)  # a literal <unk> in the text (PTB) is our <unk>
+    for s in (BOS, EOS):
+        counts.pop(s, None)
+    words = sorted(counts, key=lambda w: (-counts[w], w))
+    vocab = list(SPECIALS) + words
+    softmax_size = min(len(vocab), opts.vocab_size)
+    unk_count += sum(counts[w] for w in words[softmax_size - len(SPECIALS) :])
+    vocab_counts = [n_sent, n_sent, unk_count] + [counts[w] for w in words]
+    index = {w: i for i, w in enumerate(vocab)}
+
+    def encode(lines):
+        out = []
+        for line in lines:
+            ids = []
+            for w in split_words(line):
+                i = index.get(w)
+                if i is None:  # held-out only word: new id, spelled for the char CNN, target <unk>
+                    i = index[w] = len(vocab)
+                    vocab.append(w)
+                    vocab_counts.append(0)
+                ids.append(i)
+            out.append(np.asarray(ids, dtype=np.int32))
+        return out
+
+    shards = {}
+    for split in ("train", "heldout"):
+        w = ShardWriter(shard_dir, split, opts.shard_tokens)
+        _encode_file(paths[split], encode, w, progress, f"encode {split}")
+        shards[split] = w.shards
+    return vocab, vocab_counts, softmax_size, shards
+
+
+def format_summary(m: dict[str, Any]) -> str:
+    s = m["summary"]
+    v = m["vocab"]
+    lines = [
+        f"prepared corpus ({m['seconds']} s):",
+        f"  files: {s.get('files_read', 0)} read, {s.get('files_binary', 0)} skipped as binary",
+        f"  lines: {s.get('lines', 0)}; invalid UTF-8: {s.get('lines_bad_utf8', 0)} lines "
+        f"({'replaced' if m['options']['encoding_errors'] == 'replace' else 'skipped'}, "
+        f"{s.get('bad_bytes_replaced', 0)} replacement chars); too long (> {m['options']['max_line_chars']} chars): {s.get('lines_too_long', 0)}",
+        f"  sentences: {s.get('sentences_seen', 0)} found; skipped {s.get('skipped_duplicate', 0)} duplicates, "
+        f"{s.get('skipped_no_letters', 0)} without letters/digits, {s.get('skipped_too_long', 0)} over {m['options']['max_sentence_words']} words",
+        f"  kept: train {s['train_sentences']} sentences / {s['train_tokens']} tokens, held-out {s['heldout_sentences']} / {s['heldout_tokens']}",
+        f"  vocab: {v['size']} tokens ({m['tokenizer']['type']}), softmax {v['softmax_size']}, train <unk> rate {s['train_unk_rate']:.4%}",
+    ]
+    return "\n".join(lines)

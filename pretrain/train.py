@@ -1,0 +1,528 @@
+"""`elmo-pretrain train`: the training loop, plain and in one place.
+
+    for step in range(start, cfg.train.steps):
+        batch = batcher.batch(epoch, index)          # [B, T] ids, deterministic in (seed, epoch, index)
+        loss = model(batch)                          # mean of forward and backward LM losses
+        loss.backward(); clip; optimizer.step()      # lr from lr_at(step)
+        log / evaluate / checkpoint                  # rank 0 writes; all ranks agree on stopping
+
+Runs single-process or under ``torchrun`` (DDP: gloo on CPU, nccl on CUDA;
+each rank takes every world-th batch of the same epoch plan). Model init uses
+``train.seed`` on every rank; dropout and negative sampling use
+``seed + rank``; all of it is saved per rank in checkpoints, so ``--resume``
+continues exactly where the run stopped (same losses in fp32 eager).
+
+SIGTERM / SIGINT set a flag; the current step finishes, a checkpoint is
+written and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch._dynamo
+import torch.distributed as dist
+from tqdm import tqdm
+
+from elmo_service.errors import ConfigError
+from elmo_service.runtime import autocast, pick_device, set_threads
+from pretrain.checkpoint import list_checkpoints, load_latest, save_checkpoint
+from pretrain.config import (
+    RESUMABLE_KEYS,
+    OptimConfig,
+    TrainConfig,
+    config_hash,
+    diff_configs,
+    dump_config,
+    load_config,
+)
+from pretrain.data import BucketBatcher, Corpus
+from pretrain.lm import LanguageModel, lstm_step
+
+RUN_FILE = "run.json"
+
+
+# ---------------------------------------------------------------- setup
+
+
+def lr_at(step: int, o: OptimConfig, total: int) -> float:
+    """Linear warm-up to ``lr``, then the configured decay over the remaining steps."""
+    if step < o.warmup_steps:
+        return o.lr * (step + 1) / o.warmup_steps
+    if o.decay == "none":
+        return o.lr
+    if o.decay == "inverse_sqrt":
+        w = max(1, o.warmup_steps)
+        return o.lr * math.sqrt(w / max(step + 1, w))
+    progress = min(1.0, (step - o.warmup_steps) / max(1, total - o.warmup_steps))
+    if o.decay == "linear":
+        return o.lr * (1 - (1 - o.min_lr_ratio) * progress)
+    return o.lr * (o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def make_optimizer(params, o: OptimConfig) -> torch.optim.Optimizer:
+    params = [p for p in params if p.requires_grad]
+    if o.name == "adagrad":  # bilm-tf: lr 0.2, initial accumulator 1.0
+        return torch.optim.Adagrad(
+            params, lr=o.lr, initial_accumulator_value=o.adagrad_init_acc, eps=1e-10
+        )
+    cls = torch.optim.AdamW if o.name == "adamw" else torch.optim.Adam
+    return cls(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+
+
+def build_model(cfg: TrainConfig, corpus: Corpus) -> LanguageModel:
+    table = corpus.char_table(cfg.model.max_chars_per_token)
+    return LanguageModel(cfg.model, cfg.softmax, corpus.softmax_size, table, cfg.train.directions)
+
+
+def dist_env() -> tuple[int, int, int]:
+    """(rank, world, local_rank) from the variables torchrun sets."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0"))
+
+
+class RunDirError(ConfigError):
+    pass
+
+
+def check_run_dir(run_dir: Path, cfg: TrainConfig, resume: bool, force: bool) -> str:
+    """Decide what to do with ``run_dir``: "new", "resume" or "restart". Raises if unsafe."""
+    h = config_hash(cfg)
+    info = run_dir / RUN_FILE
+    if not run_dir.exists() or not any(run_dir.iterdir()):
+        return "new"
+    if not info.is_file():
+        if force:
+            return "restart"
+        raise RunDirError(
+            f"run folder {run_dir} is not empty and holds no run; pass --force to use it anyway",
+            field="run_dir",
+        )
+    old = json.loads(info.read_text())
+    if force:
+        return "restart"
+    if old.get("config_hash") != h:
+        try:
+            old_cfg = TrainConfig.from_dict(old["config"])
+            diff = ", ".join(
+                f"{k}: {a!r} -> {b!r}"
+                for k, (a, b) in diff_configs(old_cfg, cfg).items()
+                if k not in RESUMABLE_KEYS
+            )
+        except Exception:
+            diff = "unreadable old config"
+        raise RunDirError(
+            f"run folder {run_dir} holds a different run (config hash {old.get('config_hash')}, this config {h}; "
+            f"differences: {diff}); pass --force to start over there, or pick another folder",
+            field="run_dir",
+        )
+    if not resume:
+        ck = list_checkpoints(run_dir)
+        at = f" (latest checkpoint {ck[-1].name})" if ck else ""
+        raise RunDirError(
+            f"run folder {run_dir} already holds this run{at}; pass --resume to continue or --force to start over",
+            field="run_dir",
+        )
+    return "resume"
+
+
+def resolve_config(
+    config_path: str | None, overrides: list[str], run_dir: Path, resume: bool
+) -> TrainConfig:
+    """The config file plus overrides; with --resume and no file, the run's saved config."""
+    if config_path is None and resume and (run_dir / RUN_FILE).is_file():
+        from pretrain.config import apply_overrides
+
+        base = json.loads((run_dir / RUN_FILE).read_text())["config"]
+        return TrainConfig.from_dict(apply_overrides(base, overrides))
+    if config_path is None:
+        raise ConfigError(
+            "a config file is required (except with --resume of an existing run)", field="config"
+        )
+    return load_config(config_path, overrides)
+
+
+# ---------------------------------------------------------------- the loop
+
+
+class Trainer:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        run_dir: str | Path,
+        *,
+        resume: bool = False,
+        force: bool = False,
+        log=print,
+    ) -> None:
+        self.cfg, self.run_dir, self.log = cfg, Path(run_dir), log
+        self.rank, self.world, local_rank = dist_env()
+        self.ddp = self.world > 1
+        self.device = pick_device(cfg.train.device)
+        if self.device.type == "cuda":
+            self.device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(self.device)
+        threads = cfg.train.threads or max(1, (os.cpu_count() or 1) // self.world)
+        set_threads(threads)
+        if self.ddp and not dist.is_initialized():
+            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+        # every rank checks (read-only); only rank 0 writes
+        self.mode = check_run_dir(self.run_dir, cfg, resume, force)
+        self.corpus = Corpus(cfg.data.path)
+        self.batcher = BucketBatcher(
+            self.corpus,
+            "train",
+            max_tokens=cfg.data.max_tokens,
+            tokens_per_batch=cfg.data.tokens_per_batch,
+            pad_multiple=cfg.data.pad_multiple,
+            seed=cfg.train.seed,
+            rank=self.rank,
+            world=self.world,
+        )
+        torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
+        self.model = build_model(cfg, self.corpus).to(self.device)
+        self.optimizer = make_optimizer(self.model.parameters(), cfg.optim)
+        self.step = self.epoch = self.index = 0
+        self.tokens_seen = 0
+        self.elapsed = 0.0  # training seconds across resumes
+        self._barrier()
+        if self.rank == 0:
+            self._init_run_dir()
+        self._barrier()
+        torch.manual_seed(cfg.train.seed + 1000 * self.rank + 1)
+        if self.mode == "resume":
+            self._restore()
+        self.net = self.model
+        if self.ddp:
+            self.net = torch.nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
+            )
+        if cfg.train.compile:
+            torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
+            # three small graphs; shapes that vary (U, B, N) become dynamic after their second value
+            self.model.encode_fn = torch.compile(self.model.bilm.token_encoder)
+            self.model.step_fn = torch.compile(lstm_step)
+            self.model.loss_fn = torch.compile(self.model.softmax.loss)
+        self.scaler = torch.amp.GradScaler("cuda") if cfg.train.precision == "fp16" else None
+        self._stop_signal: int | None = None
+
+    # -- run folder ----------------------------------------------------
+    def _init_run_dir(self) -> None:
+        d = self.run_dir
+        if self.mode == "restart":
+            for p in (d / "checkpoints", d / "metrics.jsonl", d / RUN_FILE, d / "config.yaml"):
+                if p.is_dir():
+                    shutil.rmtree(p)
+                else:
+                    p.unlink(missing_ok=True)
+        d.mkdir(parents=True, exist_ok=True)
+        info = {
+            "config_hash": config_hash(self.cfg),
+            "config": self.cfg.to_dict(),
+            "corpus": {
+                "path": str(Path(self.cfg.data.path).resolve()),
+                "params_hash": self.corpus.manifest.get("params_hash"),
+            },
+            "world_size": self.world,
+        }
+        tmp = d / f".{RUN_FILE}.tmp"
+        tmp.write_text(json.dumps(info, indent=2) + "\n")
+        os.replace(tmp, d / RUN_FILE)
+        (d / "config.yaml").write_text(dump_config(self.cfg))
+
+    def _barrier(self) -> None:
+        if self.ddp:
+            dist.barrier()
+
+    # -- state -----------------------------------------------------------
+    def _rng_state(self) -> list[torch.Tensor]:
+        """[world, n] uint8: every rank's torch CPU RNG state, gathered to all."""
+        state = torch.get_rng_state()
+        if not self.ddp:
+            return [state]
+        out = [torch.empty_like(state) for _ in range(self.world)]
+        dist.all_gather(out, state)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        rng = self._rng_state()
+        st: dict[str, Any] = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": {
+                "step": self.step,
+                "lr": lr_at(max(self.step - 1, 0), self.cfg.optim, self.cfg.train.steps),
+            },
+            "rng": {"torch": rng},
+            "data": {"epoch": self.epoch, "index": self.index},
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "elapsed": self.elapsed,
+            "world_size": self.world,
+            "config_hash": config_hash(self.cfg),
+        }
+        if self.device.type == "cuda":
+            st["rng"]["cuda"] = torch.cuda.get_rng_state(self.device)
+        if self.scaler is not None:
+            st["scaler"] = self.scaler.state_dict()
+        return st
+
+    def _restore(self) -> None:
+        found = load_latest(self.run_dir, log=self.log if self.rank == 0 else lambda *_: None)
+        if found is None:
+            if self.rank == 0:
+                self.log(f"--resume: no checkpoint in {self.run_dir}; starting from step 0")
+            return
+        path, st = found
+        self.model.load_state_dict(st["model"])
+        self.optimizer.load_state_dict(st["optimizer"])
+        self.step, self.tokens_seen, self.elapsed = (
+            int(st["step"]),
+            int(st["tokens_seen"]),
+            float(st["elapsed"]),
+        )
+        self.epoch, self.index = int(st["data"]["epoch"]), int(st["data"]["index"])
+        rngs = st["rng"]["torch"]
+        if int(st["world_size"]) == self.world:
+            torch.set_rng_state(rngs[self.rank])
+        elif self.rank == 0:
+            self.log(
+                f"warning: checkpoint was written by {st['world_size']} processes, now {self.world}: data order and RNG differ from an uninterrupted run"
+            )
+        if "cuda" in st["rng"] and self.device.type == "cuda":
+            torch.cuda.set_rng_state(st["rng"]["cuda"], self.device)
+        if self.scaler is not None and "scaler" in st:
+            self.scaler.load_state_dict(st["scaler"])
+        if self.rank == 0:
+            self.log(
+                f"resumed from {path.name}: step {self.step}, epoch {self.epoch}, batch {self.index}, {self.tokens_seen} tokens seen"
+            )
+
+    def save(self) -> Path | None:
+        st = self.state_dict()  # collective (RNG gather): every rank calls it
+        path = None
+        if self.rank == 0:
+            path = save_checkpoint(self.run_dir, self.step, st, keep=self.cfg.checkpoint.keep)
+        self._barrier()
+        return path
+
+    # -- signals ---------------------------------------------------------
+    def _on_signal(self, signum, frame) -> None:
+        self._stop_signal = signum
+
+    def _install_signals(self):
+        old = {}
+        for s in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(ValueError):  # not the main thread: no handlers
+                old[s] = signal.signal(s, self._on_signal)
+        return old
+
+    # -- evaluation --------------------------------------------------------
+    def evaluate(self, max_sentences: int | None = None) -> dict[str, float] | None:
+        from pretrain.evaluate import perplexity
+
+        split = self.corpus.split("heldout")
+        if len(split) == 0:
+            return None
+        n = len(split) if not max_sentences else min(len(split), max_sentences)
+        sents = [split.sentence(i) for i in range(n)]
+        return perplexity(self.model, self.corpus, sents, self.device, "fp32")
+
+    # -- the loop ----------------------------------------------------------
+    def fit(self) -> dict[str, Any]:
+        cfg, tc = self.cfg, self.cfg.train
+        metrics = open(self.run_dir / "metrics.jsonl", "a") if self.rank == 0 else None  # noqa: SIM115
+        old_handlers = self._install_signals()
+        if self.rank == 0:
+            n_params = sum(p.numel() for p in self.model.parameters())
+            self.log(
+                f"training {n_params / 1e6:.2f}M params on {self.world} process(es), device {self.device}, "
+                f"{tc.precision}{' + compile' if tc.compile else ''}; {len(self.batcher.eligible)} train sentences "
+                f"({self.batcher.n_skipped} longer than {cfg.data.max_tokens} tokens skipped), "
+                f"{len(self.batcher.plan(self.epoch))} batches/epoch/rank"
+            )
+        bar = tqdm(
+            total=tc.steps,
+            initial=self.step,
+            unit="step",
+            disable=not (tc.progress and self.rank == 0),
+            dynamic_ncols=True,
+        )
+        t_start, last_ckpt = time.time(), time.time()
+        elapsed0 = self.elapsed
+        window = torch.zeros(
+            4, dtype=torch.float64
+        )  # nll_f, nll_b, predictions, tokens since the last log
+        t_window = time.time()
+        stop_reason = "done"
+        self.model.train()
+        try:
+            while self.step < tc.steps:
+                plan = self.batcher.plan(self.epoch)
+                if self.index >= len(plan):
+                    self.epoch, self.index = self.epoch + 1, 0
+                    continue
+                batch = self.batcher.batch(self.epoch, self.index)
+                batch = _to(batch, self.device)
+                lr = lr_at(self.step, cfg.optim, tc.steps)
+                for g in self.optimizer.param_groups:
+                    g["lr"] = lr
+                with autocast(self.device, tc.precision):
+                    loss, nll_f, nll_b = self.net(batch)
+                if self.scaler is not None:
+                    self.scaler.scale(loss).backward()
+                    self.scaler.unscale_(self.optimizer)
+                else:
+                    loss.backward()
+                gnorm = torch.nn.utils.clip_grad_norm_(
+                    [p for p in self.model.parameters() if p.requires_grad],
+                    cfg.optim.clip_norm if cfg.optim.clip_norm > 0 else float("inf"),
+                )
+                if self.scaler is not None:
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                else:
+                    self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.step += 1
+                self.index += 1
+                n_pred = float((batch.lengths - 1).clamp_min(0).sum())
+                # one small all-reduce a step: global metrics and an agreed stop decision
+                stop_local = float(
+                    self._stop_signal is not None
+                    or (tc.max_minutes > 0 and time.time() - t_start > 60 * tc.max_minutes)
+                )
+                stats = torch.tensor(
+                    [nll_f.item(), nll_b.item(), n_pred, float(batch.n_tokens), stop_local],
+                    dtype=torch.float64,
+                )
+                if self.ddp:
+                    dist.all_reduce(stats)
+                window += stats[:4]
+                self.tokens_seen += int(stats[3])
+                self.elapsed = elapsed0 + time.time() - t_start
+                if self.step % tc.log_every == 0 or self.step == tc.steps:
+                    self._log_window(window, time.time() - t_window, lr, float(gnorm), bar, metrics)
+                    window.zero_()
+                    t_window = time.time()
+                bar.update(1)
+                if tc.eval_every and self.step % tc.eval_every == 0 and self.step < tc.steps:
+                    self._log_eval(metrics, tc.eval_max_sentences)
+                stop = stats[4] > 0
+                ck = cfg.checkpoint
+                due = (ck.every_steps and self.step % ck.every_steps == 0) or (
+                    ck.every_minutes and time.time() - last_ckpt > 60 * ck.every_minutes
+                )
+                if stop or due or self.step == tc.steps:
+                    path = self.save()
+                    last_ckpt = time.time()
+                    if self.rank == 0 and path is not None:
+                        bar.write(f"checkpoint {path.name}")
+                if stop:
+                    stop_reason = (
+                        f"signal {signal.Signals(self._stop_signal).name}"
+                        if self._stop_signal
+                        else "time limit"
+                    )
+                    if self._stop_signal is None and tc.max_minutes <= 0:
+                        stop_reason = "signal on another rank"
+                    break
+        finally:
+            bar.close()
+            for s, h in old_handlers.items():
+                signal.signal(s, h)
+        result: dict[str, Any] = {
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "stopped": stop_reason,
+        }
+        if stop_reason == "done":
+            ev = self._log_eval(metrics, tc.eval_max_sentences)
+            if ev:
+                result["heldout"] = ev
+        if metrics:
+            metrics.close()
+        if self.rank == 0:
+            self.log(
+                f"stopped at step {self.step} ({stop_reason}); {self.tokens_seen} tokens seen in {self.elapsed / 60:.1f} min"
+            )
+        return result
+
+    def _log_window(
+        self, w: torch.Tensor, dt: float, lr: float, gnorm: float, bar, metrics
+    ) -> None:
+        nf, nb, n, toks = (float(x) for x in w)
+        n = max(n, 1.0)
+        loss = nf / n if self.cfg.train.directions == "forward" else (nf + nb) / (2 * n)
+        rec = {
+            "step": self.step,
+            "epoch": self.epoch,
+            "tokens_seen": self.tokens_seen,
+            "loss": round(loss, 5),
+            "ppl": round(math.exp(min(loss, 50)), 3),
+            "loss_fwd": round(nf / n, 5),
+            "lr": lr,
+            "grad_norm": round(gnorm, 4),
+            "tok_s": round(toks / max(dt, 1e-9), 1),
+            "elapsed_s": round(self.elapsed, 1),
+        }
+        if self.cfg.train.directions == "both":
+            rec["loss_bwd"] = round(nb / n, 5)
+        if self.rank == 0:
+            bar.set_postfix(
+                loss=f"{loss:.3f}",
+                ppl=f"{rec['ppl']:.1f}",
+                tok_s=f"{rec['tok_s']:.0f}",
+                refresh=False,
+            )
+            metrics.write(json.dumps(rec) + "\n")
+            metrics.flush()
+
+    def _log_eval(self, metrics, max_sentences: int | None):
+        ev = None
+        if self.rank == 0:
+            ev = self.evaluate(max_sentences)
+            self.model.train()
+            if ev:
+                metrics.write(json.dumps({"step": self.step, "heldout": ev}) + "\n")
+                metrics.flush()
+                self.log(
+                    f"step {self.step}: held-out ppl "
+                    + ", ".join(f"{k} {v:.2f}" for k, v in ev.items() if k.endswith("ppl"))
+                )
+        self._barrier()
+        return ev
+
+
+def _to(batch, device):
+    if device.type == "cpu":
+        return batch
+    import dataclasses
+
+    return dataclasses.replace(
+        batch,
+        **{
+            f: getattr(batch, f).to(device, non_blocking=True)
+            for f in ("ids", "targets", "lengths", "uniq", "inverse")
+        },
+    )
+
+
+def run_training(
+    cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, force: bool = False, log=print
+) -> dict[str, Any]:
+    trainer = Trainer(cfg, run_dir, resume=resume, force=force, log=log)
+    try:
+        return trainer.fit()
+    finally:
+        if trainer.ddp and dist.is_initialized():
+            dist.destroy_process_group()
