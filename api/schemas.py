@@ -7,12 +7,37 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator
 
 
+def _valid_text(s: str) -> str:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("is not valid Unicode (lone surrogate)") from None
+    return s
+
+
 def _sentence(v: Any) -> str | list[str]:
     if isinstance(v, str):
-        return v
+        return _valid_text(v)
     if isinstance(v, list) and all(isinstance(x, str) for x in v):
+        for x in v:
+            _valid_text(x)
         return v
     raise ValueError("must be a string or a list of token strings")
+
+
+def _input(v: Any) -> str | list[str]:
+    if isinstance(v, str):
+        return _valid_text(v)
+    if isinstance(v, list) and all(isinstance(x, str) for x in v):
+        for x in v:
+            _valid_text(x)
+        return v
+    raise ValueError("must be a string or a list of strings (token-id arrays are not supported)")
+
+
+OpenAIInput = Annotated[
+    str | list[str], PlainValidator(_input, json_schema_input_type=str | list[str])
+]
 
 
 Sentence = Annotated[
@@ -164,7 +189,7 @@ class EmbeddingsRequest(BaseModel):
         },
     )
 
-    input: str | list[str] = Field(
+    input: OpenAIInput = Field(
         ..., description="A string or a list of strings (token-id arrays are not supported)."
     )
     model: str = Field(..., description="The served model's id (GET /v1/models).")

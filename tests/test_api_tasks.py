@@ -1,0 +1,147 @@
+"""Tasks: list/get/put/delete, validation against the layer count, shipped tasks
+read-only but overridable, persistence in a JSON file or in a real Redis."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from api.encoding import decode_array
+from api.main import create_app
+from api.settings import load_settings
+from elmo_service.embedder import Embedder, apply_mix
+from elmo_service.scalar_mix import MixSpec
+
+torch.set_num_threads(1)
+
+ADMIN = {"authorization": "Bearer admin"}
+
+
+def _app(model_dir, tmp_path, **kw):
+    return create_app(
+        load_settings(model_path=model_dir, threads=1, data_dir=tmp_path, admin_keys="admin", **kw)
+    )
+
+
+@pytest.fixture(params=["file", "redis"])
+def store(request, tmp_path):
+    if request.param == "redis":
+        server = request.getfixturevalue("redis_server")
+        server.flushall()
+        return {"redis_url": server.url}
+    return {"tasks_file": tmp_path / "tasks.json"}
+
+
+def test_crud_validation_and_use_in_embed(tiny_model_dir, tmp_path, store):
+    with TestClient(_app(tiny_model_dir, tmp_path, **store)) as c:
+        listed = c.get("/v1/tasks").json()
+        assert listed["n_layers"] == 3
+        assert [(t["name"], t["source"], t["read_only"]) for t in listed["data"]] == [
+            ("shipped", "model", True)
+        ]
+
+        spec = {"weights": [0.0, 1.0, 2.0], "gamma": 0.5, "meta": {"note": "test"}}
+        r = c.put("/v1/tasks/pos", json=spec, headers=ADMIN)
+        assert r.status_code == 201 and r.json()["source"] == "store"
+        r = c.put("/v1/tasks/pos", json={**spec, "gamma": 0.25}, headers=ADMIN)
+        assert r.status_code == 200 and r.json()["gamma"] == 0.25
+        got = c.get("/v1/tasks/pos").json()
+        assert got["weights"] == [0.0, 1.0, 2.0] and got["meta"] == {"note": "test"}
+        assert [t["name"] for t in c.get("/v1/tasks").json()["data"]] == ["pos", "shipped"]
+
+        # validated against the model's layer count, with the expected count in the message
+        r = c.put("/v1/tasks/bad", json={"weights": [1.0, 2.0]}, headers=ADMIN)
+        assert (
+            r.status_code == 422
+            and r.json()["field"] == "weights"
+            and "3 weights" in r.json()["message"]
+        )
+        r = c.put(
+            "/v1/tasks/bad", json={"weights": [1, 2, 3], "per_direction": True}, headers=ADMIN
+        )
+        assert r.status_code == 422 and "5 weights" in r.json()["message"]
+        r = c.put(
+            "/v1/tasks/pd", json={"weights": [1, 2, 3, 4, 5], "per_direction": True}, headers=ADMIN
+        )
+        assert r.status_code == 201
+        r = c.put("/v1/tasks/bad name!", json=spec, headers=ADMIN)
+        assert r.status_code == 422 and r.json()["field"] == "name"
+
+        # the stored task drives /v1/embed
+        ref = Embedder.load(tiny_model_dir, threads=1)
+        layers = ref.embed(["Tasks mix layers ."])[0].layers
+        body = c.post("/v1/embed", json={"sentences": ["Tasks mix layers ."], "task": "pos"}).json()
+        want = apply_mix(layers, MixSpec([0.0, 1.0, 2.0], 0.25))
+        assert np.abs(decode_array(body["data"][0]["mix"]) - want).max() <= 1e-5
+
+        assert c.delete("/v1/tasks/pos", headers=ADMIN).json()["deleted"] == "pos"
+        assert c.get("/v1/tasks/pos").status_code == 404
+        assert c.delete("/v1/tasks/pos", headers=ADMIN).status_code == 404
+
+    # persisted: a new app (same store) still has "pd"
+    with TestClient(_app(tiny_model_dir, tmp_path, **store)) as c:
+        assert c.get("/v1/tasks/pd").json()["per_direction"] is True
+
+
+def test_shipped_tasks_read_only_but_overridable(tiny_model_dir, tmp_path, store):
+    with TestClient(_app(tiny_model_dir, tmp_path, **store)) as c:
+        r = c.delete("/v1/tasks/shipped", headers=ADMIN)
+        assert r.status_code == 409 and r.json()["code"] == "read_only"
+        shipped = c.get("/v1/tasks/shipped").json()
+        assert shipped["source"] == "model" and shipped["gamma"] == 0.7
+        r = c.put("/v1/tasks/shipped", json={"weights": [1, 1, 1], "gamma": 2.0}, headers=ADMIN)
+        assert r.status_code == 201 and r.json()["overrides_model"] is True
+        assert c.get("/v1/tasks/shipped").json()["gamma"] == 2.0
+        assert c.delete("/v1/tasks/shipped", headers=ADMIN).json()["model_task_visible"] is True
+        assert c.get("/v1/tasks/shipped").json()["gamma"] == 0.7
+
+
+def test_default_task_drives_default_mix_and_openai(tiny_model_dir, tmp_path):
+    with TestClient(_app(tiny_model_dir, tmp_path)) as c:
+        text = "Default mixes ."
+        before = c.post("/v1/embeddings", json={"input": text, "model": "tiny"}).json()["data"][0][
+            "embedding"
+        ]
+        assert (
+            c.put("/v1/tasks/default", json={"weights": [5, 0, 0]}, headers=ADMIN).status_code
+            == 201
+        )
+        after = c.post("/v1/embeddings", json={"input": text, "model": "tiny"}).json()["data"][0][
+            "embedding"
+        ]
+        ref = Embedder.load(tiny_model_dir, threads=1)
+        layers = ref.embed([text])[0].layers
+        assert (
+            np.abs(np.array(before) - apply_mix(layers, MixSpec.average(3)).mean(0)).max() <= 1e-5
+        )
+        assert np.abs(np.array(after) - apply_mix(layers, MixSpec([5, 0, 0])).mean(0)).max() <= 1e-5
+        body = c.post("/v1/embed", json={"sentences": [text], "output": "mix"}).json()
+        assert body["task"] == "default"
+
+
+def test_file_store_layout(tiny_model_dir, tmp_path):
+    path = tmp_path / "t.json"
+    with TestClient(_app(tiny_model_dir, tmp_path, tasks_file=path)) as c:
+        c.put("/v1/tasks/a", json={"weights": [0, 0, 0]}, headers=ADMIN)
+    data = json.loads(path.read_text())
+    assert data["tiny"]["a"]["weights"] == [0.0, 0.0, 0.0]  # namespaced by model name
+
+
+def test_redis_store_outage_answers_503_json(redis_server_factory, tiny_model_dir, tmp_path):
+    server = redis_server_factory()
+    with TestClient(_app(tiny_model_dir, tmp_path, redis_url=server.url)) as c:
+        assert (
+            c.put("/v1/tasks/keep", json={"weights": [0, 1, 0]}, headers=ADMIN).status_code == 201
+        )
+        assert c.post("/v1/embed", json={"sentences": ["x"], "task": "keep"}).status_code == 200
+        server.stop()
+        r = c.put("/v1/tasks/other", json={"weights": [0, 1, 0]}, headers=ADMIN)
+        assert r.status_code == 503 and r.json()["code"] == "store_unavailable"
+        # embedding with a task seen before, or with a shipped one, still works
+        assert c.post("/v1/embed", json={"sentences": ["x"], "task": "keep"}).status_code == 200
+        assert c.post("/v1/embed", json={"sentences": ["x"], "task": "shipped"}).status_code == 200
+        assert c.get("/v1/tasks").status_code == 200
