@@ -4,7 +4,7 @@ The parity tests run AllenNLP's own ``_ElmoBiLm`` and ``batch_to_ids``. AllenNLP
 is installed with ``--no-deps`` (``tests/install_parity_deps.sh``) together
 with the small pure-Python packages its import chain needs (cached-path,
 requests, rich, dill, base58, lmdb, more-itertools ...). A few packages that
-the chain *imports* cannot be installed here, so :func:`install` registers
+the chain *imports* cannot be installed here, so :func:`import_allennlp_elmo` registers
 stand-in modules for them in ``sys.modules``. Every one of them is imported at
 module level somewhere in ``allennlp/__init__``, ``allennlp.common``,
 ``allennlp.data``, ``allennlp.nn`` or ``allennlp.modules`` (or in
@@ -120,32 +120,55 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             setattr(sys.modules[parent], child, module)
 
 
-_installed: _StubFinder | None = None
+_used: set[str] = set()
 
 
-def install() -> None:
-    """Register the stand-ins (idempotent) and keep AllenNLP's cache out of ``~``."""
-    global _installed
+def _cache_root() -> None:
     os.environ.setdefault(
         "ALLENNLP_CACHE_ROOT", os.path.join(tempfile.gettempdir(), "elmo-service-allennlp-cache")
     )
-    if _installed is not None:
-        return
-    _installed = _StubFinder(set(STUBBED))
-    # appended last: it answers only for modules no real finder can locate, so an
-    # installed package (or the real ``google.protobuf`` beside a stubbed
-    # ``google.cloud``) always wins
-    sys.meta_path.append(_installed)
 
 
 def stubs_in_use() -> list[str]:
-    """Names of the stand-in modules imported so far."""
-    return sorted(n for n, m in sys.modules.items() if isinstance(m, _StubModule))
+    """Names of the stand-in modules AllenNLP's import took."""
+    return sorted(_used)
 
 
 def import_allennlp_elmo() -> types.ModuleType:
-    """``allennlp.modules.elmo``, imported with the shim in place."""
-    install()
-    import allennlp.modules.elmo as elmo
+    """``allennlp.modules.elmo``, imported with the stand-ins in place.
 
+    The stand-ins live only for the duration of the import: afterwards the
+    finder is removed and the stand-in modules leave ``sys.modules`` (AllenNLP
+    keeps its references), so other code in the same process that imports or
+    probes for ``transformers``, ``boto3``... sees exactly what is installed,
+    and a lazy import of a stubbed package at run time raises ImportError.
+    """
+    _cache_root()
+    if "allennlp.modules.elmo" in sys.modules:
+        return sys.modules["allennlp.modules.elmo"]
+    finder = _StubFinder(set(STUBBED))
+    # appended last: it answers only for modules no real finder can locate, so an
+    # installed package (or the real ``google.protobuf`` beside a stubbed
+    # ``google.cloud``) always wins
+    sys.meta_path.append(finder)
+    try:
+        import allennlp.modules.elmo as elmo
+    finally:
+        sys.meta_path.remove(finder)
+        _withdraw()
     return elmo
+
+
+def _withdraw() -> None:
+    stubs = {n for n, m in sys.modules.items() if isinstance(m, _StubModule)}
+    _used.update(stubs)
+    for name in stubs:
+        del sys.modules[name]
+        parent, _, child = name.rpartition(".")
+        real_parent = sys.modules.get(parent)
+        if (
+            parent
+            and real_parent is not None
+            and isinstance(getattr(real_parent, child, None), _StubModule)
+        ):
+            delattr(real_parent, child)
