@@ -90,15 +90,22 @@ log "docker compose up -d (api on ${BASE_URL})"
 
 # 3. Wait for readiness, bounded.
 log "waiting up to ${READY_TIMEOUT}s for ${BASE_URL}/readyz"
+start=$SECONDS
 deadline=$((SECONDS + READY_TIMEOUT))
-until curl -fsS --max-time 5 -o /dev/null "${BASE_URL}/readyz"; do
-  if ((SECONDS >= deadline)); then
-    die "/readyz not ready after ${READY_TIMEOUT}s"
+next_note=$((SECONDS + 30))
+until code="$(curl -s --max-time 5 -o /dev/null -w '%{http_code}' "${BASE_URL}/readyz" 2> /dev/null)" \
+  && [[ "$code" == 200 ]]; do
+  ((SECONDS < deadline)) || die "/readyz not ready after ${READY_TIMEOUT}s (last HTTP ${code:-none})"
+  api_id="$("${COMPOSE[@]}" ps -aq api 2> /dev/null || true)"
+  if [[ -n "$api_id" ]]; then
+    read -r state restarts < <(docker inspect -f '{{.State.Status}} {{.RestartCount}}' "$api_id")
+    [[ "$state" == exited || "$state" == dead ]] && die "api container ${state}"
+    ((restarts < 3)) || die "api is crash-looping (${restarts} restarts)"
   fi
-  state="$("${COMPOSE[@]}" ps -a --format '{{.Service}}={{.State}}' api 2> /dev/null || true)"
-  case "$state" in
-    *exited* | *dead*) die "api container stopped: ${state}" ;;
-  esac
+  if ((SECONDS >= next_note)); then
+    log "still waiting: /readyz -> ${code:-no answer} after $((SECONDS - start))s"
+    next_note=$((SECONDS + 30))
+  fi
   sleep 3
 done
 log "ready"
