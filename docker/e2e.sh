@@ -145,4 +145,22 @@ dims = sorted({len(v) for v in found})
 print(f"[e2e] /v1/embed: {len(found)} vectors, dims {dims}", file=sys.stderr)
 PY
 
+# 5. Docker's own view: the compose health checks (api: /readyz, worker: rq registration) pass
+#    inside the real containers, and nothing has been restarting.
+wait_healthy() {
+  local service=$1 limit=$2 id status restarts until=$((SECONDS + $2))
+  id="$("${COMPOSE[@]}" ps -aq "$service")"
+  [[ -n "$id" ]] || die "no container for service ${service}"
+  while :; do
+    read -r status restarts < <(docker inspect -f '{{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}} {{.RestartCount}}' "$id")
+    ((restarts == 0)) || die "${service} restarted ${restarts} time(s)"
+    [[ "$status" == healthy ]] && break
+    ((SECONDS < until)) || die "${service} health is '${status}' after ${limit}s"
+    sleep 3
+  done
+  log "${service}: healthy"
+}
+wait_healthy api 120
+wait_healthy worker 150
+
 log "PASS"

@@ -165,6 +165,7 @@ def test_redis_persistence_memory_policy_and_healthcheck(model):
         return cmd[cmd.index(flag) + 1]
 
     assert opt("--appendonly") == "yes"
+    assert opt("--protected-mode") == "no", "other containers must be able to connect"
     assert opt("--dir") == "/data"
     assert re.fullmatch(r"\d+(mb|gb)", opt("--maxmemory"))
     # Queue keys have no TTL and must never be evicted: only volatile-* policies are acceptable.
