@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: setup serve test lint format bench system-deps clean
+.PHONY: setup serve test lint format bench system-deps clean deploy-check e2e
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,13 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_embedder.py
+
+deploy-check: $(STAMP)
+	$(BIN)/python -m pytest -q tests/test_deploy.py
+
+# needs a Docker engine; see docker/README.md
+e2e:
+	PATH="$(CURDIR)/$(BIN):$$PATH" docker/e2e.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
