@@ -116,7 +116,10 @@ class Embedder:
         self._encode = self.model.token_encoder
         self._contextualize = self.model.contextualize
         if compile:
-            self._encode = torch.compile(self.model.token_encoder, dynamic=False)
+            # only the biLSTM: the character CNN's inference path is table lookups
+            # with data-dependent shapes, which compile would slow down. The time
+            # loop unrolls, so each padded length (a multiple of 8, see _run_batch)
+            # compiles once (15-55 s); the batch dimension is dynamic.
             self._contextualize = torch.compile(self.model.contextualize, dynamic=False)
 
     @classmethod
@@ -219,11 +222,8 @@ class Embedder:
                 ]
             )
             ids_t = torch.from_numpy(ids).to(self.device)
-            n = len(missing)
-            if self._compiled:  # bucket the shape so compile does not run per request
-                ids_t = _pad_rows(ids_t, _bucket(n, 64))
             with autocast(self.device, self.precision):
-                computed = self._encode(ids_t)[:n].float()
+                computed = self._encode(ids_t).float()
             for j, i in enumerate(missing):
                 vecs[i] = computed[j]
                 if self._cache is not None:
@@ -233,8 +233,8 @@ class Embedder:
     def _run_batch(self, sentences: list[Sequence[str]]) -> list[np.ndarray]:
         lengths = [len(s) + 2 for s in sentences]
         b, t = len(sentences), max(lengths)
-        if self._compiled:
-            b_pad, t_pad = _bucket(b, 1), _bucket(t, 8)
+        if self._compiled:  # the batch dim is dynamic, lengths go in steps of 8
+            b_pad, t_pad = max(b, 2), -(-t // 8) * 8
         else:
             b_pad, t_pad = b, t
         keys: dict[str, int] = {}
@@ -247,21 +247,10 @@ class Embedder:
             table = torch.cat([table.new_zeros(1, table.shape[1]), table])
             tokens = table[torch.from_numpy(index).to(self.device)]
             lens = torch.tensor(lengths + [0] * (b_pad - b), device=self.device)
+            if self._compiled:  # one graph per length bucket, whatever the batch size
+                torch._dynamo.mark_dynamic(tokens, 0)
+                torch._dynamo.mark_dynamic(lens, 0)
             with autocast(self.device, self.precision):
                 layers = self._contextualize(tokens, lens)
             layers = layers.float().cpu().numpy()
         return [np.ascontiguousarray(layers[:, r, 1 : lengths[r] - 1]) for r in range(b)]
-
-
-def _bucket(n: int, multiple: int) -> int:
-    """Round ``n`` up: to a power of two for small sizes, else to ``multiple``."""
-    p = 1
-    while p < n:
-        p *= 2
-    return p if p <= max(multiple, 1) * 4 else -(-n // multiple) * multiple
-
-
-def _pad_rows(x: torch.Tensor, n: int) -> torch.Tensor:
-    if x.shape[0] >= n:
-        return x
-    return torch.cat([x, x.new_zeros(n - x.shape[0], *x.shape[1:])])
