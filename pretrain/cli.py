@@ -111,6 +111,12 @@ def _add_train(sub) -> None:
     g.add_argument(
         "--force", action="store_true", help="start over in a run folder that holds another run"
     )
+    p.add_argument(
+        "--stop-after",
+        type=int,
+        metavar="N",
+        help="checkpoint and exit after N steps in this invocation (train in slices; --resume continues)",
+    )
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
 
 
@@ -195,7 +201,7 @@ def cmd_train(a) -> int:
     if a.print_config:
         print(dump_config(cfg), end="")
         return 0
-    run_training(cfg, a.run_dir, resume=a.resume, force=a.force)
+    run_training(cfg, a.run_dir, resume=a.resume, force=a.force, stop_after=a.stop_after)
     return 0
 
 

@@ -109,13 +109,13 @@ class Corpus:
         return self._splits[name]
 
     def char_table(self, max_chars: int, extra: list[str] | None = None) -> torch.Tensor:
-        """Character ids of every vocabulary entry: ``[V_in, max_chars]`` int16.
+        """Character ids of every vocabulary entry: ``[V_in, max_chars]`` int32.
 
         Row i is what the character CNN reads for token id i, exactly as the
         embedder builds it at inference (``<S>``/``</S>`` are the marker rows).
         """
         words = self.vocab + (extra or [])
-        table = np.empty((len(words), max_chars), dtype=np.int16)
+        table = np.empty((len(words), max_chars), dtype=np.int32)
         for i, w in enumerate(words):
             table[i] = token_ids(w, max_chars)
         table[self.bos_id] = bos_ids(max_chars)

@@ -77,7 +77,7 @@ class PrepareOptions:
             "tokenizer must be sentencepiece or word",
             "tokenizer",
         )
-        need(self.vocab_size >= 8, "vocab size must be >= 8", "vocab_size")
+        need(self.vocab_size >= 4, "vocab size must be >= 4", "vocab_size")
         need(
             self.split in ("paragraphs", "lines", "none"),
             "split must be paragraphs, lines or none",

@@ -199,6 +199,7 @@ class Trainer:
             self._init_run_dir()
         self._barrier()
         torch.manual_seed(cfg.train.seed + 1000 * self.rank + 1)
+        self.scaler = torch.amp.GradScaler("cuda") if cfg.train.precision == "fp16" else None
         if self.mode == "resume":
             self._restore()
         self.net = self.model
@@ -212,7 +213,6 @@ class Trainer:
             self.model.encode_fn = torch.compile(self.model.bilm.token_encoder)
             self.model.step_fn = torch.compile(lstm_step)
             self.model.loss_fn = torch.compile(self.model.softmax.loss)
-        self.scaler = torch.amp.GradScaler("cuda") if cfg.train.precision == "fp16" else None
         self._stop_signal: int | None = None
 
     # -- run folder ----------------------------------------------------
@@ -338,7 +338,8 @@ class Trainer:
         return perplexity(self.model, self.corpus, sents, self.device, "fp32")
 
     # -- the loop ----------------------------------------------------------
-    def fit(self) -> dict[str, Any]:
+    def fit(self, stop_after: int | None = None) -> dict[str, Any]:
+        """Train until ``train.steps`` (or ``stop_after`` steps in this call, a signal, the time limit)."""
         cfg, tc = self.cfg, self.cfg.train
         metrics = open(self.run_dir / "metrics.jsonl", "a") if self.rank == 0 else None  # noqa: SIM115
         old_handlers = self._install_signals()
@@ -364,6 +365,7 @@ class Trainer:
         )  # nll_f, nll_b, predictions, tokens since the last log
         t_window = time.time()
         stop_reason = "done"
+        steps_here = 0
         self.model.train()
         try:
             while self.step < tc.steps:
@@ -401,8 +403,19 @@ class Trainer:
                     self._stop_signal is not None
                     or (tc.max_minutes > 0 and time.time() - t_start > 60 * tc.max_minutes)
                 )
+                ck = cfg.checkpoint
+                time_due = float(
+                    ck.every_minutes > 0 and time.time() - last_ckpt > 60 * ck.every_minutes
+                )
                 stats = torch.tensor(
-                    [nll_f.item(), nll_b.item(), n_pred, float(batch.n_tokens), stop_local],
+                    [
+                        nll_f.item(),
+                        nll_b.item(),
+                        n_pred,
+                        float(batch.n_tokens),
+                        stop_local,
+                        time_due,
+                    ],
                     dtype=torch.float64,
                 )
                 if self.ddp:
@@ -417,12 +430,14 @@ class Trainer:
                 bar.update(1)
                 if tc.eval_every and self.step % tc.eval_every == 0 and self.step < tc.steps:
                     self._log_eval(metrics, tc.eval_max_sentences)
-                stop = stats[4] > 0
-                ck = cfg.checkpoint
-                due = (ck.every_steps and self.step % ck.every_steps == 0) or (
-                    ck.every_minutes and time.time() - last_ckpt > 60 * ck.every_minutes
+                # decisions every rank agrees on (all-reduced), since saving is collective
+                stop = bool(stats[4] > 0)
+                steps_here += 1
+                hit_limit = (
+                    stop_after is not None and steps_here >= stop_after and self.step < tc.steps
                 )
-                if stop or due or self.step == tc.steps:
+                due = (ck.every_steps and self.step % ck.every_steps == 0) or bool(stats[5] > 0)
+                if stop or hit_limit or due or self.step == tc.steps:
                     path = self.save()
                     last_ckpt = time.time()
                     if self.rank == 0 and path is not None:
@@ -436,6 +451,9 @@ class Trainer:
                     if self._stop_signal is None and tc.max_minutes <= 0:
                         stop_reason = "signal on another rank"
                     break
+                if hit_limit:
+                    stop_reason = f"stop after {stop_after} steps"
+                    break
         finally:
             bar.close()
             for s, h in old_handlers.items():
@@ -445,6 +463,8 @@ class Trainer:
             "tokens_seen": self.tokens_seen,
             "stopped": stop_reason,
         }
+        if self.ddp:
+            result["ddp_params_identical"] = self._check_replicas(metrics)
         if stop_reason == "done":
             ev = self._log_eval(metrics, tc.eval_max_sentences)
             if ev:
@@ -456,6 +476,27 @@ class Trainer:
                 f"stopped at step {self.step} ({stop_reason}); {self.tokens_seen} tokens seen in {self.elapsed / 60:.1f} min"
             )
         return result
+
+    def _check_replicas(self, metrics) -> bool:
+        """DDP sanity check: every rank holds bit-identical parameters (per-tensor sums and squares)."""
+        with torch.no_grad():
+            sums = torch.stack(
+                [
+                    torch.stack([p.double().sum(), p.double().square().sum()])
+                    for p in self.model.parameters()
+                ]
+            )
+        sums = sums.flatten().to(self.device)
+        gathered = [torch.empty_like(sums) for _ in range(self.world)]
+        dist.all_gather(gathered, sums)
+        same = all(torch.equal(gathered[0], g) for g in gathered[1:])
+        if self.rank == 0:
+            rec = {"step": self.step, "ddp_world": self.world, "ddp_params_identical": same}
+            metrics.write(json.dumps(rec) + "\n")
+            metrics.flush()
+            if not same:
+                self.log("warning: DDP replicas hold different parameters")
+        return same
 
     def _log_window(
         self, w: torch.Tensor, dt: float, lr: float, gnorm: float, bar, metrics
@@ -518,11 +559,17 @@ def _to(batch, device):
 
 
 def run_training(
-    cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, force: bool = False, log=print
+    cfg: TrainConfig,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    force: bool = False,
+    stop_after: int | None = None,
+    log=print,
 ) -> dict[str, Any]:
     trainer = Trainer(cfg, run_dir, resume=resume, force=force, log=log)
     try:
-        return trainer.fit()
+        return trainer.fit(stop_after=stop_after)
     finally:
         if trainer.ddp and dist.is_initialized():
             dist.destroy_process_group()
