@@ -14,6 +14,15 @@ await one future per sentence. The worker thread:
 
 A full queue raises :class:`QueueFull` at once (the route answers 429). The
 queue is counted in sentences, the unit the model works in.
+
+Batch fill without a fixed delay: a request *announces* itself when it
+enters the embedding path (before its cache lookup) and the announcement is
+retired when it submits or needs no model. When the worker is about to start
+a batch while announced requests are still on their way (parsed, being
+looked up), it waits for them -- at most ``fill_ratio`` of the recent batch
+duration and never more than ``max_fill_wait`` -- and starts at once when
+they have arrived or when nothing is announced (an idle server never waits).
+Without this, closed-loop clients alternate batches of 1 and of N-1.
 """
 
 from __future__ import annotations
@@ -34,6 +43,20 @@ from api.metrics import Metrics
 log = logging.getLogger("api.batcher")
 
 EmbedFn = Callable[[Sequence[Sequence[str]]], list[np.ndarray]]
+
+
+class Ticket:
+    """An announced request; ``retire`` is idempotent."""
+
+    __slots__ = ("_batcher", "live")
+
+    def __init__(self, batcher: Batcher | None) -> None:
+        self._batcher = batcher
+        self.live = batcher is not None
+
+    def retire(self) -> None:
+        if self.live and self._batcher is not None:
+            self._batcher._retire(self)
 
 
 class QueueFull(Exception):
@@ -79,6 +102,8 @@ class Batcher:
         max_queue: int = 4096,
         metrics: Metrics | None = None,
         take_batches: int = 4,
+        max_fill_wait: float = 0.005,
+        fill_ratio: float = 0.25,
         name: str = "batcher",
     ) -> None:
         self.embed_fn = embed_fn
@@ -87,11 +112,19 @@ class Batcher:
         self.max_queue = max_queue
         self.metrics = metrics
         self.take_tokens = batch_tokens * take_batches
+        self.max_fill_wait = max_fill_wait
+        self.fill_ratio = fill_ratio
+        self._batch_seconds = 0.0  # moving average of recent batch durations
+        self._incoming = 0  # announced requests not yet submitted
         self._queue: deque[_Item] = deque()
         self._cond = threading.Condition()
         self._closed = False
         self._busy = False
         self.batches_run = 0
+        self.recent: deque[tuple[int, int, float]] = deque(
+            maxlen=512
+        )  # (sentences, announced, waited s)
+        self._last_fill = (0, 0.0)
         self.sentences_run = 0
         self.dropped = 0
         self._thread = threading.Thread(target=self._worker, name=name, daemon=True)
@@ -102,11 +135,32 @@ class Batcher:
     def depth(self) -> int:
         return len(self._queue)
 
-    def submit_nowait(self, token_lists: Sequence[Sequence[str]]) -> list[asyncio.Future]:
+    def announce(self) -> Ticket:
+        """A request is on its way (see the module docstring); retire the ticket or submit with it."""
+        with self._cond:
+            self._incoming += 1
+        return Ticket(self)
+
+    def _retire(self, ticket: Ticket) -> None:
+        with self._cond:
+            if ticket.live:
+                ticket.live = False
+                self._incoming -= 1
+                self._cond.notify()
+
+    def submit_nowait(
+        self, token_lists: Sequence[Sequence[str]], ticket: Ticket | None = None
+    ) -> list[asyncio.Future]:
         """Queue sentences; one future per sentence. Raises QueueFull / BatcherClosed at once."""
         loop = asyncio.get_running_loop()
         items = [_Item(toks, loop.create_future(), loop) for toks in token_lists]
+        if ticket is not None and ticket._batcher is not self:
+            ticket.retire()  # announced to another batcher (the model was swapped meanwhile)
+            ticket = None
         with self._cond:
+            if ticket is not None and ticket.live:
+                ticket.live = False
+                self._incoming -= 1
             if self._closed:
                 raise BatcherClosed("the model is shutting down")
             if len(self._queue) + len(items) > self.max_queue:
@@ -121,13 +175,18 @@ class Batcher:
         return [it.future for it in items]
 
     async def embed(
-        self, token_lists: Sequence[Sequence[str]], timeout: float | None = None
+        self,
+        token_lists: Sequence[Sequence[str]],
+        timeout: float | None = None,
+        ticket: Ticket | None = None,
     ) -> list[np.ndarray]:
         """Queue, wait, return ``[L+1, T, D]`` per sentence. On timeout or cancellation
         the sentences still queued are dropped before they reach the model."""
         if not token_lists:
+            if ticket is not None:
+                ticket.retire()
             return []
-        futures = self.submit_nowait(token_lists)
+        futures = self.submit_nowait(token_lists, ticket)
         try:
             async with asyncio.timeout(timeout):
                 return list(await asyncio.gather(*futures))
@@ -165,6 +224,7 @@ class Batcher:
                 self._cond.wait()
             if not self._queue:  # closed and drained
                 return None
+            self._fill()
             taken: list[_Item] = []
             budget = self.take_tokens
             while self._queue and (not taken or self._queue[0].cost <= budget):
@@ -173,6 +233,31 @@ class Batcher:
                 taken.append(it)
             self._gauge()
             return taken
+
+    def _fill(self) -> None:
+        """Wait (bounded, under the lock) for announced requests while the batch has room."""
+        self._last_fill = (self._incoming, 0.0)
+        if not self._incoming:
+            return
+        wait = min(self.max_fill_wait, self.fill_ratio * self._batch_seconds)
+        t0 = time.perf_counter()
+        deadline = t0 + wait
+        try:
+            self._fill_wait(deadline)
+        finally:
+            self._last_fill = (self._last_fill[0], time.perf_counter() - t0)
+
+    def _fill_wait(self, deadline: float) -> None:
+        while self._incoming > 0 and not self._closed:
+            if (
+                sum(it.cost for it in self._queue) >= self.batch_tokens
+                or len(self._queue) >= self.max_batch_sentences
+            ):
+                return
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return
+            self._cond.wait(left)
 
     def _drop_cancelled(self, items: list[_Item]) -> list[_Item]:
         live = [it for it in items if not it.future.done()]
@@ -234,11 +319,16 @@ class Batcher:
             log.exception("batch of %d sentences failed", len(batch))
             self._complete(batch, error=e)
             return
+        took = time.perf_counter() - start
+        self._batch_seconds = (
+            took if not self.batches_run else 0.8 * self._batch_seconds + 0.2 * took
+        )
         self.batches_run += 1
         self.sentences_run += len(batch)
+        self.recent.append((len(batch), *self._last_fill))
         if self.metrics:
             m = self.metrics
-            m.batch_seconds.observe(time.perf_counter() - start)
+            m.batch_seconds.observe(took)
             m.batch_sentences.observe(len(batch))
             m.batch_tokens.observe(len(batch) * max(it.cost for it in batch))
             m.tokens.inc(sum(len(it.tokens) for it in batch))
@@ -266,6 +356,9 @@ class DirectRunner:
     def depth(self) -> int:
         return self._pending
 
+    def announce(self) -> Ticket:
+        return Ticket(None)
+
     @property
     def alive(self) -> bool:
         return not self._closed
@@ -282,7 +375,10 @@ class DirectRunner:
         return out
 
     async def embed(
-        self, token_lists: Sequence[Sequence[str]], timeout: float | None = None
+        self,
+        token_lists: Sequence[Sequence[str]],
+        timeout: float | None = None,
+        ticket: Ticket | None = None,
     ) -> list[np.ndarray]:
         if not token_lists:
             return []

@@ -314,6 +314,7 @@ class SentenceCache:
         self.dtype, self.ttl, self.n_layers, self.dim = dtype, ttl, n_layers, dim
         self.metrics = metrics
         self.enabled = not isinstance(backend, NullCache)
+        self.blocking = isinstance(backend, RedisCache)  # network I/O: call it off the event loop
 
     def digests(self, token_lists: Sequence[Sequence[str]]) -> list[bytes]:
         return [token_digest(t) for t in token_lists]

@@ -19,22 +19,22 @@ from api.settings import Settings
 bearer = HTTPBearer(auto_error=False, description="API key: `Authorization: Bearer <key>`")
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     settings = getattr(request.app.state, "settings", None)
     if settings is None:
         raise ApiError(503, "not_ready", "the service is starting")
     return settings
 
 
-def get_holder(request: Request) -> ModelHolder:
+async def get_holder(request: Request) -> ModelHolder:
     return request.app.state.holder
 
 
-def get_metrics(request: Request) -> Metrics | None:
+async def get_metrics(request: Request) -> Metrics | None:
     return getattr(request.app.state, "metrics", None)
 
 
-def get_model(holder: ModelHolder = Depends(get_holder)) -> ServedModel:
+async def get_model(holder: ModelHolder = Depends(get_holder)) -> ServedModel:
     served = holder.current
     if served is None or not served.warmed:
         raise ApiError(503, "not_ready", "the model is loading", headers={"Retry-After": "5"})
@@ -54,7 +54,7 @@ def _unauthorized(message: str) -> ApiError:
     )
 
 
-def require_key(
+async def require_key(
     creds: HTTPAuthorizationCredentials | None = Depends(bearer),
     settings: Settings = Depends(get_settings),
 ) -> str | None:
@@ -68,7 +68,7 @@ def require_key(
     return creds.credentials
 
 
-def require_admin(
+async def require_admin(
     creds: HTTPAuthorizationCredentials | None = Depends(bearer),
     settings: Settings = Depends(get_settings),
 ) -> str:
@@ -89,3 +89,21 @@ def require_admin(
             )
         raise _unauthorized("invalid API key")
     return creds.credentials
+
+
+class Serving:
+    """What an embedding route needs, resolved by one dependency (the hot path)."""
+
+    __slots__ = ("served", "settings")
+
+    def __init__(self, served: ServedModel, settings: Settings) -> None:
+        self.served, self.settings = served, settings
+
+
+async def serving(
+    request: Request, creds: HTTPAuthorizationCredentials | None = Depends(bearer)
+) -> Serving:
+    """Auth (as ``require_key``) + settings + the current model, in one step."""
+    settings = await get_settings(request)
+    await require_key(creds, settings)
+    return Serving(await get_model(request.app.state.holder), settings)

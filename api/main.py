@@ -19,7 +19,7 @@ from api.cache import CacheBackend, LocalCache, NullCache, RedisCache
 from api.encoding import JSONBytesResponse
 from api.errors import install_error_handlers
 from api.metrics import Metrics, MetricsMiddleware
-from api.middleware import RequestGuardMiddleware
+from api.middleware import AnnounceMiddleware, RequestGuardMiddleware
 from api.routers import embed, health, models, openai, tasks
 from api.service import ModelHolder, load_served_model
 from api.settings import Settings, load_settings
@@ -122,6 +122,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
 
     app.add_middleware(RequestGuardMiddleware, max_body_bytes=max_body)
+    app.add_middleware(AnnounceMiddleware, holder=lambda: app.state.holder)
     app.add_middleware(MetricsMiddleware, metrics=lambda: app.state.metrics)
     return app
 

@@ -1,4 +1,4 @@
-"""Pure-ASGI request guards: body size (413) and JSON content type (415).
+"""Pure-ASGI middleware: body size (413), JSON content type (415), batch announcements.
 
 The body is read here, bounded by ``ELMO_MAX_BODY_BYTES`` (declared
 Content-Length or counted while streaming), then replayed to the app; later
@@ -14,6 +14,8 @@ from api.errors import error_body
 from api.metrics import ASGIApp, Message, Receive, Scope, Send
 
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
+TICKET_KEY = "elmo.batch_ticket"
+EMBED_PATHS = frozenset({"/v1/embed", "/v1/embeddings"})
 
 
 async def _send_error(send: Send, status: int, code: str, message: str, field: str | None) -> None:
@@ -111,3 +113,36 @@ class RequestGuardMiddleware:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+class AnnounceMiddleware:
+    """Announce an embedding request to the batcher the moment it arrives.
+
+    The batcher then knows that work is on its way while the request is still
+    being read, parsed and looked up in the cache, and can fill the next batch
+    with it instead of starting without it (see :mod:`api.batcher`). The ticket
+    is retired when the request submits, or at the latest when it ends.
+    """
+
+    def __init__(self, app: ASGIApp, holder: Callable[[], object]) -> None:
+        self.app = app
+        self.holder = holder
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope.get("method") != "POST"
+            or scope.get("path") not in EMBED_PATHS
+        ):
+            await self.app(scope, receive, send)
+            return
+        served = getattr(self.holder(), "current", None)
+        if served is None:
+            await self.app(scope, receive, send)
+            return
+        ticket = served.runner.announce()
+        scope[TICKET_KEY] = ticket
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            ticket.retire()

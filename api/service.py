@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from api.batcher import Batcher, DirectRunner
+from api.batcher import Batcher, DirectRunner, Ticket
 from api.cache import CacheBackend, SentenceCache
 from api.metrics import Metrics
 from api.settings import Settings
@@ -29,6 +29,8 @@ from elmo_service.scalar_mix import MixSpec
 from elmo_service.tokenizers import Token
 
 log = logging.getLogger("api.service")
+
+DEFAULT_MIX_TTL = 1.0
 
 WARMUP_SENTENCES = [
     ["Hello", "world", "."],
@@ -65,6 +67,7 @@ class ServedModel:
     metrics: Metrics | None = None
     loaded_at: float = field(default_factory=time.time)
     warmed: bool = False
+    _default_mix: tuple | None = field(default=None, repr=False)
 
     @property
     def version(self) -> str:
@@ -83,47 +86,74 @@ class ServedModel:
         return self.embedder.tokenize(sentences)
 
     def default_mix(self) -> tuple[MixSpec, str | None]:
-        """The task named 'default' when there is one, else the plain average of all layers."""
+        """The task named 'default' when there is one, else the plain average of all layers.
+
+        Blocking (task store I/O); remembered for DEFAULT_MIX_TTL seconds (a PUT or
+        DELETE through this server forgets it at once).
+        """
         try:
             found = self.tasks.spec("default")
         except Exception:  # noqa: BLE001 - store down and nothing remembered: fall back
             found = None
-        if found is not None:
-            return found[0], "default"
-        return MixSpec.average(self.n_layers), None
+        result = (
+            (found[0], "default") if found is not None else (MixSpec.average(self.n_layers), None)
+        )
+        self._default_mix = (time.monotonic() + DEFAULT_MIX_TTL, result, self.tasks.generation)
+        return result
 
-    async def layers(self, token_lists: list[list[str]]) -> tuple[list[np.ndarray], int, int]:
+    async def default_mix_async(self) -> tuple[MixSpec, str | None]:
+        memo = self._default_mix
+        if memo is not None and memo[0] > time.monotonic() and memo[2] == self.tasks.generation:
+            return memo[1]
+        return await asyncio.get_running_loop().run_in_executor(self.io, self.default_mix)
+
+    async def layers(
+        self, token_lists: list[list[str]], ticket: Ticket | None = None
+    ) -> tuple[list[np.ndarray], int, int]:
         """``[L+1, T, D]`` float32 per sentence: cache first, the batcher for the rest.
 
+        ``ticket``: this request's announcement to the batcher (made by the
+        AnnounceMiddleware as the request arrived); one is made here otherwise.
         Returns (arrays, cache hits, cache misses) counted over distinct sentences.
         """
         loop = asyncio.get_running_loop()
         cache = self.cache
-        digests = cache.digests(token_lists)
-        first: dict[bytes, int] = {}
-        for i, d in enumerate(digests):
-            first.setdefault(d, i)
-        uniq = list(first.values())
-        u_tokens = [token_lists[i] for i in uniq]
-        u_digests = [digests[i] for i in uniq]
-        found: list[np.ndarray | None]
-        if cache.enabled:
-            found = await loop.run_in_executor(self.io, cache.get, u_tokens, u_digests)
-        else:
-            found = [None] * len(uniq)
-        miss = [j for j, a in enumerate(found) if a is None]
-        hits = len(uniq) - len(miss)
+        if ticket is None:
+            ticket = self.runner.announce()
+        try:
+            digests = cache.digests(token_lists)
+            first: dict[bytes, int] = {}
+            for i, d in enumerate(digests):
+                first.setdefault(d, i)
+            uniq = list(first.values())
+            u_tokens = [token_lists[i] for i in uniq]
+            u_digests = [digests[i] for i in uniq]
+            found: list[np.ndarray | None]
+            if not cache.enabled:
+                found = [None] * len(uniq)
+            elif cache.blocking:
+                found = await loop.run_in_executor(self.io, cache.get, u_tokens, u_digests)
+            else:
+                found = cache.get(u_tokens, u_digests)
+            miss = [j for j, a in enumerate(found) if a is None]
+            hits = len(uniq) - len(miss)
+            computed: list[np.ndarray] = []
+            if miss:
+                computed = await self.runner.embed(
+                    [u_tokens[j] for j in miss], timeout=self.request_timeout, ticket=ticket
+                )
+        finally:
+            ticket.retire()
         if miss:
-            computed = await self.runner.embed(
-                [u_tokens[j] for j in miss], timeout=self.request_timeout
-            )
             computed = [cache.quantize(a) for a in computed]
             for j, a in zip(miss, computed, strict=True):
                 found[j] = a
             if cache.enabled:
-                await loop.run_in_executor(
-                    self.io, cache.put, computed, [u_digests[j] for j in miss]
-                )
+                miss_digests = [u_digests[j] for j in miss]
+                if cache.blocking:
+                    await loop.run_in_executor(self.io, cache.put, computed, miss_digests)
+                else:
+                    cache.put(computed, miss_digests)
         if self.metrics is not None and cache.enabled:
             self.metrics.cache_hits.inc(hits)
             self.metrics.cache_misses.inc(len(miss))
@@ -215,6 +245,7 @@ def load_served_model(
             batch_tokens=settings.batch_tokens,
             max_batch_sentences=settings.max_batch_sentences,
             max_queue=settings.max_queue,
+            max_fill_wait=settings.batch_fill_wait_ms / 1000.0,
             metrics=metrics,
             name=f"batcher-{name}",
         )

@@ -62,6 +62,15 @@ class Settings(BaseSettings):
     batch_tokens: int = Field(4096, ge=16, description="Padded-token budget of one model batch.")
     max_batch_sentences: int = Field(256, ge=1)
     max_queue: int = Field(4096, ge=1, description="Sentences waiting for the model; more -> 429.")
+    batch_fill_wait_ms: float = Field(
+        10.0,
+        ge=0,
+        description=(
+            "Upper bound on how long the batcher waits for requests already inside the server "
+            "(announced, not yet queued) before starting a batch; also at most 1/4 of the recent "
+            "batch time. Never applies to an idle server. 0 = off."
+        ),
+    )
     request_timeout: float = Field(
         30.0, gt=0, description="Seconds a request may wait for the model -> 503."
     )

@@ -170,6 +170,7 @@ class TaskRegistry:
         self.store = store
         self.shipped = shipped
         self.n_layers = n_layers
+        self.generation = 0  # bumped by every write through this registry
         self._last: dict[str, dict[str, Any]] = {}
 
     def _stored(self) -> dict[str, dict[str, Any]]:
@@ -225,11 +226,13 @@ class TaskRegistry:
         existed = self.store.get(name) is not None
         self.store.put(name, spec.to_dict())
         self._last[name] = spec.to_dict()
+        self.generation += 1
         return not existed
 
     def delete(self, name: str) -> str:
         """'deleted' | 'read_only' (only shipped) | 'missing'."""
         if self.store.delete(name):
             self._last.pop(name, None)
+            self.generation += 1
             return "deleted"
         return "read_only" if name in self.shipped else "missing"

@@ -295,3 +295,38 @@ def test_http_client_gone_is_dropped_before_the_model(tiny_model_dir, tmp_path):
         assert ("busy",) in seen and ("after",) in seen
         metrics = httpx.get(srv.url + "/metrics").text
         assert 'elmo_dropped_sentences_total{reason="cancelled"} 1.0' in metrics
+
+
+def test_announced_requests_fill_the_batch_but_an_idle_server_never_waits():
+    model = FakeModel(delay=0.1)
+    b = Batcher(model, max_fill_wait=0.5)
+
+    async def main():
+        await b.embed([["prime"]])  # sets the recent batch time (~100 ms): waits up to 25 ms
+        # an idle server with nothing announced starts at once
+        t = time.perf_counter()
+        await b.embed([["alone"]])
+        assert time.perf_counter() - t < 0.15
+        # three requests announced (in flight in the server); the first submits at once,
+        # the others 5 ms later: one batch, not two
+        tickets = [b.announce() for _ in range(3)]
+        first = asyncio.ensure_future(b.embed([["one"]], ticket=tickets[0]))
+        await asyncio.sleep(0.005)
+        rest = [
+            asyncio.ensure_future(b.embed([[w]], ticket=t))
+            for w, t in zip(("two", "three"), tickets[1:], strict=True)
+        ]
+        await asyncio.gather(first, *rest)
+        # a ticket retired without submitting (a cache hit) releases the wait at once
+        hit = b.announce()
+        t = time.perf_counter()
+        task = asyncio.ensure_future(b.embed([["four"]]))
+        await asyncio.sleep(0.001)
+        hit.retire()
+        await task
+        assert time.perf_counter() - t < 0.15
+
+    run(main())
+    b.close()
+    assert sorted(map(tuple, model.batches[2])) == [("one",), ("three",), ("two",)]
+    assert b._incoming == 0

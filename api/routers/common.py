@@ -12,6 +12,7 @@ from starlette.requests import Request
 
 from api.batcher import BatcherClosed, QueueFull
 from api.errors import ApiError
+from api.middleware import TICKET_KEY
 from api.service import ServedModel
 from api.settings import Settings
 from elmo_service.tokenizers import Token
@@ -101,7 +102,7 @@ async def embed_layers(
 ) -> tuple[list[np.ndarray], int, int]:
     texts = [[t.text for t in toks] for toks in token_lists]
     try:
-        return await run_guarded(request, served.layers(texts))
+        return await run_guarded(request, served.layers(texts, request.scope.get(TICKET_KEY)))
     except QueueFull as e:
         raise ApiError(
             429,

@@ -10,17 +10,16 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from api import outputs
-from api.deps import get_model, get_settings, require_key
+from api.deps import Serving, serving
 from api.encoding import JSONBytesResponse, dumps, encode_array
 from api.errors import ApiError
 from api.routers.common import ClientGone, check_request_limits, embed_layers, tokenize
 from api.schemas import ERROR_RESPONSES, EmbedRequest, EmbedResponse
 from api.service import ServedModel
-from api.settings import Settings
 from api.tasks_store import StoreUnavailable
 from elmo_service.scalar_mix import MixSpec
 
-router = APIRouter(prefix="/v1", tags=["embed"], dependencies=[Depends(require_key)])
+router = APIRouter(prefix="/v1", tags=["embed"])
 
 # responses with more floats than this are built off the event loop
 _OFFLOAD_FLOATS = 200_000
@@ -80,7 +79,7 @@ async def resolve_mix(req: EmbedRequest, served: ServedModel) -> tuple[MixSpec |
         )
         spec.validate(served.n_layers, "mix")
         return spec, None
-    return await asyncio.get_running_loop().run_in_executor(served.io, served.default_mix)
+    return await served.default_mix_async()
 
 
 def _safe_list(served: ServedModel) -> list[dict[str, Any]]:
@@ -198,9 +197,9 @@ def build_body(
 async def embed(
     req: EmbedRequest,
     request: Request,
-    served: ServedModel = Depends(get_model),
-    settings: Settings = Depends(get_settings),
+    ctx: Serving = Depends(serving),
 ) -> Response:
+    served, settings = ctx.served, ctx.settings
     check_request_limits(req.sentences, settings, "sentences")
     output = req.output or ("mix" if (req.task is not None or req.mix is not None) else "layers")
     spec, task = await resolve_mix(req, served)

@@ -9,22 +9,20 @@ repeat it. ``base64`` is little-endian float32, as OpenAI's clients expect.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from api import outputs
-from api.deps import get_model, get_settings, require_key
+from api.deps import Serving, serving
 from api.encoding import JSONBytesResponse, dumps
 from api.errors import ApiError
 from api.routers.common import ClientGone, check_request_limits, embed_layers, tokenize
 from api.schemas import ERROR_RESPONSES, EmbeddingsRequest, EmbeddingsResponse
 from api.service import ServedModel
-from api.settings import Settings
 
-router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[Depends(require_key)])
+router = APIRouter(prefix="/v1", tags=["openai"])
 
 
 def model_matches(name: str, served: ServedModel) -> bool:
@@ -41,9 +39,9 @@ def model_matches(name: str, served: ServedModel) -> bool:
 async def embeddings(
     req: EmbeddingsRequest,
     request: Request,
-    served: ServedModel = Depends(get_model),
-    settings: Settings = Depends(get_settings),
+    ctx: Serving = Depends(serving),
 ) -> Response:
+    served, settings = ctx.served, ctx.settings
     if not model_matches(req.model, served):
         raise ApiError(
             404,
@@ -61,7 +59,7 @@ async def embeddings(
     inputs = [req.input] if isinstance(req.input, str) else list(req.input)
     check_request_limits(inputs, settings, "input")
     token_lists = tokenize(served, inputs, "input")
-    spec, _ = await asyncio.get_running_loop().run_in_executor(served.io, served.default_mix)
+    spec, _ = await served.default_mix_async()
     try:
         arrays, _, _ = await embed_layers(request, served, token_lists)
     except ClientGone:
