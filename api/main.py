@@ -121,8 +121,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             s.max_body_bytes if s is not None else Settings.model_fields["max_body_bytes"].default
         )
 
-    app.add_middleware(RequestGuardMiddleware, max_body_bytes=max_body)
+    # outermost last: metrics -> body/content-type guard -> batch announcement (body already read)
     app.add_middleware(AnnounceMiddleware, holder=lambda: app.state.holder)
+    app.add_middleware(RequestGuardMiddleware, max_body_bytes=max_body)
     app.add_middleware(MetricsMiddleware, metrics=lambda: app.state.metrics)
     return app
 

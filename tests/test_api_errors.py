@@ -280,3 +280,21 @@ def test_no_500_on_garbage_bodies(client):
         assert 400 <= r.status_code < 500 or r.status_code == 200, (raw, r.status_code, r.text)
         if r.status_code != 200:
             assert set(r.json()) == {"code", "message", "field"}
+
+
+def test_settings_from_env_file_and_plain_redis_url(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".env").write_text(
+        "ELMO_MAX_SENTENCES=7\nELMO_ADMIN_KEYS=a, b\nREDIS_URL=redis://127.0.0.1:1/0\nELMO_MODEL=other\n"
+    )
+    s = load_settings()
+    assert (
+        s.max_sentences == 7
+        and s.admin_keys == ["a", "b"]
+        and s.redis_url == "redis://127.0.0.1:1/0"
+    )
+    assert s.resolved_model_path == s.models_dir / "other"
+    monkeypatch.setenv("ELMO_MODEL_PATH", str(tmp_path / "explicit"))
+    assert (
+        load_settings().resolved_model_path == tmp_path / "explicit"
+    )  # wins over models_dir/model
