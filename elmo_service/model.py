@@ -91,9 +91,8 @@ class CharCNN(nn.Module):
             n_pos = min(tail + 1, w_max - width + 1)
             taps = torch.arange(width, device=char_ids.device) * N_CHAR_IDS
             idx = char_ids[:, : n_pos + width - 1].unfold(1, width, 1) + taps  # [N, n_pos, width]
-            windows = F.embedding_bag(
-                idx.reshape(-1, width), table, mode="sum"
-            )  # [N * n_pos, n_out]
+            # each window: the sum of its `width` table rows -> [N * n_pos, n_out]
+            windows = F.embedding_bag(idx.reshape(-1, width), table, mode="sum")
             # max(x + b) == max(x) + b, so the bias is added once per filter
             feats.append(self._act(windows.view(n, n_pos, n_out).amax(dim=1) + conv.bias))
         return torch.cat(feats, dim=-1)
