@@ -94,7 +94,7 @@ def unpack(
     arr = np.frombuffer(blob, dtype=dt, offset=off).reshape(n, t, d)
     if not np.isfinite(arr).all():
         raise CorruptEntry("non-finite values")
-    return arr.astype(np.float32)
+    return arr.astype(np.float32, copy=False)  # read-only view when stored as float32
 
 
 class CacheBackend(ABC):
