@@ -21,6 +21,9 @@ def build(model_dir: str | Path | None = None, **overrides: Any):
     if model_dir is not None:
         overrides["model_path"] = Path(model_dir)
     settings = load_settings(**overrides)
+    from api.service import check_model_dir
+
+    check_model_dir(settings.resolved_model_path)  # fail before uvicorn starts, naming the fix
     return create_app(settings), settings
 
 

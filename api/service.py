@@ -207,6 +207,16 @@ def make_task_store(settings: Settings, namespace: str) -> TaskStore:
     return FileTaskStore(settings.resolved_tasks_file, namespace)
 
 
+def check_model_dir(path: Path) -> Path:
+    if not path.is_dir():
+        raise ArtifactError(
+            f"model directory {path} does not exist: set ELMO_MODEL_PATH, or ELMO_MODELS_DIR and "
+            "ELMO_MODEL (default models/default), or pass --model",
+            field="model",
+        )
+    return path
+
+
 def load_served_model(
     settings: Settings,
     backend: CacheBackend,
@@ -217,13 +227,7 @@ def load_served_model(
     """Load the artifact and build its runner. Blocking: call it off the event loop."""
     from elmo_service.embedder import Embedder
 
-    path = Path(model_path or settings.resolved_model_path)
-    if not path.is_dir():
-        raise ArtifactError(
-            f"model directory {path} does not exist: set ELMO_MODEL_PATH, or ELMO_MODELS_DIR and "
-            "ELMO_MODEL (default models/default), or pass --model",
-            field="model",
-        )
+    path = check_model_dir(Path(model_path or settings.resolved_model_path))
     embedder = Embedder.load(
         path,
         threads=settings.threads,

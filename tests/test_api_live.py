@@ -268,7 +268,9 @@ def test_server_run_serves_the_model(tiny_model_dir, tmp_path):
 
 def test_server_run_rejects_bad_settings(tiny_model_dir):
     from api.server import run
-    from elmo_service.errors import ConfigError
+    from elmo_service.errors import ArtifactError, ConfigError
 
     with pytest.raises(ConfigError, match="ELMO_MAX_QUEUE"):
         run("127.0.0.1", 1, tiny_model_dir, max_queue=0)
+    with pytest.raises(ArtifactError, match="does not exist"):
+        run("127.0.0.1", 1, tiny_model_dir.parent / "no-such-model")
