@@ -14,9 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
-from elmo_service.errors import ElmoServiceError
+# Before torch loads OpenMP: spinning worker threads collapse (10x and worse)
+# when another process shares the cores; sleeping ones cost little. An
+# explicit OMP_WAIT_POLICY in the environment wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from elmo_service.errors import ElmoServiceError  # noqa: E402
 
 
 def _add_prepare(sub) -> None:

@@ -13,10 +13,13 @@ every occurrence back to its token's single CNN evaluation, so gradients are
 those of running the CNN on every position.
 
 The recurrence uses the parameters of the BiLM's own ``LstmLayer`` modules
-with the same math as ``LstmLayer.forward`` (the input matmul hoisted out of
-the time loop), but the per-time-step cell is a separate function, ``lstm_step``,
-that the trainer can ``torch.compile`` once: one small graph for every
-sequence length, where compiling the unrolled loop takes minutes per shape.
+with the math of ``LstmLayer.forward`` (input matmul hoisted out of the time
+loop). Training runs each layer as one autograd node
+(``pretrain.fused_lstm``: backpropagation through time by hand, weight
+gradients as one matmul over all steps); evaluation loops over ``lstm_step``.
+The per-step bodies are small functions that the trainer ``torch.compile``s
+once for every sequence length (compiling the unrolled loop instead takes
+minutes per shape).
 Training-only changes: a forward-only mode that skips the backward LSTMs
 (their parameters are frozen so DDP does not wait for their gradients), and
 dropout on the top layer's output before the softmax (bilm-tf's output dropout).
@@ -29,6 +32,7 @@ from torch import Tensor, nn
 
 from elmo_service.config import BiLMConfig
 from elmo_service.model import BiLM, length_mask, reverse_padded
+from pretrain.fused_lstm import lstmp_layer, step_backward, step_forward
 from pretrain.softmax import make_softmax
 
 
@@ -83,7 +87,8 @@ class LanguageModel(nn.Module):
             self.bilm.backward_layers.requires_grad_(False)
         # the trainer may swap these for compiled versions
         self.encode_fn = self.bilm.token_encoder
-        self.step_fn = lstm_step
+        self.step_fn = lstm_step  # inference (eval) steps
+        self.step_fwd_fn, self.step_bwd_fn = step_forward, step_backward  # training: fused layer
         self.loss_fn = self.softmax.loss
 
     def set_char_table(self, table: Tensor) -> None:
@@ -95,9 +100,15 @@ class LanguageModel(nn.Module):
         return self.encode_fn(chars)
 
     def _layer(self, layer, x: Tensor) -> Tensor:
-        """``LstmLayer.forward`` with ``step_fn`` as the cell: ``[B, T, in] -> [B, T, P]``."""
+        """``LstmLayer.forward``'s math: ``[B, T, in] -> [B, T, P]``; fused for training."""
         b, t, _ = x.shape
         x_gates = layer.w_ih(x)  # [B, T, 4C], all steps at once
+        cc, pc = float(layer.cell_clip or 0.0), float(layer.proj_clip or 0.0)
+        if torch.is_grad_enabled() and x_gates.requires_grad:
+            w_hh_t, w_proj_t = layer.w_hh.weight.t(), layer.w_proj.weight.t()
+            return lstmp_layer(
+                x_gates, w_hh_t, w_proj_t, cc, pc, self.step_fwd_fn, self.step_bwd_fn
+            )
         # cast once per layer, not per step (autocast does not cache non-leaf views)
         w_hh_t, w_proj_t = (
             layer.w_hh.weight.t().to(x_gates.dtype),
@@ -107,7 +118,6 @@ class LanguageModel(nn.Module):
         cell = x_gates.new_zeros(
             b, layer.cell_dim, dtype=torch.float32
         )  # the cell state stays fp32 under bf16
-        cc, pc = float(layer.cell_clip or 0.0), float(layer.proj_clip or 0.0)
         outs = []
         for step in range(t):
             h, cell = self.step_fn(x_gates[:, step], h, cell, w_hh_t, w_proj_t, cc, pc)

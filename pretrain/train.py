@@ -46,6 +46,7 @@ from pretrain.config import (
     load_config,
 )
 from pretrain.data import BucketBatcher, Corpus
+from pretrain.fused_lstm import step_backward, step_forward
 from pretrain.lm import LanguageModel, lstm_step
 
 RUN_FILE = "run.json"
@@ -212,6 +213,8 @@ class Trainer:
             # three small graphs; shapes that vary (U, B, N) become dynamic after their second value
             self.model.encode_fn = torch.compile(self.model.bilm.token_encoder)
             self.model.step_fn = torch.compile(lstm_step)
+            self.model.step_fwd_fn = torch.compile(step_forward)
+            self.model.step_bwd_fn = torch.compile(step_backward)
             self.model.loss_fn = torch.compile(self.model.softmax.loss)
         self._stop_signal: int | None = None
 
