@@ -18,9 +18,10 @@ from fastapi import FastAPI
 from api.cache import CacheBackend, LocalCache, NullCache, RedisCache
 from api.encoding import JSONBytesResponse
 from api.errors import install_error_handlers
+from api.jobs import JobService
 from api.metrics import Metrics, MetricsMiddleware
 from api.middleware import AnnounceMiddleware, RequestGuardMiddleware
-from api.routers import embed, health, models, openai, tasks
+from api.routers import embed, health, jobs, models, openai, tasks
 from api.service import ModelHolder, load_served_model
 from api.settings import Settings, load_settings
 from elmo_service.errors import ElmoServiceError
@@ -33,6 +34,8 @@ Contextual token embeddings from an ELMo-style biLM.
 * `POST /v1/embed`: per-token / per-word / pooled vectors, any layers, a task's scalar mix or inline weights.
 * `POST /v1/embeddings`: OpenAI-compatible (one pooled vector per input).
 * `GET /v1/models`, `/v1/tasks`: what is served; tasks are named mixes (writes need an admin key).
+* `POST /v1/models/{name}/activate`: serve another artifact of the models folder (admin).
+* `/v1/jobs`: pretraining jobs, run by `elmo-service worker` (admin).
 * Errors are always `{"code", "message", "field"}` with a 4xx status for client mistakes.
 """
 
@@ -50,6 +53,17 @@ def make_cache_backend(settings: Settings, metrics: Metrics | None) -> CacheBack
     if settings.cache_max_bytes > 0:
         return LocalCache(settings.cache_max_bytes, settings.cache_ttl)
     return NullCache()
+
+
+def start_jobs(settings: Settings) -> JobService | None:
+    """The job service; a failure here disables /v1/jobs (503) but not embedding."""
+    try:
+        jobs_service = JobService(settings)
+        jobs_service.start()
+        return jobs_service
+    except Exception:  # noqa: BLE001 - e.g. Redis down at startup
+        log.exception("job service unavailable")
+        return None
 
 
 @asynccontextmanager
@@ -80,6 +94,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     else:
         served.warmed = True
     await holder.swap(served, warm=False)
+    # what model activation needs to load another artifact later
+    app.state.cache_backend, app.state.io = backend, io
+    app.state.jobs = await asyncio.to_thread(start_jobs, settings)
     metrics.ready.set(1)
     log.info(
         "serving %s (version %s, %d layers x %d)",
@@ -92,6 +109,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         metrics.ready.set(0)
+        jobs_service, app.state.jobs = app.state.jobs, None
+        if jobs_service is not None:
+            await asyncio.to_thread(jobs_service.close)
         await holder.close()
         backend.close()
         io.shutdown(wait=False)
@@ -112,7 +132,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.holder = ModelHolder()
     app.state.metrics = Metrics()
     install_error_handlers(app)
-    for r in (embed.router, openai.router, models.router, tasks.router, health.router):
+    app.state.jobs = None
+    for r in (embed.router, openai.router, models.router, tasks.router, jobs.router, health.router):
         app.include_router(r)
 
     def max_body() -> int:

@@ -207,6 +207,91 @@ def make_task_store(settings: Settings, namespace: str) -> TaskStore:
     return FileTaskStore(settings.resolved_tasks_file, namespace)
 
 
+def list_artifacts(models_dir: Path, served: ServedModel | None = None) -> list[dict[str, Any]]:
+    """Every artifact folder in ``models_dir`` (config and manifest only, no weights),
+    plus the served model if it lives elsewhere; ``served`` marks the one being served."""
+    from elmo_service.artifact import read_config, read_manifest
+
+    served_path = served.path.resolve() if served is not None else None
+    found: list[Path] = []
+    root = Path(models_dir)
+    if root.is_dir():
+        found = sorted(
+            d
+            for d in root.iterdir()
+            if not d.name.startswith(".") and (d / "manifest.json").is_file()
+        )
+    if served_path is not None and all(d.resolve() != served_path for d in found):
+        found.append(served.path)  # type: ignore[union-attr]
+    out = []
+    for d in found:
+        entry: dict[str, Any] = {"id": d.name, "object": "model", "path": str(d)}
+        try:
+            cfg, manifest = read_config(d), read_manifest(d)
+            model = cfg.get("model", {})
+            entry.update(
+                version=manifest.get("version"),
+                created=int((d / "manifest.json").stat().st_mtime),
+                n_layers=model.get("n_layers", 0) + 1 if model else None,
+                dim=2 * model["projection_dim"] if "projection_dim" in model else None,
+                tokenizer=(cfg.get("tokenizer") or {}).get("type"),
+                provenance=cfg.get("provenance", {}),
+            )
+        except Exception as e:  # noqa: BLE001 - listed, with what is wrong with it
+            entry["error"] = f"unreadable artifact: {e}"
+        entry["served"] = served_path is not None and d.resolve() == served_path
+        if entry["served"]:
+            entry["version"] = served.version  # type: ignore[union-attr]
+        out.append(entry)
+    return out
+
+
+def resolve_artifact(models_dir: Path, name: str) -> Path:
+    """``models_dir/name``, refusing names that leave the folder; InputError / LookupError."""
+    from elmo_service.errors import InputError
+
+    if not name or "/" in name or "\\" in name or name in (".", "..") or name.startswith("."):
+        raise InputError(f"name: {name!r} is not a model folder name", field="name")
+    root = Path(models_dir).resolve()
+    path = (root / name).resolve()
+    if not path.is_relative_to(root):
+        raise InputError(f"name: {name!r} resolves outside the models folder", field="name")
+    if not (path / "manifest.json").is_file():
+        raise LookupError(name)
+    return path
+
+
+async def activate_model(
+    holder: ModelHolder,
+    settings: Settings,
+    backend: CacheBackend,
+    io: ThreadPoolExecutor,
+    metrics: Metrics | None,
+    name: str,
+) -> tuple[ServedModel, ServedModel | None]:
+    """Load ``models_dir/name``, warm it, swap it in (no request fails). -> (new, old or None)."""
+    path = await asyncio.to_thread(resolve_artifact, settings.models_dir, name)
+    cur = holder.current
+    if cur is not None and cur.path.resolve() == path:
+        from elmo_service.artifact import read_manifest
+
+        if (await asyncio.to_thread(read_manifest, path)).get("version") == cur.version:
+            return cur, None  # already served
+    served = await asyncio.to_thread(load_served_model, settings, backend, io, metrics, path)
+    try:
+        old = await holder.swap(served)
+    except BaseException:
+        await asyncio.to_thread(served.close)
+        raise
+    log.info(
+        "activated %s (version %s), replacing %s",
+        served.name,
+        served.version,
+        f"{old.name} ({old.version})" if old else "nothing",
+    )
+    return served, old
+
+
 def check_model_dir(path: Path) -> Path:
     if not path.is_dir():
         raise ArtifactError(
@@ -286,6 +371,12 @@ def load_served_model(
     return served
 
 
+def _runner_idle(runner: Batcher | DirectRunner) -> bool:
+    """No request is on its way to ``runner``: none announced (the AnnounceMiddleware
+    announces every embedding request on arrival), none queued or running."""
+    return runner.depth == 0 and getattr(runner, "_incoming", 0) == 0
+
+
 class ModelHolder:
     """Holds the served model; routes get it via ``Depends(get_model)``, never a global."""
 
@@ -301,15 +392,47 @@ class ModelHolder:
     def ready(self) -> bool:
         return self._current is not None and self._current.warmed and self._current.runner.alive
 
-    async def swap(self, new: ServedModel, *, warm: bool = True) -> ServedModel | None:
-        """Warm ``new``, make it current, then drain and close the old one."""
+    async def swap(
+        self, new: ServedModel, *, warm: bool = True, drain_timeout: float | None = None
+    ) -> ServedModel | None:
+        """Warm ``new``, make it current, let the old one finish its requests, close it.
+
+        No request fails because of a swap: a request pinned the model it started
+        with (its announcement to that model's batcher), so the old model is closed
+        only once nothing is announced, queued or running there any more, bounded
+        by ``drain_timeout`` (default: the old model's request timeout + 5 s).
+        Swaps are serialised, so a request never sees its model closed under it.
+        """
         async with self._swap_lock:
             if warm and not new.warmed:
                 await new.warm_up()
             old, self._current = self._current, new
-        if old is not None:
-            await asyncio.to_thread(old.close)
+            if old is not None:
+                timeout = drain_timeout if drain_timeout is not None else old.request_timeout + 5
+                await self._drain(old, timeout)
+                await asyncio.to_thread(old.close)
+                if old.metrics is not None:
+                    old.metrics.model_info.labels(old.name, old.version).set(0)
         return old
+
+    @staticmethod
+    async def _drain(old: ServedModel, timeout: float) -> None:
+        # a DirectRunner sees a request only once it calls the model: wait for a quiet spell
+        quiet_for = 0.05 if isinstance(old.runner, Batcher) else 0.5
+        deadline = time.monotonic() + timeout
+        quiet_since: float | None = None
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            if _runner_idle(old.runner):
+                quiet_since = quiet_since or now
+                if now - quiet_since >= quiet_for:
+                    return
+            else:
+                quiet_since = None
+            await asyncio.sleep(0.01)
+        log.warning(
+            "model %s still busy after %.0fs; closing it (draining its queue)", old.name, timeout
+        )
 
     async def close(self) -> None:
         cur, self._current = self._current, None

@@ -116,6 +116,31 @@ class Settings(BaseSettings):
         None, description="Task store without Redis (default <data_dir>/tasks.json)."
     )
 
+    # -- pretraining jobs ---------------------------------------------------------------
+    jobs_queue: str = Field(
+        "elmo-pretrain", description="rq queue name (with REDIS_URL); workers listen on it."
+    )
+    jobs_embedded_worker: bool = Field(
+        True,
+        description="Without Redis, the API starts a local worker process for jobs itself.",
+    )
+    jobs_max_attempts: int = Field(
+        3, ge=1, description="Runs of a job after workers died under it, before it is failed."
+    )
+    jobs_heartbeat_timeout: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds without a runner heartbeat before a running job counts as lost.",
+    )
+    jobs_stop_timeout: float = Field(
+        120.0,
+        gt=0,
+        description="Seconds a cancelled/stopped trainer gets to write its checkpoint before SIGKILL.",
+    )
+    jobs_poll_interval: float = Field(
+        0.5, gt=0, le=10, description="Runner/worker polling period, seconds."
+    )
+
     @field_validator("api_keys", "admin_keys", mode="before")
     @classmethod
     def _keys(cls, v: object) -> object:

@@ -1,22 +1,44 @@
-"""``GET /v1/models``: the served model's config, version and provenance."""
+"""``GET /v1/models``: what is served and every artifact in the models folder;
+``POST /v1/models/{name}/activate`` (admin): serve another artifact, with no failed requests.
+
+``data`` stays OpenAI-compatible (the model(s) ``/v1/embeddings`` accepts: the
+served one); ``artifacts`` lists every artifact in ``ELMO_MODELS_DIR`` with its
+version and provenance, ``served: true`` on the one being served.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Path, Request
 
-from api.deps import get_model, require_key
+from api.deps import get_holder, get_model, get_settings, require_admin, require_key
 from api.errors import ApiError
 from api.schemas import ERROR_RESPONSES
-from api.service import ServedModel
+from api.service import ModelHolder, ServedModel, activate_model, list_artifacts
+from api.settings import Settings
+from elmo_service.errors import ArtifactError
 
 router = APIRouter(prefix="/v1", tags=["models"], dependencies=[Depends(require_key)])
 
 
-@router.get("/models", responses=ERROR_RESPONSES, summary="Served models (OpenAI-style list)")
-async def list_models(served: ServedModel = Depends(get_model)) -> dict[str, Any]:
-    return {"object": "list", "data": [served.info()]}
+@router.get(
+    "/models",
+    responses=ERROR_RESPONSES,
+    summary="Served model (OpenAI-style list) and every artifact in the models folder",
+)
+async def list_models(
+    served: ServedModel = Depends(get_model), settings: Settings = Depends(get_settings)
+) -> dict[str, Any]:
+    artifacts = await asyncio.to_thread(list_artifacts, settings.models_dir, served)
+    return {
+        "object": "list",
+        "data": [served.info()],
+        "served": {"id": served.name, "version": served.version},
+        "models_dir": str(settings.models_dir),
+        "artifacts": artifacts,
+    }
 
 
 @router.get("/models/{model_id}", responses=ERROR_RESPONSES, summary="One served model")
@@ -24,3 +46,35 @@ async def get_model_info(model_id: str, served: ServedModel = Depends(get_model)
     if model_id not in (served.name, served.version):
         raise ApiError(404, "not_found", f"model {model_id!r} is not served", "model_id")
     return served.info()
+
+
+@router.post(
+    "/models/{name}/activate",
+    responses={**ERROR_RESPONSES, 404: ERROR_RESPONSES[401] | {"description": "No such artifact"}},
+    summary="Serve another artifact of the models folder (admin); in-flight requests finish",
+    dependencies=[Depends(require_admin)],
+)
+async def activate(
+    request: Request,
+    name: str = Path(..., description="Artifact folder name in the models folder"),
+    holder: ModelHolder = Depends(get_holder),
+    settings: Settings = Depends(get_settings),
+) -> dict[str, Any]:
+    state = request.app.state
+    if holder.current is None:
+        raise ApiError(503, "not_ready", "the model is loading", None, {"Retry-After": "5"})
+    try:
+        new, old = await activate_model(
+            holder, settings, state.cache_backend, state.io, state.metrics, name
+        )
+    except LookupError as e:
+        raise ApiError(404, "not_found", f"no model {name!r} in the models folder", "name") from e
+    except ArtifactError as e:  # still being written, or broken: the served model stays
+        raise ApiError(
+            422, "bad_artifact", f"model {name!r} cannot be loaded: {e.message}", "name"
+        ) from e
+    return {
+        "activated": new.info(),
+        "previous": {"id": old.name, "version": old.version} if old is not None else None,
+        "changed": old is not None,
+    }

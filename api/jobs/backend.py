@@ -1,0 +1,293 @@
+"""How jobs reach a worker: rq on Redis, or a local worker process without Redis.
+
+Both backends share the job-state model (:mod:`api.jobs.state`) and differ in
+delivery only:
+
+* :class:`RqBackend`: records in Redis; each attempt is an rq job
+  (``<id>-a<attempt>``) on queue ``ELMO_JOBS_QUEUE``, run by ``elmo-service
+  worker`` (:class:`api.worker.JobWorker`, an ``rq.Worker``).
+* :class:`LocalBackend`: records in ``<runs_dir>/<id>/job.json``; a local
+  worker process (``elmo-service worker`` without REDIS_URL, or the one the API
+  starts itself) claims the oldest queued record.
+
+:meth:`JobBackend.reconcile` is how a job is never silently lost: a running
+job whose runner is gone (its process is dead on this host, rq failed its
+execution, or its heartbeat stopped) goes back to the queue as the next
+attempt and resumes from its checkpoint (or fails, with the reason, after
+``ELMO_JOBS_MAX_ATTEMPTS`` losses); a queued job whose delivery vanished is
+delivered again. Workers run it at start and between jobs; the API runs it
+when jobs are listed or read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from api.jobs.runner import JobRunner, die_with_parent, requeue, runner_alive
+from api.jobs.state import FileJobStore, JobRecord, JobStore, RedisJobStore
+from api.settings import Settings
+
+log = logging.getLogger("api.jobs")
+
+QUEUED_GRACE = 30.0  # a queued record younger than this may still be being enqueued
+
+
+class JobBackend:
+    kind: str = ""
+    store: JobStore
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._reconciled = 0.0
+        self._reconcile_lock = threading.Lock()
+
+    def deliver(self, rec: JobRecord) -> None:
+        """Make a queued record reach a worker."""
+        raise NotImplementedError
+
+    def undeliver(self, rec: JobRecord) -> None:
+        """Best effort: drop a cancelled queued job's delivery."""
+
+    def resume_pending(self) -> None:
+        """After a restart: make sure queued jobs will be picked up."""
+
+    def execution_lost(self, rec: JobRecord) -> str | None:
+        """Backend-specific evidence that a running record's execution is gone."""
+        return None
+
+    def delivery_lost(self, rec: JobRecord) -> bool:
+        """A queued record that no worker will ever see."""
+        return False
+
+    def lost_reason(self, rec: JobRecord, now: float) -> str | None:
+        r = rec.runner
+        if r is not None and runner_alive(r) is False:
+            return f"its runner (pid {r.pid} on {r.host}) is gone"
+        found = self.execution_lost(rec)
+        if found:
+            return found
+        beat = rec.heartbeat_at or rec.started_at or rec.updated_at
+        if now - beat > self.settings.jobs_heartbeat_timeout:
+            return f"no heartbeat for {now - beat:.0f}s"
+        return None
+
+    def reconcile(self, min_interval: float = 0.0) -> list[str]:
+        """Re-queue lost running jobs, re-deliver lost queued ones. Returns the ids touched."""
+        if not self._reconcile_lock.acquire(blocking=False):
+            return []
+        try:
+            now = time.time()
+            if now - self._reconciled < min_interval:
+                return []
+            self._reconciled = now
+            touched = []
+            for rec in self.store.list():
+                if rec.state == "running":
+                    reason = self.lost_reason(rec, now)
+                    if reason is None:
+                        continue
+                    log.warning("job %s attempt %d lost: %s", rec.id, rec.attempt, reason)
+                    changed = requeue(self, rec.id, rec.attempt, reason, lost=True)
+                    if changed is not None:
+                        touched.append(rec.id)
+                        if changed.state == "queued":
+                            self.deliver(changed)
+                elif (
+                    rec.state == "queued"
+                    and now - rec.updated_at > QUEUED_GRACE
+                    and self.delivery_lost(rec)
+                ):
+                    log.warning("job %s attempt %d: re-delivering", rec.id, rec.attempt)
+                    touched.append(rec.id)
+                    self.deliver(rec)
+            return touched
+        finally:
+            self._reconcile_lock.release()
+
+    def close(self) -> None:
+        self.store.close()
+
+
+# ---------------------------------------------------------------- rq
+
+
+def rq_job_id(rec: JobRecord) -> str:
+    return f"{rec.id}-a{rec.attempt}"
+
+
+class RqBackend(JobBackend):
+    kind = "rq"
+
+    def __init__(self, settings: Settings) -> None:
+        import redis
+        from rq import Queue
+
+        super().__init__(settings)
+        assert settings.redis_url
+        self.redis = redis.Redis.from_url(
+            settings.redis_url, socket_timeout=10, socket_connect_timeout=5
+        )
+        self.store = RedisJobStore(self.redis, settings.redis_prefix)
+        self.queue = Queue(settings.jobs_queue, connection=self.redis)
+
+    def deliver(self, rec: JobRecord) -> None:
+        self.queue.enqueue(
+            "api.jobs.backend.rq_entry",
+            rec.id,
+            rec.attempt,
+            job_id=rq_job_id(rec),
+            job_timeout=-1,  # the training budget (steps / max_minutes) bounds a job, not rq
+            result_ttl=7 * 24 * 3600,
+            failure_ttl=30 * 24 * 3600,
+            description=f"pretrain {rec.name} ({rec.id}, attempt {rec.attempt})",
+        )
+
+    def _rq_job(self, rec: JobRecord) -> Any:
+        from rq.exceptions import NoSuchJobError
+        from rq.job import Job
+
+        try:
+            return Job.fetch(rq_job_id(rec), connection=self.redis)
+        except NoSuchJobError:
+            return None
+
+    def undeliver(self, rec: JobRecord) -> None:
+        with contextlib.suppress(Exception):
+            job = self._rq_job(rec)
+            if job is not None:
+                job.cancel()
+
+    def execution_lost(self, rec: JobRecord) -> str | None:
+        job = self._rq_job(rec)
+        if job is None:
+            return "its rq job is gone"
+        status = job.get_status(refresh=False)
+        if status in ("failed", "stopped", "canceled"):
+            result = job.latest_result()
+            why = (result.exc_string or "").strip().splitlines() if result else []
+            return f"rq marked its execution {status}" + (f" ({why[-1]})" if why else "")
+        return None
+
+    def delivery_lost(self, rec: JobRecord) -> bool:
+        job = self._rq_job(rec)
+        return job is None or job.get_status(refresh=False) in (
+            "failed",
+            "stopped",
+            "canceled",
+            "finished",
+        )
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.redis.close()
+
+
+def rq_entry(job_id: str, attempt: int) -> str:
+    """The rq job function: runs in the rq work-horse (a fork of the worker)."""
+    from api.settings import load_settings
+
+    die_with_parent(signal.SIGTERM)  # the worker died: stop the trainer with a checkpoint
+    settings = load_settings()
+    backend = RqBackend(settings)
+    runner = JobRunner(backend, settings, job_id, attempt, worker=os.environ.get("RQ_WORKER_ID"))
+    old = signal.signal(signal.SIGTERM, lambda *_: runner.request_stop())
+    try:
+        return runner.run()
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        backend.close()
+
+
+# ---------------------------------------------------------------- local
+
+
+class LocalBackend(JobBackend):
+    """Jobs as files under the runs folder; ``embedded``: the API starts the worker itself."""
+
+    kind = "local"
+
+    def __init__(self, settings: Settings, embedded: bool = False) -> None:
+        super().__init__(settings)
+        self.store = FileJobStore(Path(settings.runs_dir))
+        self.embedded = embedded
+        self._proc: subprocess.Popen | None = None
+        self._proc_lock = threading.Lock()
+
+    def deliver(self, rec: JobRecord) -> None:
+        if self.embedded:
+            self.ensure_worker()
+
+    def resume_pending(self) -> None:
+        if self.embedded and self.next_queued() is not None:
+            self.ensure_worker()
+
+    def next_queued(self) -> JobRecord | None:
+        queued = [r for r in self.store.list() if r.state == "queued"]
+        return min(queued, key=lambda r: r.created_at) if queued else None
+
+    def worker_env(self) -> dict[str, str]:
+        s = self.settings
+        env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "ELMO_REDIS_URL")}
+        env.update(
+            ELMO_RUNS_DIR=str(Path(s.runs_dir).resolve()),
+            ELMO_DATA_DIR=str(Path(s.data_dir).resolve()),
+            ELMO_MODELS_DIR=str(Path(s.models_dir).resolve()),
+            ELMO_JOBS_MAX_ATTEMPTS=str(s.jobs_max_attempts),
+            ELMO_JOBS_HEARTBEAT_TIMEOUT=str(s.jobs_heartbeat_timeout),
+            ELMO_JOBS_STOP_TIMEOUT=str(s.jobs_stop_timeout),
+            ELMO_JOBS_POLL_INTERVAL=str(s.jobs_poll_interval),
+            ELMO_JOBS_PARENT_PID=str(os.getpid()),  # the worker stops when we are gone
+            PYTHONUNBUFFERED="1",
+        )
+        if s.threads:
+            env["ELMO_THREADS"] = str(s.threads)
+        return env
+
+    def ensure_worker(self) -> int:
+        """Start the embedded worker process unless it is running. Returns its pid."""
+        with self._proc_lock:
+            if self._proc is not None and self._proc.poll() is None:
+                return self._proc.pid
+            runs = Path(self.settings.runs_dir)
+            runs.mkdir(parents=True, exist_ok=True)
+            with open(runs / "worker.log", "ab") as out:
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-m", "api.cli", "worker"],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=self.worker_env(),
+                )
+            log.info("started the local job worker (pid %d)", self._proc.pid)
+            return self._proc.pid
+
+    @property
+    def worker_pid(self) -> int | None:
+        p = self._proc
+        return p.pid if p is not None and p.poll() is None else None
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the embedded worker: its job checkpoints and goes back to the queue."""
+        with self._proc_lock:
+            p, self._proc = self._proc, None
+        if p is not None and p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("local job worker %d still stopping; leaving it to finish", p.pid)
+
+
+def make_backend(settings: Settings, embedded: bool = False) -> JobBackend:
+    if settings.redis_url:
+        return RqBackend(settings)
+    return LocalBackend(settings, embedded=embedded and settings.jobs_embedded_worker)

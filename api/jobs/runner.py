@@ -1,0 +1,517 @@
+"""Run one job: prepare -> train -> export, each phase an ``elmo-pretrain`` subprocess.
+
+Each phase is idempotent, so a re-queued job simply runs again and continues:
+
+* prepare: skipped for an already prepared corpus; ``elmo-pretrain prepare``
+  itself does nothing when ``<run>/data`` holds the same preparation;
+* train: always ``--resume`` (a fresh run folder starts at step 0, a used one
+  continues from its newest checkpoint);
+* export: skipped when ``<models_dir>/<name>`` already holds this run's export.
+
+The trainer runs in its own process so that cancelling is a SIGTERM to it (it
+finishes the step, writes a checkpoint and exits 0) and progress is its
+``metrics.jsonl``. Every record write is fenced by the job's ``attempt``: a
+runner whose job was re-queued meanwhile (its heartbeat looked dead) stops
+its trainer and leaves the record alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from api.jobs.spec import PrepareIn, is_prepared_corpus, resolve_corpus
+from api.jobs.state import ArtifactInfo, JobRecord, Progress, Runner, StoreUnavailable
+
+if TYPE_CHECKING:
+    from api.jobs.backend import JobBackend
+    from api.settings import Settings
+
+log = logging.getLogger("api.jobs")
+
+LOG_FILE = "job.log"
+TAIL_LINES = 40
+_STOPPED = re.compile(r"stopped at step (\d+) \((.+?)\);")
+
+
+class JobFailed(Exception):
+    """The job cannot succeed (bad input, a phase failed); the message is the reason."""
+
+
+class _Cancelled(Exception):
+    pass
+
+
+class _Stopped(Exception):
+    """This process was asked to stop (worker shutdown, or the worker died above us)."""
+
+
+class _Superseded(Exception):
+    """The record moved on without us (re-queued or finished elsewhere)."""
+
+
+# ---------------------------------------------------------------- process helpers
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Linux: get ``sig`` when the parent process dies (no orphaned trainers)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+
+
+def _child_setup() -> None:  # runs in the forked child, before exec
+    die_with_parent(signal.SIGTERM)
+
+
+def proc_start(pid: int) -> str | None:
+    """A process's start time (``/proc/<pid>/stat``), None if it is gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        if not Path("/proc/self/stat").exists():  # no procfs: fall back to signal 0
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return None
+            except PermissionError:
+                pass
+            return "?"
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return fields[19]  # field 22 of stat: starttime
+
+
+def runner_info(worker: str | None = None) -> Runner:
+    pid = os.getpid()
+    return Runner(host=socket.gethostname(), pid=pid, pid_start=proc_start(pid), worker=worker)
+
+
+def runner_alive(r: Runner) -> bool | None:
+    """True/False for a runner on this host; None when it runs elsewhere (cannot tell)."""
+    if r.host != socket.gethostname():
+        return None
+    start = proc_start(r.pid)
+    return start is not None and (r.pid_start in (None, "?") or start == r.pid_start)
+
+
+# ---------------------------------------------------------------- reading the run
+
+
+def tail(path: Path, n: int = TAIL_LINES, max_bytes: int = 32_768) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError:
+        return []
+    lines = data.decode("utf-8", "replace").replace("\r", "\n").splitlines()
+    return [x for x in lines if x.strip()][-n:]
+
+
+def newest_checkpoint(train_dir: Path) -> str | None:
+    found = sorted((train_dir / "checkpoints").glob("step-*.pt"))
+    return found[-1].name if found else None
+
+
+class MetricsReader:
+    """Follows ``metrics.jsonl`` (appended across resumes) into a :class:`Progress`."""
+
+    def __init__(self, path: Path, total_steps: int) -> None:
+        self.path, self.pos = path, 0
+        self.progress = Progress(total_steps=total_steps)
+
+    def read(self) -> Progress:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.pos)
+                chunk = f.read()
+        except OSError:
+            return self.progress
+        end = chunk.rfind(b"\n") + 1  # only complete lines
+        self.pos += end
+        p = self.progress
+        for line in chunk[:end].splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if "heldout" in rec:
+                p.heldout = {k: float(v) for k, v in rec["heldout"].items()}
+            elif "loss" in rec:
+                p.step, p.epoch = int(rec["step"]), rec.get("epoch")
+                p.tokens_seen = int(rec.get("tokens_seen", p.tokens_seen))
+                p.loss, p.perplexity = rec.get("loss"), rec.get("ppl")
+                p.tokens_per_s, p.elapsed_s, p.lr = (
+                    rec.get("tok_s"),
+                    rec.get("elapsed_s"),
+                    rec.get("lr"),
+                )
+        if p.step and p.elapsed_s and p.total_steps:
+            p.eta_s = round(p.elapsed_s / p.step * max(0, p.total_steps - p.step), 1)
+        return p
+
+
+# ---------------------------------------------------------------- the runner
+
+
+class JobRunner:
+    def __init__(
+        self,
+        backend: JobBackend,
+        settings: Settings,
+        job_id: str,
+        attempt: int,
+        worker: str | None = None,
+    ) -> None:
+        self.backend, self.store, self.settings = backend, backend.store, settings
+        self.job_id, self.attempt, self.worker = job_id, attempt, worker
+        self.parent_pid = os.getppid()
+        self._stop_requested = False
+        self._cancel = False
+        self._last_beat = 0.0
+        self.metrics: MetricsReader | None = None
+        self.phase: str | None = None
+
+    def request_stop(self) -> None:
+        """Signal-safe: the running phase is stopped at the next poll, with a checkpoint."""
+        self._stop_requested = True
+
+    # -- record updates (fenced by attempt) ----------------------------------------
+    def _mine(self, r: JobRecord) -> bool:
+        return r.attempt == self.attempt and r.state == "running"
+
+    def _claim(self) -> JobRecord | None:
+        me = runner_info(self.worker)
+
+        def fn(r: JobRecord) -> bool:
+            if r.attempt != self.attempt or r.state != "queued":
+                return False
+            if r.cancel_requested:
+                r.finish("cancelled")
+                return True
+            r.state, r.runner, r.heartbeat_at = "running", me, time.time()
+            r.started_at = r.started_at or r.heartbeat_at
+            r.note(f"attempt {r.attempt} started on {me.host} (pid {me.pid})")
+            return True
+
+        rec, _ = self.store.update(self.job_id, fn)
+        if rec is None or rec.state != "running" or rec.runner != me or rec.attempt != self.attempt:
+            return None
+        return rec
+
+    def _beat(self, force: bool = False) -> None:
+        """Heartbeat + progress + log tail; picks up cancel requests. Raises _Superseded."""
+        now = time.monotonic()
+        # a record write every other poll: progress is fresh, the store is not hammered
+        if not force and now - self._last_beat < 2 * self.settings.jobs_poll_interval:
+            return
+        self._last_beat = now
+        progress = self._progress()
+        lines = tail(self.log_path)
+
+        def fn(r: JobRecord) -> bool:
+            if not self._mine(r):
+                return False
+            r.heartbeat_at = time.time()
+            r.phase = self.phase  # type: ignore[assignment]
+            if progress is not None:
+                r.progress = progress
+            r.log_tail = lines
+            return True
+
+        try:
+            rec, written = self.store.update(self.job_id, fn)
+        except StoreUnavailable as e:  # keep training through a store outage
+            log.warning("job %s: heartbeat not stored: %s", self.job_id, e)
+            return
+        if rec is None or not written:
+            raise _Superseded()
+        self._cancel = rec.cancel_requested
+
+    def _progress(self) -> Progress | None:
+        if self.metrics is None:
+            return None
+        p = self.metrics.read()
+        p.checkpoint = newest_checkpoint(self.train_dir)
+        return p.model_copy()
+
+    def _finish(self, state: str, error: str | None = None, **extra: Any) -> JobRecord | None:
+        progress = self._progress()
+        lines = tail(self.log_path)
+
+        def fn(r: JobRecord) -> bool:
+            if not self._mine(r):
+                return False
+            if progress is not None:
+                r.progress = progress
+            r.log_tail = lines
+            for k, v in extra.items():
+                setattr(r, k, v)
+            r.finish(state, error)  # type: ignore[arg-type]
+            return True
+
+        rec, written = self.store.update(self.job_id, fn)
+        return rec if written else None
+
+    def _requeue(self, reason: str, lost: bool) -> None:
+        rec = requeue(self.backend, self.job_id, self.attempt, reason, lost=lost)
+        if rec is not None and rec.state == "queued":
+            self.backend.deliver(rec)
+
+    # -- the job -----------------------------------------------------------------
+    def run(self) -> str:
+        """Run the job to its end (or until stopped). Returns what happened."""
+        rec = self._claim()
+        if rec is None:
+            log.info(
+                "job %s attempt %d: not claimable (moved on); skipped", self.job_id, self.attempt
+            )
+            return "skipped"
+        self.rec = rec
+        self.run_dir = Path(rec.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.train_dir = self.run_dir / "train"
+        self.log_path = self.run_dir / LOG_FILE
+        try:
+            with self._run_lock() as lock_fd:
+                self.lock_fd = lock_fd
+                self._say(f"attempt {self.attempt} on {socket.gethostname()} (pid {os.getpid()})")
+                data = self._prepare()
+                self._train(data)
+                artifact = self._export()
+            self._finish("succeeded", artifact=artifact, phase=None)
+            self._say(f"succeeded: model {artifact.name} (version {artifact.version})")
+            return "succeeded"
+        except _Cancelled:
+            ck = newest_checkpoint(self.train_dir)
+            self._say(f"cancelled{f' (checkpoint {ck})' if ck else ''}")
+            self._finish("cancelled")
+            return "cancelled"
+        except _Stopped:
+            died = os.getppid() != self.parent_pid
+            why = "its worker died" if died else "its worker is shutting down"
+            self._say(f"stopped: {why}; re-queued, it resumes from its last checkpoint")
+            self._requeue(f"stopped because {why}", lost=died)
+            return "requeued"
+        except _Superseded:
+            log.warning("job %s attempt %d was taken over; stopping", self.job_id, self.attempt)
+            return "superseded"
+        except JobFailed as e:
+            self._say(f"failed: {e}")
+            self._finish("failed", str(e))
+            return "failed"
+        except Exception as e:  # a bug or an environment problem: the job fails, visibly
+            log.exception("job %s failed", self.job_id)
+            self._say(f"failed: {type(e).__name__}: {e}")
+            self._finish("failed", f"{type(e).__name__}: {e}")
+            return "failed"
+
+    def _say(self, msg: str) -> None:
+        with contextlib.suppress(OSError), open(self.log_path, "a") as f:
+            f.write(f"[job {time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}\n")
+
+    @contextlib.contextmanager
+    def _run_lock(self):
+        """One runner per run folder. The trainer inherits the lock, so a replacement
+        runner waits here while a stopped predecessor's trainer writes its checkpoint."""
+        fd = os.open(self.run_dir / "run.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            deadline = time.monotonic() + self.settings.jobs_stop_timeout + 30
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise JobFailed("the run folder stays locked by another process") from None
+                    self._beat()
+                    self._check_stop(None)
+                    time.sleep(self.settings.jobs_poll_interval)
+            yield fd
+        finally:
+            os.close(fd)
+
+    # -- phases --------------------------------------------------------------------
+    def _prepare(self) -> Path:
+        self.phase = "prepare"
+        self._beat(force=True)
+        spec = self.rec.spec
+        corpus = resolve_corpus(self.settings.data_dir, spec["corpus"])  # checked again: files move
+        if is_prepared_corpus(corpus):
+            self._say(f"corpus {spec['corpus']} is already prepared")
+            return corpus
+        out = self.run_dir / "data"
+        if is_prepared_corpus(out):  # prepare renames its result into place: complete
+            self._say("corpus already prepared by an earlier attempt")
+            return out
+        opts = PrepareIn.model_validate(spec.get("prepare") or {})
+        cmd = ["prepare", str(corpus), "--out", str(out), "--no-progress", *opts.cli_args()]
+        rc, _ = self._run_phase(cmd)
+        if rc != 0:
+            raise JobFailed(f"prepare failed (exit {rc}): {self._last_error()}")
+        return out
+
+    def _train(self, data: Path) -> None:
+        self.phase = "train"
+        cfg = json.loads(json.dumps(self.rec.train_config))
+        cfg["data"]["path"] = str(data)
+        if not cfg["train"].get("threads") and self.settings.threads:
+            cfg["train"]["threads"] = self.settings.threads
+        cfg_path = self.run_dir / "train.yaml"
+        cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        total = int(cfg["train"]["steps"])
+        self.metrics = MetricsReader(self.train_dir / "metrics.jsonl", total)
+        self._beat(force=True)
+        cmd = ["train", str(cfg_path), "--run-dir", str(self.train_dir), "--resume"]
+        rc, out = self._run_phase(cmd)
+        if rc != 0:
+            raise JobFailed(f"training failed (exit {rc}): {self._last_error()}")
+        m = _STOPPED.findall(out)
+        reason = m[-1][1] if m else "done"
+        if reason.startswith("signal"):  # a SIGTERM we did not send: whoever sent it wants us gone
+            raise _Stopped()
+        self._say(f"training finished ({reason})")
+
+    def _export(self) -> ArtifactInfo:
+        from elmo_service.artifact import read_config, read_manifest
+
+        self.phase = "export"
+        self._beat(force=True)
+        name = self.rec.name
+        dest = Path(self.settings.models_dir) / name
+        run = str(self.train_dir.resolve())
+        if (
+            not (dest / "manifest.json").is_file()
+            or read_config(dest).get("provenance", {}).get("run") != run
+        ):
+            if dest.exists():
+                raise JobFailed(f"models folder already holds another model named {name!r}")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            rc, _ = self._run_phase(["export", str(self.train_dir), str(dest)])
+            if rc != 0:
+                raise JobFailed(f"export failed (exit {rc}): {self._last_error()}")
+        else:
+            self._say(f"model {name} was already exported from this run")
+        prov = read_config(dest).get("provenance", {})
+        return ArtifactInfo(
+            name=name,
+            version=read_manifest(dest)["version"],
+            path=str(dest),
+            step=prov.get("step"),
+            tokens_seen=prov.get("tokens_seen"),
+            heldout=prov.get("heldout"),
+        )
+
+    def _last_error(self) -> str:
+        lines = tail(self.log_path, 20)
+        for line in reversed(lines):
+            if "error" in line.lower() and not line.startswith("[job "):
+                return line.strip()
+        return lines[-1].strip() if lines else "no output"
+
+    def _check_stop(self, proc: subprocess.Popen | None) -> None:
+        if self._stop_requested:
+            self._terminate(proc)
+            raise _Stopped()
+        if self._cancel:
+            self._terminate(proc)
+            raise _Cancelled()
+
+    def _terminate(self, proc: subprocess.Popen | None) -> None:
+        """SIGTERM: the trainer finishes its step and checkpoints; SIGKILL after the timeout."""
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(self.settings.jobs_stop_timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def _run_phase(self, args: list[str]) -> tuple[int, str]:
+        """Run ``python -m pretrain.cli ARGS``, output appended to the job log.
+        Returns (exit code, this phase's output)."""
+        self._say(f"phase {self.phase}: elmo-pretrain {' '.join(args)}")
+        start = self.log_path.stat().st_size if self.log_path.exists() else 0
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with open(self.log_path, "ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "pretrain.cli", *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.run_dir,
+                env=env,
+                pass_fds=(self.lock_fd,),
+                preexec_fn=_child_setup,  # noqa: PLW1509 - a prctl, nothing thread-unsafe
+            )
+        try:
+            while proc.poll() is None:
+                self._beat()
+                self._check_stop(proc)
+                time.sleep(self.settings.jobs_poll_interval)
+        except _Superseded:
+            self._terminate(proc)
+            raise
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        with contextlib.suppress(_Superseded):
+            self._beat(force=True)
+        with open(self.log_path, "rb") as f:
+            f.seek(start)
+            text = f.read().decode("utf-8", "replace")
+        if self._stop_requested:
+            raise _Stopped()
+        return proc.returncode, text
+
+
+def requeue(
+    backend: JobBackend, job_id: str, attempt: int, reason: str, *, lost: bool
+) -> JobRecord | None:
+    """Move a running job (at ``attempt``) back to the queue as ``attempt + 1``.
+
+    ``lost``: its worker died (counts towards ``jobs_max_attempts``; past it the
+    job fails with the reason). A job with a pending cancel is cancelled instead.
+    Returns the record if this call changed it (the caller then delivers it).
+    """
+    max_losses = backend.settings.jobs_max_attempts
+
+    def fn(r: JobRecord) -> bool:
+        if r.attempt != attempt or r.state != "running":
+            return False
+        r.runner, r.heartbeat_at = None, None
+        if lost:
+            r.losses += 1
+        if r.cancel_requested:
+            r.finish("cancelled", None)
+        elif lost and r.losses >= max_losses:
+            r.finish("failed", f"worker lost {r.losses} times; last: {reason}")
+        else:
+            r.state, r.attempt = "queued", r.attempt + 1
+            r.note(f"re-queued as attempt {r.attempt}: {reason}")
+        return True
+
+    rec, written = backend.store.update(job_id, fn)
+    return rec if written else None

@@ -1,0 +1,98 @@
+"""Pretraining jobs (admin key required): submit, list, read, cancel.
+
+The router only translates HTTP to :class:`api.jobs.JobService` calls (run off
+the event loop) and its exceptions to ``{code, message, field}`` errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from starlette.responses import Response
+
+from api.deps import require_admin
+from api.encoding import JSONBytesResponse
+from api.errors import ApiError
+from api.jobs import JobConflict, JobIn, JobNotFound, JobRecord, JobService, StoreUnavailable
+from api.schemas import ERROR_RESPONSES
+
+router = APIRouter(prefix="/v1", tags=["jobs"], dependencies=[Depends(require_admin)])
+
+T = TypeVar("T")
+JobIdPath = Path(
+    ..., description="Job id, as returned by POST /v1/jobs", examples=["j1a2b3c4d5e6f"]
+)
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    **ERROR_RESPONSES,
+    403: ERROR_RESPONSES[401] | {"description": "Not an admin key, or no admin keys configured"},
+    404: ERROR_RESPONSES[401] | {"description": "No such job"},
+    409: ERROR_RESPONSES[401] | {"description": "Conflict (name taken, job already finished)"},
+}
+
+
+def get_jobs(request: Request) -> JobService:
+    jobs = getattr(request.app.state, "jobs", None)
+    if jobs is None:
+        raise ApiError(503, "not_ready", "the job service is starting", None, {"Retry-After": "5"})
+    return jobs
+
+
+async def _call(fn: Callable[..., T], *args: Any) -> T:
+    try:
+        return await asyncio.to_thread(fn, *args)
+    except JobNotFound as e:
+        raise ApiError(404, "not_found", f"no job {e.args[0]!r}", "job_id") from e
+    except JobConflict as e:
+        raise ApiError(409, "conflict", e.message, e.field) from e
+    except StoreUnavailable as e:
+        raise ApiError(503, "store_unavailable", str(e), None, {"Retry-After": "5"}) from e
+
+
+def _out(rec: JobRecord) -> dict[str, Any]:
+    return rec.model_dump(mode="json")
+
+
+@router.post(
+    "/jobs",
+    status_code=202,
+    responses={**RESPONSES, 202: {"model": JobRecord, "description": "Queued"}},
+    summary="Submit a pretraining job (admin)",
+)
+async def submit_job(body: JobIn, jobs: JobService = Depends(get_jobs)) -> Response:
+    rec = await _call(jobs.submit, body)
+    return JSONBytesResponse(_out(rec), status_code=202, headers={"Location": f"/v1/jobs/{rec.id}"})
+
+
+@router.get("/jobs", responses=RESPONSES, summary="List jobs, newest first (admin)")
+async def list_jobs(
+    state: Literal["queued", "running", "succeeded", "failed", "cancelled"] | None = Query(None),
+    limit: int = Query(100, ge=1, le=1000),
+    jobs: JobService = Depends(get_jobs),
+) -> dict[str, Any]:
+    recs = await _call(jobs.list, state, limit)
+    return {"object": "list", "backend": jobs.kind, "data": [_out(r) for r in recs]}
+
+
+@router.get(
+    "/jobs/{job_id}",
+    response_model=JobRecord,
+    responses=RESPONSES,
+    summary="A job: state, progress, log tail, artifact (admin)",
+)
+async def get_job(job_id: str = JobIdPath, jobs: JobService = Depends(get_jobs)) -> dict[str, Any]:
+    return _out(await _call(jobs.get, job_id))
+
+
+@router.post(
+    "/jobs/{job_id}/cancel",
+    response_model=JobRecord,
+    responses=RESPONSES,
+    summary="Cancel a job; a running trainer checkpoints first (admin)",
+)
+async def cancel_job(
+    job_id: str = JobIdPath, jobs: JobService = Depends(get_jobs)
+) -> dict[str, Any]:
+    return _out(await _call(jobs.cancel, job_id))
