@@ -209,6 +209,9 @@ def prepare(
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would survive the rename
     t0 = time.time()
     try:
         manifest = _prepare_into(tmp, train_files, heldout_files, opts, progress, log)
