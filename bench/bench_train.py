@@ -211,7 +211,7 @@ def main() -> None:
     precision = cfg.train.precision
     if cfg.train.compile:
         torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
-        lm.encode_fn = torch.compile(lm.bilm.token_encoder)
+        lm.encode_fn = torch.compile(lm.bilm.token_encoder.forward)
         lm.step_fn = torch.compile(lstm_step)
         lm.step_fwd_fn = torch.compile(step_forward)
         lm.step_bwd_fn = torch.compile(step_backward)

@@ -86,7 +86,7 @@ class LanguageModel(nn.Module):
         if directions == "forward":
             self.bilm.backward_layers.requires_grad_(False)
         # the trainer may swap these for compiled versions
-        self.encode_fn = self.bilm.token_encoder
+        self.encode_fn = self.bilm.token_encoder.forward  # a function: not a registered submodule
         self.step_fn = lstm_step  # inference (eval) steps
         self.step_fwd_fn, self.step_bwd_fn = step_forward, step_backward  # training: fused layer
         self.loss_fn = self.softmax.loss

@@ -211,7 +211,7 @@ class Trainer:
         if cfg.train.compile:
             torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
             # three small graphs; shapes that vary (U, B, N) become dynamic after their second value
-            self.model.encode_fn = torch.compile(self.model.bilm.token_encoder)
+            self.model.encode_fn = torch.compile(self.model.bilm.token_encoder.forward)
             self.model.step_fn = torch.compile(lstm_step)
             self.model.step_fwd_fn = torch.compile(step_forward)
             self.model.step_bwd_fn = torch.compile(step_backward)

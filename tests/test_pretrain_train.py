@@ -194,6 +194,17 @@ def test_training_checkpoint_is_weights_only(corpus_dir, tmp_path):
     path = ckpt.list_checkpoints(run)[-1]
     st = torch.load(path, weights_only=True)
     assert set(st) >= {"model", "optimizer", "scheduler", "rng", "data", "step", "tokens_seen"}
+    assert all(k.split(".")[0] in ("bilm", "softmax") for k in st["model"])  # no aliases
+
+
+def test_compiled_bf16_training_runs_and_its_checkpoint_evaluates_eagerly(corpus_dir, tmp_path):
+    run = tmp_path / "run"
+    cfg = tiny(corpus_dir, "train.steps=3", "train.compile=true", "train.precision=bf16")
+    res = run_training(cfg, run, log=quiet)
+    assert math.isfinite(res["heldout"]["avg_ppl"])
+    st = ckpt.load_latest(run)[1]
+    assert all(k.split(".")[0] in ("bilm", "softmax") for k in st["model"])
+    assert math.isfinite(evaluate(run, max_sentences=5)["avg_ppl"])
 
 
 def test_sigterm_writes_a_checkpoint_and_exits_0(corpus_dir, tmp_path):
