@@ -56,14 +56,17 @@ def make_cache_backend(settings: Settings, metrics: Metrics | None) -> CacheBack
 
 
 def start_jobs(settings: Settings) -> JobService | None:
-    """The job service; a failure here disables /v1/jobs (503) but not embedding."""
+    """The job service. Embedding never depends on it: a failure is logged, not raised."""
     try:
         jobs_service = JobService(settings)
-        jobs_service.start()
-        return jobs_service
-    except Exception:  # noqa: BLE001 - e.g. Redis down at startup
+    except Exception:  # noqa: BLE001 - /v1/jobs answers 503
         log.exception("job service unavailable")
         return None
+    try:
+        jobs_service.start()
+    except Exception as e:  # noqa: BLE001 - e.g. Redis down now: lost jobs are re-checked later
+        log.warning("job service: startup check failed (%s); retried on the next job request", e)
+    return jobs_service
 
 
 @asynccontextmanager

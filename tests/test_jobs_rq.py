@@ -131,3 +131,23 @@ def test_rq_worker_and_horse_sigkilled_job_requeued_by_next_worker(rq_api):
     rec = wait_job(http_get(c), job_id, lambda j: j["state"] == "succeeded", 90, "succeeded")
     assert_resumed(rec, c.dirs)
     assert "its runner (pid" in " ".join(e["event"] for e in rec["events"])
+
+
+def test_rq_worker_stopped_gracefully_requeues_its_job_at_once(rq_api):
+    """SIGTERM (docker stop): the worker does not wait hours for the job; the trainer
+    checkpoints, the job is re-queued (not counted as a loss) and the worker exits."""
+    c = rq_api
+    first = c.workers.start()
+    job_id = c.post("/v1/jobs", json=job_body(steps=200), headers=ADMIN).json()["id"]
+    wait_job(http_get(c), job_id, step_at_least(20), 60, "training")
+    first.send_signal(signal.SIGTERM)
+    first.wait(20)
+    rec = http_get(c)(job_id)
+    assert rec["state"] == "queued" and rec["attempt"] == 2 and rec["losses"] == 0
+    assert "shutting down" in rec["events"][-1]["event"]
+    c.workers.start()
+    rec = wait_job(http_get(c), job_id, lambda j: j["state"] == "succeeded", 90, "succeeded")
+    assert (
+        rec["losses"] == 0
+        and "resumed from step-" in (Path(rec["run_dir"]) / "job.log").read_text()
+    )

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import re
 import secrets
@@ -258,7 +257,3 @@ class RedisJobStore:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.r.close()
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    return json.loads(Path(path).read_text())
