@@ -99,14 +99,27 @@ def proc_start(pid: int) -> str | None:
     return fields[19]  # field 22 of stat: starttime
 
 
+def _pid_namespace() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
 def runner_info(worker: str | None = None) -> Runner:
     pid = os.getpid()
-    return Runner(host=socket.gethostname(), pid=pid, pid_start=proc_start(pid), worker=worker)
+    return Runner(
+        host=socket.gethostname(),
+        pid=pid,
+        pid_start=proc_start(pid),
+        pid_ns=_pid_namespace(),
+        worker=worker,
+    )
 
 
 def runner_alive(r: Runner) -> bool | None:
-    """True/False for a runner on this host; None when it runs elsewhere (cannot tell)."""
-    if r.host != socket.gethostname():
+    """True/False for a runner whose pids we can see; None when it runs elsewhere."""
+    if r.host != socket.gethostname() or r.pid_ns != _pid_namespace():
         return None
     start = proc_start(r.pid)
     return start is not None and (r.pid_start in (None, "?") or start == r.pid_start)
@@ -299,8 +312,8 @@ class JobRunner:
                 data = self._prepare()
                 self._train(data)
                 artifact = self._export()
-            self._finish("succeeded", artifact=artifact, phase=None)
             self._say(f"succeeded: model {artifact.name} (version {artifact.version})")
+            self._finish("succeeded", artifact=artifact, phase=None)
             return "succeeded"
         except _Cancelled:
             ck = newest_checkpoint(self.train_dir)
@@ -438,19 +451,30 @@ class JobRunner:
             raise _Cancelled()
 
     def _terminate(self, proc: subprocess.Popen | None) -> None:
-        """SIGTERM: the trainer finishes its step and checkpoints; SIGKILL after the timeout."""
+        """SIGTERM: the trainer finishes its step and checkpoints; SIGKILL after the timeout.
+        Heartbeats go on meanwhile, so a slow checkpoint does not look like a lost job."""
         if proc is None or proc.poll() is not None:
             return
         proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(self.settings.jobs_stop_timeout)
-        except subprocess.TimeoutExpired:
+        deadline = time.monotonic() + self.settings.jobs_stop_timeout
+        while proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(_Superseded):
+                self._beat()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(self.settings.jobs_poll_interval)
+        if proc.poll() is None:
+            log.warning(
+                "job %s: trainer ignored SIGTERM for %.0fs; killing it",
+                self.job_id,
+                self.settings.jobs_stop_timeout,
+            )
             proc.kill()
             proc.wait()
 
     def _run_phase(self, args: list[str]) -> tuple[int, str]:
         """Run ``python -m pretrain.cli ARGS``, output appended to the job log.
         Returns (exit code, this phase's output)."""
+        self._check_stop(None)  # a cancel or stop that came before the phase started
         self._say(f"phase {self.phase}: elmo-pretrain {' '.join(args)}")
         start = self.log_path.stat().st_size if self.log_path.exists() else 0
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}

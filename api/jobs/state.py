@@ -57,6 +57,7 @@ class Runner(BaseModel):
     host: str
     pid: int
     pid_start: str | None = None  # /proc start time: a reused pid is not the same process
+    pid_ns: str | None = None  # same hostname in another pid namespace: cannot tell
     worker: str | None = None
 
 
