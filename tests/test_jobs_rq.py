@@ -36,10 +36,14 @@ torch.set_num_threads(1)
 @pytest.fixture
 def rq_api(tiny_model_dir, redis_server, tmp_path):
     """API + Redis; workers are started by each test (``c.workers``)."""
-    queue = f"jobs-{uuid.uuid4().hex[:8]}"  # the Redis is shared by the session's tests
+    # the Redis is shared by the session's tests: a queue and key prefix of our own
+    tag = uuid.uuid4().hex[:8]
+    queue, prefix = f"jobs-{tag}", f"elmo-{tag}"
     d = dirs(tmp_path)
-    s = settings_for(tiny_model_dir, d, redis_url=redis_server.url, jobs_queue=queue)
-    env = worker_env(d, REDIS_URL=redis_server.url, ELMO_JOBS_QUEUE=queue)
+    s = settings_for(
+        tiny_model_dir, d, redis_url=redis_server.url, jobs_queue=queue, redis_prefix=prefix
+    )
+    env = worker_env(d, REDIS_URL=redis_server.url, ELMO_JOBS_QUEUE=queue, ELMO_REDIS_PREFIX=prefix)
     workers = Workers(env, tmp_path)
     try:
         with TestClient(create_app(s)) as c:
