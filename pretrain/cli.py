@@ -81,7 +81,7 @@ def _add_prepare(sub) -> None:
         help="invalid UTF-8: replace bytes or skip the line",
     )
     p.add_argument(
-        "--max-line-chars", type=int, default=100_000, help="longer lines are skipped and counted"
+        "--max-line-chars", type=int, default=1_000_000, help="longer lines are skipped and counted"
     )
     p.add_argument("--max-sentence-words", type=int, default=250)
     p.add_argument("--shard-tokens", type=int, default=50_000_000)
@@ -250,6 +250,8 @@ def cmd_export(a) -> int:
     print(
         f"exported {res['out']} (version {res['version']}, step {res['step']}, {res['tokens_seen']} tokens seen)"
     )
+    if res.get("warning"):
+        print(f"  warning: {res['warning']}", file=sys.stderr)
     if res.get("heldout"):
         print(
             "  held-out: "

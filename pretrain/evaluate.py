@@ -165,7 +165,15 @@ def export(
         data = corpus.split("heldout")
         sents = [np.asarray(data.sentence(i)) for i in range(len(data))]
         provenance["heldout"] = perplexity(model, corpus, sents, torch.device("cpu"))
+    if cfg.train.directions == "forward":
+        provenance["warning"] = "forward-only LM: the backward LSTM layers were never trained"
     version = save_artifact(
         model.bilm, corpus.load_tokenizer(), out, provenance=provenance, overwrite=overwrite
     )
-    return {"out": str(out), "version": version, **meta, "heldout": provenance.get("heldout")}
+    return {
+        "out": str(out),
+        "version": version,
+        **meta,
+        "heldout": provenance.get("heldout"),
+        "warning": provenance.get("warning"),
+    }

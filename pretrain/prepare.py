@@ -61,7 +61,9 @@ class PrepareOptions:
     heldout_fraction: float = 0.01
     heldout_files: list[str] = field(default_factory=list)
     encoding_errors: str = "replace"  # replace | skip
-    max_line_chars: int = 100_000
+    max_line_chars: int = (
+        1_000_000  # longer lines are skipped (whole speeches on one line are ~200k)
+    )
     max_sentence_words: int = 250
     shard_tokens: int = 50_000_000
     seed: int = 1234
