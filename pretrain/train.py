@@ -210,7 +210,7 @@ class Trainer:
             )
         if cfg.train.compile:
             torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
-            # three small graphs; shapes that vary (U, B, N) become dynamic after their second value
+            # small graphs, compiled once each; sizes that vary (U, B, N) turn dynamic on their second value
             self.model.encode_fn = torch.compile(self.model.bilm.token_encoder.forward)
             self.model.step_fn = torch.compile(lstm_step)
             self.model.step_fwd_fn = torch.compile(step_forward)
@@ -363,9 +363,8 @@ class Trainer:
         )
         t_start, last_ckpt = time.time(), time.time()
         elapsed0 = self.elapsed
-        window = torch.zeros(
-            4, dtype=torch.float64
-        )  # nll_f, nll_b, predictions, tokens since the last log
+        # since the last log line: NLL fwd, NLL bwd, predictions, tokens
+        window = torch.zeros(4, dtype=torch.float64)
         t_window = time.time()
         stop_reason = "done"
         steps_here = 0
