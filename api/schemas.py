@@ -15,24 +15,24 @@ def _valid_text(s: str) -> str:
     return s
 
 
-def _sentence(v: Any) -> str | list[str]:
+def _text_or_tokens(v: Any, message: str) -> str | list[str]:
     if isinstance(v, str):
         return _valid_text(v)
     if isinstance(v, list) and all(isinstance(x, str) for x in v):
         for x in v:
             _valid_text(x)
         return v
-    raise ValueError("must be a string or a list of token strings")
+    raise ValueError(message)
+
+
+def _sentence(v: Any) -> str | list[str]:
+    return _text_or_tokens(v, "must be a string or a list of token strings")
 
 
 def _input(v: Any) -> str | list[str]:
-    if isinstance(v, str):
-        return _valid_text(v)
-    if isinstance(v, list) and all(isinstance(x, str) for x in v):
-        for x in v:
-            _valid_text(x)
-        return v
-    raise ValueError("must be a string or a list of strings (token-id arrays are not supported)")
+    return _text_or_tokens(
+        v, "must be a string or a list of strings (token-id arrays are not supported)"
+    )
 
 
 OpenAIInput = Annotated[
