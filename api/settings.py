@@ -6,6 +6,7 @@ A bad value fails at startup with one message naming every offending variable
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -44,7 +45,7 @@ class Settings(BaseSettings):
     model_path: Path | None = Field(
         None, description="Explicit artifact directory; wins over models_dir/model."
     )
-    device: str = "cpu"
+    device: str = Field("auto", description="cpu, cuda, cuda:N, or auto (CUDA when available).")
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     threads: int | None = Field(
         None, ge=1, description="torch intra-op threads (default: all cores)."
@@ -153,6 +154,13 @@ class Settings(BaseSettings):
             v = v.strip() or None
         if v is not None and not str(v).startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("must start with redis://, rediss:// or unix://")
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", v):
+            raise ValueError("must be auto, cpu, cuda or cuda:N")
         return v
 
     @field_validator("model")
