@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from elmo_service.cli import build_parser, run
+# Before torch loads OpenMP: spinning worker threads collapse when another
+# process shares the cores. An explicit OMP_WAIT_POLICY in the environment wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from elmo_service.cli import build_parser, run  # noqa: E402
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

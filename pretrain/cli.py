@@ -23,6 +23,8 @@ import sys
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from elmo_service.errors import ElmoServiceError  # noqa: E402
+from pretrain.probe import add_probe_commands  # noqa: E402
+from pretrain.sources.cli import add_source_commands  # noqa: E402
 
 
 def _add_prepare(sub) -> None:
@@ -161,12 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_eval(sub)
     _add_export(sub)
-    try:  # corpus / PTB / Brown fetchers, owned by the data team
-        from pretrain.sources.cli import add_source_commands
-    except ImportError:
-        pass
-    else:
-        add_source_commands(sub)
+    add_source_commands(sub)  # fetch-corpus, fetch-ptb, fetch-brown, fetch-polarity
+    add_probe_commands(sub)  # probe pos|polarity: learn a task's scalar mix
     return parser
 
 
