@@ -38,22 +38,36 @@ _BOS, _EOS = "\x00<S>", "\x00</S>"
 
 @dataclass
 class EmbeddedSentence:
-    tokens: list[Token]
+    tokens: list[Token]  # words when embedded with granularity="word"
     layers: np.ndarray  # [L+1, T, D] float32
+    mix: np.ndarray | None = None  # [T, D] when a mix was asked for
 
     def words(self) -> tuple[list[str], np.ndarray]:
         """Word-level vectors: a word's pieces averaged. ``[L+1, W, D]``."""
         return words_of(self.tokens, self.layers)
 
 
+def word_tokens(tokens: Sequence[Token], text: str | None = None) -> list[Token]:
+    """One token per word: spans from its first to its last piece.
+
+    The text is the word's span in ``text`` when given, else its pieces joined
+    without sentencepiece's space marker.
+    """
+    groups: dict[int, list[Token]] = {}
+    for t in tokens:
+        groups.setdefault(t.word, []).append(t)
+    out = []
+    for w, pieces in sorted(groups.items()):
+        start, end = pieces[0].start, pieces[-1].end
+        word = text[start:end] if text is not None else "".join(p.text for p in pieces)
+        out.append(Token(word.replace("\u2581", ""), start, end, w))
+    return out
+
+
 def words_of(
     tokens: Sequence[Token], layers: np.ndarray, text: str | None = None
 ) -> tuple[list[str], np.ndarray]:
-    """Average the vectors of each word's tokens.
-
-    Returns the words (their text from ``text`` when given, else the joined
-    token texts without sentencepiece markers) and ``[L+1, W, D]``.
-    """
+    """Average the vectors of each word's tokens: the words' texts and ``[L+1, W, D]``."""
     if not tokens:
         return [], layers[:, :0]
     word_ids = np.array([t.word for t in tokens])
@@ -62,14 +76,7 @@ def words_of(
     np.add.at(sums, (slice(None), word_ids), layers.astype(np.float64))
     counts = np.bincount(word_ids, minlength=n_words)
     out = (sums / np.maximum(counts, 1)[None, :, None]).astype(np.float32)
-    words = []
-    for w in range(n_words):
-        pieces = [t for t in tokens if t.word == w]
-        if text is not None and pieces:
-            words.append(text[pieces[0].start : pieces[-1].end])
-        else:
-            words.append("".join(p.text for p in pieces).replace("\u2581", ""))
-    return words, out
+    return [t.text for t in word_tokens(tokens, text)], out
 
 
 def apply_mix(layers: np.ndarray, spec: MixSpec) -> np.ndarray:
@@ -166,11 +173,41 @@ class Embedder:
             out.append(toks)
         return out
 
-    def embed(self, sentences: Iterable[Sentence]) -> list[EmbeddedSentence]:
-        """Embed strings (tokenized by the model's tokenizer) or token lists."""
+    def embed(
+        self,
+        sentences: Iterable[Sentence],
+        *,
+        granularity: str = "token",
+        mix: MixSpec | str | None = None,
+    ) -> list[EmbeddedSentence]:
+        """Embed strings (tokenized by the model's tokenizer) or token lists.
+
+        ``granularity="word"`` averages each word's subword pieces (tokens then
+        are words); ``mix`` (a :class:`MixSpec` or the name of a task stored with
+        the model) also fills ``EmbeddedSentence.mix`` ``[T, D]``.
+        """
+        if granularity not in ("token", "word"):
+            raise InputError("granularity must be 'token' or 'word'", field="granularity")
+        spec = self._mix_spec(mix)
+        sentences = list(sentences)
         token_lists = self.tokenize(sentences)
         layers = self.embed_tokens([[t.text for t in toks] for toks in token_lists])
-        return [EmbeddedSentence(t, x) for t, x in zip(token_lists, layers, strict=True)]
+        out = []
+        for sent, toks, x in zip(sentences, token_lists, layers, strict=True):
+            if granularity == "word":
+                text = sent if isinstance(sent, str) else " ".join(sent)
+                _, x = words_of(toks, x)
+                toks = word_tokens(toks, text)
+            out.append(EmbeddedSentence(toks, x, None if spec is None else apply_mix(x, spec)))
+        return out
+
+    def _mix_spec(self, mix: MixSpec | str | None) -> MixSpec | None:
+        if mix is None or isinstance(mix, MixSpec):
+            return None if mix is None else mix.validate(self.n_layers)
+        if mix not in self.artifact.tasks:
+            known = ", ".join(sorted(self.artifact.tasks)) or "none"
+            raise InputError(f"model has no task {mix!r} (tasks: {known})", field="mix")
+        return self.artifact.tasks[mix]
 
     def embed_tokens(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """Token texts -> ``[L+1, T, D]`` float32 per sentence, in input order."""

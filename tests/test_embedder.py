@@ -104,3 +104,32 @@ def test_average_mix_equals_layer_mean(model_dir):
     np.testing.assert_allclose(
         apply_mix(layers, MixSpec.average(emb.n_layers)), layers.mean(0), atol=1e-6
     )
+
+
+def test_word_granularity_and_mix_options(model_dir):
+    emb = Embedder.load(model_dir, threads=1)
+    text = "The riverbank, naïve café!"
+    tok = emb.embed([text])[0]
+    word = emb.embed([text], granularity="word", mix=MixSpec([0.0, 1.0, 0.0]))[0]
+    assert [w.text for w in word.tokens] == ["The", "riverbank,", "naïve", "café!"]
+    for w in word.tokens:
+        assert text[w.start : w.end] == w.text
+    # a word's vector is the mean of its pieces'
+    pieces = [i for i, t in enumerate(tok.tokens) if t.word == 1]
+    np.testing.assert_allclose(word.layers[:, 1], tok.layers[:, pieces].mean(1), atol=1e-6)
+    assert word.mix.shape == (len(word.tokens), emb.dim)
+    np.testing.assert_allclose(
+        word.mix, apply_mix(word.layers, MixSpec([0.0, 1.0, 0.0])), atol=1e-6
+    )
+
+
+def test_mix_option_errors_name_the_field(model_dir):
+    emb = Embedder.load(model_dir, threads=1)
+    with pytest.raises(InputError, match="no task 'pos'") as e:
+        emb.embed(["a"], mix="pos")
+    assert e.value.field == "mix"
+    with pytest.raises(Exception, match="needs 3 weights"):
+        emb.embed(["a"], mix=MixSpec([1.0]))
+    with pytest.raises(InputError) as e:
+        emb.embed(["a"], granularity="char")
+    assert e.value.field == "granularity"
