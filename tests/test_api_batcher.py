@@ -304,7 +304,13 @@ def test_announced_requests_fill_the_batch_but_an_idle_server_never_waits():
 
     async def main():
         await b.embed([["prime"]])  # sets the recent batch time (~200 ms): waits up to 50 ms
-        await b.embed([["alone"]])  # nothing announced: starts at once
+        await b.embed([["alone"]])  # nothing announced, its own client came back: starts at once
+        # a ticket retired without submitting (a cache hit) ends the wait
+        hit = b.announce()
+        task = asyncio.ensure_future(b.embed([["four"]]))
+        await asyncio.sleep(0.001)
+        hit.retire()
+        await task
         # three requests announced (in flight in the server); the first submits at once,
         # the others a little later: one batch, not two
         tickets = [b.announce() for _ in range(3)]
@@ -315,18 +321,39 @@ def test_announced_requests_fill_the_batch_but_an_idle_server_never_waits():
             for w, t in zip(("two", "three"), tickets[1:], strict=True)
         ]
         await asyncio.gather(first, *rest)
-        # a ticket retired without submitting (a cache hit) ends the wait
-        hit = b.announce()
-        task = asyncio.ensure_future(b.embed([["four"]]))
-        await asyncio.sleep(0.001)
-        hit.retire()
-        await task
 
     run(main())
     b.close()
     sizes = [n for n, _, _ in b.recent]
-    assert sizes == [1, 1, 3, 1]
+    assert sizes == [1, 1, 1, 3]
     assert b.recent[1][1:] == (0, 0.0)  # "alone": nothing announced, no wait at all
-    assert sorted(map(tuple, model.batches[2])) == [("one",), ("three",), ("two",)]
-    assert b.recent[3][2] < 0.05  # "four": waited only until the cache hit retired
+    assert b.recent[2][2] < 0.05  # "four": waited only until the cache hit retired
+    assert sorted(map(tuple, model.batches[3])) == [("one",), ("three",), ("two",)]
     assert b._incoming == 0
+
+
+def test_closed_loop_clients_merge_into_one_batch():
+    """Clients answered by a batch come back within milliseconds: the next batch
+    waits (bounded) for them instead of splitting the clients into two groups."""
+    model = FakeModel(delay=0.05)
+    b = Batcher(model, max_fill_wait=0.02, fill_ratio=1.0)
+
+    async def client(i: int, rounds: int):
+        for r in range(rounds):
+            await b.embed([[f"c{i}r{r}"]])
+            await asyncio.sleep(0.001 * (i % 4))  # the HTTP round trip, a little uneven
+
+    async def main():
+        # start in two waves, as a server under load sees them
+        first = [asyncio.ensure_future(client(i, 6)) for i in range(8)]
+        await asyncio.sleep(0.01)
+        second = [asyncio.ensure_future(client(i, 6)) for i in range(8, 16)]
+        await asyncio.gather(*first, *second)
+
+    run(main())
+    b.close()
+    sizes = [n for n, _, _ in b.recent]
+    assert sum(sizes) == 96
+    # after the first round the waves merge: batches of all 16 clients in between
+    # (the first wave starts and finishes one round ahead of the second)
+    assert sizes[1:-1] == [16] * (len(sizes) - 2), sizes
