@@ -15,6 +15,7 @@ Outputs are float32 numpy arrays ``[L+1, T, D]`` per sentence, markers removed.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -81,9 +82,20 @@ def words_of(
 
 def apply_mix(layers: np.ndarray, spec: MixSpec) -> np.ndarray:
     """``[L+1, T, D]`` -> ``[T, D]`` with a task's scalar mix."""
-    mix = ScalarMix.from_spec(spec, layers.shape[0])
+    mix = _mix_module(
+        tuple(spec.weights), spec.gamma, spec.per_direction, spec.layer_norm, layers.shape[0]
+    )
     with torch.inference_mode():
         return mix(torch.from_numpy(np.ascontiguousarray(layers))).numpy()
+
+
+@functools.lru_cache(maxsize=256)
+def _mix_module(
+    weights: tuple[float, ...], gamma: float, per_direction: bool, layer_norm: bool, n_layers: int
+) -> ScalarMix:
+    # building the module costs more than applying it; the serving hot path reuses it
+    spec = MixSpec(list(weights), gamma, per_direction, layer_norm)
+    return ScalarMix.from_spec(spec, n_layers).requires_grad_(False)
 
 
 class Embedder:
