@@ -260,6 +260,7 @@ def cmd_export(a) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for reports that quote the command
     handler = {
         "prepare": cmd_prepare,
         "train": cmd_train,

@@ -32,6 +32,7 @@ from torch import nn
 
 from elmo_service.artifact import Artifact, load_artifact, write_task
 from elmo_service.embedder import Embedder, words_of
+from elmo_service.errors import InputError
 from elmo_service.model import BiLM
 from elmo_service.scalar_mix import MixSpec, ScalarMix
 
@@ -353,7 +354,9 @@ def _load_task_data(task: str, data_dir: Path, fetch: bool) -> dict:
     files = {s: data_dir / f"{task_file(task)}.{s}.jsonl" for s in ("train", "dev", "test")}
     if not all(p.is_file() for p in files.values()):
         if not fetch:
-            raise FileNotFoundError(f"{data_dir} lacks {task} data; add --fetch to download it")
+            raise InputError(
+                f"{data_dir} lacks {task} data; add --fetch to download it", field="data"
+            )
         if task == "pos":
             from pretrain.sources.brown import write_brown
 
@@ -395,7 +398,8 @@ def cmd_probe(args) -> int:
     else:
         results, spec = polarity_probe(model_dir, data, cache / "polarity", cfg)
     print(results_table(results))
-    command = "elmo-pretrain " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    argv = getattr(args, "argv", None) or sys.argv[1:]
+    command = "elmo-pretrain " + " ".join(shlex.quote(a) for a in argv)
     if args.report:
         write_report(Path(args.report), f"{args.task} probe of {model_dir.name}", results, command)
     stored = save_task(

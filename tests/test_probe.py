@@ -91,3 +91,46 @@ def test_polarity_probe_runs(tmp_path):
     assert all(0.0 <= r.test_acc <= 1.0 for r in results)
     assert max(r.test_acc for r in results) > 0.7
     assert np.isfinite(spec.gamma)
+
+
+def test_probe_command_stores_the_task(tmp_path, capsys):
+    import json
+
+    from pretrain.cli import main
+
+    model = tiny_artifact(tmp_path / "m")
+    data = tmp_path / "brown"
+    data.mkdir()
+    for split, n, seed in (("train", 120, 0), ("dev", 30, 1), ("test", 30, 2)):
+        with open(data / f"brown.{split}.jsonl", "w") as f:
+            for words, tags in _pos_data(n, seed):
+                universal = [
+                    "NOUN"
+                    if t == "NOUN"
+                    else "VERB"
+                    if t == "VERB"
+                    else "DET"
+                    if t == "DET"
+                    else "ADJ"
+                    for t in tags
+                ]
+                f.write(json.dumps({"words": words, "tags": universal}) + "\n")
+    report = tmp_path / "report.md"
+    rc = main([
+        "probe", "pos", "--model", str(model), "--data", str(data), "--cache", str(tmp_path / "c"),
+        "--epochs", "3", "--report", str(report), "--store", "--threads", "1",
+    ])  # fmt: skip
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "| scalar mix |" in out and "task stored:" in out
+    assert "elmo-pretrain probe pos" in report.read_text()
+    assert "pos" in load_artifact(model).tasks
+
+
+def test_probe_command_without_data_says_how_to_fetch(tmp_path, capsys):
+    from pretrain.cli import main
+
+    model = tiny_artifact(tmp_path / "m")
+    rc = main(["probe", "pos", "--model", str(model), "--data", str(tmp_path / "none")])
+    assert rc == 2
+    assert "--fetch" in capsys.readouterr().err
