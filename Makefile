@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
@@ -12,14 +13,19 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # torch first, with the exact pin: it takes the CPU wheel; a looser spec pulls CUDA.
-$(STAMP): pyproject.toml $(wildcard tests/install_parity_deps.sh) | $(BIN)/python
+$(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[test]"
-	if [ -f tests/install_parity_deps.sh ]; then bash tests/install_parity_deps.sh $(BIN)/pip; fi
+	$(BIN)/pip install --quiet -e .
 	touch $@
 
-setup: $(STAMP)
+# test extras, and AllenNLP (no deps) for the parity tests
+$(TEST_STAMP): $(STAMP) $(wildcard tests/install_parity_deps.sh)
+	$(BIN)/pip install --quiet -e ".[test]"
+	bash tests/install_parity_deps.sh $(BIN)/pip
+	touch $@
+
+setup: $(TEST_STAMP)
 
 # redis-server is needed by the cache and job tests (a real server, on loopback).
 system-deps:
@@ -31,21 +37,21 @@ system-deps:
 serve: $(STAMP)
 	$(BIN)/elmo-service serve --host $(HOST) --port $(PORT)
 
-test: $(STAMP) system-deps
+test: $(TEST_STAMP) system-deps
 	$(BIN)/python -m pytest -q
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-format: $(STAMP)
+format: $(TEST_STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(BIN)/python bench/bench_embedder.py
 
-deploy-check: $(STAMP)
+deploy-check: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q tests/test_deploy.py
 
 # needs a Docker engine; see docker/README.md
