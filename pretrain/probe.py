@@ -210,8 +210,13 @@ def run_probe(
     """Every mode on the trained model, then the mix on a random-weight model."""
     results = []
     for which, artifact in (("trained", art), ("random", random_artifact(art, cfg.seed))):
+        # labelled data is not user traffic: no sentence is refused for its length
         emb = Embedder(
-            artifact, device="cpu", precision=cfg.precision, batch_tokens=cfg.embed_batch_tokens
+            artifact,
+            device="cpu",
+            precision=cfg.precision,
+            batch_tokens=cfg.embed_batch_tokens,
+            max_sentence_tokens=1_000_000,
         )
         t0 = time.time()
         feats = {
