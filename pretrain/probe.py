@@ -376,6 +376,12 @@ def _load_task_data(task: str, data_dir: Path, fetch: bool) -> dict:
     return {s: [(r["text"], int(r["label"])) for r in rs] for s, rs in rows.items()}
 
 
+TASK_DEFAULTS = {
+    "pos": {"epochs": 6, "lr": 3e-3, "batch_size": 512, "weight_decay": 0.0},
+    "polarity": {"epochs": 40, "lr": 3e-3, "batch_size": 32, "weight_decay": 1e-4},
+}
+
+
 def task_file(task: str) -> str:
     return {"pos": "brown", "polarity": "polarity"}[task]
 
@@ -392,8 +398,14 @@ def cmd_probe(args) -> int:
     data = _load_task_data(args.task, data_dir, args.fetch)
     if args.max_train:
         data["train"] = data["train"][: args.max_train]
+    # per task: ~900k tagged words want big batches; 3k sentences want many small steps
+    defaults = TASK_DEFAULTS[args.task]
     cfg = ProbeConfig(
-        epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, precision=args.precision
+        epochs=args.epochs or defaults["epochs"],
+        lr=args.lr or defaults["lr"],
+        batch_size=args.batch_size or defaults["batch_size"],
+        weight_decay=defaults["weight_decay"],
+        precision=args.precision,
     )
     cache = Path(args.cache)
     if args.task == "pos":
@@ -441,9 +453,9 @@ def add_probe_commands(sub) -> None:
         "--service", help="also PUT the task to a running service, e.g. http://127.0.0.1:8000"
     )
     p.add_argument("--admin-key", help="bearer key for the service's admin routes")
-    p.add_argument("--epochs", type=int, default=6)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--batch-size", type=int, default=512)
+    p.add_argument("--epochs", type=int, help="default: 6 for pos, 40 for polarity")
+    p.add_argument("--lr", type=float, help="default: 3e-3")
+    p.add_argument("--batch-size", type=int, help="default: 512 for pos, 32 for polarity")
     p.add_argument(
         "--max-train", type=int, default=0, help="use only the first N training examples"
     )
