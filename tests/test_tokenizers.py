@@ -63,3 +63,31 @@ def test_words_of_averages_pieces():
     assert vec.shape == (2, 2, 2)
     np.testing.assert_allclose(vec[:, 0], (layers[:, 0] + layers[:, 1]) / 2)
     np.testing.assert_allclose(vec[:, 1], layers[:, 2])
+
+
+def test_pretokenized_fast_path_equals_one_encode_per_word(sp):
+    import random
+
+    from elmo_service.tokenizers import Token
+
+    def per_word(words):
+        out, pos = [], 0
+        for i, w in enumerate(words):
+            toks, _ = sp._pieces(w, pos, i)
+            out.extend(Token(t.text, t.start, t.end, i) for t in toks)
+            pos += len(w) + 1
+        return out
+
+    rng = random.Random(0)
+    alphabet = list("abcdefghij,.!?'-") + ["é", "ß", "ﬁ", "名", "😀", "\u2581"]
+    for _ in range(300):
+        words = [
+            "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 9)))
+            for _ in range(rng.randint(1, 8))
+        ]
+        assert sp.tokenize_words(words) == per_word(words), words
+    # words holding whitespace, or empty, take the per-word path and keep their index
+    for words in (["New York", "city"], ["a", "", "b"], ["tab\there"]):
+        toks = sp.tokenize_words(words)
+        assert toks == per_word(words)
+        assert max(t.word for t in toks) == len(words) - 1 or "" in words
