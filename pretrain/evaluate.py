@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,25 @@ def evaluate(
     return {"source": source, **meta, **res}
 
 
+def _portable(path: str | Path) -> str:
+    """A path as committed provenance should show it: relative to the working
+    directory when below it, else just its name (no machine-specific prefixes)."""
+    rel = os.path.relpath(path, Path.cwd())
+    return rel if not rel.startswith("..") else Path(path).name
+
+
+def _source_manifest(inputs: list[str]) -> dict[str, Any] | None:
+    """The ``fetch-corpus`` manifest (sources, licences, sha256) next to the inputs, if any."""
+    for folder in sorted({Path(p).parent for p in inputs}):
+        m = folder / "manifest.json"
+        if m.is_file():
+            try:
+                return json.loads(m.read_text())
+            except (OSError, ValueError):
+                return None
+    return None
+
+
 def export(
     run_dir: str | Path,
     out: str | Path,
@@ -147,16 +167,18 @@ def export(
 
     set_threads(threads)
     cfg, corpus, model, meta = load_run(run_dir, checkpoint, data_path)
+    inputs = [i["path"] for i in corpus.manifest.get("inputs", {}).get("train", [])]
     provenance: dict[str, Any] = {
         "trainer": "elmo-pretrain",
-        "run": str(Path(run_dir).resolve()),
+        "run": _portable(run_dir),
         **meta,
         "directions": cfg.train.directions,
         "training_config": cfg.to_dict(),
         "corpus": {
             "params_hash": corpus.manifest.get("params_hash"),
             "summary": corpus.manifest.get("summary"),
-            "inputs": [i["path"] for i in corpus.manifest.get("inputs", {}).get("train", [])],
+            "inputs": [_portable(p) for p in inputs],
+            "sources": _source_manifest(inputs),
             "tokenizer": corpus.manifest.get("tokenizer"),
             "vocab_size": corpus.manifest["vocab"]["softmax_size"],
         },

@@ -117,6 +117,9 @@ def test_prepare_train_export_embed(corpus_dir, tmp_path):
     assert prov["corpus"]["summary"]["train_sentences"] > 0
     names = set(emb.model.state_dict())
     assert not any("softmax" in n for n in names)
+    # committed provenance carries no machine-specific path prefixes
+    blob = json.dumps(prov)
+    assert str(tmp_path) not in blob and str(Path.cwd()) not in blob
 
 
 def test_run_dir_with_another_run_is_refused(corpus_dir, tmp_path):
