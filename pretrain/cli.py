@@ -154,6 +154,11 @@ def _add_export(sub) -> None:
     )
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--threads", type=int)
+    p.add_argument(
+        "--lm",
+        action="store_true",
+        help="export the whole LM (softmax included) for `elmo-pretrain eval OUT --file ...`",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -234,8 +239,17 @@ def cmd_eval(a) -> int:
 
 
 def cmd_export(a) -> int:
-    from pretrain.evaluate import export
+    from pretrain.evaluate import export, export_lm
 
+    if a.lm:
+        from elmo_service.runtime import set_threads
+
+        set_threads(a.threads)
+        res = export_lm(
+            a.run_dir, a.out, checkpoint=a.checkpoint, data_path=a.data, overwrite=a.overwrite
+        )
+        print(f"exported the LM to {res['out']} ({res['bytes'] / 1e6:.1f} MB, step {res['step']})")
+        return 0
     res = export(
         a.run_dir,
         a.out,

@@ -67,6 +67,9 @@ def perplexity(
     return out
 
 
+LM_WEIGHTS = "lm.safetensors"
+
+
 def load_run(
     run_dir: str | Path, checkpoint: str | Path | None = None, data_path: str | None = None
 ) -> tuple[TrainConfig, Corpus, LanguageModel, dict[str, Any]]:
@@ -78,12 +81,22 @@ def load_run(
     cfg = TrainConfig.from_dict(json.loads(info_path.read_text())["config"])
     if data_path:
         cfg.data.path = data_path
-    if checkpoint is None:
-        found = list_checkpoints(run_dir)
-        if not found:
-            raise ConfigError(f"{run_dir} has no checkpoint yet", field="checkpoint")
-        checkpoint = found[-1]
-    st = load_checkpoint(checkpoint)
+    lm_file = run_dir / LM_WEIGHTS
+    if lm_file.is_file() and checkpoint is None:  # an exported LM (see export_lm)
+        from safetensors.torch import load_file
+
+        if not data_path:
+            cfg.data.path = str(run_dir / cfg.data.path)
+        info = json.loads(info_path.read_text())["lm"]
+        st = {"model": load_file(str(lm_file)), **info}
+        checkpoint = lm_file
+    else:
+        if checkpoint is None:
+            found = list_checkpoints(run_dir)
+            if not found:
+                raise ConfigError(f"{run_dir} has no checkpoint yet", field="checkpoint")
+            checkpoint = found[-1]
+        st = load_checkpoint(checkpoint)
     corpus = Corpus(cfg.data.path)
     model = LanguageModel(
         cfg.model,
@@ -199,3 +212,52 @@ def export(
         "heldout": provenance.get("heldout"),
         "warning": provenance.get("warning"),
     }
+
+
+def export_lm(
+    run_dir: str | Path,
+    out: str | Path,
+    *,
+    checkpoint: str | None = None,
+    data_path: str | None = None,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """The whole language model, softmax included, for re-evaluation anywhere.
+
+    ``out/lm.safetensors`` (biLM + softmax), ``out/run.json`` (the training
+    config, pointing at ``out/corpus``) and ``out/corpus/`` (the prepared
+    corpus's manifest, vocabulary and tokenizer, without its shards), so that
+    ``elmo-pretrain eval OUT --file test.txt`` works without the run folder.
+    """
+    import shutil
+    import tempfile
+
+    from safetensors.torch import save_file
+
+    cfg, corpus, model, meta = load_run(run_dir, checkpoint, data_path)
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise InputError(f"{out} exists and is not empty (pass --overwrite)", field="out")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        state = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}
+        save_file(state, str(tmp / LM_WEIGHTS), metadata={"format": "elmo-pretrain-lm"})
+        (tmp / "corpus").mkdir()
+        manifest = dict(corpus.manifest, shards={}, inputs={})
+        (tmp / "corpus" / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        for name in (corpus.manifest["vocab"]["file"], "tokenizer.model"):
+            if (corpus.path / name).is_file():
+                shutil.copy(corpus.path / name, tmp / "corpus" / name)
+        config = cfg.to_dict()
+        config["data"]["path"] = "corpus"
+        info = {"format": "elmo-pretrain-lm", "config": config, "lm": meta}
+        (tmp / "run.json").write_text(json.dumps(info, indent=2) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    size = (out / LM_WEIGHTS).stat().st_size
+    return {"out": str(out), "bytes": size, **meta}

@@ -122,6 +122,27 @@ def test_prepare_train_export_embed(corpus_dir, tmp_path):
     assert str(tmp_path) not in blob and str(Path.cwd()) not in blob
 
 
+def test_exported_lm_re_evaluates_without_the_run(corpus_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    run_training(tiny(corpus_dir, "train.steps=10"), run, log=quiet)
+    test_file = tmp_path / "test.txt"
+    test_file.write_text("The old dog sees a cat.\nAnna watches the ships near the river!\n")
+    want = evaluate(run, file=str(test_file))
+    lm = tmp_path / "lm"
+    assert main(["export", str(run), str(lm), "--lm"]) == 0
+    assert (lm / "lm.safetensors").is_file() and not (lm / "corpus" / "shards").exists()
+    # the run and its prepared corpus are gone: the exported LM alone must do
+    import shutil
+
+    shutil.rmtree(run)
+    capsys.readouterr()
+    assert main(["eval", str(lm), "--file", str(test_file), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["step"] == 10 and got["predictions"] == want["predictions"]
+    assert got["forward_ppl"] == pytest.approx(want["forward_ppl"], rel=1e-6)
+    assert got["avg_ppl"] == pytest.approx(want["avg_ppl"], rel=1e-6)
+
+
 def test_run_dir_with_another_run_is_refused(corpus_dir, tmp_path):
     run = tmp_path / "run"
     run_training(tiny(corpus_dir, "train.steps=2", "checkpoint.every_steps=0"), run, log=quiet)
