@@ -38,6 +38,12 @@ def _is_json(content_type: str) -> bool:
     return mt == "application/json" or (mt.startswith("application/") and mt.endswith("+json"))
 
 
+def _form_default(content_type: str) -> bool:
+    """No content type, or curl's default for ``-d``: the body is taken as JSON."""
+    mt = content_type.split(";", 1)[0].strip().lower()
+    return mt in ("", "application/x-www-form-urlencoded")
+
+
 class RequestGuardMiddleware:
     def __init__(self, app: ASGIApp, max_body_bytes: Callable[[], int]) -> None:
         self.app = app
@@ -55,7 +61,14 @@ class RequestGuardMiddleware:
         has_body = headers.get("transfer-encoding", "").lower() == "chunked" or (
             declared not in (None, "0")
         )
-        if has_body and not _is_json(headers.get("content-type", "")):
+        content_type = headers.get("content-type", "")
+        if has_body and _form_default(content_type):
+            # `curl -d '{...}'` sends JSON labelled as a form: read it as the JSON it is
+            scope = dict(scope)
+            scope["headers"] = [
+                (k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-type"
+            ] + [(b"content-type", b"application/json")]
+        elif has_body and not _is_json(content_type):
             got = headers.get("content-type") or "none"
             await _send_error(
                 send,

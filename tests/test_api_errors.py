@@ -123,7 +123,14 @@ def test_malformed_json_and_content_type(client):
         "unsupported_media_type",
         "content-type",
     )
-    _err(client.post("/v1/embed", data={"sentences": "a"}), 415, "unsupported_media_type")
+    # curl -d labels JSON as a form: the body is read as JSON, and real form data is not JSON
+    _err(client.post("/v1/embed", data={"sentences": "a"}), 400, "invalid_json", "body")
+    r = client.post(
+        "/v1/embed",
+        content=b'{"sentences": ["The bank of the river."]}',
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
+    assert r.status_code == 200 and r.json()["data"][0]["tokens"]
     _err(client.post("/v1/embed"), 422, "invalid_request", "body")
     # application/*+json and a charset are fine
     r = client.post(
