@@ -13,11 +13,13 @@ and dtype against the config, and names what is wrong.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +70,27 @@ class Artifact:
         return self.path.name
 
 
+@contextlib.contextmanager
+def atomic_dir(directory: str | Path, overwrite: bool = False) -> Iterator[Path]:
+    """Build a directory in a sibling temp dir and rename it into place on success,
+    so readers never see half of it; refuses a non-empty target unless ``overwrite``."""
+    directory = Path(directory)
+    if directory.exists() and any(directory.iterdir()) and not overwrite:
+        raise ArtifactError(
+            f"{directory} exists and is not empty (pass overwrite=True)", field="out"
+        )
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        yield tmp
+        if directory.exists():
+            shutil.rmtree(directory)
+        os.replace(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def save_artifact(
     model: BiLM,
     tokenizer: Tokenizer,
@@ -77,14 +100,7 @@ def save_artifact(
     overwrite: bool = False,
 ) -> str:
     """Write an artifact atomically (temp dir + rename). Returns its version."""
-    directory = Path(directory)
-    if directory.exists() and any(directory.iterdir()) and not overwrite:
-        raise ArtifactError(
-            f"{directory} exists and is not empty (pass overwrite=True)", field="out"
-        )
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    try:
+    with atomic_dir(directory, overwrite) as tmp:
         state = {
             k: v.detach().to("cpu", torch.float32).contiguous()
             for k, v in model.state_dict().items()
@@ -104,12 +120,6 @@ def save_artifact(
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         for name, spec in (tasks or {}).items():
             write_task(tmp, name, spec)
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.replace(tmp, directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return version
 
 

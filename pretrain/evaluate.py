@@ -230,17 +230,14 @@ def export_lm(
     ``elmo-pretrain eval OUT --file test.txt`` works without the run folder.
     """
     import shutil
-    import tempfile
 
     from safetensors.torch import save_file
 
+    from elmo_service.artifact import atomic_dir
+
     cfg, corpus, model, meta = load_run(run_dir, checkpoint, data_path)
     out = Path(out)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise InputError(f"{out} exists and is not empty (pass --overwrite)", field="out")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_dir(out, overwrite) as tmp:
         state = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(tmp / LM_WEIGHTS), metadata={"format": "elmo-pretrain-lm"})
         (tmp / "corpus").mkdir()
@@ -253,11 +250,5 @@ def export_lm(
         config["data"]["path"] = "corpus"
         info = {"format": "elmo-pretrain-lm", "config": config, "lm": meta}
         (tmp / "run.json").write_text(json.dumps(info, indent=2) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     size = (out / LM_WEIGHTS).stat().st_size
     return {"out": str(out), "bytes": size, **meta}
