@@ -20,6 +20,7 @@ float16 arrays, so re-running a probe costs only the linear training.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -93,6 +94,11 @@ def pooled_features(emb: Embedder, texts: Sequence[str], chunk: int = 2048) -> n
             if res.layers.shape[1]:
                 out[start + i] = res.layers.mean(axis=1)
     return out
+
+
+def fingerprint(inputs: object) -> str:
+    """A short hash of a split's inputs: the feature cache must not serve another slice."""
+    return hashlib.sha256(json.dumps(inputs, ensure_ascii=False).encode()).hexdigest()[:12]
 
 
 def cached(path: Path, make: Callable[[], np.ndarray]) -> np.ndarray:
@@ -206,6 +212,7 @@ def run_probe(
     cache_dir: Path,
     cfg: ProbeConfig,
     log: Log = print,
+    keys: dict[str, str] | None = None,
 ) -> list[ProbeResult]:
     """Every mode on the trained model, then the mix on a random-weight model."""
     results = []
@@ -221,7 +228,8 @@ def run_probe(
         t0 = time.time()
         feats = {
             split: cached(
-                cache_dir / artifact.version / f"{split}.npy", lambda s=split, e=emb: features(e, s)
+                cache_dir / artifact.version / f"{split}-{(keys or {}).get(split, 'all')}.npy",
+                lambda s=split, e=emb: features(e, s),
             )
             for split in ("train", "dev", "test")
         }
@@ -273,7 +281,14 @@ def pos_probe(
     }
     words = {s: [w for w, _ in data[s]] for s in data}
     results = run_probe(
-        art, lambda e, s: word_features(e, words[s]), labels, len(tagset), cache_dir, cfg, log
+        art,
+        lambda e, s: word_features(e, words[s]),
+        labels,
+        len(tagset),
+        cache_dir,
+        cfg,
+        log,
+        keys={s: fingerprint(words[s]) for s in words},
     )
     return results, _task_spec("pos", results, art)
 
@@ -290,7 +305,14 @@ def polarity_probe(
     labels = {s: np.array([y for _, y in data[s]], dtype=np.int64) for s in data}
     texts = {s: [t for t, _ in data[s]] for s in data}
     results = run_probe(
-        art, lambda e, s: pooled_features(e, texts[s]), labels, 2, cache_dir, cfg, log
+        art,
+        lambda e, s: pooled_features(e, texts[s]),
+        labels,
+        2,
+        cache_dir,
+        cfg,
+        log,
+        keys={s: fingerprint(texts[s]) for s in texts},
     )
     return results, _task_spec("polarity", results, art)
 

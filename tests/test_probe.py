@@ -126,6 +126,16 @@ def test_probe_command_stores_the_task(tmp_path, capsys):
     assert "elmo-pretrain probe pos" in report.read_text()
     assert "pos" in load_artifact(model).tasks
 
+    # a --max-train slice gets its own cache entry: a later full run must not reuse it
+    rc = main([
+        "probe", "pos", "--model", str(model), "--data", str(data), "--cache", str(tmp_path / "c"),
+        "--epochs", "1", "--max-train", "50", "--threads", "1",
+    ])  # fmt: skip
+    assert rc == 0
+    trained = [p for p in (tmp_path / "c").rglob("train-*.npy") if "random" not in str(p)]
+    sizes = sorted(np.load(p, mmap_mode="r").shape[0] for p in trained)
+    assert len(sizes) == 2 and sizes[0] < sizes[1]
+
 
 def test_probe_command_without_data_says_how_to_fetch(tmp_path, capsys):
     from pretrain.cli import main
