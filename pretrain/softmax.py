@@ -108,14 +108,18 @@ class AdaptiveSoftmax(nn.Module):
     def sample(self) -> None:
         return None
 
+    # fp32 inside, autocast or not: under bf16 autocast the module's clusters
+    # return bf16 log-probs that it index_copy_s into a float32 output (an error).
     def loss(self, h: Tensor, targets: Tensor, cand: Tensor | None = None) -> Tensor:
-        return -self.asm(h.float(), targets).output
+        with torch.autocast(h.device.type, enabled=False):
+            return -self.asm(h.float(), targets).output
 
     def log_probs(self, h: Tensor) -> Tensor:
-        return self.asm.log_prob(h.float())
+        with torch.autocast(h.device.type, enabled=False):
+            return self.asm.log_prob(h.float())
 
     def nll(self, h: Tensor, targets: Tensor) -> Tensor:
-        return -self.asm(h.float(), targets).output
+        return self.loss(h, targets)
 
 
 def make_softmax(

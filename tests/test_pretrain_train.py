@@ -369,6 +369,25 @@ def test_adaptive_softmax_and_adagrad_train_and_eval_exactly(corpus_dir, tmp_pat
     assert torch.allclose(probs, torch.ones(5), atol=1e-5)
 
 
+def test_adaptive_softmax_trains_under_bf16_autocast(corpus_dir, tmp_path):
+    # nn.AdaptiveLogSoftmaxWithLoss index_copy_s bf16 cluster outputs into a
+    # float32 buffer under autocast; the softmax must run in fp32 inside it
+    cfg = tiny(
+        corpus_dir,
+        "train.steps=3",
+        "train.precision=bf16",
+        "softmax.kind=adaptive",
+        "softmax.cutoffs=[20, 80]",
+    )
+    res = run_training(cfg, tmp_path / "run", log=quiet)
+    assert math.isfinite(res["heldout"]["avg_ppl"])
+    _, _, lm, _ = load_run(tmp_path / "run")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logp = lm.softmax.log_probs(torch.randn(4, 16))
+    assert logp.dtype == torch.float32
+    assert torch.allclose(logp.exp().sum(-1), torch.ones(4), atol=1e-5)
+
+
 def test_fused_lstm_layer_matches_autograd_through_the_step_loop():
     from pretrain.fused_lstm import lstmp_layer
     from pretrain.lm import lstm_step
