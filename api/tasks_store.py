@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import threading
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -21,20 +20,9 @@ from typing import Any
 from elmo_service.errors import ConfigError
 from elmo_service.scalar_mix import MixSpec
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
 
 class StoreUnavailable(Exception):
     """The task store's backend (Redis) did not answer."""
-
-
-def check_name(name: str) -> str:
-    if not NAME_RE.match(name):
-        raise ConfigError(
-            "task names are 1-64 characters: letters, digits, '_', '.', '-', starting with a letter or digit",
-            field="name",
-        )
-    return name
 
 
 class TaskStore(ABC):

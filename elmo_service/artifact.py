@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 from elmo_service.config import BiLMConfig
 from elmo_service.errors import ArtifactError, ConfigError
 from elmo_service.model import BiLM
-from elmo_service.scalar_mix import MixSpec
+from elmo_service.scalar_mix import MixSpec, check_task_name
 from elmo_service.tokenizers import Tokenizer, load_tokenizer
 
 SCHEMA_VERSION = 1
@@ -124,7 +124,7 @@ def save_artifact(
 
 
 def write_task(directory: str | Path, name: str, spec: MixSpec) -> Path:
-    path = Path(directory) / TASKS / f"{name}.json"
+    path = Path(directory) / TASKS / f"{check_task_name(name)}.json"
     path.parent.mkdir(exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(spec.to_dict(), indent=2, sort_keys=True) + "\n")

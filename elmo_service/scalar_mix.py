@@ -16,6 +16,7 @@ batch, which makes a sentence's vector depend on its batch mates).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -28,6 +29,19 @@ from elmo_service.errors import ConfigError
 def expected_weights(n_layers: int, per_direction: bool) -> int:
     """Number of mix weights for a model with ``n_layers`` output layers (L+1)."""
     return 2 * n_layers - 1 if per_direction else n_layers
+
+
+TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def check_task_name(name: str) -> str:
+    """A task name is also a file name (``tasks/NAME.json``) and a URL segment."""
+    if not TASK_NAME.match(name):
+        raise ConfigError(
+            "task names are 1-64 characters: letters, digits, '_', '.', '-', starting with a letter or digit",
+            field="name",
+        )
+    return name
 
 
 @dataclass

