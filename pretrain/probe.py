@@ -212,15 +212,20 @@ def _mode_names(n_layers: int) -> list[tuple[str, str]]:
 
 def run_probe(
     art: Artifact,
-    features: Callable[[Embedder, str], np.ndarray],
+    features: Callable[[Embedder, Sequence], np.ndarray],
+    inputs: dict[str, Sequence],
     labels: dict[str, np.ndarray],
     n_classes: int,
     cache_dir: Path,
     cfg: ProbeConfig,
     log: Log = print,
-    keys: dict[str, str] | None = None,
 ) -> list[ProbeResult]:
-    """Every mode on the trained model, then the mix on a random-weight model."""
+    """Every mode on the trained model, then the mix on a random-weight model.
+
+    ``features(embedder, inputs[split])`` gives ``[N, L+1, D]``; it is cached
+    per model version and split contents.
+    """
+    keys = {s: fingerprint(inputs[s]) for s in inputs}
     results = []
     for which, artifact in (("trained", art), ("random", random_artifact(art, cfg.seed))):
         # labelled data is not user traffic: no sentence is refused for its length
@@ -234,8 +239,8 @@ def run_probe(
         t0 = time.time()
         feats = {
             split: cached(
-                cache_dir / artifact.version / f"{split}-{(keys or {}).get(split, 'all')}.npy",
-                lambda s=split, e=emb: features(e, s),
+                cache_dir / artifact.version / f"{split}-{keys[split]}.npy",
+                lambda s=split, e=emb: features(e, inputs[s]),
             )
             for split in ("train", "dev", "test")
         }
@@ -288,16 +293,7 @@ def pos_probe(
         s: np.array([tag_id[t] for _, tags in data[s] for t in tags], dtype=np.int64) for s in data
     }
     words = {s: [w for w, _ in data[s]] for s in data}
-    results = run_probe(
-        art,
-        lambda e, s: word_features(e, words[s]),
-        labels,
-        len(tagset),
-        cache_dir,
-        cfg,
-        log,
-        keys={s: fingerprint(words[s]) for s in words},
-    )
+    results = run_probe(art, word_features, words, labels, len(tagset), cache_dir, cfg, log)
     return results, _task_spec(task, results, art, list(tagset))
 
 
@@ -315,16 +311,7 @@ def polarity_probe(
     art = load_artifact(model_dir)
     labels = {s: np.array([y for _, y in data[s]], dtype=np.int64) for s in data}
     texts = {s: [t for t, _ in data[s]] for s in data}
-    results = run_probe(
-        art,
-        lambda e, s: pooled_features(e, texts[s]),
-        labels,
-        len(classes),
-        cache_dir,
-        cfg,
-        log,
-        keys={s: fingerprint(texts[s]) for s in texts},
-    )
+    results = run_probe(art, pooled_features, texts, labels, len(classes), cache_dir, cfg, log)
     return results, _task_spec(task, results, art, list(classes))
 
 
