@@ -331,14 +331,42 @@ def _task_spec(
     return spec
 
 
+def _service_error(service: str, e: Exception) -> str:
+    import httpx
+
+    if isinstance(e, httpx.HTTPStatusError):
+        try:
+            detail = e.response.json().get("message", e.response.text)
+        except ValueError:
+            detail = e.response.text
+        return f"{service} answered {e.response.status_code}: {detail}"
+    return f"{service} is not reachable: {e}"
+
+
+def check_service(service: str, admin_key: str | None) -> None:
+    """Before any work: the service answers and knows the key (InputError naming --service)."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
+    try:
+        httpx.get(f"{service.rstrip('/')}/v1/tasks", headers=headers, timeout=10).raise_for_status()
+    except httpx.HTTPError as e:
+        raise InputError(_service_error(service, e), field="service") from None
+
+
 def save_task(
     spec: MixSpec,
     name: str,
     model_dir: Path | None = None,
     service: str | None = None,
     admin_key: str | None = None,
+    fallback: Path | None = None,
 ) -> list[str]:
-    """Store the mix with the artifact and/or PUT it to a running service."""
+    """Store the mix with the artifact and/or PUT it to a running service.
+
+    If the PUT fails, the learned mix is not lost: it is written to ``fallback``
+    (when given) and the error says where.
+    """
     done = []
     if model_dir is not None:
         done.append(str(write_task(model_dir, name, spec)))
@@ -346,14 +374,17 @@ def save_task(
         import httpx
 
         headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
-        r = httpx.put(
-            f"{service.rstrip('/')}/v1/tasks/{name}",
-            json=spec.to_dict(),
-            headers=headers,
-            timeout=30,
-        )
-        r.raise_for_status()
-        done.append(f"{service}/v1/tasks/{name}")
+        url = f"{service.rstrip('/')}/v1/tasks/{name}"
+        try:
+            httpx.put(url, json=spec.to_dict(), headers=headers, timeout=30).raise_for_status()
+        except httpx.HTTPError as e:
+            msg = _service_error(service, e)
+            if fallback is not None:
+                fallback.parent.mkdir(parents=True, exist_ok=True)
+                fallback.write_text(json.dumps(spec.to_dict(), indent=2, sort_keys=True) + "\n")
+                msg += f"; the learned task is saved in {fallback} (PUT it to {url} later)"
+            raise InputError(msg, field="service") from None
+        done.append(url)
     return done
 
 
@@ -520,6 +551,8 @@ def cmd_probe(args) -> int:
             f"probe {task} needs --task-name (what to call the task)", field="task_name"
         )
     check_task_name(name)
+    if args.service:
+        check_service(args.service, args.admin_key)
     set_threads(args.threads)
     model_dir = Path(args.model)
     data_dir = Path(args.data or f"data/{task_file(task) or task}")
@@ -554,6 +587,7 @@ def cmd_probe(args) -> int:
         model_dir=model_dir if args.store else None,
         service=args.service,
         admin_key=args.admin_key,
+        fallback=cache / f"{name}.task.json",
     )
     for where in stored:
         print(f"task stored: {where}")

@@ -1,5 +1,6 @@
 """The task probe runs end to end on a tiny model and learns what it can."""
 
+import json
 import random
 
 import numpy as np
@@ -239,3 +240,47 @@ def test_bad_task_data_is_a_clear_error_before_any_embedding(
     assert rc == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "c").exists()
+
+
+def test_probe_registers_the_task_in_a_running_service(tmp_path, capsys):
+    import httpx
+
+    from api.main import create_app
+    from api.settings import load_settings
+    from api.testing import LiveServer, free_port
+    from pretrain.cli import main
+
+    model = tiny_artifact(tmp_path / "m")
+    data = tmp_path / "tags"
+    data.mkdir()
+    for split, n, seed in (("train", 60, 0), ("dev", 20, 1), ("test", 20, 2)):
+        _write_jsonl(
+            data / f"{split}.jsonl", [{"words": w, "tags": t} for w, t in _pos_data(n, seed)]
+        )
+
+    def probe(*extra):
+        return main([
+            "probe", "tagging", "--model", str(model), "--data", str(data), "--task-name", "tags",
+            "--cache", str(tmp_path / "c"), "--epochs", "2", "--threads", "1", *extra,
+        ])  # fmt: skip
+
+    # nothing listens there: refused before any embedding
+    assert probe("--service", f"http://127.0.0.1:{free_port()}") == 2
+    assert "is not reachable" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
+
+    settings = load_settings(model_path=model, threads=1, data_dir=tmp_path, admin_keys="admin")
+    with LiveServer(create_app(settings)) as srv:
+        assert probe("--service", srv.url, "--admin-key", "admin") == 0
+        assert f"task stored: {srv.url}/v1/tasks/tags" in capsys.readouterr().out
+        got = httpx.get(f"{srv.url}/v1/tasks/tags").json()
+        assert got["meta"]["task"] == "tags" and len(got["weights"]) == 3
+        r = httpx.post(f"{srv.url}/v1/embed", json={"sentences": [["the", "dog"]], "task": "tags"})
+        assert r.status_code == 200
+
+        # a refused PUT keeps what was learned, and says where
+        assert probe("--service", srv.url, "--admin-key", "wrong") == 2
+        err = capsys.readouterr().err
+        assert "answered 401" in err and "tags.task.json" in err
+        saved = json.loads((tmp_path / "c" / "tags" / "tags.task.json").read_text())
+        assert saved["meta"]["task"] == "tags" and len(saved["weights"]) == 3
