@@ -46,7 +46,9 @@ class Settings(BaseSettings):
         None, description="Explicit artifact directory; wins over models_dir/model."
     )
     device: str = Field("auto", description="cpu, cuda, cuda:N, or auto (CUDA when available).")
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    precision: Literal["fp32", "bf16", "fp16", "auto"] = Field(
+        "fp32", description="fp32 (exact, the default), bf16 or fp16 autocast, or auto (bf16 where native)."
+    )
     threads: int | None = Field(
         None, ge=1, description="torch intra-op threads (default: all cores)."
     )

@@ -44,7 +44,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from elmo_service.char_ids import bos_ids, eos_ids, token_ids  # noqa: E402
-from elmo_service.runtime import autocast, set_threads  # noqa: E402
+from elmo_service.runtime import autocast, resolve_precision, set_threads  # noqa: E402
 from pretrain.config import TrainConfig, load_config  # noqa: E402
 from pretrain.data import Batch, padded_len  # noqa: E402
 from pretrain.fused_lstm import step_backward, step_forward
@@ -210,7 +210,7 @@ def main() -> None:
     lm.train()
     plain = PlainLM(lm)
     opt = make_optimizer(lm.parameters(), cfg.optim)
-    precision = cfg.train.precision
+    precision = resolve_precision(device, cfg.train.precision)
     if cfg.train.compile:
         torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
         lm.encode_fn = torch.compile(lm.bilm.token_encoder.forward)

@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--threads", type=int, default=None)
     e.add_argument("--device", default="auto")
-    e.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
+    e.add_argument("--precision", choices=["fp32", "bf16", "fp16", "auto"], default="fp32")
     e.add_argument("--quiet", action="store_true")
     e.set_defaults(func=cmd_embed_file)
 

@@ -28,7 +28,7 @@ from cachetools import LRUCache
 from elmo_service.artifact import Artifact, load_artifact
 from elmo_service.char_ids import bos_ids, eos_ids, token_ids
 from elmo_service.errors import ConfigError, InputError, LimitError
-from elmo_service.runtime import autocast, pick_device, set_threads
+from elmo_service.runtime import autocast, pick_device, resolve_precision, set_threads
 from elmo_service.scalar_mix import MixSpec, ScalarMix
 from elmo_service.tokenizers import Token
 
@@ -119,8 +119,7 @@ class Embedder:
             )
         self.artifact = artifact
         self.device = pick_device(device)
-        self.precision = precision
-        autocast(self.device, precision)  # validates the precision early
+        self.precision = resolve_precision(self.device, precision)
         self.model = artifact.model.to(self.device).eval()
         self.tokenizer = artifact.tokenizer
         self.cfg = artifact.config
@@ -163,8 +162,9 @@ class Embedder:
 
     @property
     def cache_key_prefix(self) -> str:
-        """Model version + tokenizer: a new model never reuses old vectors."""
-        return f"{self.version}:{self.tokenizer.fingerprint}"
+        """Model version + tokenizer + precision: a new model, or a bf16 replica beside
+        an fp32 one, never reuses another's vectors."""
+        return f"{self.version}:{self.tokenizer.fingerprint}:{self.precision}"
 
     # -- public API -------------------------------------------------------
     def tokenize(self, sentences: Iterable[Sentence]) -> list[list[Token]]:

@@ -7,13 +7,16 @@ same way.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 
 import torch
 
 from elmo_service.errors import ConfigError
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+log = logging.getLogger(__name__)
 
 
 def pick_device(device: str | torch.device | None = "auto") -> torch.device:
@@ -41,10 +44,42 @@ def set_threads(threads: int | None) -> int:
     return threads
 
 
-def autocast(device: torch.device, precision: str):
-    """Autocast context for ``precision`` on ``device`` (a no-op for fp32)."""
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes bf16 in hardware rather than emulating it.
+
+    CPUs without AVX-512 (or AMX) convert every bf16 op through fp32 and run
+    bf16 autocast several times slower than plain fp32.
+    """
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def resolve_precision(device: torch.device, precision: str) -> str:
+    """``precision`` made concrete for ``device``: ``auto`` is bf16 where native, else fp32.
+
+    An explicit bf16 on a CPU that would emulate it is kept (numerics are the
+    caller's choice) but logged, because it is the slow path.
+    """
     if precision not in PRECISIONS:
         raise ConfigError(f"precision must be one of {PRECISIONS}", field="precision")
+    if precision == "auto":
+        return "bf16" if native_bf16(device) else "fp32"
+    if precision == "fp16" and device.type != "cuda":
+        raise ConfigError("fp16 autocast needs CUDA; use bf16 on CPU", field="precision")
+    if precision == "bf16" and not native_bf16(device):
+        log.warning(
+            "bf16 requested but this %s has no native bf16 (no AVX-512/AMX): it is emulated "
+            "and usually slower than fp32; precision 'auto' picks fp32 here",
+            device.type,
+        )
+    return precision
+
+
+def autocast(device: torch.device, precision: str):
+    """Autocast context for a resolved ``precision`` on ``device`` (a no-op for fp32)."""
+    if precision not in PRECISIONS or precision == "auto":
+        raise ConfigError(f"precision must be one of {PRECISIONS[1:]} here (resolve 'auto' first)", field="precision")
     if precision == "fp32":
         return contextlib.nullcontext()
     if precision == "fp16" and device.type != "cuda":

@@ -239,7 +239,7 @@ def run_probe(
         t0 = time.time()
         feats = {
             split: cached(
-                cache_dir / artifact.version / f"{split}-{keys[split]}.npy",
+                cache_dir / artifact.version / f"{split}-{keys[split]}-{emb.precision}.npy",
                 lambda s=split, e=emb: features(e, inputs[s]),
             )
             for split in ("train", "dev", "test")
@@ -635,6 +635,6 @@ def add_probe_commands(sub) -> None:
     p.add_argument(
         "--max-train", type=int, default=0, help="use only the first N training examples"
     )
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="fp32")
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_probe)

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from elmo_service.errors import ConfigError
-from elmo_service.runtime import autocast, pick_device, set_threads
+from elmo_service.runtime import autocast, pick_device, resolve_precision, set_threads
 from pretrain.checkpoint import list_checkpoints, load_latest, save_checkpoint
 from pretrain.config import (
     RESUMABLE_KEYS,
@@ -172,6 +172,7 @@ class Trainer:
         if self.device.type == "cuda":
             self.device = torch.device("cuda", local_rank)
             torch.cuda.set_device(self.device)
+        self.precision = resolve_precision(self.device, cfg.train.precision)
         threads = cfg.train.threads or max(1, (os.cpu_count() or 1) // self.world)
         set_threads(threads)
         if self.ddp and not dist.is_initialized():
@@ -200,7 +201,7 @@ class Trainer:
             self._init_run_dir()
         self._barrier()
         torch.manual_seed(cfg.train.seed + 1000 * self.rank + 1)
-        self.scaler = torch.amp.GradScaler("cuda") if cfg.train.precision == "fp16" else None
+        self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
         if self.mode == "resume":
             self._restore()
         self.net = self.model
@@ -350,7 +351,7 @@ class Trainer:
             n_params = sum(p.numel() for p in self.model.parameters())
             self.log(
                 f"training {n_params / 1e6:.2f}M params on {self.world} process(es), device {self.device}, "
-                f"{tc.precision}{' + compile' if tc.compile else ''}; {len(self.batcher.eligible)} train sentences "
+                f"{self.precision}{' + compile' if tc.compile else ''}; {len(self.batcher.eligible)} train sentences "
                 f"({self.batcher.n_skipped} longer than {cfg.data.max_tokens} tokens skipped), "
                 f"{len(self.batcher.plan(self.epoch))} batches/epoch/rank"
             )
@@ -380,7 +381,7 @@ class Trainer:
                 lr = lr_at(self.step, cfg.optim, tc.steps)
                 for g in self.optimizer.param_groups:
                     g["lr"] = lr
-                with autocast(self.device, tc.precision):
+                with autocast(self.device, self.precision):
                     loss, nll_f, nll_b = self.net(batch)
                 if self.scaler is not None:
                     self.scaler.scale(loss).backward()

@@ -133,3 +133,13 @@ def test_mix_option_errors_name_the_field(model_dir):
     with pytest.raises(InputError) as e:
         emb.embed(["a"], granularity="char")
     assert e.value.field == "granularity"
+
+
+def test_precision_is_part_of_the_cache_key(model_dir):
+    # a bf16 replica must never serve an fp32 replica's vectors from a shared cache
+    fp32 = Embedder.load(model_dir, threads=1)
+    bf16 = Embedder.load(model_dir, threads=1, precision="bf16")
+    auto = Embedder.load(model_dir, threads=1, precision="auto")
+    assert fp32.cache_key_prefix != bf16.cache_key_prefix
+    assert auto.precision in ("fp32", "bf16")
+    assert auto.cache_key_prefix == (fp32 if auto.precision == "fp32" else bf16).cache_key_prefix
