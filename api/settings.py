@@ -47,7 +47,8 @@ class Settings(BaseSettings):
     )
     device: str = Field("auto", description="cpu, cuda, cuda:N, or auto (CUDA when available).")
     precision: Literal["fp32", "bf16", "fp16", "auto"] = Field(
-        "fp32", description="fp32 (exact, the default), bf16 or fp16 autocast, or auto (bf16 where native)."
+        "fp32",
+        description="fp32 (exact, the default), bf16 or fp16 autocast, or auto (bf16 where native).",
     )
     threads: int | None = Field(
         None, ge=1, description="torch intra-op threads (default: all cores)."

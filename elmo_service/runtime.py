@@ -79,7 +79,10 @@ def resolve_precision(device: torch.device, precision: str) -> str:
 def autocast(device: torch.device, precision: str):
     """Autocast context for a resolved ``precision`` on ``device`` (a no-op for fp32)."""
     if precision not in PRECISIONS or precision == "auto":
-        raise ConfigError(f"precision must be one of {PRECISIONS[1:]} here (resolve 'auto' first)", field="precision")
+        raise ConfigError(
+            f"precision must be one of {PRECISIONS[1:]} here (resolve 'auto' first)",
+            field="precision",
+        )
     if precision == "fp32":
         return contextlib.nullcontext()
     if precision == "fp16" and device.type != "cuda":
