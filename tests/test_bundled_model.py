@@ -79,3 +79,43 @@ def test_pos_task_works_through_the_api(bundled, tmp_path):
     want = apply_mix(layers, bundled.tasks["pos"])
     assert got.shape == (len(words), 2 * bundled.config.projection_dim) and len(words) >= 5
     assert np.abs(got - want).max() <= 1e-4
+
+
+# -- models/ptb: the literature benchmark's LM ------------------------------
+
+PTB = ROOT / "models" / "ptb"
+
+
+def test_bundled_ptb_lm_is_the_finished_committed_config():
+    import json
+
+    run = json.loads((PTB / "run.json").read_text())
+    want = load_config(ROOT / "configs" / "ptb.yaml")
+    got = flatten(run["config"])
+    diff = {
+        k: (got.get(k), v)
+        for k, v in flatten(want.to_dict()).items()
+        if got.get(k) != (list(v) if isinstance(v, tuple) else v) and k not in RESUMABLE_KEYS
+    }
+    assert not diff, f"models/ptb was not trained by configs/ptb.yaml: {diff}"
+    assert run["lm"]["step"] == want.train.steps
+    assert (PTB / "lm.safetensors").stat().st_size <= 30 * 2**20  # the size bound
+
+
+def test_bundled_ptb_lm_evaluates_exactly(tmp_path):
+    from pretrain.evaluate import evaluate
+
+    # Mikolov-style text (lower case, N for numbers, <unk>): in-domain, so a
+    # trained LM is far below the 10k-word uniform perplexity
+    text = tmp_path / "ptb-like.txt"
+    text.write_text(
+        " the company said it expects to report a loss for the third quarter \n"
+        " shares of the company rose N cents to $ N in new york stock exchange trading \n"
+        " mr. <unk> is chairman of this <unk> group \n"
+    )
+    res = evaluate(PTB, file=str(text), threads=1)
+    assert res["sentences"] == 3 and res["step"] == 10_000
+    assert res["predictions"] == sum(
+        len(line.split()) + 1 for line in text.read_text().splitlines()
+    )
+    assert 1.0 < res["forward_ppl"] < 100.0  # 7.6 when committed; random weights give ~10,000
