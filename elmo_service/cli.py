@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from elmo_service.config import PRECISIONS
 from elmo_service.errors import ElmoServiceError
 
 
@@ -155,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--threads", type=int, default=None)
     e.add_argument("--device", default="auto")
-    e.add_argument("--precision", choices=["fp32", "bf16", "fp16", "auto"], default="fp32")
+    e.add_argument("--precision", choices=PRECISIONS, default="fp32")
     e.add_argument("--quiet", action="store_true")
     e.set_defaults(func=cmd_embed_file)
 

@@ -12,6 +12,10 @@ from typing import Any
 
 from elmo_service.errors import ConfigError
 
+# compute precisions of the embedder and the trainer; "auto" resolves per device
+# (elmo_service.runtime.resolve_precision). Here, not there, so CLIs list them without torch.
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
 # AllenNLP-small / bilm-tf default character CNN: 2048 filters.
 ELMO_FILTERS: tuple[tuple[int, int], ...] = (
     (1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024),

@@ -12,9 +12,8 @@ import os
 
 import torch
 
+from elmo_service.config import PRECISIONS
 from elmo_service.errors import ConfigError
-
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 log = logging.getLogger(__name__)
 
@@ -55,18 +54,22 @@ def native_bf16(device: torch.device) -> bool:
     return device.type == "cpu" and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def _check_concrete(device: torch.device, precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision must be one of {PRECISIONS}", field="precision")
+    if precision == "fp16" and device.type != "cuda":
+        raise ConfigError("fp16 autocast needs CUDA; use bf16 on CPU", field="precision")
+
+
 def resolve_precision(device: torch.device, precision: str) -> str:
     """``precision`` made concrete for ``device``: ``auto`` is bf16 where native, else fp32.
 
     An explicit bf16 on a CPU that would emulate it is kept (numerics are the
     caller's choice) but logged, because it is the slow path.
     """
-    if precision not in PRECISIONS:
-        raise ConfigError(f"precision must be one of {PRECISIONS}", field="precision")
     if precision == "auto":
         return "bf16" if native_bf16(device) else "fp32"
-    if precision == "fp16" and device.type != "cuda":
-        raise ConfigError("fp16 autocast needs CUDA; use bf16 on CPU", field="precision")
+    _check_concrete(device, precision)
     if precision == "bf16" and not native_bf16(device):
         log.warning(
             "bf16 requested but this %s has no native bf16 (no AVX-512/AMX): it is emulated "
@@ -78,14 +81,10 @@ def resolve_precision(device: torch.device, precision: str) -> str:
 
 def autocast(device: torch.device, precision: str):
     """Autocast context for a resolved ``precision`` on ``device`` (a no-op for fp32)."""
-    if precision not in PRECISIONS or precision == "auto":
-        raise ConfigError(
-            f"precision must be one of {PRECISIONS[1:]} here (resolve 'auto' first)",
-            field="precision",
-        )
+    if precision == "auto":
+        raise ConfigError("resolve precision 'auto' first (resolve_precision)", field="precision")
+    _check_concrete(device, precision)
     if precision == "fp32":
         return contextlib.nullcontext()
-    if precision == "fp16" and device.type != "cuda":
-        raise ConfigError("fp16 autocast needs CUDA; use bf16 on CPU", field="precision")
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.autocast(device_type=device.type, dtype=dtype)

@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from elmo_service.config import BiLMConfig
+from elmo_service.config import PRECISIONS, BiLMConfig
 from elmo_service.errors import ConfigError
 
 
@@ -71,9 +71,7 @@ class TrainSection:
     seed: int = 1234
     directions: str = "both"  # both: biLM loss (mean of the two); forward: forward LM only
     device: str = "auto"
-    precision: str = (
-        "auto"  # auto (bf16 where native, else fp32) | fp32 | bf16 (autocast) | fp16 (CUDA AMP)
-    )
+    precision: str = "auto"  # auto: bf16 where native, else fp32 | fp32 | bf16 | fp16 (CUDA AMP)
     compile: bool = False
     threads: int = 0  # intra-op threads per process; 0 = all cores / world size
     log_every: int = 10  # steps between metrics-log lines
@@ -131,11 +129,7 @@ class TrainConfig:
         need(0 <= o.min_lr_ratio <= 1, "optim.min_lr_ratio", "must be in [0, 1]")
         need(t.steps >= 1, "train.steps", "must be >= 1")
         need(t.directions in ("both", "forward"), "train.directions", "both | forward")
-        need(
-            t.precision in ("auto", "fp32", "bf16", "fp16"),
-            "train.precision",
-            "auto | fp32 | bf16 | fp16",
-        )
+        need(t.precision in PRECISIONS, "train.precision", " | ".join(PRECISIONS))
         need(t.threads >= 0, "train.threads", "must be >= 0")
         need(t.log_every >= 1, "train.log_every", "must be >= 1")
         need(c.keep >= 1, "checkpoint.keep", "must be >= 1")

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from elmo_service.artifact import Artifact, load_artifact, write_task
+from elmo_service.config import PRECISIONS
 from elmo_service.embedder import Embedder, words_of
 from elmo_service.errors import InputError
 from elmo_service.model import BiLM
@@ -635,6 +636,8 @@ def add_probe_commands(sub) -> None:
     p.add_argument(
         "--max-train", type=int, default=0, help="use only the first N training examples"
     )
-    p.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="fp32")
+    p.add_argument(
+        "--precision", choices=[x for x in PRECISIONS if x != "fp16"], default="fp32"
+    )  # the probe embeds on the CPU
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_probe)

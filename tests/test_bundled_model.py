@@ -29,6 +29,16 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "default"
 
 
+def config_diff(recorded: dict, want, ignore) -> dict:
+    """Keys where a recorded training config differs from ``want``: {key: (recorded, want)}."""
+    got = flatten(recorded)
+    return {
+        k: (got.get(k), v)
+        for k, v in flatten(want.to_dict()).items()
+        if got.get(k) != (list(v) if isinstance(v, tuple) else v) and k not in ignore
+    }
+
+
 @pytest.fixture(scope="module")
 def bundled():
     return load_artifact(MODEL)  # checks every file against manifest.json
@@ -37,13 +47,7 @@ def bundled():
 def test_bundled_model_was_trained_by_the_committed_config(bundled):
     prov = bundled.provenance
     want = load_config(ROOT / "configs" / "default.yaml")
-    got = flatten(prov["training_config"])
-    diff = {
-        k: (got.get(k), v)
-        for k, v in flatten(want.to_dict()).items()
-        if got.get(k) != (list(v) if isinstance(v, tuple) else v)
-        and k not in RESUMABLE_KEYS - {"train.steps"}
-    }
+    diff = config_diff(prov["training_config"], want, RESUMABLE_KEYS - {"train.steps"})
     assert not diff, f"models/default was not trained by configs/default.yaml: {diff}"
     # the finished run, not an interim export
     assert prov["step"] == want.train.steps
@@ -91,12 +95,7 @@ def test_bundled_ptb_lm_is_the_finished_committed_config():
 
     run = json.loads((PTB / "run.json").read_text())
     want = load_config(ROOT / "configs" / "ptb.yaml")
-    got = flatten(run["config"])
-    diff = {
-        k: (got.get(k), v)
-        for k, v in flatten(want.to_dict()).items()
-        if got.get(k) != (list(v) if isinstance(v, tuple) else v) and k not in RESUMABLE_KEYS
-    }
+    diff = config_diff(run["config"], want, RESUMABLE_KEYS)
     assert not diff, f"models/ptb was not trained by configs/ptb.yaml: {diff}"
     assert run["lm"]["step"] == want.train.steps
     assert (PTB / "lm.safetensors").stat().st_size <= 30 * 2**20  # the issue's size bound
