@@ -44,11 +44,12 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from elmo_service.char_ids import bos_ids, eos_ids, token_ids  # noqa: E402
+from elmo_service.lstm import compile_training_kernels  # noqa: E402
+from elmo_service.model import length_mask, reverse_padded  # noqa: E402
 from elmo_service.runtime import autocast, resolve_precision, set_threads  # noqa: E402
 from pretrain.config import TrainConfig, load_config  # noqa: E402
 from pretrain.data import Batch, padded_len  # noqa: E402
-from pretrain.fused_lstm import step_backward, step_forward
-from pretrain.lm import LanguageModel, lstm_step  # noqa: E402
+from pretrain.lm import LanguageModel  # noqa: E402
 from pretrain.train import make_optimizer  # noqa: E402
 
 # ---------------------------------------------------------------- FLOPs
@@ -157,13 +158,30 @@ class PlainLM(nn.Module):
         b, t = batch.ids.shape
         chars = lm.char_table[batch.ids.reshape(-1)].long()
         tokens = lm.bilm.token_encoder(chars).reshape(b, t, -1)
-        saved = lm._layer, lm.loss_fn
+        saved = lm.loss_fn
         # the same graph around the cell, the plain cell inside, the eager softmax
-        lm._layer, lm.loss_fn = self.cell_layer, lm.softmax.loss
+        lm.hidden, lm.loss_fn = self.hidden, lm.softmax.loss
         try:
             return lm.core(tokens, batch.lengths, batch.targets, lm.softmax.sample())[0]
         finally:
-            lm._layer, lm.loss_fn = saved
+            del lm.hidden
+            lm.loss_fn = saved
+
+    def _direction(self, layers, x: torch.Tensor) -> torch.Tensor:
+        drop, residual = self.lm.bilm.dropout, self.lm.bilm.cfg.residual
+        for i, layer in enumerate(layers):
+            y = self.cell_layer(layer, drop(x))
+            x = y + x if (residual and i > 0) else y
+        return drop(x)
+
+    def hidden(self, tokens: torch.Tensor, lengths: torch.Tensor):
+        bilm = self.lm.bilm
+        tokens = tokens * length_mask(lengths, tokens.shape[1]).unsqueeze(-1).to(tokens.dtype)
+        h_f = self._direction(bilm.forward_layers, tokens)
+        if self.lm.directions == "forward":
+            return h_f, None
+        h_b = self._direction(bilm.backward_layers, reverse_padded(tokens, lengths))
+        return h_f, reverse_padded(h_b, lengths)
 
 
 # ---------------------------------------------------------------- timing
@@ -214,9 +232,7 @@ def main() -> None:
     if cfg.train.compile:
         torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
         lm.encode_fn = torch.compile(lm.bilm.token_encoder.forward)
-        lm.step_fn = torch.compile(lstm_step)
-        lm.step_fwd_fn = torch.compile(step_forward)
-        lm.step_bwd_fn = torch.compile(step_backward)
+        compile_training_kernels()
         lm.loss_fn = torch.compile(lm.softmax.loss)
     batches = make_batches(cfg, a.vocab, a.steps, rng)
     shapes = sorted({tuple(b.ids.shape) for b in batches})

@@ -47,7 +47,10 @@ class BiLMConfig:
     cell_clip: float | None = 3.0
     proj_clip: float | None = 3.0
     residual: bool = True  # bilm-tf's use_skip_connections: layers >= 2 add their input
-    dropout: float = 0.1  # training only
+    dropout: float = 0.1  # training only: on each LSTM layer's input and the top output
+    # training only: also drop out the token vectors into layer 1 (bilm-tf does; Kim et al. 2016
+    # apply dropout between layers and before the softmax only)
+    dropout_tokens: bool = True
     # guard for the embedder: longer sentences are refused, not truncated
     max_sentence_tokens: int = 512
 

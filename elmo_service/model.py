@@ -6,11 +6,14 @@
   per filter width over the W positions, max over positions, activation;
   ``n_highway`` highway layers; linear projection to P. Inference computes
   the same convolution by table lookup (see ``CharCNN.forward``).
-* ``LstmLayer``: one direction of one LSTM layer with a projection
-  (``lstm_dim`` cells -> P), cell and projection clipping.
+* ``LstmLayer`` (``elmo_service/lstm.py``): one direction of one LSTM layer
+  with a projection (``lstm_dim`` cells -> P), cell and projection clipping;
+  its training kernel does backpropagation through time by hand.
 * ``BiLM``: L LSTM layers per direction with separate weights, residual
   connections from layer 2 on. The backward direction reads each sentence
   from its own last real token. Every sentence starts from a zero state.
+  ``run_direction`` is the one stack of layers that serving (``contextualize``)
+  and the training language model (``pretrain/lm.py``) both run.
 
 Layer 0 of the output is ``[e ; e]``; layer l is ``[h_fwd_l ; h_bwd_l]``,
 both aligned to the token positions. Positions past a sentence's length
@@ -19,13 +22,12 @@ both aligned to the token positions. Positions past a sentence's length
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from elmo_service.config import BiLMConfig
+from elmo_service.lstm import LstmLayer, LstmState
 
 N_CHAR_IDS = 262  # 256 bytes + 5 markers, shifted by one so that row 0 is "no token"
 
@@ -122,73 +124,6 @@ class CharCNN(nn.Module):
         return self._tables[1]
 
 
-class LstmLayer(nn.Module):
-    """One direction of one LSTM layer with projection and clipping.
-
-    Input ``[B, T, in_dim]``, output ``[B, T, P]``; reads left to right from
-    a zero state. Callers run the backward direction on reversed input.
-    Gates are packed in the order (i, f, o, g).
-    """
-
-    def __init__(self, in_dim: int, cfg: BiLMConfig) -> None:
-        super().__init__()
-        c, p = cfg.lstm_dim, cfg.projection_dim
-        self.cell_dim, self.proj_dim = c, p
-        self.cell_clip, self.proj_clip = cfg.cell_clip, cfg.proj_clip
-        self.w_ih = nn.Linear(in_dim, 4 * c)  # carries the gate bias
-        self.w_hh = nn.Linear(p, 4 * c, bias=False)
-        self.w_proj = nn.Linear(c, p, bias=False)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        c = self.cell_dim
-        for w in (self.w_ih.weight, self.w_hh.weight):
-            nn.init.uniform_(w, -1 / math.sqrt(c), 1 / math.sqrt(c))
-        nn.init.xavier_uniform_(self.w_proj.weight)
-        with torch.no_grad():
-            self.w_ih.bias.zero_()
-            self.w_ih.bias[c : 2 * c] = 1.0  # forget gate starts open
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.forward_sorted(x, None)
-
-    def forward_sorted(self, x: Tensor, active: list[int] | None) -> Tensor:
-        """:meth:`forward` for rows sorted longest first, skipping their padding.
-
-        ``active[t]`` rows are still inside their sequence at step ``t``
-        (non-increasing); only those are computed, and the output is zero past
-        each row's length. ``None`` computes every row at every step.
-        """
-        b, t, _ = x.shape
-        c = self.cell_dim
-        # the input-to-gates matmul for all time steps at once; only h @ W_hh is sequential
-        x_gates = self.w_ih(x)  # [B, T, 4C]
-        w_hh_t = self.w_hh.weight.t()
-        w_proj_t = self.w_proj.weight.t()
-        h = x_gates.new_zeros(b, self.proj_dim)
-        cell = x_gates.new_zeros(b, c)
-        out = x_gates.new_zeros(b, t, self.proj_dim)
-        # torch's CPU tanh is ~6x slower than sigmoid, and the two tanh calls were
-        # ~20% of a step: tanh(z) = 2 * sigmoid(2z) - 1 is used instead, the
-        # candidate's pre-activation doubled so that one sigmoid covers all gates
-        for step in range(t):
-            if active is not None and active[step] < h.shape[0]:
-                h, cell = h[: active[step]], cell[: active[step]]
-            n = h.shape[0]
-            gates = torch.addmm(x_gates[:n, step], h, w_hh_t)
-            gates[:, 3 * c :] *= 2
-            i, f, o, g2 = torch.sigmoid(gates).chunk(4, dim=1)  # g2 = sigmoid(2 g)
-            cell = torch.addcmul(f * cell - i, i, g2, value=2)  # f * cell + i * tanh(g)
-            if self.cell_clip is not None:
-                cell = cell.clamp(-self.cell_clip, self.cell_clip)
-            hidden = torch.addcmul(-o, o, torch.sigmoid(2 * cell), value=2)  # o * tanh(cell)
-            h = hidden @ w_proj_t
-            if self.proj_clip is not None:
-                h = h.clamp(-self.proj_clip, self.proj_clip)
-            out[:n, step] = h
-        return out
-
-
 def reverse_padded(x: Tensor, lengths: Tensor) -> Tensor:
     """Reverse each sequence within its own length; padding stays at the end.
 
@@ -246,16 +181,42 @@ class BiLM(nn.Module):
             active = (lengths.unsqueeze(0) > steps.unsqueeze(1)).sum(1).tolist()
         mask = length_mask(lengths, t).unsqueeze(-1).to(tokens.dtype)
         tokens = tokens * mask
-        fwd_in, bwd_in = tokens, reverse_padded(tokens, lengths)
+        fwd, _ = self.run_direction("forward", tokens, active=active)
+        bwd, _ = self.run_direction("backward", reverse_padded(tokens, lengths), active=active)
         layers = [torch.cat([tokens, tokens], dim=-1)]
-        for i, (fwd, bwd) in enumerate(zip(self.forward_layers, self.backward_layers, strict=True)):
-            f = fwd.forward_sorted(self.dropout(fwd_in), active)
-            r = bwd.forward_sorted(self.dropout(bwd_in), active)
-            if self.cfg.residual and i > 0:
-                f, r = f + fwd_in, r + bwd_in
-            fwd_in, bwd_in = f, r
+        for f, r in zip(fwd, bwd, strict=True):
             layers.append(torch.cat([f, reverse_padded(r, lengths)], dim=-1) * mask)
         out = torch.stack(layers, dim=0)
         if active is not None:
             out = out[:, torch.argsort(order)]
         return out
+
+    def run_direction(
+        self,
+        direction: str,
+        x: Tensor,
+        state: list[LstmState] | None = None,
+        *,
+        active: list[int] | None = None,
+        keep: Tensor | None = None,
+    ) -> tuple[list[Tensor], list[LstmState]]:
+        """One direction's stack of layers, reading ``x [B, T, P]`` left to right.
+
+        ``direction``: "forward" or "backward" (which weights; the caller
+        reverses the input for the backward LM). Returns each layer's output
+        ``[B, T, P]`` (L of them) and each layer's final state. ``state``,
+        ``active`` and ``keep`` are passed to every :class:`LstmLayer`.
+        Dropout (training only) is applied to each layer's input, the token
+        vectors included unless ``cfg.dropout_tokens`` is off.
+        """
+        layers = self.forward_layers if direction == "forward" else self.backward_layers
+        outs, states = [], []
+        for i, layer in enumerate(layers):
+            inp = self.dropout(x) if (i > 0 or self.cfg.dropout_tokens) else x
+            y, st = layer(inp, None if state is None else state[i], active=active, keep=keep)
+            if self.cfg.residual and i > 0:
+                y = y + x
+            outs.append(y)
+            states.append(st)
+            x = y
+        return outs, states

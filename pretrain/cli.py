@@ -139,6 +139,12 @@ def _add_eval(sub) -> None:
     p.add_argument("--checkpoint", help="a checkpoint file (default: the newest)")
     p.add_argument("--data", help="prepared corpus folder (default: the run's)")
     p.add_argument("--max-sentences", type=int, default=0)
+    p.add_argument(
+        "--stream",
+        action="store_true",
+        help="read the text as one stream with carried LSTM state (the LM literature's protocol); "
+        "default: each sentence from a zero state, as served",
+    )
     p.add_argument("--threads", type=int)
     p.add_argument("--json", action="store_true", help="print JSON only")
 
@@ -225,12 +231,14 @@ def cmd_eval(a) -> int:
         data_path=a.data,
         threads=a.threads,
         max_sentences=a.max_sentences,
+        stream=a.stream,
     )
     if a.json:
         print(json.dumps(res))
     else:
         print(
-            f"{res['source']} at {res['checkpoint']} (step {res['step']}): {res['sentences']} sentences, {res['predictions']} predictions"
+            f"{res['source']} at {res['checkpoint']} (step {res['step']}), {res['protocol']} protocol: "
+            f"{res['sentences']} sentences, {res['predictions']} predictions"
         )
         for k in ("forward_ppl", "backward_ppl", "avg_ppl"):
             if k in res:

@@ -32,10 +32,22 @@ import yaml
 from elmo_service.config import PRECISIONS, BiLMConfig
 from elmo_service.errors import ConfigError
 
+OPTIMIZERS = ("adam", "adamw", "adagrad", "sgd")
+DECAYS = ("none", "linear", "cosine", "inverse_sqrt", "plateau")
+
 
 @dataclass
 class DataConfig:
     path: str = "data/prepared"  # output folder of `elmo-pretrain prepare`
+    # sentences: whole sentences from a zero state (what serving computes);
+    # stream: bilm-tf / Kim et al.: windows of a token stream, LSTM state carried across windows
+    mode: str = "sentences"
+    # stream mode
+    rows: int = 20  # parallel rows of the stream per process (bilm-tf: 128, Kim et al.: 20)
+    unroll: int = 20  # tokens per window: truncated BPTT length (bilm-tf: 20, PTB literature: 35)
+    reset_prob: float = 0.0  # probability of zeroing the state at a sentence start
+    shuffle: bool = True  # shuffle sentence order each epoch (False: the corpus order, as PTB work)
+    # sentence mode
     tokens_per_batch: int = 1280  # per process: B = tokens_per_batch // T_padded
     max_tokens: int = 64  # longest training sentence, markers included; longer ones are skipped
     pad_multiple: int = 16  # pad T up to a multiple: few distinct shapes for torch.compile
@@ -52,16 +64,20 @@ class SoftmaxConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "adam"  # adam | adamw | adagrad
-    lr: float = 1e-3  # bilm-tf with adagrad: 0.2
+    name: str = "adam"  # adam | adamw | adagrad | sgd
+    lr: float = 1e-3  # bilm-tf with adagrad: 0.2; Kim et al. with sgd: 1.0
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.0
     adagrad_init_acc: float = 1.0  # bilm-tf's initial accumulator value
     clip_norm: float = 10.0  # global gradient norm; 0 disables
     warmup_steps: int = 0
-    decay: str = "cosine"  # none | linear | cosine | inverse_sqrt
+    decay: str = "cosine"  # none | linear | cosine | inverse_sqrt | plateau
     min_lr_ratio: float = 0.1  # linear/cosine decay ends at lr * min_lr_ratio
+    # plateau (Kim et al. 2016): after each epoch, multiply lr by plateau_factor when the
+    # held-out perplexity fell by less than plateau_threshold
+    plateau_factor: float = 0.5
+    plateau_threshold: float = 1.0
 
 
 @dataclass
@@ -106,6 +122,10 @@ class TrainConfig:
 
         self.model.validate()
         d, s, o, t, c = self.data, self.softmax, self.optim, self.train, self.checkpoint
+        need(d.mode in ("sentences", "stream"), "data.mode", "sentences | stream")
+        need(d.rows >= 1, "data.rows", "must be >= 1")
+        need(d.unroll >= 1, "data.unroll", "must be >= 1")
+        need(0.0 <= d.reset_prob <= 1.0, "data.reset_prob", "must be in [0, 1]")
         need(
             d.tokens_per_batch >= d.max_tokens,
             "data.tokens_per_batch",
@@ -117,15 +137,13 @@ class TrainConfig:
         need(s.kind in ("full", "sampled", "adaptive"), "softmax.kind", "full | sampled | adaptive")
         need(s.n_samples >= 1, "softmax.n_samples", "must be >= 1")
         need(list(s.cutoffs) == sorted(set(s.cutoffs)), "softmax.cutoffs", "must increase")
-        need(o.name in ("adam", "adamw", "adagrad"), "optim.name", "adam | adamw | adagrad")
+        need(o.name in OPTIMIZERS, "optim.name", " | ".join(OPTIMIZERS))
         need(o.lr > 0, "optim.lr", "must be positive")
         need(o.clip_norm >= 0, "optim.clip_norm", "must be >= 0")
         need(o.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
-        need(
-            o.decay in ("none", "linear", "cosine", "inverse_sqrt"),
-            "optim.decay",
-            "none | linear | cosine | inverse_sqrt",
-        )
+        need(o.decay in DECAYS, "optim.decay", " | ".join(DECAYS))
+        need(0 < o.plateau_factor <= 1, "optim.plateau_factor", "must be in (0, 1]")
+        need(o.plateau_threshold >= 0, "optim.plateau_threshold", "must be >= 0")
         need(0 <= o.min_lr_ratio <= 1, "optim.min_lr_ratio", "must be in [0, 1]")
         need(t.steps >= 1, "train.steps", "must be >= 1")
         need(t.directions in ("both", "forward"), "train.directions", "both | forward")
@@ -172,8 +190,25 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# options added after runs existed: left out of the hash at these values, so older runs keep theirs
+_LATER_DEFAULTS = {
+    "data.mode": "sentences",
+    "data.rows": 20,
+    "data.unroll": 20,
+    "data.reset_prob": 0.0,
+    "data.shuffle": True,
+    "optim.plateau_factor": 0.5,
+    "optim.plateau_threshold": 1.0,
+    "model.dropout_tokens": True,
+}
+
+
 def config_hash(cfg: TrainConfig) -> str:
-    flat = {k: v for k, v in flatten(cfg.to_dict()).items() if k not in RESUMABLE_KEYS}
+    flat = {
+        k: v
+        for k, v in flatten(cfg.to_dict()).items()
+        if k not in RESUMABLE_KEYS and not (k in _LATER_DEFAULTS and _LATER_DEFAULTS[k] == v)
+    }
     return hashlib.sha256(json.dumps(flat, sort_keys=True).encode()).hexdigest()[:16]
 
 

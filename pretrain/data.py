@@ -24,6 +24,7 @@ step), like ``DistributedSampler``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -302,3 +303,202 @@ def eval_batches(sentences: list[np.ndarray], corpus: Corpus, tokens_per_batch: 
         chunk = [sentences[k] for k in order[i:j]]
         yield make_batch(chunk, max(len(s) for s in chunk) + 2, len(chunk), corpus)
         i = j
+
+
+# ---------------------------------------------------------------- stream mode
+
+
+def sentence_stream(
+    split: Split, bos: int, eos: int, order: np.ndarray | None = None
+) -> np.ndarray:
+    """The split as one token stream ``<S> s1 </S> <S> s2 </S> ...`` (int32), in ``order``."""
+    idx = np.arange(len(split)) if order is None else order
+    lens = split.lens[idx].astype(np.int64)
+    out = np.empty(int(lens.sum()) + 2 * len(idx), dtype=np.int32)
+    starts = np.concatenate([[0], np.cumsum(lens + 2)[:-1]]).astype(np.int64)
+    out[starts] = bos
+    out[starts + lens + 1] = eos
+    for k, shard in enumerate(split.tokens):
+        sel = np.nonzero(split.shard[idx] == k)[0]
+        if len(sel) == 0:
+            continue
+        # source and destination positions of every token of these sentences
+        n = lens[sel]
+        rep = np.repeat(np.arange(len(sel)), n)
+        within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+        src = split.starts[idx[sel]][rep] + within
+        dst = starts[sel][rep] + 1 + within
+        out[dst] = np.asarray(shard)[src]
+    return out
+
+
+@dataclass
+class StreamWindow:
+    """One direction's window: ``ids``/``targets``/``mask``/``inverse`` ``[B, U]``;
+    ``keep [B, U]`` (0: reset the state before that step) or None; ``n_pred`` predictions."""
+
+    ids: torch.Tensor
+    targets: torch.Tensor
+    mask: torch.Tensor
+    inverse: torch.Tensor
+    keep: torch.Tensor | None
+    n_pred: int
+
+
+@dataclass
+class StreamBatch:
+    """One step of stream training: a window per direction, CNN inputs shared (``uniq``)."""
+
+    windows: dict[str, StreamWindow]
+    uniq: torch.Tensor
+    n_tokens: int
+
+
+def make_stream_batch(
+    rows: dict[str, np.ndarray],
+    corpus: Corpus,
+    keep: dict[str, np.ndarray | None],
+) -> StreamBatch:
+    """``rows[d] [B, U + 1]``: each direction's tokens in reading order (one extra for targets)."""
+    start = {"forward": corpus.bos_id, "backward": corpus.eos_id}  # a sentence starts here
+    end = {"forward": corpus.eos_id, "backward": corpus.bos_id}
+    inputs = {d: r[:, :-1] for d, r in rows.items()}
+    uniq, inverse = np.unique(
+        np.concatenate([x.ravel() for x in inputs.values()]), return_inverse=True
+    )
+    windows, at = {}, 0
+    for d, r in rows.items():
+        x, y = r[:, :-1], r[:, 1:]
+        mask = ~((x == end[d]) & (y == start[d]))  # one sentence's end -> the next one's start
+        targets = np.where(y < corpus.softmax_size, y, corpus.unk_id)
+        k = keep.get(d)
+        windows[d] = StreamWindow(
+            ids=torch.from_numpy(x.astype(np.int64)),
+            targets=torch.from_numpy(targets.astype(np.int64)),
+            mask=torch.from_numpy(mask),
+            inverse=torch.from_numpy(inverse[at : at + x.size].reshape(x.shape)),
+            keep=None if k is None else torch.from_numpy(k),
+            n_pred=int(mask.sum()),
+        )
+        at += x.size
+    return StreamBatch(windows=windows, uniq=torch.from_numpy(uniq), n_tokens=at // len(rows))
+
+
+class StreamBatcher:
+    """bilm-tf / Kim et al. order: the split's token stream cut into rows, read in windows.
+
+    The stream (sentence order shuffled per epoch with ``[seed, epoch]`` when
+    ``shuffle``) is cut into ``rows * world`` equal rows; this rank reads rows
+    ``rank * rows .. (rank + 1) * rows``. Window ``i`` of the forward LM is
+    columns ``[i U, (i + 1) U)`` (targets one column later); the backward LM
+    reads each row reversed, window ``i`` of the reversed row. The trainer
+    carries both LSTM states from window ``i`` to ``i + 1`` and zeroes them at
+    an epoch's start. With ``reset_prob`` > 0 the state is also reset before
+    that fraction of sentence starts (``<S>`` forward, ``</S>`` backward),
+    drawn from ``[seed, epoch, index]``: a batch is a pure function of
+    (seed, epoch, index), so resuming needs those integers and the state.
+    """
+
+    def __init__(
+        self,
+        corpus: Corpus,
+        split: str,
+        *,
+        rows: int,
+        unroll: int,
+        seed: int,
+        reset_prob: float = 0.0,
+        shuffle: bool = True,
+        directions: tuple[str, ...] = ("forward", "backward"),
+        rank: int = 0,
+        world: int = 1,
+    ) -> None:
+        self.corpus, self.data = corpus, corpus.split(split)
+        self.rows, self.unroll, self.seed = rows, unroll, seed
+        self.reset_prob, self.shuffle, self.directions = reset_prob, shuffle, directions
+        self.rank, self.world = rank, world
+        total = self.data.n_tokens + 2 * len(self.data)
+        self.row_len = total // (rows * world)
+        self.n_windows = (self.row_len - 1) // unroll
+        if self.n_windows < 1:
+            raise InputError(
+                f"the {split} split has {total} tokens: too few for {rows * world} rows of "
+                f"{unroll + 1}; lower data.rows or data.unroll",
+                field="data.rows",
+            )
+        self._epoch: int | None = None
+        self._rows: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return self.n_windows
+
+    def epoch_rows(self, epoch: int) -> np.ndarray:
+        """This rank's rows for ``epoch``: ``[rows, row_len]`` int32 (forward reading order)."""
+        if self._epoch != epoch:
+            order = None
+            if self.shuffle:
+                order = np.random.default_rng([self.seed, epoch]).permutation(len(self.data))
+            stream = sentence_stream(self.data, self.corpus.bos_id, self.corpus.eos_id, order)
+            n = self.rows * self.world * self.row_len
+            all_rows = stream[:n].reshape(self.rows * self.world, self.row_len)
+            self._rows = np.ascontiguousarray(
+                all_rows[self.rank * self.rows : (self.rank + 1) * self.rows]
+            )
+            self._epoch = epoch
+        return self._rows
+
+    def batch(self, epoch: int, index: int) -> StreamBatch:
+        data = self.epoch_rows(epoch)
+        u = self.unroll
+        rows, keep = {}, {}
+        rng = np.random.default_rng([self.seed, epoch, index, self.rank])
+        for d in self.directions:
+            src = data if d == "forward" else data[:, ::-1]
+            rows[d] = np.ascontiguousarray(src[:, index * u : index * u + u + 1])
+            keep[d] = None
+            if self.reset_prob > 0:
+                start = self.corpus.bos_id if d == "forward" else self.corpus.eos_id
+                reset = (rows[d][:, :-1] == start) & (rng.random((self.rows, u)) < self.reset_prob)
+                keep[d] = (~reset).astype(np.float32)
+        return make_stream_batch(rows, self.corpus, keep)
+
+
+def stream_eval_batches(
+    sentences: list[np.ndarray], corpus: Corpus, directions: tuple[str, ...], window: int = 512
+):
+    """The sentences as ONE stream (no resets), in windows of ``window`` tokens per direction."""
+    parts = []
+    for s in sentences:
+        parts += [
+            np.array([corpus.bos_id], np.int32),
+            np.asarray(s, np.int32),
+            np.array([corpus.eos_id], np.int32),
+        ]
+    stream = np.concatenate(parts)[None, :]
+    for i in range(0, stream.shape[1] - 1, window):
+        rows = {}
+        for d in directions:
+            src = stream if d == "forward" else stream[:, ::-1]
+            rows[d] = np.ascontiguousarray(src[:, i : i + window + 1])
+        yield make_stream_batch(rows, corpus, {})
+
+
+def to_device(batch, device):
+    """A ``Batch`` or ``StreamBatch`` with its tensors on ``device`` (the same object on CPU)."""
+    if device.type == "cpu":
+        return batch
+
+    def move(obj, fields):
+        return dataclasses.replace(
+            obj, **{f: getattr(obj, f).to(device, non_blocking=True) for f in fields}
+        )
+
+    if isinstance(batch, StreamBatch):
+        windows = {
+            d: move(
+                w, ("ids", "targets", "mask", "inverse") + (("keep",) if w.keep is not None else ())
+            )
+            for d, w in batch.windows.items()
+        }
+        return dataclasses.replace(batch, windows=windows, uniq=batch.uniq.to(device))
+    return move(batch, ("ids", "targets", "lengths", "uniq", "inverse"))

@@ -2,7 +2,15 @@
 
 Perplexity is exact whatever softmax trained the model: the full softmax (or
 the adaptive softmax's full log-probabilities) over the whole vocabulary, in
-float32, dropout off, each sentence from a zero state. Per direction it is
+float32, dropout off. Two protocols:
+
+* **sentences** (default): each sentence from a zero state, as served.
+* **stream** (``--stream``, the language-modelling literature's protocol):
+  the file is one stream ``<S> s1 </S> <S> s2 </S> ...`` read with carried
+  state, never reset; the backward LM reads it reversed. The step from one
+  sentence's end marker to the next one's start marker is not counted.
+
+Both count n + 1 predictions a sentence. Per direction it is
 ``exp(sum NLL / n)`` over n = tokens + 1 predictions a sentence (``</S>`` for
 the forward LM, ``<S>`` for the backward one); ``avg_ppl`` is
 ``exp((NLL_f + NLL_b) / 2n)``, the geometric mean of the two, which is what
@@ -24,7 +32,7 @@ from elmo_service.errors import ConfigError, InputError
 from elmo_service.runtime import autocast, pick_device, set_threads
 from pretrain.checkpoint import list_checkpoints, load_checkpoint
 from pretrain.config import TrainConfig
-from pretrain.data import Corpus, eval_batches
+from pretrain.data import Corpus, eval_batches, stream_eval_batches, to_device
 from pretrain.lm import LanguageModel
 
 
@@ -43,17 +51,45 @@ def perplexity(
     n = 0
     try:
         for batch in eval_batches(sentences, corpus, tokens_per_batch):
-            if device.type != "cpu":
-                from pretrain.train import _to
-
-                batch = _to(batch, device)
+            batch = to_device(batch, device)
             with autocast(device, precision):
                 f, b, k = model.exact_nll(batch)
             nf, nb, n = nf + f, nb + b, n + k
     finally:
         model.train(was_training)
-    out = {
-        "sentences": len(sentences),
+    return _ppl_record(model, len(sentences), n, nf, nb, protocol="sentences")
+
+
+@torch.no_grad()
+def stream_perplexity(
+    model: LanguageModel,
+    corpus: Corpus,
+    sentences: list[np.ndarray],
+    device,
+    precision: str = "fp32",
+    window: int = 512,
+) -> dict[str, float]:
+    """Perplexity of ``sentences`` read as one stream with carried state (see the module docstring)."""
+    was_training = model.training
+    model.eval()
+    nf = nb = 0.0
+    n = 0
+    state = None
+    try:
+        for batch in stream_eval_batches(sentences, corpus, model.direction_names, window):
+            batch = to_device(batch, device)
+            with autocast(device, precision):
+                f, b, k, state = model.stream_nll(batch, state)
+            nf, nb, n = nf + f, nb + b, n + k
+    finally:
+        model.train(was_training)
+    return _ppl_record(model, len(sentences), n, nf, nb, protocol="stream")
+
+
+def _ppl_record(model, n_sent: int, n: int, nf: float, nb: float, protocol: str) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "protocol": protocol,
+        "sentences": n_sent,
         "predictions": n,
         "forward_nll": nf / n,
         "forward_ppl": math.exp(nf / n),
@@ -124,6 +160,7 @@ def evaluate(
     data_path: str | None = None,
     threads: int | None = None,
     max_sentences: int = 0,
+    stream: bool = False,
 ) -> dict[str, Any]:
     set_threads(threads)
     cfg, corpus, model, meta = load_run(run_dir, checkpoint, data_path)
@@ -142,7 +179,7 @@ def evaluate(
         sents = sents[:max_sentences]
     device = pick_device(cfg.train.device)
     model.to(device)
-    res = perplexity(model, corpus, sents, device)
+    res = (stream_perplexity if stream else perplexity)(model, corpus, sents, device)
     return {"source": source, **meta, **res}
 
 

@@ -1,28 +1,31 @@
-"""The training-time language model around ``elmo_service.model.BiLM``.
+"""The training-time language model: ``elmo_service.model.BiLM`` + a softmax.
 
-    batch.uniq [U] --char table--> chars [U, W] --CharCNN--> vecs [U, P]
-    vecs[batch.inverse] -> tokens [B, T, P]          (CNN once per DISTINCT token)
-    tokens --fwd LSTMs--> h_f [B, T, P]   h_f[:, t] predicts ids[:, t+1]
-    tokens --bwd LSTMs--> h_b [B, T, P]   h_b[:, t] predicts ids[:, t-1]
-    loss = (sum NLL_f + sum NLL_b) / (2 n)   (forward only: sum NLL_f / n)
+    batch.uniq [U] --char table--> chars [U, W] --BiLM.token_encoder--> vecs [U, P]
+    vecs[batch.inverse] -> tokens [B, T, P]               (CNN once per DISTINCT token)
+    tokens --BiLM.run_direction("forward")--> h_f [B, T, P]   h_f[:, t] predicts the next token
+    reversed --BiLM.run_direction("backward")--> h_b          h_b[:, t] predicts the previous one
+    loss = (sum NLL_f + sum NLL_b) / (2 n)                (forward only: sum NLL_f / n)
 
-Each sentence is ``<S> w1 .. wn </S>``: both markers are targets (``</S>``
-for the forward LM, ``<S>`` for the backward one), n + 1 predictions per
-direction, as in bilm-tf. Indexing ``vecs[inverse]`` routes the gradient of
-every occurrence back to its token's single CNN evaluation, so gradients are
-those of running the CNN on every position.
+The LSTM math is the BiLM's own (``elmo_service/lstm.py``): this module never
+touches gates or weights; it picks the top layer, applies the output dropout
+(bilm-tf's, before the softmax) and scores it. Indexing ``vecs[inverse]``
+routes the gradient of every occurrence back to its token's single CNN
+evaluation, so gradients are those of running the CNN on every position.
 
-The recurrence uses the parameters of the BiLM's own ``LstmLayer`` modules
-with the math of ``LstmLayer.forward`` (input matmul hoisted out of the time
-loop). Training runs each layer as one autograd node
-(``pretrain.fused_lstm``: backpropagation through time by hand, weight
-gradients as one matmul over all steps); evaluation loops over ``lstm_step``.
-The per-step bodies are small functions that the trainer ``torch.compile``s
-once for every sequence length (compiling the unrolled loop instead takes
-minutes per shape).
+Two training regimes (``data.mode``):
+
+* **sentences**: each row is ``<S> w1 .. wn </S>`` from a zero state; both
+  markers are targets (``</S>`` forward, ``<S>`` backward), n + 1 predictions
+  per direction, as the stateless embedder computes at inference.
+* **stream** (bilm-tf, Kim et al. 2016): rows are windows of a token stream;
+  the final LSTM state of each window is the (detached) initial state of the
+  row's next window. Each direction reads its own rows (the backward LM reads
+  them reversed); ``keep`` masks reset the state at some sentence starts. The
+  transition from one sentence's end marker to the next one's start marker
+  is not a prediction, so the count is again n + 1 per sentence.
+
 Training-only changes: a forward-only mode that skips the backward LSTMs
-(their parameters are frozen so DDP does not wait for their gradients), and
-dropout on the top layer's output before the softmax (bilm-tf's output dropout).
+(their parameters are frozen so DDP does not wait for their gradients).
 """
 
 from __future__ import annotations
@@ -31,35 +34,12 @@ import torch
 from torch import Tensor, nn
 
 from elmo_service.config import BiLMConfig
+from elmo_service.lstm import LstmState
 from elmo_service.model import BiLM, length_mask, reverse_padded
-from pretrain.fused_lstm import lstmp_layer, step_backward, step_forward
 from pretrain.softmax import make_softmax
 
-
-def lstm_step(
-    x_gates: Tensor,
-    h: Tensor,
-    cell: Tensor,
-    w_hh_t: Tensor,
-    w_proj_t: Tensor,
-    cell_clip: float,
-    proj_clip: float,
-) -> tuple[Tensor, Tensor]:
-    """One LSTM-with-projection step, gates packed (i, f, o, g) as in ``LstmLayer``.
-
-    ``x_gates [B, 4C]`` (input matmul + bias), ``h [B, P]``, ``cell [B, C]``; a clip of 0 disables it.
-    """
-    c = cell.shape[1]
-    gates = torch.addmm(x_gates, h, w_hh_t)
-    ifo = torch.sigmoid(gates[:, : 3 * c])
-    g = torch.tanh(gates[:, 3 * c :])
-    cell = ifo[:, c : 2 * c] * cell + ifo[:, :c] * g
-    if cell_clip > 0:
-        cell = cell.clamp(-cell_clip, cell_clip)
-    h = (ifo[:, 2 * c :] * torch.tanh(cell)) @ w_proj_t
-    if proj_clip > 0:
-        h = h.clamp(-proj_clip, proj_clip)
-    return h, cell
+# carried stream state: per direction, per layer (h [B, P], c [B, C])
+StreamState = dict[str, list[LstmState]]
 
 
 class LanguageModel(nn.Module):
@@ -87,9 +67,11 @@ class LanguageModel(nn.Module):
             self.bilm.backward_layers.requires_grad_(False)
         # the trainer may swap these for compiled versions
         self.encode_fn = self.bilm.token_encoder.forward  # a function: not a registered submodule
-        self.step_fn = lstm_step  # inference (eval) steps
-        self.step_fwd_fn, self.step_bwd_fn = step_forward, step_backward  # training: fused layer
         self.loss_fn = self.softmax.loss
+
+    @property
+    def direction_names(self) -> tuple[str, ...]:
+        return ("forward",) if self.directions == "forward" else ("forward", "backward")
 
     def set_char_table(self, table: Tensor) -> None:
         self.char_table = table.to(self.char_table.device)
@@ -99,47 +81,22 @@ class LanguageModel(nn.Module):
         chars = self.char_table.index_select(0, uniq).long()
         return self.encode_fn(chars)
 
-    def _layer(self, layer, x: Tensor) -> Tensor:
-        """``LstmLayer.forward``'s math: ``[B, T, in] -> [B, T, P]``; fused for training."""
-        b, t, _ = x.shape
-        x_gates = layer.w_ih(x)  # [B, T, 4C], all steps at once
-        cc, pc = float(layer.cell_clip or 0.0), float(layer.proj_clip or 0.0)
-        if torch.is_grad_enabled() and x_gates.requires_grad:
-            w_hh_t, w_proj_t = layer.w_hh.weight.t(), layer.w_proj.weight.t()
-            return lstmp_layer(
-                x_gates, w_hh_t, w_proj_t, cc, pc, self.step_fwd_fn, self.step_bwd_fn
-            )
-        # cast once per layer, not per step (autocast does not cache non-leaf views)
-        w_hh_t, w_proj_t = (
-            layer.w_hh.weight.t().to(x_gates.dtype),
-            layer.w_proj.weight.t().to(x_gates.dtype),
-        )
-        h = x_gates.new_zeros(b, layer.proj_dim)
-        cell = x_gates.new_zeros(
-            b, layer.cell_dim, dtype=torch.float32
-        )  # the cell state stays fp32 under bf16
-        outs = []
-        for step in range(t):
-            h, cell = self.step_fn(x_gates[:, step], h, cell, w_hh_t, w_proj_t, cc, pc)
-            outs.append(h)
-        return torch.stack(outs, dim=1)
+    def _top(self, direction: str, x: Tensor, state=None, keep=None) -> tuple[Tensor, list]:
+        """The top layer of one direction, output dropout applied: ``[B, T, P]``, final states."""
+        outs, states = self.bilm.run_direction(direction, x, state, keep=keep)
+        return self.bilm.dropout(outs[-1]), states
 
-    def _direction(self, layers: nn.ModuleList, x: Tensor) -> Tensor:
-        drop = self.bilm.dropout
-        for i, layer in enumerate(layers):
-            y = self._layer(layer, drop(x))
-            x = y + x if (self.bilm.cfg.residual and i > 0) else y
-        return x
+    # ------------------------------------------------------------ sentence mode
 
     def hidden(self, tokens: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor | None]:
         """``tokens [B, T, P]`` -> top-layer states ``h_f``, ``h_b`` ``[B, T, P]``, position-aligned."""
         mask = length_mask(lengths, tokens.shape[1]).unsqueeze(-1).to(tokens.dtype)
         tokens = tokens * mask
-        h_f = self.bilm.dropout(self._direction(self.bilm.forward_layers, tokens))
+        h_f, _ = self._top("forward", tokens)
         if self.directions == "forward":
             return h_f, None
-        h_b = self._direction(self.bilm.backward_layers, reverse_padded(tokens, lengths))
-        return h_f, self.bilm.dropout(reverse_padded(h_b, lengths))
+        h_b, _ = self._top("backward", reverse_padded(tokens, lengths))
+        return h_f, reverse_padded(h_b, lengths)
 
     def core(
         self, tokens: Tensor, lengths: Tensor, targets: Tensor, cand: Tensor | None
@@ -160,7 +117,12 @@ class LanguageModel(nn.Module):
         ).sum()
         return (nll_f + nll_b) / (2 * n), nll_f.detach(), nll_b.detach()
 
-    def forward(self, batch) -> tuple[Tensor, Tensor, Tensor]:
+    def forward(self, batch, state: StreamState | None = None, stream: bool = False):
+        """Training losses of a ``Batch`` (sentence mode: loss, NLL_f, NLL_b) or, with
+        ``stream``, of a ``StreamBatch`` from ``state`` (see :meth:`stream_forward`).
+        One entry point, so that DDP wraps both regimes."""
+        if stream:
+            return self.stream_forward(batch, state)
         vecs = self.token_vectors(batch.uniq)
         tokens = vecs[batch.inverse]
         return self.core(tokens, batch.lengths, batch.targets, self.softmax.sample())
@@ -180,3 +142,45 @@ class LanguageModel(nn.Module):
             tb = batch.targets[:, :-1].reshape(-1)[m]
             nb = self.softmax.nll(h_b[:, 1:].reshape(-1, p)[m].float(), tb).double().sum().item()
         return nf, nb, int(m.sum())
+
+    # ------------------------------------------------------------ stream mode
+
+    def stream_forward(
+        self, batch, state: StreamState | None
+    ) -> tuple[Tensor, Tensor, Tensor, StreamState]:
+        """One window per row and direction, from the carried ``state``.
+
+        Returns (loss: the mean of the directions' mean NLLs, sum NLL_f, sum
+        NLL_b, the new detached state).
+        """
+        vecs = self.token_vectors(batch.uniq)
+        cand = self.softmax.sample()
+        nll, mean, new_state = {}, {}, {}
+        for d in self.direction_names:
+            win = batch.windows[d]
+            h, states = self._top(
+                d, vecs[win.inverse], None if state is None else state[d], win.keep
+            )
+            p = h.shape[-1]
+            losses = self.loss_fn(h.reshape(-1, p), win.targets.reshape(-1), cand)
+            nll[d] = (losses * win.mask.reshape(-1)).sum()
+            mean[d] = nll[d] / max(win.n_pred, 1)
+            new_state[d] = [(hh.detach(), cc.detach()) for hh, cc in states]
+        loss = sum(mean.values()) / len(mean)
+        nll_b = nll.get("backward", torch.zeros_like(nll["forward"]))
+        return loss, nll["forward"].detach(), nll_b.detach(), new_state
+
+    @torch.no_grad()
+    def stream_nll(self, batch, state: StreamState | None) -> tuple[float, float, int, StreamState]:
+        """Exact summed NLL of one stream window per direction, and the carried state."""
+        vecs = self.bilm.token_encoder(self.char_table.index_select(0, batch.uniq).long())
+        nll, new_state = {"forward": 0.0, "backward": 0.0}, {}
+        for d in self.direction_names:
+            win = batch.windows[d]
+            h, new_state[d] = self._top(
+                d, vecs[win.inverse], None if state is None else state[d], win.keep
+            )
+            m = win.mask.reshape(-1)
+            hm = h.reshape(-1, h.shape[-1])[m].float()
+            nll[d] = self.softmax.nll(hm, win.targets.reshape(-1)[m]).double().sum().item()
+        return nll["forward"], nll["backward"], batch.windows["forward"].n_pred, new_state

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from elmo_service.errors import ConfigError
+from elmo_service.lstm import compile_training_kernels
 from elmo_service.runtime import autocast, pick_device, resolve_precision, set_threads
 from pretrain.checkpoint import list_checkpoints, load_latest, save_checkpoint
 from pretrain.config import (
@@ -45,9 +46,8 @@ from pretrain.config import (
     dump_config,
     load_config,
 )
-from pretrain.data import BucketBatcher, Corpus
-from pretrain.fused_lstm import step_backward, step_forward
-from pretrain.lm import LanguageModel, lstm_step
+from pretrain.data import BucketBatcher, Corpus, StreamBatcher, to_device
+from pretrain.lm import LanguageModel
 
 RUN_FILE = "run.json"
 
@@ -56,10 +56,13 @@ RUN_FILE = "run.json"
 
 
 def lr_at(step: int, o: OptimConfig, total: int) -> float:
-    """Linear warm-up to ``lr``, then the configured decay over the remaining steps."""
+    """Linear warm-up to ``lr``, then the configured decay over the remaining steps.
+
+    ``plateau`` is constant here; the trainer scales it after each epoch's evaluation.
+    """
     if step < o.warmup_steps:
         return o.lr * (step + 1) / o.warmup_steps
-    if o.decay == "none":
+    if o.decay in ("none", "plateau"):
         return o.lr
     if o.decay == "inverse_sqrt":
         w = max(1, o.warmup_steps)
@@ -72,6 +75,8 @@ def lr_at(step: int, o: OptimConfig, total: int) -> float:
 
 def make_optimizer(params, o: OptimConfig) -> torch.optim.Optimizer:
     params = [p for p in params if p.requires_grad]
+    if o.name == "sgd":  # Kim et al. 2016: plain SGD, lr 1, halved on plateaus
+        return torch.optim.SGD(params, lr=o.lr, weight_decay=o.weight_decay)
     if o.name == "adagrad":  # bilm-tf: lr 0.2, initial accumulator 1.0
         return torch.optim.Adagrad(
             params, lr=o.lr, initial_accumulator_value=o.adagrad_init_acc, eps=1e-10
@@ -136,6 +141,24 @@ def check_run_dir(run_dir: Path, cfg: TrainConfig, resume: bool, force: bool) ->
     return "resume"
 
 
+def check_mode(run_dir: Path, cfg: TrainConfig) -> None:
+    """Refuse to resume a sentence-mode run as a stream run, or the reverse."""
+    info = run_dir / RUN_FILE
+    if not info.is_file():
+        return
+    try:
+        old = json.loads(info.read_text())["config"].get("data", {}).get("mode", "sentences")
+    except (OSError, ValueError, KeyError, AttributeError):
+        return
+    if old != cfg.data.mode:
+        raise RunDirError(
+            f"run folder {run_dir} was trained with data.mode={old}; continuing it with "
+            f"data.mode={cfg.data.mode} would change what its checkpoints mean (carried LSTM state, "
+            "batch geometry); start a new run folder, or pass --force to start over there",
+            field="data.mode",
+        )
+
+
 def resolve_config(
     config_path: str | None, overrides: list[str], run_dir: Path, resume: bool
 ) -> TrainConfig:
@@ -178,18 +201,39 @@ class Trainer:
         if self.ddp and not dist.is_initialized():
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
         # every rank checks (read-only); only rank 0 writes
+        if not force:
+            check_mode(self.run_dir, cfg)
         self.mode = check_run_dir(self.run_dir, cfg, resume, force)
         self.corpus = Corpus(cfg.data.path)
-        self.batcher = BucketBatcher(
-            self.corpus,
-            "train",
-            max_tokens=cfg.data.max_tokens,
-            tokens_per_batch=cfg.data.tokens_per_batch,
-            pad_multiple=cfg.data.pad_multiple,
-            seed=cfg.train.seed,
-            rank=self.rank,
-            world=self.world,
-        )
+        self.stream = cfg.data.mode == "stream"
+        if self.stream:
+            self.batcher = StreamBatcher(
+                self.corpus,
+                "train",
+                rows=cfg.data.rows,
+                unroll=cfg.data.unroll,
+                seed=cfg.train.seed,
+                reset_prob=cfg.data.reset_prob,
+                shuffle=cfg.data.shuffle,
+                directions=("forward",)
+                if cfg.train.directions == "forward"
+                else ("forward", "backward"),
+                rank=self.rank,
+                world=self.world,
+            )
+        else:
+            self.batcher = BucketBatcher(
+                self.corpus,
+                "train",
+                max_tokens=cfg.data.max_tokens,
+                tokens_per_batch=cfg.data.tokens_per_batch,
+                pad_multiple=cfg.data.pad_multiple,
+                seed=cfg.train.seed,
+                rank=self.rank,
+                world=self.world,
+            )
+        self.lstm_state = None  # stream mode: the carried state (None: zeros)
+        self.lr_scale, self.best_eval = 1.0, None  # plateau decay
         torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
         self.model = build_model(cfg, self.corpus).to(self.device)
         self.optimizer = make_optimizer(self.model.parameters(), cfg.optim)
@@ -213,9 +257,7 @@ class Trainer:
             torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
             # small graphs, compiled once each; sizes that vary (U, B, N) turn dynamic on their second value
             self.model.encode_fn = torch.compile(self.model.bilm.token_encoder.forward)
-            self.model.step_fn = torch.compile(lstm_step)
-            self.model.step_fwd_fn = torch.compile(step_forward)
-            self.model.step_bwd_fn = torch.compile(step_backward)
+            compile_training_kernels()
             self.model.loss_fn = torch.compile(self.model.softmax.loss)
         self._stop_signal: int | None = None
 
@@ -264,10 +306,12 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": {
                 "step": self.step,
-                "lr": lr_at(max(self.step - 1, 0), self.cfg.optim, self.cfg.train.steps),
+                "lr": self._lr(max(self.step - 1, 0)),
+                "lr_scale": self.lr_scale,
+                "best_eval": -1.0 if self.best_eval is None else self.best_eval,
             },
             "rng": {"torch": rng},
-            "data": {"epoch": self.epoch, "index": self.index},
+            "data": {"epoch": self.epoch, "index": self.index, "mode": self.cfg.data.mode},
             "step": self.step,
             "tokens_seen": self.tokens_seen,
             "elapsed": self.elapsed,
@@ -278,7 +322,41 @@ class Trainer:
             st["rng"]["cuda"] = torch.cuda.get_rng_state(self.device)
         if self.scaler is not None:
             st["scaler"] = self.scaler.state_dict()
+        if self.stream:
+            st["lstm_state"] = self._gather_state()
         return st
+
+    def _gather_state(self) -> dict[str, list[list[torch.Tensor]]]:
+        """Stream mode: the carried state, every rank's rows stacked in rank order (CPU)."""
+        out: dict[str, list[list[torch.Tensor]]] = {}
+        for d in self.model.direction_names:
+            layers = []
+            for i in range(self.cfg.model.n_layers):
+                pair = []
+                for k, dim in enumerate((self.cfg.model.projection_dim, self.cfg.model.lstm_dim)):
+                    if self.lstm_state is None:
+                        t = torch.zeros(self.cfg.data.rows, dim, device=self.device)
+                    else:
+                        t = self.lstm_state[d][i][k].float()
+                    if self.ddp:
+                        parts = [torch.empty_like(t) for _ in range(self.world)]
+                        dist.all_gather(parts, t.contiguous())
+                        t = torch.cat(parts)
+                    pair.append(t.cpu())
+                layers.append(pair)
+            out[d] = layers
+        return out
+
+    def _scatter_state(self, saved: dict[str, list[list[torch.Tensor]]]) -> None:
+        rows = self.cfg.data.rows
+        sl = slice(self.rank * rows, (self.rank + 1) * rows)
+        self.lstm_state = {
+            d: [(h[sl].to(self.device), c[sl].to(self.device)) for h, c in layers]
+            for d, layers in saved.items()
+        }
+
+    def _lr(self, step: int) -> float:
+        return lr_at(step, self.cfg.optim, self.cfg.train.steps) * self.lr_scale
 
     def _restore(self) -> None:
         found = load_latest(self.run_dir, log=self.log if self.rank == 0 else lambda *_: None)
@@ -295,6 +373,23 @@ class Trainer:
             float(st["elapsed"]),
         )
         self.epoch, self.index = int(st["data"]["epoch"]), int(st["data"]["index"])
+        saved_mode = st["data"].get("mode", "sentences")
+        if saved_mode != self.cfg.data.mode:
+            raise RunDirError(
+                f"{path.name} was written by a data.mode={saved_mode} run; this is data.mode={self.cfg.data.mode}",
+                field="data.mode",
+            )
+        sched = st.get("scheduler", {})
+        self.lr_scale = float(sched.get("lr_scale", 1.0))
+        best = float(sched.get("best_eval", -1.0))
+        self.best_eval = None if best < 0 else best
+        if self.stream and "lstm_state" in st:
+            if int(st["world_size"]) == self.world:
+                self._scatter_state(st["lstm_state"])
+            elif self.rank == 0:
+                self.log(
+                    "warning: the world size changed; the carried LSTM state restarts from zeros"
+                )
         rngs = st["rng"]["torch"]
         if int(st["world_size"]) == self.world:
             torch.set_rng_state(rngs[self.rank])
@@ -332,14 +427,47 @@ class Trainer:
 
     # -- evaluation --------------------------------------------------------
     def evaluate(self, max_sentences: int | None = None) -> dict[str, float] | None:
-        from pretrain.evaluate import perplexity
+        """Held-out perplexity, in the training regime's protocol (sentences or one stream)."""
+        from pretrain.evaluate import perplexity, stream_perplexity
 
         split = self.corpus.split("heldout")
         if len(split) == 0:
             return None
         n = len(split) if not max_sentences else min(len(split), max_sentences)
         sents = [split.sentence(i) for i in range(n)]
+        if self.stream:
+            return stream_perplexity(self.model, self.corpus, sents, self.device, "fp32")
         return perplexity(self.model, self.corpus, sents, self.device, "fp32")
+
+    def _epoch_end(self, metrics) -> None:
+        """Plateau decay (Kim et al.): evaluate, and cut the lr when the perplexity stalled."""
+        o = self.cfg.optim
+        if o.decay != "plateau":
+            return
+        ev = None
+        if self.rank == 0:
+            ev = self.evaluate(self.cfg.train.eval_max_sentences)
+            self.model.train()
+        ppl = torch.tensor(
+            [ev.get("avg_ppl", ev["forward_ppl"]) if ev else -1.0], dtype=torch.float64
+        )
+        if self.ddp:
+            dist.broadcast(ppl, 0)
+        value = float(ppl)
+        if value < 0:
+            return
+        decayed = self.best_eval is not None and value > self.best_eval - o.plateau_threshold
+        if decayed:
+            self.lr_scale *= o.plateau_factor
+        self.best_eval = value if self.best_eval is None else min(self.best_eval, value)
+        if self.rank == 0:
+            rec = {"step": self.step, "epoch": self.epoch, "heldout": ev, "lr_scale": self.lr_scale}
+            metrics.write(json.dumps(rec) + "\n")
+            metrics.flush()
+            self.log(
+                f"epoch {self.epoch} done (step {self.step}): held-out ppl {value:.2f}"
+                + (f"; lr x{o.plateau_factor} -> {o.lr * self.lr_scale:g}" if decayed else "")
+            )
 
     # -- the loop ----------------------------------------------------------
     def fit(self, stop_after: int | None = None) -> dict[str, Any]:
@@ -351,9 +479,7 @@ class Trainer:
             n_params = sum(p.numel() for p in self.model.parameters())
             self.log(
                 f"training {n_params / 1e6:.2f}M params on {self.world} process(es), device {self.device}, "
-                f"{self.precision}{' + compile' if tc.compile else ''}; {len(self.batcher.eligible)} train sentences "
-                f"({self.batcher.n_skipped} longer than {cfg.data.max_tokens} tokens skipped), "
-                f"{len(self.batcher.plan(self.epoch))} batches/epoch/rank"
+                f"{self.precision}{' + compile' if tc.compile else ''}; " + self._data_summary()
             )
         bar = tqdm(
             total=tc.steps,
@@ -372,17 +498,25 @@ class Trainer:
         self.model.train()
         try:
             while self.step < tc.steps:
-                plan = self.batcher.plan(self.epoch)
-                if self.index >= len(plan):
+                if self.index >= self._epoch_len():
+                    self._epoch_end(metrics)
                     self.epoch, self.index = self.epoch + 1, 0
+                    self.lstm_state = None  # each epoch's stream starts from zeros
                     continue
                 batch = self.batcher.batch(self.epoch, self.index)
-                batch = _to(batch, self.device)
-                lr = lr_at(self.step, cfg.optim, tc.steps)
+                batch = to_device(batch, self.device)
+                lr = self._lr(self.step)
                 for g in self.optimizer.param_groups:
                     g["lr"] = lr
                 with autocast(self.device, self.precision):
-                    loss, nll_f, nll_b = self.net(batch)
+                    if self.stream:
+                        loss, nll_f, nll_b, self.lstm_state = self.net(
+                            batch, self.lstm_state, stream=True
+                        )
+                        n_pred = float(batch.windows["forward"].n_pred)
+                    else:
+                        loss, nll_f, nll_b = self.net(batch)
+                        n_pred = float((batch.lengths - 1).clamp_min(0).sum())
                 if self.scaler is not None:
                     self.scaler.scale(loss).backward()
                     self.scaler.unscale_(self.optimizer)
@@ -400,7 +534,6 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 self.step += 1
                 self.index += 1
-                n_pred = float((batch.lengths - 1).clamp_min(0).sum())
                 # one small all-reduce a step: global metrics and an agreed stop decision
                 stop_local = float(
                     self._stop_signal is not None
@@ -480,6 +613,21 @@ class Trainer:
             )
         return result
 
+    def _epoch_len(self) -> int:
+        return len(self.batcher) if self.stream else len(self.batcher.plan(self.epoch))
+
+    def _data_summary(self) -> str:
+        b, c = self.batcher, self.cfg.data
+        if self.stream:
+            return (
+                f"stream mode: {c.rows} rows x {b.row_len} tokens per rank, {c.unroll}-token windows, "
+                f"{b.n_windows} windows/epoch"
+            )
+        return (
+            f"{len(b.eligible)} train sentences ({b.n_skipped} longer than {c.max_tokens} tokens "
+            f"skipped), {len(b.plan(self.epoch))} batches/epoch/rank"
+        )
+
     def _check_replicas(self, metrics) -> bool:
         """DDP sanity check: every rank holds bit-identical parameters (per-tensor sums and squares)."""
         with torch.no_grad():
@@ -545,20 +693,6 @@ class Trainer:
                 )
         self._barrier()
         return ev
-
-
-def _to(batch, device):
-    if device.type == "cpu":
-        return batch
-    import dataclasses
-
-    return dataclasses.replace(
-        batch,
-        **{
-            f: getattr(batch, f).to(device, non_blocking=True)
-            for f in ("ids", "targets", "lengths", "uniq", "inverse")
-        },
-    )
 
 
 def run_training(

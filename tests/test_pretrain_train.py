@@ -386,28 +386,3 @@ def test_adaptive_softmax_trains_under_bf16_autocast(corpus_dir, tmp_path):
         logp = lm.softmax.log_probs(torch.randn(4, 16))
     assert logp.dtype == torch.float32
     assert torch.allclose(logp.exp().sum(-1), torch.ones(4), atol=1e-5)
-
-
-def test_fused_lstm_layer_matches_autograd_through_the_step_loop():
-    from pretrain.fused_lstm import lstmp_layer
-    from pretrain.lm import lstm_step
-
-    torch.manual_seed(0)
-    b, t, c, p = 3, 7, 6, 4
-    x_gates = (2 * torch.randn(b, t, 4 * c)).requires_grad_()
-    w_hh = (torch.randn(p, 4 * c) / 2).requires_grad_()
-    w_proj = torch.randn(c, p).requires_grad_()
-    clip = 1.0  # small: both clips are active somewhere
-    out = lstmp_layer(x_gates, w_hh, w_proj, clip, clip)
-    h, cell, ref = torch.zeros(b, p), torch.zeros(b, c), []
-    for s in range(t):
-        h, cell = lstm_step(x_gates[:, s], h, cell, w_hh, w_proj, clip, clip)
-        ref.append(h)
-    ref = torch.stack(ref, 1)
-    assert torch.allclose(out, ref, atol=1e-6)
-    assert (ref.abs() == clip).any()
-    g = torch.randn_like(out)
-    grads = torch.autograd.grad((out * g).sum(), (x_gates, w_hh, w_proj))
-    ref_grads = torch.autograd.grad((ref * g).sum(), (x_gates, w_hh, w_proj))
-    for a, r in zip(grads, ref_grads, strict=True):
-        assert torch.allclose(a, r, atol=1e-5), (a - r).abs().max()

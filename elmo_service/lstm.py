@@ -1,0 +1,270 @@
+"""One direction of one LSTM layer with a projection (LSTMP): serving and training.
+
+    x [B, T, in] (+ state (h [B, P], c [B, C])) --> h [B, T, P], final state
+
+Math, gate order (i, f, o, g), and bilm-tf's clipping::
+
+    gates = x W_ih + b + h_{t-1} W_hh
+    c_t = clip(f * c_{t-1} + i * g, cell_clip)
+    h_t = clip((o * tanh(c_t)) W_proj, proj_clip)
+
+The input matmul runs for all steps at once; only ``h W_hh`` is sequential.
+Two kernels compute it, chosen by whether autograd is recording:
+
+* **inference** (``_infer``): a plain step loop that can skip the padding of
+  rows sorted longest first (``active``), with ``tanh(z) = 2 sigmoid(2z) - 1``
+  because torch's CPU tanh is ~6x slower than sigmoid.
+* **training** (``LstmpFunction``): the whole layer as one autograd node.
+  Autograd through a Python time loop records ~15 nodes a step and computes
+  each step's weight gradients as its own small matmul; here the forward loop
+  saves only what the backward needs (gate activations, cell states, clip
+  masks), the backward loop does backpropagation through time by hand, and
+  the weight gradients are two big matmuls over all ``B * T`` rows, as cuDNN
+  does. ``tests/core/test_lstm.py`` keeps it equal to autograd.
+
+Both take an initial state (stream training carries it from one window to
+the next) and an optional ``keep [B, T]`` mask: a 0 at ``(b, t)`` resets row
+b's state to zero before step t (a sentence boundary where the model is made
+to start fresh, as serving always does). Matmuls run in the dtype of the
+gate inputs (bf16 under autocast); the training kernel keeps the cell state
+and the element-wise backward in float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from elmo_service.config import BiLMConfig
+
+LstmState = tuple[Tensor, Tensor]  # (h [B, P], c [B, C])
+
+
+# ---------------------------------------------------------------- training kernel
+
+
+def step_forward(x_gates, h, c, w_hh_t, w_proj_t, cell_clip: float, proj_clip: float):
+    """One step; returns (h, c, acts [B, 4C], c_mask [B, C], h_mask [B, P]). A clip of 0 is off."""
+    n = c.shape[1]
+    gates = torch.addmm(x_gates, h, w_hh_t)
+    acts = torch.cat([torch.sigmoid(gates[:, : 3 * n]), torch.tanh(gates[:, 3 * n :])], dim=1)
+    a = acts.float()
+    c_raw = a[:, n : 2 * n] * c + a[:, :n] * a[:, 3 * n :]
+    if cell_clip > 0:
+        c_mask = c_raw.abs() <= cell_clip
+        c = c_raw.clamp(-cell_clip, cell_clip)
+    else:
+        c_mask = torch.ones_like(c_raw, dtype=torch.bool)
+        c = c_raw
+    pre = (a[:, 2 * n : 3 * n] * torch.tanh(c)).to(w_proj_t.dtype) @ w_proj_t
+    if proj_clip > 0:
+        h_mask = pre.abs() <= proj_clip
+        h = pre.clamp(-proj_clip, proj_clip)
+    else:
+        h_mask = torch.ones_like(pre, dtype=torch.bool)
+        h = pre
+    return h, c, acts, c_mask, h_mask
+
+
+def step_backward(dh, dc_next, acts, c, c_prev, c_mask, h_mask, w_hh_t, w_proj_t):
+    """Backward of one step, given dL/dh_t (output + recurrent) and dL/dc_t from step t+1.
+
+    Returns (d_gates [B, 4C], d_pre [B, P], dL/dh_{t-1}, dL/dc_{t-1}); all float32.
+    """
+    n = c.shape[1]
+    a = acts.float()
+    i, f, o, g = a[:, :n], a[:, n : 2 * n], a[:, 2 * n : 3 * n], a[:, 3 * n :]
+    d_pre = dh * h_mask
+    dm = (d_pre.to(w_proj_t.dtype) @ w_proj_t.t()).float()
+    tc = torch.tanh(c)
+    dc = (dm * o * (1 - tc * tc) + dc_next) * c_mask
+    d_gates = torch.cat(
+        [
+            dc * g * i * (1 - i),
+            dc * c_prev * f * (1 - f),
+            dm * tc * o * (1 - o),
+            dc * i * (1 - g * g),
+        ],
+        dim=1,
+    )
+    dh_prev = (d_gates.to(w_hh_t.dtype) @ w_hh_t.t()).float()
+    return d_gates, d_pre, dh_prev, dc * f
+
+
+# the trainer may swap these for compiled versions (compile_training_kernels)
+_KERNELS = {"fwd": step_forward, "bwd": step_backward}
+
+
+def compile_training_kernels() -> None:
+    """``torch.compile`` the per-step bodies: one small fused kernel set, compiled once for every T."""
+    _KERNELS["fwd"] = torch.compile(step_forward)
+    _KERNELS["bwd"] = torch.compile(step_backward)
+
+
+class LstmpFunction(torch.autograd.Function):
+    """``x_gates [B, T, 4C], W_hh^T [P, 4C], W_proj^T [C, P], h0 [B, P], c0 [B, C], keep [B, T] | None``
+    -> ``(h [B, T, P], c_T [B, C])``."""
+
+    @staticmethod
+    def forward(ctx, x_gates, w_hh_t, w_proj_t, h0, c0, keep, cell_clip, proj_clip):
+        b, t, g4 = x_gates.shape
+        n, p = g4 // 4, w_proj_t.shape[1]
+        dt = x_gates.dtype
+        fwd = _KERNELS["fwd"]
+        w_hh_t, w_proj_t = w_hh_t.to(dt), w_proj_t.to(dt)
+        h, c = h0.to(dt), c0.float()
+        keep_f = None if keep is None else keep.to(torch.float32).unsqueeze(-1)  # [B, T, 1]
+        h_prev = x_gates.new_empty(b, t, p)  # each step's (reset) input state
+        c_prev = x_gates.new_empty(b, t, n, dtype=torch.float32)
+        hs = x_gates.new_empty(b, t, p)
+        acts = x_gates.new_empty(b, t, g4)
+        cs = x_gates.new_empty(b, t, n, dtype=torch.float32)
+        c_masks = torch.empty(b, t, n, dtype=torch.bool, device=x_gates.device)
+        h_masks = torch.empty(b, t, p, dtype=torch.bool, device=x_gates.device)
+        for s in range(t):
+            if keep_f is not None:
+                h, c = h * keep_f[:, s].to(dt), c * keep_f[:, s]
+            h_prev[:, s], c_prev[:, s] = h, c
+            h, c, acts[:, s], c_masks[:, s], h_masks[:, s] = fwd(
+                x_gates[:, s], h, c, w_hh_t, w_proj_t, cell_clip, proj_clip
+            )
+            hs[:, s], cs[:, s] = h, c
+        ctx.save_for_backward(w_hh_t, w_proj_t, h_prev, c_prev, acts, cs, c_masks, h_masks, keep_f)
+        ctx.h0_dtype = h0.dtype
+        c_last = cs[:, -1].clone() if t else c0.float().clone()
+        ctx.mark_non_differentiable(c_last)
+        return hs, c_last
+
+    @staticmethod
+    def backward(ctx, d_hs, _d_c_last):
+        w_hh_t, w_proj_t, h_prev, c_prev, acts, cs, c_masks, h_masks, keep_f = ctx.saved_tensors
+        bwd = _KERNELS["bwd"]
+        b, t, p = h_prev.shape
+        n = cs.shape[2]
+        f32 = {"dtype": torch.float32, "device": h_prev.device}
+        d_hs = d_hs.float()
+        d_gates = torch.empty(b, t, 4 * n, **f32)
+        d_pres = torch.empty(b, t, p, **f32)
+        dh, dc = torch.zeros(b, p, **f32), torch.zeros(b, n, **f32)
+        for s in range(t - 1, -1, -1):
+            d_gates[:, s], d_pres[:, s], dh, dc = bwd(
+                d_hs[:, s] + dh,
+                dc,
+                acts[:, s],
+                cs[:, s],
+                c_prev[:, s],
+                c_masks[:, s],
+                h_masks[:, s],
+                w_hh_t,
+                w_proj_t,
+            )
+            if keep_f is not None:  # a reset cut the path to the previous step
+                dh, dc = dh * keep_f[:, s], dc * keep_f[:, s]
+        # weight gradients: one matmul each over all B*T rows
+        dt = w_hh_t.dtype
+        m = (acts[:, :, 2 * n : 3 * n].float() * torch.tanh(cs)).reshape(-1, n)
+        d_w_hh_t = (h_prev.reshape(-1, p).to(dt).t() @ d_gates.reshape(-1, 4 * n).to(dt)).float()
+        d_w_proj_t = (m.to(dt).t() @ d_pres.reshape(-1, p).to(dt)).float()
+        return (
+            d_gates.to(dt),
+            d_w_hh_t,
+            d_w_proj_t,
+            dh.to(ctx.h0_dtype),
+            dc,
+            None,
+            None,
+            None,
+        )
+
+
+# ---------------------------------------------------------------- the layer
+
+
+class LstmLayer(nn.Module):
+    """One direction of one LSTM layer with projection and clipping.
+
+    ``forward(x [B, T, in], state=None) -> (h [B, T, P], (h_T [B, P], c_T [B, C]))``,
+    reading left to right; callers run the backward direction on reversed input.
+    Parameters: ``w_ih`` (carries the gate bias), ``w_hh``, ``w_proj``; gates
+    packed (i, f, o, g).
+    """
+
+    def __init__(self, in_dim: int, cfg: BiLMConfig) -> None:
+        super().__init__()
+        c, p = cfg.lstm_dim, cfg.projection_dim
+        self.cell_dim, self.proj_dim = c, p
+        self.cell_clip, self.proj_clip = cfg.cell_clip, cfg.proj_clip
+        self.w_ih = nn.Linear(in_dim, 4 * c)
+        self.w_hh = nn.Linear(p, 4 * c, bias=False)
+        self.w_proj = nn.Linear(c, p, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        c = self.cell_dim
+        for w in (self.w_ih.weight, self.w_hh.weight):
+            nn.init.uniform_(w, -1 / math.sqrt(c), 1 / math.sqrt(c))
+        nn.init.xavier_uniform_(self.w_proj.weight)
+        with torch.no_grad():
+            self.w_ih.bias.zero_()
+            self.w_ih.bias[c : 2 * c] = 1.0  # forget gate starts open
+
+    def forward(
+        self,
+        x: Tensor,
+        state: LstmState | None = None,
+        *,
+        active: list[int] | None = None,
+        keep: Tensor | None = None,
+    ) -> tuple[Tensor, LstmState]:
+        """``x [B, T, in]`` -> ``(h [B, T, P], final state)``.
+
+        ``state``: initial ``(h [B, P], c [B, C])``, zeros when None.
+        ``keep [B, T]``: 0 resets a row's state before that step.
+        ``active[t]``: rows (sorted longest first) still inside their sequence
+        at step t; only those are computed and the output is zero past each
+        row's length (the final state is then meaningless).
+        """
+        x_gates = self.w_ih(x)  # [B, T, 4C], all steps at once
+        b = x.shape[0]
+        if state is None:
+            h0 = x_gates.new_zeros(b, self.proj_dim)
+            c0 = x_gates.new_zeros(b, self.cell_dim, dtype=torch.float32)
+        else:
+            h0, c0 = state
+        cc, pc = float(self.cell_clip or 0.0), float(self.proj_clip or 0.0)
+        if active is None and torch.is_grad_enabled() and x_gates.requires_grad:
+            w_hh_t, w_proj_t = self.w_hh.weight.t(), self.w_proj.weight.t()
+            hs, c_last = LstmpFunction.apply(x_gates, w_hh_t, w_proj_t, h0, c0, keep, cc, pc)
+            h_last = hs[:, -1] if hs.shape[1] else h0
+            return hs, (h_last, c_last)
+        return self._infer(x_gates, h0, c0, active, keep)
+
+    def _infer(self, x_gates, h, cell, active, keep) -> tuple[Tensor, LstmState]:
+        b, t, _ = x_gates.shape
+        c = self.cell_dim
+        # cast once per layer, not per step (autocast does not cache non-leaf views)
+        w_hh_t = self.w_hh.weight.t().to(x_gates.dtype)
+        w_proj_t = self.w_proj.weight.t().to(x_gates.dtype)
+        h, cell = h.to(x_gates.dtype), cell.to(x_gates.dtype)
+        out = x_gates.new_zeros(b, t, self.proj_dim)
+        for step in range(t):
+            if active is not None and active[step] < h.shape[0]:
+                h, cell = h[: active[step]], cell[: active[step]]
+            n = h.shape[0]
+            if keep is not None:
+                k = keep[:n, step, None].to(h.dtype)
+                h, cell = h * k, cell * k
+            gates = torch.addmm(x_gates[:n, step], h, w_hh_t)
+            gates[:, 3 * c :] *= 2  # one sigmoid for all gates: tanh(g) = 2 sigmoid(2g) - 1
+            i, f, o, g2 = torch.sigmoid(gates).chunk(4, dim=1)
+            cell = torch.addcmul(f * cell - i, i, g2, value=2)  # f * cell + i * tanh(g)
+            if self.cell_clip is not None:
+                cell = cell.clamp(-self.cell_clip, self.cell_clip)
+            hidden = torch.addcmul(-o, o, torch.sigmoid(2 * cell), value=2)  # o * tanh(cell)
+            h = hidden @ w_proj_t
+            if self.proj_clip is not None:
+                h = h.clamp(-self.proj_clip, self.proj_clip)
+            out[:n, step] = h
+        return out, (h, cell.float())
