@@ -129,7 +129,9 @@ class Settings(BaseSettings):
         description="Without Redis, the API starts a local worker process for jobs itself.",
     )
     jobs_max_attempts: int = Field(
-        3, ge=1, description="Runs of a job after workers died under it, before it is failed."
+        3,
+        ge=1,
+        description="Lost attempts (worker died, trainer killed by a signal) before a job is failed.",
     )
     jobs_heartbeat_timeout: float = Field(
         60.0,

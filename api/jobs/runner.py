@@ -64,6 +64,11 @@ class _Superseded(Exception):
     """The record moved on without us (re-queued or finished elsewhere)."""
 
 
+class _Killed(Exception):
+    """A phase's process was killed by a signal we did not send (e.g. the kernel's OOM
+    killer's SIGKILL): the job is retried from its checkpoint, like a lost worker."""
+
+
 # ---------------------------------------------------------------- process helpers
 
 _PR_SET_PDEATHSIG = 1
@@ -146,6 +151,13 @@ def newest_checkpoint(train_dir: Path) -> str | None:
     return found[-1].name if found else None
 
 
+def numeric(d: dict[str, Any]) -> dict[str, float]:
+    """The numbers of a held-out result (it also carries labels, e.g. ``protocol``)."""
+    return {
+        k: float(v) for k, v in d.items() if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+
+
 class MetricsReader:
     """Follows ``metrics.jsonl`` (appended across resumes) into a :class:`Progress`."""
 
@@ -169,7 +181,7 @@ class MetricsReader:
             except ValueError:
                 continue
             if "heldout" in rec:
-                p.heldout = {k: float(v) for k, v in rec["heldout"].items()}
+                p.heldout = numeric(rec["heldout"])
             elif "loss" in rec:
                 p.step, p.epoch = int(rec["step"]), rec.get("epoch")
                 p.tokens_seen = int(rec.get("tokens_seen", p.tokens_seen))
@@ -329,6 +341,10 @@ class JobRunner:
         except _Superseded:
             log.warning("job %s attempt %d was taken over; stopping", self.job_id, self.attempt)
             return "superseded"
+        except _Killed as e:
+            self._say(f"{e}; re-queued, it resumes from its last checkpoint")
+            self._requeue(str(e), lost=True)
+            return "requeued"
         except JobFailed as e:
             self._say(f"failed: {e}")
             self._finish("failed", str(e))
@@ -432,7 +448,7 @@ class JobRunner:
             path=str(dest),
             step=prov.get("step"),
             tokens_seen=prov.get("tokens_seen"),
-            heldout=prov.get("heldout"),
+            heldout=numeric(prov["heldout"]) if prov.get("heldout") else None,
         )
 
     def _last_error(self) -> str:
@@ -508,7 +524,20 @@ class JobRunner:
             text = f.read().decode("utf-8", "replace")
         if self._stop_requested:
             raise _Stopped()
+        if proc.returncode < 0:  # a signal we did not send (ours raise above, in _check_stop)
+            raise _Killed(
+                f"its {self.phase} process (pid {proc.pid}) was killed by {_signame(-proc.returncode)}"
+            )
         return proc.returncode, text
+
+
+def _signame(sig: int) -> str:
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+    # SIGKILL from nobody we know is most often the kernel's out-of-memory killer
+    return f"{name} (out of memory?)" if sig == signal.SIGKILL else name
 
 
 def requeue(
@@ -516,8 +545,9 @@ def requeue(
 ) -> JobRecord | None:
     """Move a running job (at ``attempt``) back to the queue as ``attempt + 1``.
 
-    ``lost``: its worker died (counts towards ``jobs_max_attempts``; past it the
-    job fails with the reason). A job with a pending cancel is cancelled instead.
+    ``lost``: its worker died or its trainer was killed (counts towards
+    ``jobs_max_attempts``; past it the job fails with the reason, which is also kept
+    in ``last_loss``). A job with a pending cancel is cancelled instead.
     Returns the record if this call changed it (the caller then delivers it).
     """
     max_losses = backend.settings.jobs_max_attempts
@@ -528,10 +558,13 @@ def requeue(
         r.runner, r.heartbeat_at = None, None
         if lost:
             r.losses += 1
+            r.last_loss = reason
         if r.cancel_requested:
             r.finish("cancelled", None)
         elif lost and r.losses >= max_losses:
-            r.finish("failed", f"worker lost {r.losses} times; last: {reason}")
+            r.finish(
+                "failed", f"lost {r.losses} times (worker died or trainer killed); last: {reason}"
+            )
         else:
             r.state, r.attempt = "queued", r.attempt + 1
             r.note(f"re-queued as attempt {r.attempt}: {reason}")
