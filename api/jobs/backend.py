@@ -251,6 +251,9 @@ class LocalBackend(JobBackend):
         )
         if s.threads:
             env["ELMO_THREADS"] = str(s.threads)
+        env["ELMO_JOBS_MEMORY_FRACTION"] = str(s.jobs_memory_fraction)
+        if s.jobs_max_memory:
+            env["ELMO_JOBS_MAX_MEMORY"] = str(int(s.jobs_max_memory))
         return env
 
     def ensure_worker(self) -> int:

@@ -408,6 +408,7 @@ class JobRunner:
             cfg["train"]["threads"] = self.settings.threads
         cfg_path = self.run_dir / "train.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        self._check_memory(cfg, data)
         total = int(cfg["train"]["steps"])
         self.metrics = MetricsReader(self.train_dir / "metrics.jsonl", total)
         self._beat(force=True)
@@ -420,6 +421,25 @@ class JobRunner:
         if reason.startswith("signal"):  # a SIGTERM we did not send: whoever sent it wants us gone
             raise _Stopped()
         self._say(f"training finished ({reason})")
+
+    def _check_memory(self, cfg: dict[str, Any], data: Path) -> None:
+        """Checked at submit on the API's machine; again here, with the real vocabulary
+        and this worker's memory, so a job too big for it fails with the reason instead
+        of being killed (and retried) by the out-of-memory killer."""
+        from api.jobs.memory import check_memory, memory_limit
+        from elmo_service.errors import ConfigError
+
+        s = self.settings
+        try:
+            vocab = json.loads((data / "manifest.json").read_text())["vocab"]["softmax_size"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        try:
+            check_memory(
+                cfg, int(vocab), memory_limit(s.jobs_max_memory, s.jobs_memory_fraction), "corpus"
+            )
+        except ConfigError as e:
+            raise JobFailed(f"{e.message} (on this worker)") from e
 
     def _export(self) -> ArtifactInfo:
         from elmo_service.artifact import read_config, read_manifest
