@@ -10,7 +10,10 @@ Each phase is idempotent, so a re-queued job simply runs again and continues:
 
 The trainer runs in its own process so that cancelling is a SIGTERM to it (it
 finishes the step, writes a checkpoint and exits 0) and progress is its
-``metrics.jsonl``. Every record write is fenced by the job's ``attempt``: a
+``metrics.jsonl``. A phase process killed by a signal we did not send (the
+kernel's OOM killer: SIGKILL) re-queues the job like a lost worker: it resumes
+from its checkpoint, bounded by ``ELMO_JOBS_MAX_ATTEMPTS``, the reason kept in
+``last_loss``. Every record write is fenced by the job's ``attempt``: a
 runner whose job was re-queued meanwhile (its heartbeat looked dead) stops
 its trainer and leaves the record alone.
 """
