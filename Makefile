@@ -7,7 +7,7 @@ TEST_STAMP := $(VENV)/.installed-test
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: setup serve test lint format bench system-deps clean deploy-check e2e
+.PHONY: setup serve test lint format bench chaos system-deps clean deploy-check e2e
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,12 @@ format: $(TEST_STAMP)
 
 bench: $(TEST_STAMP)
 	$(BIN)/python bench/bench_embedder.py
+
+# the fault suite: load-shaped attacks on real processes (loopback, a real redis-server),
+# a few minutes; prints attack -> outcomes and fails on any 5xx, wrong vector or lost step.
+# See docs/reliability.md.
+chaos: $(TEST_STAMP) system-deps
+	$(BIN)/python bench/chaos.py
 
 deploy-check: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q tests/test_deploy.py

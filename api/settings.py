@@ -10,7 +10,14 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    ByteSize,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from elmo_service.errors import ConfigError
@@ -129,7 +136,9 @@ class Settings(BaseSettings):
         description="Without Redis, the API starts a local worker process for jobs itself.",
     )
     jobs_max_attempts: int = Field(
-        3, ge=1, description="Runs of a job after workers died under it, before it is failed."
+        3,
+        ge=1,
+        description="Lost attempts (worker died, trainer killed by a signal) before a job is failed.",
     )
     jobs_heartbeat_timeout: float = Field(
         60.0,
@@ -143,6 +152,18 @@ class Settings(BaseSettings):
     )
     jobs_poll_interval: float = Field(
         0.5, gt=0, le=10, description="Runner/worker polling period, seconds."
+    )
+    jobs_max_memory: ByteSize | None = Field(
+        None,
+        description="Memory a job may need (estimated from its config; e.g. 16GiB); bigger jobs "
+        "-> 422. Default: jobs_memory_fraction of this machine's memory. Set it to the workers' "
+        "memory when they run on other machines.",
+    )
+    jobs_memory_fraction: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Share of the machine's memory a job may need (see jobs_max_memory).",
     )
 
     @field_validator("api_keys", "admin_keys", mode="before")

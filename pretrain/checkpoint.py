@@ -1,35 +1,87 @@
-"""Training checkpoints: atomic, pruned, loadable with ``weights_only=True``.
+"""Training checkpoints: atomic, content-hashed, pruned, loadable with ``weights_only=True``.
 
     run_dir/checkpoints/step-00001000.pt
+    run_dir/checkpoints/step-00001000.pt.sha256    "<sha256 hex>  step-00001000.pt"
 
 A checkpoint is a dict of tensors and primitive containers only (no pickled
 classes): model and optimizer state dicts, the step, the data position
-(epoch, batch index), per-rank RNG states and counters. It is written to a
-temporary file in the same folder, fsync'ed, then ``os.replace``'d into its
-name, so a crash mid-write leaves at most a stray ``.tmp`` file and the
-previous checkpoint intact. Loading walks from the newest checkpoint back and
-skips any that fail to load.
+(epoch, batch index), per-rank RNG states and counters.
+
+**Writing.** The payload goes to a temporary file in the same folder through
+a hashing writer (sha256 of exactly the bytes written), is fsync'ed, then:
+the sidecar ``<name>.sha256`` is written the same way (temp file, fsync,
+``os.replace``) *before* the checkpoint is renamed into its name. So a
+checkpoint file under its final name always has its hash next to it; a crash
+mid-write leaves at most a stray ``.tmp`` file or a sidecar without a
+checkpoint (both removed by the next save). The sidecar is in ``sha256sum``
+format: ``cd checkpoints && sha256sum -c step-00001000.pt.sha256`` checks
+one by hand.
+
+**Verifying.** A checkpoint is *verified* when the sha256 of its file equals
+its sidecar, *corrupt* when it differs (a bit flip, a truncation, a partial
+copy) or the sidecar is unreadable, and *unhashed* when it has no sidecar (a
+checkpoint from before hashes: it still loads, with a note).
+:func:`load_checkpoint` refuses a corrupt one.
+
+**Resuming.** :func:`load_latest` walks from the newest checkpoint back and
+returns the first that verifies (or is unhashed) and loads. When checkpoints
+exist but none of them does, it raises :class:`CheckpointError`: the
+trainer's ``--resume`` then fails with one line and exit 2, and nothing in
+the run folder is deleted; a run never silently restarts from step 0 over
+its own history.
+
+**Pruning** (after each save) keeps the ``keep`` newest *good* checkpoints
+(verified or unhashed) by step and deletes older good ones, and deletes
+corrupt ones (they can never be resumed from; the save that prunes has just
+written a verified one). So a corrupt checkpoint never outlives, and never
+displaces, a good one, and the newest good checkpoint is never deleted.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Literal
 
 import torch
 
+from elmo_service.errors import ElmoServiceError
+
+log = logging.getLogger("pretrain.checkpoint")
+
 _NAME = re.compile(r"^step-(\d{8,})\.pt$")
+_SIDECAR = re.compile(r"^([0-9a-f]{64})  (step-\d{8,}\.pt)\n?$")
+HASH_SUFFIX = ".sha256"
+_CHUNK = 1 << 20
+
+Status = Literal["verified", "unhashed", "corrupt"]
+
+
+class CheckpointError(ElmoServiceError):
+    """No checkpoint in a run folder can be resumed from, or one is corrupt."""
+
+    code = "bad_checkpoint"
+
+
+class CorruptCheckpoint(CheckpointError):
+    """A checkpoint's content does not match its hash."""
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
+def sidecar(path: str | Path) -> Path:
+    p = Path(path)
+    return p.with_name(p.name + HASH_SUFFIX)
+
+
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Complete checkpoint files, oldest first."""
+    """Checkpoint files under their final names, oldest first (verified or not)."""
     d = checkpoint_dir(run_dir)
     if not d.is_dir():
         return []
@@ -37,27 +89,165 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+# ------------------------------------------------------------------ hashing
+
+
+class _HashingWriter:
+    """A write-only file object that hashes what passes through (torch.save streams into it)."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f, self.sha = f, hashlib.sha256()
+
+    def write(self, b: bytes) -> int:
+        self.sha.update(b)
+        return self.f.write(b)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def expected_sha256(path: str | Path) -> str | None:
+    """The hash recorded for ``path``; None without a sidecar. Raises CorruptCheckpoint
+    when the sidecar exists but is not a valid record for this file."""
+    p = Path(path)
+    try:
+        text = sidecar(p).read_text(encoding="ascii")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as e:
+        raise CorruptCheckpoint(f"{p.name}: hash file unreadable ({e})", field="checkpoint") from e
+    m = _SIDECAR.match(text)
+    if m is None or m.group(2) != p.name:
+        raise CorruptCheckpoint(f"{p.name}: hash file is malformed", field="checkpoint")
+    return m.group(1)
+
+
+def verify_checkpoint(path: str | Path) -> bool:
+    """True: the content matches its hash; False: no hash recorded (an old checkpoint).
+    Raises CorruptCheckpoint on a mismatch."""
+    want = expected_sha256(path)
+    if want is None:
+        return False
+    got = file_sha256(path)
+    if got != want:
+        raise CorruptCheckpoint(
+            f"{Path(path).name}: content hash mismatch (sha256 {got[:12]}..., recorded {want[:12]}...)",
+            field="checkpoint",
+        )
+    return True
+
+
+# verdicts of files this process has already hashed, keyed by the checkpoint's and its
+# sidecar's (size, mtime): pruning after every save must not re-read every kept checkpoint
+_verdicts: dict[tuple, Status] = {}
+
+
+def _stat_key(path: Path) -> tuple | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    try:
+        h = sidecar(path).stat()
+        hs: tuple = (h.st_size, h.st_mtime_ns)
+    except OSError:
+        hs = ()
+    return (str(path), st.st_size, st.st_mtime_ns, *hs)
+
+
+def checkpoint_status(path: str | Path) -> Status:
+    """verified | unhashed | corrupt (cached per file version within this process)."""
+    p = Path(path)
+    key = _stat_key(p)
+    if key is not None and key in _verdicts:
+        return _verdicts[key]
+    try:
+        status: Status = "verified" if verify_checkpoint(p) else "unhashed"
+    except (CorruptCheckpoint, OSError):
+        status = "corrupt"
+    if key is not None:
+        _verdicts[key] = status
+    return status
+
+
+# ------------------------------------------------------------------ writing
+
+
+def _write_atomic(path: Path, write) -> None:
+    """``write(f)`` into a temp file next to ``path``, fsync, rename into place."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def save_checkpoint(run_dir: str | Path, step: int, state: dict[str, Any], keep: int = 3) -> Path:
+    """Write ``state`` as ``step-<step>.pt`` with its hash, then prune. Returns the path."""
     d = checkpoint_dir(run_dir)
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"step-{step:08d}.pt"
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=d)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
+            w = _HashingWriter(f)
+            torch.save(state, w)
             f.flush()
             os.fsync(f.fileno())
+        digest = w.sha.hexdigest()
+        # the hash lands first: a checkpoint under its final name always has one
+        _write_atomic(sidecar(path), lambda f: f.write(f"{digest}  {path.name}\n".encode()))
         os.replace(tmp, path)
         _fsync_dir(d)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    for old in list_checkpoints(run_dir)[:-keep]:
-        old.unlink(missing_ok=True)
+    key = _stat_key(path)
+    if key is not None:
+        _verdicts[key] = "verified"
+    prune(run_dir, keep)
     for stray in d.glob(".step-*.tmp"):  # left by an earlier crash
         if stray.name != Path(tmp).name:
             stray.unlink(missing_ok=True)
     return path
+
+
+def prune(run_dir: str | Path, keep: int) -> list[Path]:
+    """Keep the ``keep`` newest good checkpoints; delete older good ones and corrupt ones.
+    Returns the deleted checkpoint paths."""
+    ckpts = list_checkpoints(run_dir)
+    status = {p: checkpoint_status(p) for p in ckpts}
+    good = [p for p in ckpts if status[p] != "corrupt"]
+    if not good:  # never reached from save_checkpoint (it just wrote one); delete nothing
+        return []
+    doomed = good[:-keep] + [p for p in ckpts if status[p] == "corrupt"]
+    for p in doomed:
+        if status[p] == "corrupt":
+            log.warning(
+                "deleting corrupt checkpoint %s (its content does not match its hash)", p.name
+            )
+        p.unlink(missing_ok=True)  # the checkpoint first: a lone sidecar is harmless
+        sidecar(p).unlink(missing_ok=True)
+    names = {p.name for p in list_checkpoints(run_dir)}
+    for h in checkpoint_dir(run_dir).glob(f"step-*.pt{HASH_SUFFIX}"):
+        if h.name.removesuffix(HASH_SUFFIX) not in names:  # its checkpoint is gone
+            h.unlink(missing_ok=True)
+    for k in [k for k in _verdicts if not Path(k[0]).exists()]:
+        del _verdicts[k]
+    return doomed
 
 
 def _fsync_dir(d: Path) -> None:
@@ -71,17 +261,45 @@ def _fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
+# ------------------------------------------------------------------ reading
+
+
+def load_checkpoint(path: str | Path, verify: bool = True) -> dict[str, Any]:
+    """Load one checkpoint (tensors on the CPU). Raises CorruptCheckpoint when its content
+    does not match its recorded hash; one without a hash loads unverified."""
+    if verify:
+        verify_checkpoint(path)
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def load_latest(run_dir: str | Path, log=print) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint that loads, or None; unreadable ones are reported and skipped."""
-    for path in reversed(list_checkpoints(run_dir)):
+    """The newest checkpoint that verifies and loads; None when there is none at all.
+
+    Corrupt or unreadable ones are reported through ``log`` and skipped. Raises
+    CheckpointError (one line, naming each checkpoint and why) when checkpoints
+    exist but none can be resumed from; nothing is deleted.
+    """
+    ckpts = list_checkpoints(run_dir)
+    why: list[str] = []
+    for path in reversed(ckpts):
         try:
-            return path, load_checkpoint(path)
-        except Exception as e:  # truncated zip, bad pickle opcode, ...
+            hashed = verify_checkpoint(path)
+            st = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # hash mismatch, truncated zip, bad pickle opcode, ...
+            reason = e.message if isinstance(e, CheckpointError) else f"{type(e).__name__}: {e}"
+            reason = " ".join(str(reason).split())[:160]
+            log(f"warning: checkpoint {path.name} is unreadable ({reason}); trying an older one")
+            why.append(f"{path.name}: {reason}")
+            continue
+        if not hashed:
             log(
-                f"warning: checkpoint {path.name} is unreadable ({type(e).__name__}: {e}); trying an older one"
+                f"note: checkpoint {path.name} has no content hash (written before hashes); loaded unverified"
             )
+        return path, st
+    if ckpts:
+        raise CheckpointError(
+            f"--resume: none of the {len(ckpts)} checkpoints in {checkpoint_dir(run_dir)} can be resumed from "
+            f"({'; '.join(why)}); nothing was deleted: restore a good copy, or start over with --force",
+            field="run_dir",
+        )
     return None

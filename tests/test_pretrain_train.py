@@ -202,7 +202,12 @@ def test_checkpoints_are_atomic_pruned_and_skip_corrupt_ones(tmp_path, monkeypat
         ckpt.save_checkpoint(tmp_path, 4, {"step": 4})
     monkeypatch.undo()
     d = ckpt.checkpoint_dir(tmp_path)
-    assert sorted(p.name for p in d.iterdir()) == ["step-00000002.pt", "step-00000003.pt"]
+    assert sorted(p.name for p in d.iterdir()) == [
+        "step-00000002.pt",
+        "step-00000002.pt.sha256",
+        "step-00000003.pt",
+        "step-00000003.pt.sha256",
+    ]
     assert ckpt.load_latest(tmp_path, log=quiet)[1]["step"] == 3
     # a torn newest file (e.g. copied mid-write by hand) is skipped for the previous one
     newest = d / "step-00000003.pt"

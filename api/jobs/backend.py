@@ -14,7 +14,8 @@ delivery only:
 job whose runner is gone (its process is dead on this host, rq failed its
 execution, or its heartbeat stopped) goes back to the queue as the next
 attempt and resumes from its checkpoint (or fails, with the reason, after
-``ELMO_JOBS_MAX_ATTEMPTS`` losses); a queued job whose delivery vanished is
+``ELMO_JOBS_MAX_ATTEMPTS`` losses; a trainer killed by a signal under a live
+runner counts the same way, :mod:`api.jobs.runner`); a queued job whose delivery vanished is
 delivered again. Workers run it at start and between jobs; the API runs it
 when jobs are listed or read.
 """
@@ -250,6 +251,9 @@ class LocalBackend(JobBackend):
         )
         if s.threads:
             env["ELMO_THREADS"] = str(s.threads)
+        env["ELMO_JOBS_MEMORY_FRACTION"] = str(s.jobs_memory_fraction)
+        if s.jobs_max_memory:
+            env["ELMO_JOBS_MAX_MEMORY"] = str(int(s.jobs_max_memory))
         return env
 
     def ensure_worker(self) -> int:

@@ -10,7 +10,10 @@ Each phase is idempotent, so a re-queued job simply runs again and continues:
 
 The trainer runs in its own process so that cancelling is a SIGTERM to it (it
 finishes the step, writes a checkpoint and exits 0) and progress is its
-``metrics.jsonl``. Every record write is fenced by the job's ``attempt``: a
+``metrics.jsonl``. A phase process killed by a signal we did not send (the
+kernel's OOM killer: SIGKILL) re-queues the job like a lost worker: it resumes
+from its checkpoint, bounded by ``ELMO_JOBS_MAX_ATTEMPTS``, the reason kept in
+``last_loss``. Every record write is fenced by the job's ``attempt``: a
 runner whose job was re-queued meanwhile (its heartbeat looked dead) stops
 its trainer and leaves the record alone.
 """
@@ -62,6 +65,11 @@ class _Stopped(Exception):
 
 class _Superseded(Exception):
     """The record moved on without us (re-queued or finished elsewhere)."""
+
+
+class _Killed(Exception):
+    """A phase's process was killed by a signal we did not send (e.g. the kernel's OOM
+    killer's SIGKILL): the job is retried from its checkpoint, like a lost worker."""
 
 
 # ---------------------------------------------------------------- process helpers
@@ -146,6 +154,13 @@ def newest_checkpoint(train_dir: Path) -> str | None:
     return found[-1].name if found else None
 
 
+def numeric(d: dict[str, Any]) -> dict[str, float]:
+    """The numbers of a held-out result (it also carries labels, e.g. ``protocol``)."""
+    return {
+        k: float(v) for k, v in d.items() if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+
+
 class MetricsReader:
     """Follows ``metrics.jsonl`` (appended across resumes) into a :class:`Progress`."""
 
@@ -169,7 +184,7 @@ class MetricsReader:
             except ValueError:
                 continue
             if "heldout" in rec:
-                p.heldout = {k: float(v) for k, v in rec["heldout"].items()}
+                p.heldout = numeric(rec["heldout"])
             elif "loss" in rec:
                 p.step, p.epoch = int(rec["step"]), rec.get("epoch")
                 p.tokens_seen = int(rec.get("tokens_seen", p.tokens_seen))
@@ -329,6 +344,10 @@ class JobRunner:
         except _Superseded:
             log.warning("job %s attempt %d was taken over; stopping", self.job_id, self.attempt)
             return "superseded"
+        except _Killed as e:
+            self._say(f"{e}; re-queued, it resumes from its last checkpoint")
+            self._requeue(str(e), lost=True)
+            return "requeued"
         except JobFailed as e:
             self._say(f"failed: {e}")
             self._finish("failed", str(e))
@@ -392,6 +411,7 @@ class JobRunner:
             cfg["train"]["threads"] = self.settings.threads
         cfg_path = self.run_dir / "train.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        self._check_memory(cfg, data)
         total = int(cfg["train"]["steps"])
         self.metrics = MetricsReader(self.train_dir / "metrics.jsonl", total)
         self._beat(force=True)
@@ -404,6 +424,25 @@ class JobRunner:
         if reason.startswith("signal"):  # a SIGTERM we did not send: whoever sent it wants us gone
             raise _Stopped()
         self._say(f"training finished ({reason})")
+
+    def _check_memory(self, cfg: dict[str, Any], data: Path) -> None:
+        """Checked at submit on the API's machine; again here, with the real vocabulary
+        and this worker's memory, so a job too big for it fails with the reason instead
+        of being killed (and retried) by the out-of-memory killer."""
+        from api.jobs.memory import check_memory, memory_limit
+        from elmo_service.errors import ConfigError
+
+        s = self.settings
+        try:
+            vocab = json.loads((data / "manifest.json").read_text())["vocab"]["softmax_size"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        try:
+            check_memory(
+                cfg, int(vocab), memory_limit(s.jobs_max_memory, s.jobs_memory_fraction), "corpus"
+            )
+        except ConfigError as e:
+            raise JobFailed(f"{e.message} (on this worker)") from e
 
     def _export(self) -> ArtifactInfo:
         from elmo_service.artifact import read_config, read_manifest
@@ -432,7 +471,7 @@ class JobRunner:
             path=str(dest),
             step=prov.get("step"),
             tokens_seen=prov.get("tokens_seen"),
-            heldout=prov.get("heldout"),
+            heldout=numeric(prov["heldout"]) if prov.get("heldout") else None,
         )
 
     def _last_error(self) -> str:
@@ -508,7 +547,20 @@ class JobRunner:
             text = f.read().decode("utf-8", "replace")
         if self._stop_requested:
             raise _Stopped()
+        if proc.returncode < 0:  # a signal we did not send (ours raise above, in _check_stop)
+            raise _Killed(
+                f"its {self.phase} process (pid {proc.pid}) was killed by {_signame(-proc.returncode)}"
+            )
         return proc.returncode, text
+
+
+def _signame(sig: int) -> str:
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+    # SIGKILL from nobody we know is most often the kernel's out-of-memory killer
+    return f"{name} (out of memory?)" if sig == signal.SIGKILL else name
 
 
 def requeue(
@@ -516,8 +568,9 @@ def requeue(
 ) -> JobRecord | None:
     """Move a running job (at ``attempt``) back to the queue as ``attempt + 1``.
 
-    ``lost``: its worker died (counts towards ``jobs_max_attempts``; past it the
-    job fails with the reason). A job with a pending cancel is cancelled instead.
+    ``lost``: its worker died or its trainer was killed (counts towards
+    ``jobs_max_attempts``; past it the job fails with the reason, which is also kept
+    in ``last_loss``). A job with a pending cancel is cancelled instead.
     Returns the record if this call changed it (the caller then delivers it).
     """
     max_losses = backend.settings.jobs_max_attempts
@@ -528,10 +581,13 @@ def requeue(
         r.runner, r.heartbeat_at = None, None
         if lost:
             r.losses += 1
+            r.last_loss = reason
         if r.cancel_requested:
             r.finish("cancelled", None)
         elif lost and r.losses >= max_losses:
-            r.finish("failed", f"worker lost {r.losses} times; last: {reason}")
+            r.finish(
+                "failed", f"lost {r.losses} times (worker died or trainer killed); last: {reason}"
+            )
         else:
             r.state, r.attempt = "queued", r.attempt + 1
             r.note(f"re-queued as attempt {r.attempt}: {reason}")

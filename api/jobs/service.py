@@ -9,7 +9,8 @@ import logging
 from pathlib import Path
 
 from api.jobs.backend import JobBackend, make_backend
-from api.jobs.spec import JobIn, resolve_corpus, resolve_train_config
+from api.jobs.memory import check_memory, memory_limit
+from api.jobs.spec import JobIn, resolve_corpus, resolve_train_config, softmax_size
 from api.jobs.state import JobRecord, new_job_id
 from api.settings import Settings
 
@@ -44,8 +45,12 @@ class JobService:
 
     def submit(self, job: JobIn) -> JobRecord:
         """Validate (422 errors name the field), record as queued, deliver."""
-        resolve_corpus(self.settings.data_dir, job.corpus)
+        corpus = resolve_corpus(self.settings.data_dir, job.corpus)
         train_config = resolve_train_config(job)
+        s = self.settings
+        vocab, vocab_field = softmax_size(corpus, job)
+        limit = memory_limit(s.jobs_max_memory, s.jobs_memory_fraction)
+        check_memory(train_config, vocab, limit, vocab_field)
         job_id = new_job_id()
         name = job.name or job_id
         if (Path(self.settings.models_dir) / name).exists():

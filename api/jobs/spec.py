@@ -8,6 +8,7 @@ leaves the data folder, ``config.<section>.<key>`` for a training-config error
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -155,6 +156,16 @@ def is_prepared_corpus(path: Path) -> bool:
         return json.loads(manifest.read_text()).get("format") == PREPARED_FORMAT
     except (OSError, ValueError):
         return False
+
+
+def softmax_size(corpus: Path, job: JobIn) -> tuple[int, str]:
+    """The job's softmax size and the field that sets it: a prepared corpus's own, else
+    ``prepare.vocab_size`` (an upper bound: a small corpus may give fewer pieces)."""
+    if is_prepared_corpus(corpus):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            v = json.loads((corpus / "manifest.json").read_text())["vocab"]["softmax_size"]
+            return int(v), "corpus"
+    return job.prepare.vocab_size, "prepare.vocab_size"
 
 
 def resolve_train_config(job: JobIn) -> dict[str, Any]:

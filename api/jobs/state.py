@@ -90,7 +90,10 @@ class JobRecord(BaseModel):
     updated_at: float = Field(default_factory=time.time)
     heartbeat_at: float | None = None
     attempt: int = Field(1, description="Delivery number; a re-queued job gets the next one.")
-    losses: int = Field(0, description="Times a worker died under this job.")
+    losses: int = Field(
+        0, description="Times an attempt was lost: its worker died or its trainer was killed."
+    )
+    last_loss: str | None = Field(None, description="Why the last lost attempt was lost.")
     cancel_requested: bool = False
     progress: Progress = Field(default_factory=Progress)
     log_tail: list[str] = Field(default_factory=list)

@@ -1,0 +1,806 @@
+"""The fault suite (``make chaos``): load-shaped attacks against real processes, on loopback.
+
+One run starts a real ``redis-server``, a real ``elmo-service serve`` on a copy of
+the bundled model (``models/default``) with the Redis cache and the rq job
+backend, ``elmo-service worker`` processes, and ``elmo-pretrain`` trainers, then:
+
+  baseline          8 clients for a few seconds: the reference point
+  redis-kill        Redis SIGKILLed under load, restarted 2 s later
+  cache-corrupt     SETRANGE into every cached payload under load (the header left intact)
+  flood             64 clients x 256 new sentences at once (default limits)
+  hot-swap          model activate A -> B -> A ... under load
+  trainer-kill      a job's trainer process alone SIGKILLed mid-job (the OOM killer's signal)
+  worker-kill       a job's rq worker SIGKILLed mid-job, a new worker started
+  artifact-trunc    serve on a truncated weights file (manifest left as it was)
+  artifact-trunc-rehash  the same with a manifest re-hashed to match
+  artifact-nan      serve on weights holding a NaN, manifest consistent
+  ckpt-truncated    --resume with the newest checkpoint truncated
+  ckpt-bitflip      --resume with one bit flipped inside the newest checkpoint's tensor data
+  ckpt-all-bad      --resume with every checkpoint truncated
+
+Every 200 is checked: each sentence's layers are compared with a reference computed
+in this process by ``Embedder`` on the model the response names (its version), so a
+wrong or non-finite vector is counted, not trusted. Jobs are checked by step counts:
+the step a job resumed from against the newest checkpoint before the fault, and the
+final step against the budget. It prints a table (attack -> requests -> outcomes) and
+exits 1 when any 5xx, transport error, wrong vector, lost step or failed expectation
+occurs. A few minutes on 2 cores.
+
+    .venv/bin/python bench/chaos.py [--only flood,hot-swap] [--json out.json] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from pretrain.synthetic import sentence, write_corpus  # noqa: E402
+from tests.conftest import RedisServer, free_port  # noqa: E402
+
+ADMIN = {"authorization": "Bearer chaos-admin"}
+PREFIX = "chaos"
+SERVE_THREADS = 2
+CLIENTS = 8
+POOL = 96  # sentences the load clients draw from (so the cache gets hits)
+LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\d[ T][\d:,.]+ (DEBUG|INFO|WARNING) ")
+TOL = 1e-4  # max |served - reference|, relative to max(1, max |reference|)
+
+TINY_JOB = {
+    "model": {
+        "char_dim": 4,
+        "filters": [[1, 8], [2, 8], [3, 16]],
+        "n_highway": 1,
+        "projection_dim": 16,
+        "lstm_dim": 32,
+        "n_layers": 2,
+        "dropout": 0.1,
+        "max_sentence_tokens": 128,
+    },
+    "data": {"tokens_per_batch": 256, "max_tokens": 48, "pad_multiple": 8},
+    "softmax": {"kind": "sampled", "n_samples": 64},
+    "optim": {"lr": 0.01, "warmup_steps": 5},
+    "train": {"precision": "fp32", "threads": 1, "log_every": 5, "eval_max_sentences": 50},
+    "checkpoint": {"every_steps": 10, "every_minutes": 0, "keep": 3},
+}  # fmt: skip  (configs/tiny.yaml, checkpointing every 10 steps)
+JOB_STEPS = 200
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclass
+class Row:
+    attack: str
+    requests: int = 0
+    status: Counter = field(default_factory=Counter)  # "2xx" "4xx" "429" "5xx" "err"
+    wrong: int = 0
+    lost_steps: int | None = None
+    failures: list[str] = field(default_factory=list)  # expectations that did not hold
+    notes: list[str] = field(default_factory=list)
+    depends_on: str = ""  # the fix this row needs when it is not on this branch
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        bad = self.status["5xx"] + self.status["err"] + self.wrong + (self.lost_steps or 0)
+        return bad == 0 and not self.failures
+
+    def count(self, code: int | None) -> None:
+        self.requests += 1
+        if code is None:
+            self.status["err"] += 1
+        elif code == 429:
+            self.status["429"] += 1
+        elif code >= 500:
+            self.status["5xx"] += 1
+        elif code >= 400:
+            self.status["4xx"] += 1
+        else:
+            self.status["2xx"] += 1
+
+
+def table(rows: list[Row]) -> str:
+    head = "| attack | requests | 2xx | 4xx | 429 | 5xx | err | wrong vectors | lost steps | verdict | notes |"
+    out = [head, "|" + "---|" * 11]
+    for r in rows:
+        s = r.status
+        lost = "" if r.lost_steps is None else str(r.lost_steps)
+        verdict = "ok" if r.ok else "FAIL"
+        notes = "; ".join(r.failures + r.notes)
+        if not r.ok and r.depends_on:
+            notes += f" [needs: {r.depends_on}]"
+        out.append(
+            f"| {r.attack} | {r.requests} | {s['2xx']} | {s['4xx']} | {s['429']} | {s['5xx']} "
+            f"| {s['err']} | {r.wrong} | {lost} | {verdict} | {notes} |"
+        )
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- processes
+
+
+class Procs:
+    """Every process this run starts; all stopped at the end (by pid, never by name)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.procs = root, []
+
+    def start(self, name: str, cmd: list[str], env: dict[str, str], **kw: Any) -> subprocess.Popen:
+        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - the process owns it
+        p = subprocess.Popen(
+            cmd, env=env, stdout=log, stderr=kw.pop("stderr", subprocess.STDOUT), **kw
+        )
+        self.procs.append(p)
+        return p
+
+    def stop(self, p: subprocess.Popen, sig: int = signal.SIGTERM, wait: float = 20) -> None:
+        if p.poll() is None:
+            p.send_signal(sig)
+            try:
+                p.wait(wait)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def stop_all(self) -> None:
+        for p in reversed(self.procs):
+            self.stop(p)
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ELMO_") and k != "REDIS_URL"}
+    # this checkout's code in every child, whatever the venv's editable install points at
+    env["PYTHONPATH"] = str(REPO) + (
+        os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+    )
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 180) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    return False
+
+
+def pids_of(*needles: str) -> list[int]:
+    """Processes whose command line holds every needle (to find a job's trainer)."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            argv = (p / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if all(any(n.encode() in a for a in argv) for n in needles):
+            out.append(int(p.name))
+    return out
+
+
+# ---------------------------------------------------------------- models and references
+
+
+def make_models(models: Path) -> dict[str, Path]:
+    """``default`` (the bundled model), ``swap-b`` (its weights scaled: other vectors),
+    and the broken ones, each as a folder under ``models``."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from elmo_service.artifact import load_artifact, save_artifact, sha256_file, version_of
+
+    a = models / "default"
+    shutil.copytree(REPO / "models" / "default", a)
+    art = load_artifact(a)
+    with torch.no_grad():
+        for p in art.model.parameters():
+            if p.dim() == 2:
+                p.mul_(0.97)  # every matrix: a model whose vectors differ everywhere
+    b = models / "swap-b"
+    save_artifact(
+        art.model, art.tokenizer, b, provenance={"source": "chaos: scaled default"}, tasks=art.tasks
+    )
+
+    def rehash(d: Path) -> None:
+        man = json.loads((d / "manifest.json").read_text())
+        man["files"] = {n: sha256_file(d / n) for n in man["files"]}
+        man["version"] = version_of(man["files"])
+        (d / "manifest.json").write_text(json.dumps(man, indent=2, sort_keys=True) + "\n")
+
+    broken = models.parent / "broken"
+    trunc = broken / "trunc"
+    shutil.copytree(a, trunc)
+    w = trunc / "weights.safetensors"
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    rehashed = broken / "trunc-rehash"
+    shutil.copytree(trunc, rehashed)
+    rehash(rehashed)
+    nan = broken / "nan"
+    shutil.copytree(a, nan)
+    state = load_file(str(nan / "weights.safetensors"))
+    key = max(state, key=lambda k: state[k].numel())  # the biggest matrix holds one NaN
+    state[key] = state[key].clone()
+    state[key].view(-1)[7] = float("nan")
+    save_file(state, str(nan / "weights.safetensors"), metadata={"format": "elmo-service"})
+    rehash(nan)
+    return {"a": a, "b": b, "trunc": trunc, "trunc-rehash": rehashed, "nan": nan}
+
+
+class References:
+    """Per (model version, sentence): the layers ``Embedder`` computes in this process."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        from elmo_service.embedder import Embedder
+
+        self.emb = {}
+        for p in paths:
+            e = Embedder.load(p, threads=1)
+            self.emb[e.version] = e
+        self.cache: dict[tuple[str, str], np.ndarray] = {}
+
+    def precompute(self, sentences: list[str]) -> None:
+        for v, e in self.emb.items():
+            for s, out in zip(sentences, e.embed(sentences), strict=True):
+                self.cache[(v, s)] = out.layers
+
+    def get(self, version: str, s: str) -> np.ndarray | None:
+        if version not in self.emb:
+            return None
+        if (version, s) not in self.cache:
+            self.cache[(version, s)] = self.emb[version].embed([s])[0].layers
+        return self.cache[(version, s)]
+
+
+def is_wrong(got: np.ndarray, ref: np.ndarray | None) -> bool:
+    if ref is None or got.shape != ref.shape or not np.isfinite(got).all():
+        return True
+    return float(np.abs(got - ref).max()) > TOL * max(1.0, float(np.abs(ref).max()))
+
+
+# ---------------------------------------------------------------- the load
+
+
+class Load:
+    """Clients posting /v1/embed (layers, base64 float32) and checking every 200."""
+
+    def __init__(self, port: int, refs: References, pool: list[str]) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.refs, self.pool = refs, pool
+        self.samples: list[tuple[str, str, np.ndarray]] = []  # checked after (flood)
+
+    async def request(
+        self, client: httpx.AsyncClient, row: Row, sents: list[str], check_all: bool = True
+    ) -> None:
+        body = {"sentences": sents, "output": "layers", "encoding": "base64"}
+        try:
+            r = await client.post(f"{self.url}/v1/embed", json=body)
+        except httpx.HTTPError as e:
+            row.count(None)
+            if len(row.notes) < 3:
+                row.notes.append(f"transport: {type(e).__name__}")
+            return
+        row.count(r.status_code)
+        no_retry = r.status_code == 429 and "retry-after" not in r.headers  # case-insensitive
+        if no_retry and "429 without Retry-After" not in row.failures:
+            row.failures.append("429 without Retry-After")
+        if r.status_code != 200:
+            return
+        out = r.json()
+        version = out["model"]["version"]
+        data = out.get("data") or []
+        if len(data) != len(sents):
+            row.wrong += len(sents)
+            return
+        for item in data:
+            s = sents[item["index"]]
+            lay = item["layers"]
+            try:
+                got = np.frombuffer(base64.b64decode(lay["data"]), dtype="<f4").reshape(
+                    lay["shape"]
+                )
+            except (ValueError, KeyError, TypeError):
+                row.wrong += 1
+                continue
+            if check_all:
+                row.wrong += is_wrong(got, self.refs.get(version, s))
+            elif len(self.samples) < 200 and random.random() < 0.02:
+                self.samples.append((version, s, got.copy()))
+
+    async def clients(self, row: Row, seconds: float, n: int = CLIENTS, per: int = 4) -> None:
+        stop = time.monotonic() + seconds
+        rng = random.Random(zlib.crc32(row.attack.encode()))
+
+        async def one(client: httpx.AsyncClient) -> None:
+            while time.monotonic() < stop:
+                await self.request(client, row, rng.sample(self.pool, per))
+
+        async with httpx.AsyncClient(timeout=60) as client:
+            await asyncio.gather(*(one(client) for _ in range(n)))
+
+    def check_samples(self, row: Row) -> None:
+        for version, s, got in self.samples:
+            row.wrong += is_wrong(got, self.refs.get(version, s))
+        row.notes.append(f"{len(self.samples)} sampled sentences checked")
+        self.samples.clear()
+
+    async def drain(self, timeout: float = 180) -> float:
+        """Until a one-sentence request is answered quickly again (the queue emptied)."""
+        t0 = time.monotonic()
+        async with httpx.AsyncClient(timeout=60) as client:
+            while time.monotonic() - t0 < timeout:
+                t = time.monotonic()
+                try:
+                    r = await client.post(
+                        f"{self.url}/v1/embed", json={"sentences": ["drain probe ."]}
+                    )
+                    if r.status_code == 200 and time.monotonic() - t < 1.0:
+                        break
+                except httpx.HTTPError:
+                    pass
+                await asyncio.sleep(0.5)
+        return time.monotonic() - t0
+
+
+# ---------------------------------------------------------------- serving attacks
+
+
+async def attack_baseline(ctx: Ctx, row: Row) -> None:
+    await ctx.load.clients(row, 6)
+
+
+async def attack_redis_kill(ctx: Ctx, row: Row) -> None:
+    async def fault() -> None:
+        await asyncio.sleep(2)
+        ctx.redis.proc.kill()  # SIGKILL: no goodbye to the clients
+        ctx.redis.proc.wait()
+        await asyncio.sleep(2)
+        ctx.redis.proc = None
+        ctx.redis.start()
+
+    await asyncio.gather(ctx.load.clients(row, 10), fault())
+    row.notes.append("killed at 2 s, back at 4 s")
+
+
+async def attack_cache_corrupt(ctx: Ctx, row: Row) -> None:
+    r = ctx.redis.client()
+    warm = Row("warm")
+    async with httpx.AsyncClient(timeout=60) as client:  # every pool sentence cached
+        for i in range(0, len(ctx.pool), 16):
+            await ctx.load.request(client, warm, ctx.pool[i : i + 16])
+    hits = [0]
+
+    async def fault() -> None:
+        for _ in range(12):
+            keys = list(r.scan_iter(f"{PREFIX}:emb:*", count=1000))
+            for k in keys:
+                r.setrange(k, 64, b"ZZZZZZZZZZZZZZZZ")  # payload bytes, header intact
+            hits[0] += len(keys)
+            await asyncio.sleep(0.5)
+
+    await asyncio.gather(ctx.load.clients(row, 7), fault())
+    # the attack ends here: what it left in the cache must not count against later rows
+    for k in list(r.scan_iter(f"{PREFIX}:emb:*", count=1000)):
+        r.delete(k)
+    r.close()
+    row.notes.append(f"{hits[0]} payloads overwritten")
+
+
+async def attack_flood(ctx: Ctx, row: Row) -> None:
+    rng = random.Random(64)
+    # ~24 words a sentence, like natural text (the issue's flood), all new to the cache
+    bodies = [[" ".join(sentence(rng) for _ in range(3)) for _ in range(256)] for _ in range(64)]
+    t0 = time.monotonic()
+    limits = httpx.Limits(max_connections=64)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+        await asyncio.gather(*(ctx.load.request(client, row, b, check_all=False) for b in bodies))
+    took = time.monotonic() - t0
+    ctx.load.check_samples(row)
+    drained = await ctx.load.drain()
+    row.notes.append(f"all answered in {took:.0f} s; queue drained {drained:.0f} s later")
+
+
+async def attack_hot_swap(ctx: Ctx, row: Row) -> None:
+    swaps = Counter()
+
+    async def fault() -> None:
+        async with httpx.AsyncClient(timeout=60) as client:
+            for i in range(6):
+                await asyncio.sleep(1.5)
+                name = "swap-b" if i % 2 == 0 else "default"
+                r = await client.post(f"{ctx.load.url}/v1/models/{name}/activate", headers=ADMIN)
+                swaps[r.status_code] += 1
+
+    await asyncio.gather(ctx.load.clients(row, 11), fault())
+    row.notes.append("activations: " + ", ".join(f"{n} x {c}" for c, n in sorted(swaps.items())))
+    if set(swaps) != {200}:
+        row.failures.append("an activation failed")
+
+
+# ---------------------------------------------------------------- job attacks
+
+
+def job_body(name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "corpus": "corpora/book.txt",
+        "config": TINY_JOB,
+        "budget": {"steps": JOB_STEPS},
+        "prepare": {"tokenizer": "word", "vocab_size": 300, "heldout_fraction": 0.05},
+    }
+
+
+def newest_step(train_dir: Path) -> int:
+    found = sorted((train_dir / "checkpoints").glob("step-*.pt"))
+    return int(found[-1].name[5:13]) if found else 0
+
+
+async def run_job_attack(ctx: Ctx, row: Row, kill) -> None:
+    """Submit a job, ``kill(rec)`` once it has a checkpoint, wait for the end, count steps."""
+    url = ctx.load.url
+    async with httpx.AsyncClient(timeout=30, headers=ADMIN) as c:
+        r = await c.post(f"{url}/v1/jobs", json=job_body(f"chaos-{row.attack}"))
+        row.count(r.status_code)
+        if r.status_code != 202:
+            row.failures.append(f"submit: {r.status_code} {r.text[:120]}")
+            return
+        job = r.json()["id"]
+
+        async def wait(until, timeout: float) -> dict[str, Any]:
+            deadline = time.monotonic() + timeout
+            rec: dict[str, Any] = {}
+            while time.monotonic() < deadline:
+                rec = (await c.get(f"{url}/v1/jobs/{job}")).json()
+                if until(rec) or rec.get("state") in ("succeeded", "failed", "cancelled"):
+                    return rec
+                await asyncio.sleep(0.2)
+            return rec
+
+        rec = await wait(lambda j: j["state"] == "running" and j["progress"]["step"] >= 35, 120)
+        if rec.get("state") != "running":
+            row.failures.append(f"never ran: {rec.get('state')} {rec.get('error')}")
+            return
+        train_dir = Path(rec["run_dir"]) / "train"
+        before = newest_step(train_dir)
+        what = kill(rec)
+        await asyncio.sleep(1)  # what the fault left on disk: the trainer writes on SIGTERM
+        saved = newest_step(train_dir)
+        rec = await wait(lambda j: False, 180)
+    log = (Path(rec["run_dir"]) / "job.log").read_text()
+    resumed = [int(m) for m in re.findall(r"resumed from step-\d+\.pt: step (\d+)", log)]
+    final, total = rec["progress"]["step"], rec["progress"]["total_steps"]
+    lost = max(0, max(before, saved) - (resumed[-1] if resumed else 0)) + max(0, total - final)
+    row.lost_steps = lost
+    row.notes.append(
+        f"{what}; newest checkpoint at the fault: step {max(before, saved)}; resumed from step "
+        f"{resumed[-1] if resumed else 'none'}; final {final}/{total}; state {rec['state']}, "
+        f"attempt {rec['attempt']}"
+    )
+    if rec.get("last_loss"):
+        row.notes.append(f"reason recorded: {rec['last_loss']}")
+    if rec["state"] != "succeeded":
+        row.failures.append(f"job {rec['state']}: {rec.get('error')}")
+
+
+async def attack_trainer_kill(ctx: Ctx, row: Row) -> None:
+    def kill(rec: dict[str, Any]) -> str:
+        pids = pids_of("pretrain.cli", "train", rec["run_dir"])
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        return f"SIGKILL to trainer pid {pids}"
+
+    await run_job_attack(ctx, row, kill)
+
+
+async def attack_worker_kill(ctx: Ctx, row: Row) -> None:
+    def kill(rec: dict[str, Any]) -> str:
+        w = ctx.worker
+        w.kill()  # the rq worker; its work-horse gets SIGTERM (and checkpoints)
+        w.wait()
+        ctx.worker = ctx.start_worker()
+        return f"SIGKILL to worker pid {w.pid}, a new worker started"
+
+    await run_job_attack(ctx, row, kill)
+
+
+# ---------------------------------------------------------------- offline attacks
+
+
+def attack_artifact(ctx: Ctx, row: Row, which: str) -> None:
+    port = free_port()
+    env = base_env(ELMO_THREADS="1", ELMO_WARMUP="true", ELMO_RUNS_DIR=str(ctx.root / "runs-x"))
+    cmd = [
+        sys.executable,
+        "-m",
+        "api.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--model",
+        str(ctx.models[which]),
+    ]
+    err = ctx.root / f"serve-{which}.err"
+    with open(err, "wb") as f:
+        p = ctx.procs.start(f"serve-{which}", cmd, env, stderr=f)
+    row.requests = 1
+    try:
+        if wait_ready(port, p, timeout=90):
+            row.wrong += 1
+            row.failures.append("served the broken model")
+            r = httpx.post(
+                f"http://127.0.0.1:{port}/v1/embed", json={"sentences": ["a test ."]}, timeout=30
+            )
+            row.count(r.status_code)
+            if r.status_code == 200 and ("null" in r.text or "NaN" in r.text):
+                row.notes.append("its 200 carried null/NaN vectors")
+        else:
+            rc = p.wait(30)
+            text = err.read_text(errors="replace").splitlines()
+            # log records (INFO ...) may precede it; the error itself must be one line
+            lines = [x for x in text if x.strip() and not LOG_RECORD.match(x)]
+            row.notes.append(f"refused at start: exit {rc}: {lines[-1][:140] if lines else ''}")
+            if rc == 0:
+                row.failures.append("exit 0")
+            if len(lines) != 1:
+                row.failures.append(f"{len(lines)} lines on stderr besides log records, not one")
+    finally:
+        ctx.procs.stop(p, signal.SIGKILL)
+
+
+def pretrain(ctx: Ctx, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pretrain.cli", *args],
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def checkpoint_run(ctx: Ctx) -> Path:
+    """A tiny run stopped at step 30, checkpoints at 10, 20, 30 (made once)."""
+    base = ctx.root / "ckpt-base"
+    if base.exists():
+        return base
+    prepared = ctx.root / "prepared"
+    p = pretrain(ctx, "prepare", str(ctx.data / "corpora" / "book.txt"), "--out", str(prepared),
+                 "--tokenizer", "word", "--vocab-size", "300", "--no-progress")  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    sets = [f"data.path={prepared}", "train.steps=40", "checkpoint.every_steps=10",
+            "checkpoint.keep=3", "train.progress=false", "train.eval_max_sentences=20"]  # fmt: skip
+    cmd = [
+        "train",
+        str(REPO / "configs" / "tiny.yaml"),
+        "--run-dir",
+        str(base),
+        "--stop-after",
+        "30",
+    ]
+    p = pretrain(ctx, *cmd, *[x for s in sets for x in ("--set", s)])
+    assert p.returncode == 0, p.stdout + p.stderr
+    return base
+
+
+def attack_checkpoint(ctx: Ctx, row: Row, how: str) -> None:
+    import torch
+
+    from pretrain.checkpoint import list_checkpoints, load_checkpoint
+
+    run = ctx.root / f"ckpt-{how}"
+    shutil.copytree(checkpoint_run(ctx), run)
+    ckpts = list_checkpoints(run)
+    good_before = int(ckpts[-1].name[5:13])
+    if how == "truncated":
+        ckpts[-1].write_bytes(ckpts[-1].read_bytes()[:-4096])
+        good_before = int(ckpts[-2].name[5:13])
+    elif how == "bitflip":
+        st = load_checkpoint(ckpts[-1])
+        t = max(st["model"].values(), key=lambda x: x.numel())
+        raw = bytearray(ckpts[-1].read_bytes())
+        at = raw.find(t.to(torch.float32).numpy().tobytes())
+        assert at >= 0, "tensor bytes not found in the checkpoint"
+        at += t.numel() * 2  # the middle of the biggest tensor's data
+        raw[at] ^= 0x04
+        ckpts[-1].write_bytes(bytes(raw))
+        good_before = int(ckpts[-2].name[5:13])
+    else:  # all
+        for c in ckpts:
+            c.write_bytes(c.read_bytes()[: c.stat().st_size // 3])
+    files_before = sorted(p.name for p in (run / "checkpoints").iterdir())
+    p = pretrain(ctx, "train", "--run-dir", str(run), "--resume")
+    row.requests = 1
+    m = re.search(r"resumed from step-\d+\.pt: step (\d+)", p.stdout)
+    resumed = int(m.group(1)) if m else 0
+    final = re.findall(r"stopped at step (\d+)", p.stdout)
+    if how == "all":
+        lines = [x for x in p.stderr.splitlines() if x.strip()]
+        after = sorted(q.name for q in (run / "checkpoints").iterdir())
+        row.lost_steps = 0 if p.returncode != 0 else good_before  # a restart from 0 loses them
+        row.notes.append(f"exit {p.returncode}: {lines[-1][:150] if lines else ''}")
+        if p.returncode == 0:
+            row.failures.append("resumed from nothing (exit 0)")
+        if len(lines) != 1:
+            row.failures.append(f"{len(lines)} lines on stderr, not one")
+        if after != files_before:
+            row.failures.append("files deleted or added")
+        return
+    row.lost_steps = max(0, good_before - resumed) + (0 if final and int(final[-1]) == 40 else 40)
+    row.notes.append(
+        f"resumed from step {resumed} (newest intact: {good_before}); final {final[-1] if final else '?'}/40"
+    )
+    if p.returncode != 0:
+        row.failures.append(f"exit {p.returncode}: {p.stderr.strip()[-150:]}")
+
+
+# ---------------------------------------------------------------- the run
+
+
+@dataclass
+class Ctx:
+    root: Path
+    procs: Procs
+    redis: RedisServer
+    models: dict[str, Path]
+    data: Path
+    load: Load
+    pool: list[str]
+    worker_env: dict[str, str]
+    worker: subprocess.Popen | None = None
+
+    def start_worker(self) -> subprocess.Popen:
+        n = len(self.procs.procs)
+        return self.procs.start(
+            f"worker{n}", [sys.executable, "-m", "api.cli", "worker"], self.worker_env
+        )
+
+
+# attack -> (runner, which fix it needs when that fix is not on the branch)
+SERVING = {
+    "baseline": (attack_baseline, ""),
+    "redis-kill": (attack_redis_kill, ""),
+    "cache-corrupt": (attack_cache_corrupt, "cache payload checksums (issue 15, serving side)"),
+    "flood": (attack_flood, "admission control: 429 + Retry-After (issue 15, serving side)"),
+    "hot-swap": (attack_hot_swap, ""),
+}
+JOBS = {
+    "trainer-kill": (attack_trainer_kill, ""),
+    "worker-kill": (attack_worker_kill, ""),
+}
+OFFLINE = {
+    "artifact-trunc": (lambda c, r: attack_artifact(c, r, "trunc"), "one-line start-up errors (issue 15, serving side)"),
+    "artifact-trunc-rehash": (lambda c, r: attack_artifact(c, r, "trunc-rehash"), "one-line start-up errors (issue 15, serving side)"),
+    "artifact-nan": (lambda c, r: attack_artifact(c, r, "nan"), "non-finite weights refused at load (issue 15, serving side)"),
+    "ckpt-truncated": (lambda c, r: attack_checkpoint(c, r, "truncated"), ""),
+    "ckpt-bitflip": (lambda c, r: attack_checkpoint(c, r, "bitflip"), ""),
+    "ckpt-all-bad": (lambda c, r: attack_checkpoint(c, r, "all"), ""),
+}  # fmt: skip
+ALL = {**SERVING, **JOBS, **OFFLINE}
+
+
+async def main_async(args: argparse.Namespace, root: Path) -> list[Row]:
+    only = [a for a in (args.only.split(",") if args.only else ALL)]
+    unknown = [a for a in only if a not in ALL]
+    if unknown:
+        raise SystemExit(f"chaos: unknown attack(s) {unknown}; known: {', '.join(ALL)}")
+    procs = Procs(root)
+    redis = RedisServer(root / "redis").start()
+    rows: list[Row] = []
+    try:
+        print(f"chaos: working in {root}", flush=True)
+        models = make_models(root / "models")
+        data = root / "data"
+        (data / "corpora").mkdir(parents=True)
+        write_corpus(data / "corpora" / "book.txt", n_sentences=1500, seed=11)
+        rng = random.Random(7)
+        pool = [sentence(rng) for _ in range(POOL)]
+        refs = References([models["a"], models["b"]])
+        refs.precompute(pool)
+        env = base_env(
+            REDIS_URL=redis.url, ELMO_REDIS_PREFIX=PREFIX, ELMO_JOBS_QUEUE=f"{PREFIX}-jobs",
+            ELMO_MODELS_DIR=str(root / "models"), ELMO_MODEL="default", ELMO_DATA_DIR=str(data),
+            ELMO_RUNS_DIR=str(root / "runs"), ELMO_ADMIN_KEYS="chaos-admin",
+            ELMO_JOBS_POLL_INTERVAL="0.2", ELMO_JOBS_STOP_TIMEOUT="30",
+        )  # fmt: skip
+        port = free_port()
+        ctx = Ctx(
+            root,
+            procs,
+            redis,
+            models,
+            data,
+            Load(port, refs, pool),
+            pool,
+            {**env, "ELMO_THREADS": "1"},
+        )
+        need_server = any(a in SERVING or a in JOBS for a in only)
+        if need_server:
+            serve_env = {**env, "ELMO_THREADS": str(SERVE_THREADS)}
+            server = procs.start(
+                "serve", [sys.executable, "-m", "api.cli", "serve", "--port", str(port)], serve_env
+            )
+            if not wait_ready(port, server):
+                raise SystemExit(
+                    f"chaos: the server did not become ready; see {root / 'serve.log'}"
+                )
+        if any(a in JOBS for a in only):
+            ctx.worker = ctx.start_worker()
+        for name in only:
+            fn, needs = ALL[name]
+            row = Row(name, depends_on=needs)
+            print(f"chaos: {name} ...", flush=True)
+            t0 = time.monotonic()
+            try:
+                res = fn(ctx, row)
+                if asyncio.iscoroutine(res):
+                    await res
+            except Exception as e:  # the harness itself broke: the row fails, visibly
+                row.failures.append(f"harness: {type(e).__name__}: {e}")
+            row.seconds = time.monotonic() - t0
+            rows.append(row)
+            print(f"chaos: {name}: {'ok' if row.ok else 'FAIL'} in {row.seconds:.0f} s", flush=True)
+    finally:
+        procs.stop_all()
+        redis.stop()
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", help="comma-separated attacks (default: all): " + ", ".join(ALL))
+    ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--keep", action="store_true", help="keep the working folder (logs)")
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="elmo-chaos-"))
+    t0 = time.monotonic()
+    try:
+        rows = asyncio.run(main_async(args, root))
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    print()
+    print(table(rows))
+    bad = [r.attack for r in rows if not r.ok]
+    print(
+        f"\n{len(rows)} attacks in {time.monotonic() - t0:.0f} s; "
+        + (f"FAILED: {', '.join(bad)}" if bad else "all held")
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps([
+            {"attack": r.attack, "requests": r.requests, **dict(r.status), "wrong": r.wrong,
+             "lost_steps": r.lost_steps, "ok": r.ok, "failures": r.failures, "notes": r.notes,
+             "depends_on": r.depends_on, "seconds": round(r.seconds, 1)} for r in rows
+        ], indent=1))  # fmt: skip
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
