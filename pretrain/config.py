@@ -71,6 +71,9 @@ class OptimConfig:
     weight_decay: float = 0.0
     adagrad_init_acc: float = 1.0  # bilm-tf's initial accumulator value
     clip_norm: float = 10.0  # global gradient norm; 0 disables
+    # mean: loss = mean NLL per prediction; sum_over_time: summed over each row's steps and
+    # averaged over rows, the PTB literature's convention that its SGD learning rates assume
+    loss_reduction: str = "mean"
     warmup_steps: int = 0
     decay: str = "cosine"  # none | linear | cosine | inverse_sqrt | plateau
     min_lr_ratio: float = 0.1  # linear/cosine decay ends at lr * min_lr_ratio
@@ -140,6 +143,11 @@ class TrainConfig:
         need(o.name in OPTIMIZERS, "optim.name", " | ".join(OPTIMIZERS))
         need(o.lr > 0, "optim.lr", "must be positive")
         need(o.clip_norm >= 0, "optim.clip_norm", "must be >= 0")
+        need(
+            o.loss_reduction in ("mean", "sum_over_time"),
+            "optim.loss_reduction",
+            "mean | sum_over_time",
+        )
         need(o.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
         need(o.decay in DECAYS, "optim.decay", " | ".join(DECAYS))
         need(0 < o.plateau_factor <= 1, "optim.plateau_factor", "must be in (0, 1]")
@@ -199,6 +207,7 @@ _LATER_DEFAULTS = {
     "data.shuffle": True,
     "optim.plateau_factor": 0.5,
     "optim.plateau_threshold": 1.0,
+    "optim.loss_reduction": "mean",
     "model.dropout_tokens": True,
 }
 

@@ -65,6 +65,10 @@ class LanguageModel(nn.Module):
         self.directions = directions
         if directions == "forward":
             self.bilm.backward_layers.requires_grad_(False)
+        # "mean": the loss is the mean NLL per prediction; "sum_over_time": summed over each
+        # row's steps, averaged over rows (Zaremba et al. 2014, Kim et al. 2016, whose SGD lr 1
+        # assumes it: the gradient is ~T times the mean's). Set by the trainer from optim.
+        self.loss_reduction = "mean"
         # the trainer may swap these for compiled versions
         self.encode_fn = self.bilm.token_encoder.forward  # a function: not a registered submodule
         self.loss_fn = self.softmax.loss
@@ -107,6 +111,8 @@ class LanguageModel(nn.Module):
         # position t (0..T-2) makes a prediction iff t+1 < length, in both directions
         m = length_mask(lengths, t)[:, 1:].reshape(-1).float()
         n = m.sum().clamp_min(1.0)
+        if self.loss_reduction == "sum_over_time":
+            n = (lengths > 1).sum().clamp_min(1).float()  # rows holding a sentence
         nll_f = (
             self.loss_fn(h_f[:, :-1].reshape(-1, p), targets[:, 1:].reshape(-1), cand) * m
         ).sum()
@@ -164,7 +170,8 @@ class LanguageModel(nn.Module):
             p = h.shape[-1]
             losses = self.loss_fn(h.reshape(-1, p), win.targets.reshape(-1), cand)
             nll[d] = (losses * win.mask.reshape(-1)).sum()
-            mean[d] = nll[d] / max(win.n_pred, 1)
+            denom = win.ids.shape[0] if self.loss_reduction == "sum_over_time" else win.n_pred
+            mean[d] = nll[d] / max(denom, 1)
             new_state[d] = [(hh.detach(), cc.detach()) for hh, cc in states]
         loss = sum(mean.values()) / len(mean)
         nll_b = nll.get("backward", torch.zeros_like(nll["forward"]))

@@ -87,7 +87,9 @@ def make_optimizer(params, o: OptimConfig) -> torch.optim.Optimizer:
 
 def build_model(cfg: TrainConfig, corpus: Corpus) -> LanguageModel:
     table = corpus.char_table(cfg.model.max_chars_per_token)
-    return LanguageModel(cfg.model, cfg.softmax, corpus.softmax_size, table, cfg.train.directions)
+    lm = LanguageModel(cfg.model, cfg.softmax, corpus.softmax_size, table, cfg.train.directions)
+    lm.loss_reduction = cfg.optim.loss_reduction
+    return lm
 
 
 def dist_env() -> tuple[int, int, int]:

@@ -143,3 +143,23 @@ def test_stream_eval_of_one_sentence_is_the_sentence_eval(corpus_dir, tmp_path):
     # windowing does not change the stream figure
     small = stream_perplexity(lm, corpus, sents, cpu, window=7)
     assert small["forward_ppl"] == pytest.approx(many_t["forward_ppl"], rel=1e-6)
+
+
+def test_sum_over_time_loss_is_the_literature_scale(corpus_dir):  # noqa: F811
+    """sum_over_time: NLL summed over a window's steps, averaged over rows (Kim et al.'s lr 1)."""
+    from pretrain.train import build_model
+
+    cfg = tiny(corpus_dir, *STREAM, "train.directions=forward", "model.dropout=0.0")
+    corpus = Corpus(corpus_dir)
+    lm = build_model(cfg, corpus)
+    batch = StreamBatcher(corpus, "train", rows=4, unroll=8, seed=1, directions=("forward",)).batch(
+        0, 0
+    )
+    torch.manual_seed(0)
+    mean_loss, nll_f, _, _ = lm(batch, None, stream=True)
+    lm.loss_reduction = "sum_over_time"
+    torch.manual_seed(0)
+    sum_loss, _, _, _ = lm(batch, None, stream=True)
+    n_pred = batch.windows["forward"].n_pred
+    assert float(mean_loss) == pytest.approx(float(nll_f) / n_pred, rel=1e-6)
+    assert float(sum_loss) == pytest.approx(float(nll_f) / 4, rel=1e-6)
