@@ -97,7 +97,10 @@ def _add_prepare(sub) -> None:
 def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train a biLM from a YAML config")
     p.add_argument(
-        "config", nargs="?", help="YAML config (optional with --resume: the run's saved config)"
+        "config",
+        nargs="?",
+        help="YAML config; with --resume, the run's saved config is used and the file "
+        "(with the run's launch --set overrides) must agree with it, except for run length",
     )
     p.add_argument(
         "--run-dir",
@@ -202,14 +205,22 @@ def cmd_train(a) -> int:
     from pathlib import Path
 
     from pretrain.config import dump_config
-    from pretrain.train import resolve_config, run_training
+    from pretrain.launch import read_launch, write_launch
+    from pretrain.train import check_run_dir, dist_env, resolve_config, run_training
 
-    cfg = resolve_config(
-        a.config, a.overrides, Path(a.run_dir), a.resume
-    )  # all config errors surface here
+    run_dir = Path(a.run_dir)
+    cfg = resolve_config(a.config, a.overrides, run_dir, a.resume)  # all config errors surface here
     if a.print_config:
         print(dump_config(cfg), end="")
         return 0
+    # refuse a run folder in the way before recording anything in it (the trainer checks again)
+    mode = check_run_dir(run_dir, cfg, a.resume, a.force)
+    if dist_env()[0] == 0:
+        launch = read_launch(run_dir) if mode == "resume" else None
+        if mode != "resume":
+            write_launch(run_dir, a.config, a.overrides)
+        elif launch is not None:  # later resumes keep what this one changed (e.g. train.steps)
+            write_launch(run_dir, launch.get("config"), [*launch["overrides"], *a.overrides])
     run_training(cfg, a.run_dir, resume=a.resume, force=a.force, stop_after=a.stop_after)
     return 0
 

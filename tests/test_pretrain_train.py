@@ -180,6 +180,43 @@ def test_resume_is_exact(corpus_dir, tmp_path):
         assert torch.equal(a["model"][k], b["model"][k]), k
 
 
+def test_readme_resume_line_resumes_the_launched_run(corpus_dir, tmp_path, capsys):
+    """`train FILE --run-dir R --set ...` then `train FILE --run-dir R --resume` (no --set) resumes
+    that run; a resumable change is kept for later resumes; a real conflict names the field."""
+    run = tmp_path / "run"
+    sets = ["--set", f"data.path={corpus_dir}", "--set", "model.lstm_dim=24"]
+    sets += ["--set", "train.progress=false", "--set", "train.steps=4"]
+    assert main(["train", str(TINY), "--run-dir", str(run), *sets, "--stop-after", "2"]) == 0
+    assert ckpt.load_latest(run)[1]["step"] == 2
+    capsys.readouterr()
+    # the README's line: the YAML says data.path=data/tiny and lstm_dim 32; the run's values win
+    assert main(["train", str(TINY), "--run-dir", str(run), "--resume"]) == 0, capsys.readouterr()
+    st = ckpt.load_latest(run)[1]
+    saved = json.loads((run / "run.json").read_text())["config"]
+    assert saved["data"]["path"] == str(corpus_dir) and saved["model"]["lstm_dim"] == 24
+    assert st["step"] == 4 and st["config_hash"] == config_hash(TrainConfig.from_dict(saved))
+    # run length may change on resume, and the change sticks for the next plain resume
+    args = ["train", str(TINY), "--run-dir", str(run), "--resume"]
+    assert main([*args, "--set", "train.steps=6"]) == 0
+    assert main(args) == 0 and ckpt.load_latest(run)[1]["step"] == 6
+    capsys.readouterr()
+    # a real conflict: an explicit --set, or a file that changed a field of the run
+    assert main([*args, "--set", "optim.lr=0.5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "optim.lr: the run has 0.01, --set gives 0.5" in err and len(err.splitlines()) == 1
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(TINY.read_text().replace("n_highway: 1", "n_highway: 2"))
+    assert main(["train", str(edited), "--run-dir", str(run), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert f"model.n_highway: the run has 1, {edited} gives 2" in err and "lstm_dim" not in err
+    # a run from before launch records: the file's disagreeing fields keep the run's values
+    (run / "launch.json").unlink()
+    assert main([*args, "--set", "train.steps=7"]) == 0
+    out = capsys.readouterr().out
+    assert "keeping the run's saved" in out and "data.path" in out and "model.lstm_dim" in out
+    assert ckpt.load_latest(run)[1]["step"] == 7
+
+
 # ------------------------------------------------------------------ checkpoints
 
 
