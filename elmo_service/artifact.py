@@ -193,14 +193,17 @@ def check_state_dict(model: BiLM, state: dict[str, torch.Tensor]) -> None:
         raise ArtifactError(f"weights hold unexpected tensor {extra[0]!r}", field=extra[0])
 
 
+def read_task(path: Path, n_layers: int) -> MixSpec:
+    """One ``tasks/NAME.json``, validated against the model's layer count."""
+    try:
+        return MixSpec.from_dict(_read_json(path)).validate(n_layers, path.name)
+    except ConfigError as e:
+        raise ArtifactError(f"task {path.name}: {e.message}", field=path.name) from e
+
+
 def load_tasks(directory: Path, n_layers: int) -> dict[str, MixSpec]:
-    tasks = {}
-    for p in sorted((directory / TASKS).glob("*.json")) if (directory / TASKS).is_dir() else []:
-        try:
-            tasks[p.stem] = MixSpec.from_dict(_read_json(p)).validate(n_layers, p.name)
-        except ConfigError as e:
-            raise ArtifactError(f"task {p.name}: {e.message}", field=p.name) from e
-    return tasks
+    folder = Path(directory) / TASKS
+    return {p.stem: read_task(p, n_layers) for p in sorted(folder.glob("*.json"))}
 
 
 def load_artifact(directory: str | Path, device: str | torch.device = "cpu") -> Artifact:
