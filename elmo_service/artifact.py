@@ -37,6 +37,18 @@ from elmo_service.tokenizers import Tokenizer, load_tokenizer
 SCHEMA_VERSION = 1
 FORMAT = "elmo-service-bilm"
 CONFIG, WEIGHTS, MANIFEST, TASKS = "config.json", "weights.safetensors", "manifest.json", "tasks"
+# the repository's models folder (models/default is the bundled model)
+BUNDLED_MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
+
+
+def default_model_dir() -> Path:
+    """The model ``elmo-service serve`` serves when given none: ``ELMO_MODEL_PATH``, else
+    ``ELMO_MODELS_DIR``/``ELMO_MODEL`` (as set in the Docker image), else the bundled
+    ``models/default``. The command-line tools default to it too."""
+    if os.environ.get("ELMO_MODEL_PATH"):
+        return Path(os.environ["ELMO_MODEL_PATH"])
+    root = Path(os.environ.get("ELMO_MODELS_DIR") or BUNDLED_MODELS_DIR)
+    return root / (os.environ.get("ELMO_MODEL") or "default")
 
 
 def sha256_file(path: Path) -> str:
