@@ -1,10 +1,11 @@
-"""`elmo-pretrain`: prepare | train | eval | export (and the data fetchers of pretrain.sources).
+"""`elmo-pretrain`: prepare | train | eval | export | plot (and the data fetchers of pretrain.sources).
 
     elmo-pretrain prepare corpus/*.txt --out data/prepared --vocab-size 16000
     elmo-pretrain train configs/default.yaml --run-dir runs/default [--set optim.lr=3e-4] [--resume | --force]
     torchrun --nproc-per-node 2 -m pretrain.cli train configs/tiny.yaml --run-dir runs/ddp
     elmo-pretrain eval runs/default [--split heldout | --file test.txt]
     elmo-pretrain export runs/default models/elmo-en
+    elmo-pretrain plot runs/default              # runs/default/learning-curve.png
 
 Errors the user can fix (bad input, bad config, a run folder in the way)
 print one line to stderr and exit 2.
@@ -164,6 +165,18 @@ def _add_export(sub) -> None:
     )
 
 
+def _add_plot(sub) -> None:
+    p = sub.add_parser(
+        "plot", help="draw a run's metrics.jsonl as a PNG learning curve (needs matplotlib)"
+    )
+    p.add_argument("run_dir", help="a run folder, or a metrics.jsonl file")
+    p.add_argument(
+        "--out",
+        help="PNG to write (default: RUN_DIR/learning-curve.png, or FILE with .png for a file)",
+    )
+    p.add_argument("--title", help="figure title (default: the run folder's name)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="elmo-pretrain", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -171,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_eval(sub)
     _add_export(sub)
+    _add_plot(sub)
     add_source_commands(sub)  # fetch-corpus, fetch-ptb, fetch-brown, fetch-polarity
     add_probe_commands(sub)  # probe pos|polarity: learn a task's scalar mix
     return parser
@@ -283,6 +297,17 @@ def cmd_export(a) -> int:
     return 0
 
 
+def cmd_plot(a) -> int:
+    from pathlib import Path
+
+    from pretrain.plot import plot_metrics
+
+    src = Path(a.run_dir)
+    out = a.out or (src / "learning-curve.png" if src.is_dir() else src.with_suffix(".png"))
+    print(f"wrote {plot_metrics(src, out, title=a.title)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for reports that quote the command
@@ -291,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         "train": cmd_train,
         "eval": cmd_eval,
         "export": cmd_export,
+        "plot": cmd_plot,
     }.get(args.command)
     if handler is None:  # a command added by pretrain.sources carries its own handler
         func = getattr(args, "func", None)

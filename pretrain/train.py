@@ -48,6 +48,7 @@ from pretrain.config import (
 from pretrain.data import BucketBatcher, Corpus
 from pretrain.fused_lstm import step_backward, step_forward
 from pretrain.lm import LanguageModel, lstm_step
+from pretrain.tracking import MetricsLog
 
 RUN_FILE = "run.json"
 
@@ -395,7 +396,7 @@ class Trainer:
     def fit(self, stop_after: int | None = None) -> dict[str, Any]:
         """Train until ``train.steps`` (or ``stop_after`` steps in this call, a signal, the time limit)."""
         cfg, tc = self.cfg, self.cfg.train
-        metrics = open(self.run_dir / "metrics.jsonl", "a") if self.rank == 0 else None  # noqa: SIM115
+        metrics = MetricsLog(self.run_dir) if self.rank == 0 else None  # + TensorBoard if installed
         old_handlers = self._install_signals()
         if self.rank == 0:
             n_params = sum(p.numel() for p in self.model.parameters())

@@ -448,3 +448,65 @@ def test_fused_lstm_layer_matches_autograd_through_the_step_loop():
     ref_grads = torch.autograd.grad((ref * g).sum(), (x_gates, w_hh, w_proj))
     for a, r in zip(grads, ref_grads, strict=True):
         assert torch.allclose(a, r, atol=1e-5), (a - r).abs().max()
+
+
+# ------------------------------------------------------------------ watching training
+
+
+def _tb_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+
+
+def test_tensorboard_scalars_mirror_the_metrics_log(corpus_dir, tmp_path):
+    pytest.importorskip("tensorboard")
+    run = tmp_path / "run"
+    run_training(tiny(corpus_dir, "train.steps=10", "train.log_every=5"), run, log=quiet)
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    got = _tb_scalars(run / "tensorboard")
+    for key, tag in [("loss", "train/loss"), ("ppl", "train/perplexity"), ("lr", "train/learning_rate"),
+                     ("tok_s", "train/tokens_per_s"), ("grad_norm", "train/grad_norm")]:  # fmt: skip
+        want = [(r["step"], r[key]) for r in recs if key in r]
+        assert [s for s, _ in got[tag]] == [5, 10], tag
+        assert [v for _, v in got[tag]] == pytest.approx([v for _, v in want], rel=1e-6), tag
+    heldout = next(r["heldout"] for r in recs if "heldout" in r)
+    assert got["heldout/avg_ppl"] == [(10, pytest.approx(heldout["avg_ppl"], rel=1e-6))]
+
+
+def test_without_tensorboard_only_the_metrics_log_is_written(corpus_dir, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import -> ImportError
+    run = tmp_path / "run"
+    run_training(tiny(corpus_dir, "train.steps=5", "train.log_every=5"), run, log=quiet)
+    assert not (run / "tensorboard").exists() and losses(run)
+
+
+def test_plot_draws_a_learning_curve_png(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    log = ROOT / "docs" / "logs" / "ptb-metrics.jsonl"
+    out = tmp_path / "curve.png"
+    assert main(["plot", str(log), "--out", str(out)]) == 0
+    png = out.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+    from matplotlib.image import imread
+
+    img = imread(out)
+    assert img.shape[0] >= 600 and img.shape[1] >= 900 and img[..., :3].std() > 0.05
+    assert str(out) in capsys.readouterr().out
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    rc = main(
+        [
+            "plot",
+            str(ROOT / "docs" / "logs" / "ptb-metrics.jsonl"),
+            "--out",
+            str(tmp_path / "c.png"),
+        ]
+    )
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "elmo-service[plot]" in err
+    assert not (tmp_path / "c.png").exists()
