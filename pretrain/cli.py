@@ -1,4 +1,4 @@
-"""`elmo-pretrain`: prepare | train | eval | export | plot (and the data fetchers of pretrain.sources).
+"""`elmo-pretrain`: prepare | train | eval | export | plot | synthetic (and pretrain.sources' fetchers).
 
     elmo-pretrain prepare corpus/*.txt --out data/prepared --vocab-size 16000
     elmo-pretrain train configs/default.yaml --run-dir runs/default [--set optim.lr=3e-4] [--resume | --force]
@@ -177,6 +177,16 @@ def _add_plot(sub) -> None:
     p.add_argument("--title", help="figure title (default: the run folder's name)")
 
 
+def _add_synthetic(sub) -> None:
+    p = sub.add_parser(
+        "synthetic",
+        help="write a small generated English-like corpus (no download): for smoke runs",
+    )
+    p.add_argument("--out", required=True, help="text file to write (its folder is created)")
+    p.add_argument("--sentences", type=int, default=3000, help="how many (default 3000)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="elmo-pretrain", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -185,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_eval(sub)
     _add_export(sub)
     _add_plot(sub)
+    _add_synthetic(sub)
     add_source_commands(sub)  # fetch-corpus, fetch-ptb, fetch-brown, fetch-polarity
     add_probe_commands(sub)  # probe pos|polarity: learn a task's scalar mix
     return parser
@@ -308,6 +319,18 @@ def cmd_plot(a) -> int:
     return 0
 
 
+def cmd_synthetic(a) -> int:
+    from pathlib import Path
+
+    from pretrain.synthetic import write_corpus
+
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_corpus(out, n_sentences=a.sentences, seed=a.seed)
+    print(f"wrote {a.sentences} sentences to {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for reports that quote the command
@@ -317,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         "eval": cmd_eval,
         "export": cmd_export,
         "plot": cmd_plot,
+        "synthetic": cmd_synthetic,
     }.get(args.command)
     if handler is None:  # a command added by pretrain.sources carries its own handler
         func = getattr(args, "func", None)
