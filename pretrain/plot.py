@@ -92,8 +92,14 @@ def plot_metrics(source: str | Path, out: str | Path, title: str | None = None) 
             ax.annotate(f"{last:.1f}", (last_step, last), textcoords="offset points",
                         xytext=(-6, 8), ha="right", fontsize=9)  # fmt: skip
             break  # the average when both directions were trained, else forward
-    ax.set_yscale("log")
-    ax.set_ylabel("perplexity (log scale)")
+    values = [r["ppl"] for r in train] + [
+        v for r in heldout for k, v in r.items() if k.endswith("ppl")
+    ]
+    if values and max(values) > 10 * min(values):  # a log axis only where it spans a decade
+        ax.set_yscale("log")
+        ax.set_ylabel("perplexity (log scale)")
+    else:
+        ax.set_ylabel("perplexity")
     ax.set_title("perplexity")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="upper right", fontsize=9)
