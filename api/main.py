@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from api.cache import CacheBackend, LocalCache, NullCache, RedisCache
 from api.encoding import JSONBytesResponse
@@ -122,7 +123,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app. With ``settings=None`` they are read from the environment at startup."""
-    app = FastAPI(
+    # /docs serves Swagger UI's JS and CSS from the fastapi-offline package (under
+    # /static-offline-docs), not a CDN, so it works on air-gapped hosts; no validator badge
+    # either, which would call out to swagger.io.
+    app = FastAPIOffline(
         title="elmo-service",
         version="0.1.0",
         description=DESCRIPTION,
@@ -130,6 +134,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         default_response_class=JSONBytesResponse,
         docs_url="/docs",
         redoc_url=None,
+        swagger_ui_parameters={"validatorUrl": None},
     )
     app.state.settings = settings
     app.state.holder = ModelHolder()
@@ -148,7 +153,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # outermost last: metrics -> body/content-type guard -> batch announcement (body already read)
     app.add_middleware(AnnounceMiddleware, holder=lambda: app.state.holder)
     app.add_middleware(RequestGuardMiddleware, max_body_bytes=max_body)
-    app.add_middleware(MetricsMiddleware, metrics=lambda: app.state.metrics)
+    app.add_middleware(
+        MetricsMiddleware, metrics=lambda: app.state.metrics, routes=lambda: app.routes
+    )
     return app
 
 

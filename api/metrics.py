@@ -8,7 +8,7 @@ status, queue depth, batch sizes in sentences and tokens, tokens embedded
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from prometheus_client import (
@@ -19,6 +19,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from starlette.routing import BaseRoute, Mount
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -91,12 +92,36 @@ class Metrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
+def route_label(scope: Scope, routes: Sequence[BaseRoute]) -> str:
+    """The route template a request matched (a bounded label set), from what the router
+    left in the scope: FastAPI routes record themselves as ``route``; plain Starlette
+    routes (``/openapi.json``) and mounts (the docs' static files) only their ``endpoint``,
+    which is looked up among the app's routes."""
+    path = getattr(scope.get("route"), "path", None)
+    if path:
+        return path
+    endpoint = scope.get("endpoint")
+    if endpoint is not None:
+        for r in routes:
+            if isinstance(r, Mount) and r.app is endpoint:
+                return r.path + "/{path}"
+            if getattr(r, "endpoint", None) is endpoint and getattr(r, "path", None):
+                return r.path
+    return "unmatched"
+
+
 class MetricsMiddleware:
     """Counts every HTTP response (including errors from inner middleware) by route template."""
 
-    def __init__(self, app: ASGIApp, metrics: Callable[[], Metrics | None]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        metrics: Callable[[], Metrics | None],
+        routes: Callable[[], Sequence[BaseRoute]] = list,
+    ) -> None:
         self.app = app
         self.metrics = metrics
+        self.routes = routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -115,8 +140,10 @@ class MetricsMiddleware:
         finally:
             m = self.metrics()
             if m is not None:
-                route = scope.get("route")
-                path = getattr(route, "path", None) or "unmatched"
-                labels = (path, scope.get("method", ""), str(status[0]))
+                labels = (
+                    route_label(scope, self.routes()),
+                    scope.get("method", ""),
+                    str(status[0]),
+                )
                 m.requests.labels(*labels).inc()
                 m.latency.labels(*labels).observe(time.perf_counter() - start)

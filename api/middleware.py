@@ -16,6 +16,8 @@ from api.metrics import ASGIApp, Message, Receive, Scope, Send
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
 TICKET_KEY = "elmo.batch_ticket"
 EMBED_PATHS = frozenset({"/v1/embed", "/v1/embeddings"})
+# keys the router sets in the scope it is handed; see api.metrics.route_label
+ROUTING_KEYS = ("route", "endpoint")
 
 
 async def _send_error(send: Send, status: int, code: str, message: str, field: str | None) -> None:
@@ -62,10 +64,12 @@ class RequestGuardMiddleware:
             declared not in (None, "0")
         )
         content_type = headers.get("content-type", "")
+        inner = scope
         if has_body and _form_default(content_type):
-            # `curl -d '{...}'` sends JSON labelled as a form: read it as the JSON it is
-            scope = dict(scope)
-            scope["headers"] = [
+            # `curl -d '{...}'` sends JSON labelled as a form: read it as the JSON it is.
+            # A copy, as ASGI asks of middleware that changes the scope.
+            inner = dict(scope)
+            inner["headers"] = [
                 (k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-type"
             ] + [(b"content-type", b"application/json")]
         elif has_body and not _is_json(content_type):
@@ -125,7 +129,17 @@ class RequestGuardMiddleware:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
-        await self.app(scope, replay, send)
+        if inner is scope:
+            await self.app(scope, replay, send)
+            return
+        try:
+            await self.app(inner, replay, send)
+        finally:
+            # what the router matched, back out to the metrics middleware (the rest of the
+            # copy, i.e. the rewritten content type, stays inside)
+            for key in ROUTING_KEYS:
+                if key in inner:
+                    scope[key] = inner[key]
 
 
 class AnnounceMiddleware:

@@ -23,7 +23,13 @@ from api.batcher import Batcher, DirectRunner, Ticket
 from api.cache import CacheBackend, SentenceCache
 from api.metrics import Metrics
 from api.settings import Settings
-from api.tasks_store import FileTaskStore, RedisTaskStore, TaskRegistry, TaskStore
+from api.tasks_store import (
+    ArtifactTasks,
+    FileTaskStore,
+    RedisTaskStore,
+    TaskRegistry,
+    TaskStore,
+)
 from elmo_service.errors import ArtifactError
 from elmo_service.scalar_mix import MixSpec
 from elmo_service.tokenizers import Token
@@ -351,9 +357,8 @@ def load_served_model(
         dim=embedder.dim,
         metrics=metrics,
     )
-    tasks = TaskRegistry(
-        make_task_store(settings, name), dict(embedder.artifact.tasks), embedder.n_layers
-    )
+    shipped = ArtifactTasks(path, embedder.n_layers, embedder.artifact.tasks)
+    tasks = TaskRegistry(make_task_store(settings, name), shipped, embedder.n_layers)
     served = ServedModel(
         name=name,
         path=path,

@@ -1,8 +1,10 @@
 """Named scalar-mix tasks: stored in Redis when configured, else a local JSON file.
 
-Tasks shipped inside the model artifact (``artifact.tasks``) are visible
+Tasks shipped inside the model artifact (its ``tasks/`` folder) are visible
 read-only; a PUT of the same name stores an override, and deleting that
-override brings the shipped task back. Stored tasks are namespaced by the
+override brings the shipped task back. The folder is re-read when it changes
+(:class:`ArtifactTasks`), so a task written there by ``elmo-pretrain probe
+--store`` is served without a restart. Stored tasks are namespaced by the
 served model's name and validated against its layer count when written and
 when used.
 """
@@ -11,14 +13,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import threading
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
-from elmo_service.errors import ConfigError
+from elmo_service.artifact import TASKS, read_task
+from elmo_service.errors import ConfigError, ElmoServiceError
 from elmo_service.scalar_mix import MixSpec
+
+log = logging.getLogger("api")
 
 
 class StoreUnavailable(Exception):
@@ -150,16 +156,77 @@ class RedisTaskStore(TaskStore):
             self.client.close()
 
 
+class ArtifactTasks:
+    """The tasks in an artifact's ``tasks/`` folder, re-read when the folder changes.
+
+    Each look-up stats the folder and its ``*.json`` files (a few syscalls; tasks
+    are few) and re-reads only when a name, size or mtime differs from the last
+    read. A file that does not parse or does not fit the model is skipped with a
+    warning (once per change), keeping the others served.
+    """
+
+    def __init__(self, artifact_dir: Path, n_layers: int, initial: dict[str, MixSpec]) -> None:
+        self.folder = Path(artifact_dir) / TASKS
+        self.n_layers = n_layers
+        self._lock = threading.Lock()
+        self._tasks = dict(initial)
+        self._signature = self._stat()
+        self.reloads = 0
+
+    def _stat(self) -> tuple:
+        try:
+            with os.scandir(self.folder) as it:
+                entries = [e for e in it if e.name.endswith(".json") and e.is_file()]
+                return tuple(
+                    sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in entries)
+                )
+        except FileNotFoundError:
+            return ()
+
+    def current(self) -> dict[str, MixSpec]:
+        sig = self._stat()
+        if sig == self._signature:
+            return self._tasks
+        with self._lock:
+            if sig != self._signature:
+                tasks = {}
+                for name, _, _ in sig:
+                    path = self.folder / name
+                    try:
+                        tasks[path.stem] = read_task(path, self.n_layers)
+                    except (ElmoServiceError, OSError) as e:
+                        log.warning("task file %s skipped: %s", path, getattr(e, "message", e))
+                self._tasks, self._signature = tasks, sig
+                self.reloads += 1
+                log.info("tasks folder %s re-read: %s", self.folder, ", ".join(tasks) or "none")
+        return self._tasks
+
+
 class TaskRegistry:
     """Shipped tasks + a store; the store wins. Remembers the last good read
     so that embedding with a task survives a store outage."""
 
-    def __init__(self, store: TaskStore, shipped: dict[str, MixSpec], n_layers: int) -> None:
+    def __init__(
+        self, store: TaskStore, shipped: dict[str, MixSpec] | ArtifactTasks, n_layers: int
+    ) -> None:
         self.store = store
-        self.shipped = shipped
+        self._shipped = shipped
         self.n_layers = n_layers
         self.generation = 0  # bumped by every write through this registry
         self._last: dict[str, dict[str, Any]] = {}
+        self._shipped_seen: dict[str, MixSpec] | None = None
+
+    @property
+    def shipped(self) -> dict[str, MixSpec]:
+        """The artifact's tasks as of now (a changed folder also bumps ``generation``)."""
+        if isinstance(self._shipped, dict):
+            return self._shipped
+        now = self._shipped.current()
+        if now is not self._shipped_seen:
+            if self._shipped_seen is not None:
+                self.generation += 1  # e.g. a new "default" task: forget memoised mixes
+            self._shipped_seen = now
+        return now
 
     def _stored(self) -> dict[str, dict[str, Any]]:
         try:

@@ -37,6 +37,18 @@ from elmo_service.tokenizers import Tokenizer, load_tokenizer
 SCHEMA_VERSION = 1
 FORMAT = "elmo-service-bilm"
 CONFIG, WEIGHTS, MANIFEST, TASKS = "config.json", "weights.safetensors", "manifest.json", "tasks"
+# the repository's models folder (models/default is the bundled model)
+BUNDLED_MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
+
+
+def default_model_dir() -> Path:
+    """The model ``elmo-service serve`` serves when given none: ``ELMO_MODEL_PATH``, else
+    ``ELMO_MODELS_DIR``/``ELMO_MODEL`` (as set in the Docker image), else the bundled
+    ``models/default``. The command-line tools default to it too."""
+    if os.environ.get("ELMO_MODEL_PATH"):
+        return Path(os.environ["ELMO_MODEL_PATH"])
+    root = Path(os.environ.get("ELMO_MODELS_DIR") or BUNDLED_MODELS_DIR)
+    return root / (os.environ.get("ELMO_MODEL") or "default")
 
 
 def sha256_file(path: Path) -> str:
@@ -193,14 +205,17 @@ def check_state_dict(model: BiLM, state: dict[str, torch.Tensor]) -> None:
         raise ArtifactError(f"weights hold unexpected tensor {extra[0]!r}", field=extra[0])
 
 
+def read_task(path: Path, n_layers: int) -> MixSpec:
+    """One ``tasks/NAME.json``, validated against the model's layer count."""
+    try:
+        return MixSpec.from_dict(_read_json(path)).validate(n_layers, path.name)
+    except ConfigError as e:
+        raise ArtifactError(f"task {path.name}: {e.message}", field=path.name) from e
+
+
 def load_tasks(directory: Path, n_layers: int) -> dict[str, MixSpec]:
-    tasks = {}
-    for p in sorted((directory / TASKS).glob("*.json")) if (directory / TASKS).is_dir() else []:
-        try:
-            tasks[p.stem] = MixSpec.from_dict(_read_json(p)).validate(n_layers, p.name)
-        except ConfigError as e:
-            raise ArtifactError(f"task {p.name}: {e.message}", field=p.name) from e
-    return tasks
+    folder = Path(directory) / TASKS
+    return {p.stem: read_task(p, n_layers) for p in sorted(folder.glob("*.json"))}
 
 
 def load_artifact(directory: str | Path, device: str | torch.device = "cpu") -> Artifact:

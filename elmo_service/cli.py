@@ -27,18 +27,44 @@ def _chunks(lines: Iterator[str], n: int) -> Iterator[list[str]]:
         yield chunk
 
 
+def _scan_lines(path: Path) -> tuple[int, list[int]]:
+    """(number of lines, 1-based numbers of the blank ones) in one pass."""
+    n, blank = 0, []
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, start=1):  # noqa: B007 - n is the count after the loop
+            if not line.strip():
+                blank.append(n)
+    return n, blank
+
+
 def cmd_embed_file(args: argparse.Namespace) -> int:
     """Write AllenNLP ``elmo`` command's HDF5 layout: one dataset per line
     index (``--all``: ``[L+1, T, D]``; ``--top``/``--average``/``--task``:
-    ``[T, D]``) plus ``sentence_to_index`` (a JSON string)."""
+    ``[T, D]``) plus ``sentence_to_index`` (a JSON string).
+
+    Blank lines are refused, as ``allennlp elmo`` refuses them: dataset ``i``
+    is line ``i``, and an empty sentence has no vectors to store."""
     import h5py
     from tqdm import tqdm
 
+    from elmo_service.artifact import default_model_dir
     from elmo_service.embedder import Embedder, apply_mix, words_of
     from elmo_service.scalar_mix import MixSpec
 
+    in_path = Path(args.input)
+    total, blank = _scan_lines(in_path)  # before loading the model: fail fast
+    if blank:
+        shown = ", ".join(map(str, blank[:5])) + (
+            f" (and {len(blank) - 5} more)" if len(blank) > 5 else ""
+        )
+        raise ElmoServiceError(
+            f"{in_path} has blank lines ({shown}); give one sentence a line, as AllenNLP's "
+            "`elmo` command requires (e.g. drop them with: grep -v '^[[:space:]]*$')",
+            field="input",
+        )
+    model = Path(args.model) if args.model else default_model_dir()
     emb = Embedder.load(
-        args.model,
+        model,
         threads=args.threads,
         precision=args.precision,
         batch_tokens=args.batch_tokens,
@@ -56,8 +82,6 @@ def cmd_embed_file(args: argparse.Namespace) -> int:
     else:
         spec = None
 
-    in_path = Path(args.input)
-    total = sum(1 for _ in in_path.open(encoding="utf-8", errors="replace"))
     sentence_to_index: dict[str, str] = {}
     out = Path(args.output)
     tmp = out.with_name(out.name + ".partial")
@@ -86,7 +110,7 @@ def cmd_embed_file(args: argparse.Namespace) -> int:
         ds = fout.create_dataset("sentence_to_index", (1,), dtype=h5py.string_dtype())
         ds[0] = json.dumps(sentence_to_index)
     tmp.replace(out)  # a crash never leaves a half-written OUT behind
-    print(f"wrote {index} sentences to {out}", file=sys.stderr)
+    print(f"wrote {index} sentences to {out} (model {model})", file=sys.stderr)
     return 0
 
 
@@ -134,30 +158,53 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_convert)
 
     e = sub.add_parser(
-        "embed-file", help="embed one sentence per line into HDF5 (AllenNLP 'elmo' layout)"
+        "embed-file",
+        help="embed one sentence per line into HDF5 (AllenNLP 'elmo' layout)",
+        description="Embed a text file, one sentence a line (no blank lines, as in AllenNLP's "
+        "`elmo` command), into HDF5: dataset 'i' holds line i's vectors, and "
+        "'sentence_to_index' maps each line to its dataset.",
     )
-    e.add_argument("input")
-    e.add_argument("output")
-    e.add_argument("--model", required=True)
+    e.add_argument("input", help="text file, UTF-8, one sentence a line")
+    e.add_argument("output", help="HDF5 file to write (replaced only once complete)")
+    e.add_argument(
+        "--model",
+        default=None,
+        help="model directory (default: the one `serve` serves: $ELMO_MODEL_PATH, else "
+        "$ELMO_MODELS_DIR/$ELMO_MODEL, else the bundled models/default)",
+    )
     what = e.add_mutually_exclusive_group()
     what.add_argument("--all", action="store_true", help="all layers [L+1, T, D] (default)")
     what.add_argument("--top", action="store_true", help="top layer only [T, D]")
     what.add_argument(
         "--average", action="store_true", help="equal-weight mix of all layers [T, D]"
     )
-    what.add_argument("--task", help="a task mix stored with the model [T, D]")
-    e.add_argument("--granularity", choices=["token", "word"], default="token")
+    what.add_argument("--task", help="a task mix stored with the model (MODEL/tasks/) [T, D]")
     e.add_argument(
-        "--whitespace", action="store_true", help="lines are pre-tokenized on whitespace"
+        "--granularity",
+        choices=["token", "word"],
+        default="token",
+        help="token: one vector per model token (subword piece); word: pieces averaged per word",
     )
-    e.add_argument("--batch-tokens", type=int, default=4096)
+    e.add_argument(
+        "--whitespace",
+        action="store_true",
+        help="lines are pre-tokenized: split on whitespace, not by the model's tokenizer",
+    )
+    e.add_argument(
+        "--batch-tokens", type=int, default=4096, help="tokens per model batch (default 4096)"
+    )
     e.add_argument(
         "--chunk-lines", type=int, default=1024, help="lines read per step (bounds memory)"
     )
-    e.add_argument("--threads", type=int, default=None)
-    e.add_argument("--device", default="auto")
-    e.add_argument("--precision", choices=PRECISIONS, default="fp32")
-    e.add_argument("--quiet", action="store_true")
+    e.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    e.add_argument("--device", default="auto", help="cpu | cuda | auto (CUDA when available)")
+    e.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="fp32",
+        help="fp32 (default) | bf16 autocast | fp16 (CUDA) | auto (bf16 where the CPU has it natively)",
+    )
+    e.add_argument("--quiet", action="store_true", help="no progress bar")
     e.set_defaults(func=cmd_embed_file)
 
     i = sub.add_parser("info", help="print an artifact's config, version and provenance")

@@ -1,10 +1,11 @@
-"""`elmo-pretrain`: prepare | train | eval | export (and the data fetchers of pretrain.sources).
+"""`elmo-pretrain`: prepare | train | eval | export | plot | synthetic (and pretrain.sources' fetchers).
 
     elmo-pretrain prepare corpus/*.txt --out data/prepared --vocab-size 16000
     elmo-pretrain train configs/default.yaml --run-dir runs/default [--set optim.lr=3e-4] [--resume | --force]
     torchrun --nproc-per-node 2 -m pretrain.cli train configs/tiny.yaml --run-dir runs/ddp
     elmo-pretrain eval runs/default [--split heldout | --file test.txt]
     elmo-pretrain export runs/default models/elmo-en
+    elmo-pretrain plot runs/default              # runs/default/learning-curve.png
 
 Errors the user can fix (bad input, bad config, a run folder in the way)
 print one line to stderr and exit 2.
@@ -97,7 +98,10 @@ def _add_prepare(sub) -> None:
 def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train a biLM from a YAML config")
     p.add_argument(
-        "config", nargs="?", help="YAML config (optional with --resume: the run's saved config)"
+        "config",
+        nargs="?",
+        help="YAML config; with --resume, the run's saved config is used and the file "
+        "(with the run's launch --set overrides) must agree with it, except for run length",
     )
     p.add_argument(
         "--run-dir",
@@ -167,6 +171,28 @@ def _add_export(sub) -> None:
     )
 
 
+def _add_plot(sub) -> None:
+    p = sub.add_parser(
+        "plot", help="draw a run's metrics.jsonl as a PNG learning curve (needs matplotlib)"
+    )
+    p.add_argument("run_dir", help="a run folder, or a metrics.jsonl file")
+    p.add_argument(
+        "--out",
+        help="PNG to write (default: RUN_DIR/learning-curve.png, or FILE with .png for a file)",
+    )
+    p.add_argument("--title", help="figure title (default: the run folder's name)")
+
+
+def _add_synthetic(sub) -> None:
+    p = sub.add_parser(
+        "synthetic",
+        help="write a small generated English-like corpus (no download): for smoke runs",
+    )
+    p.add_argument("--out", required=True, help="text file to write (its folder is created)")
+    p.add_argument("--sentences", type=int, default=3000, help="how many (default 3000)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="elmo-pretrain", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -174,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_eval(sub)
     _add_export(sub)
+    _add_plot(sub)
+    _add_synthetic(sub)
     add_source_commands(sub)  # fetch-corpus, fetch-ptb, fetch-brown, fetch-polarity
     add_probe_commands(sub)  # probe pos|polarity: learn a task's scalar mix
     return parser
@@ -208,14 +236,22 @@ def cmd_train(a) -> int:
     from pathlib import Path
 
     from pretrain.config import dump_config
-    from pretrain.train import resolve_config, run_training
+    from pretrain.launch import read_launch, write_launch
+    from pretrain.train import check_run_dir, dist_env, resolve_config, run_training
 
-    cfg = resolve_config(
-        a.config, a.overrides, Path(a.run_dir), a.resume
-    )  # all config errors surface here
+    run_dir = Path(a.run_dir)
+    cfg = resolve_config(a.config, a.overrides, run_dir, a.resume)  # all config errors surface here
     if a.print_config:
         print(dump_config(cfg), end="")
         return 0
+    # refuse a run folder in the way before recording anything in it (the trainer checks again)
+    mode = check_run_dir(run_dir, cfg, a.resume, a.force)
+    if dist_env()[0] == 0:
+        launch = read_launch(run_dir) if mode == "resume" else None
+        if mode != "resume":
+            write_launch(run_dir, a.config, a.overrides)
+        elif launch is not None:  # later resumes keep what this one changed (e.g. train.steps)
+            write_launch(run_dir, launch.get("config"), [*launch["overrides"], *a.overrides])
     run_training(cfg, a.run_dir, resume=a.resume, force=a.force, stop_after=a.stop_after)
     return 0
 
@@ -280,6 +316,29 @@ def cmd_export(a) -> int:
     return 0
 
 
+def cmd_plot(a) -> int:
+    from pathlib import Path
+
+    from pretrain.plot import plot_metrics
+
+    src = Path(a.run_dir)
+    out = a.out or (src / "learning-curve.png" if src.is_dir() else src.with_suffix(".png"))
+    print(f"wrote {plot_metrics(src, out, title=a.title)}")
+    return 0
+
+
+def cmd_synthetic(a) -> int:
+    from pathlib import Path
+
+    from pretrain.synthetic import write_corpus
+
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_corpus(out, n_sentences=a.sentences, seed=a.seed)
+    print(f"wrote {a.sentences} sentences to {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for reports that quote the command
@@ -288,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         "train": cmd_train,
         "eval": cmd_eval,
         "export": cmd_export,
+        "plot": cmd_plot,
+        "synthetic": cmd_synthetic,
     }.get(args.command)
     if handler is None:  # a command added by pretrain.sources carries its own handler
         func = getattr(args, "func", None)

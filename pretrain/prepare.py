@@ -300,6 +300,16 @@ def _prepare_into(
         )
 
     vocab, counts, softmax_size, shards = _tokenize(tmp, paths, opts, log, progress)
+    if softmax_size < opts.vocab_size:
+        why = (
+            f"the training text has only {softmax_size - len(SPECIALS)} distinct words"
+            if opts.tokenizer == "word"
+            else "sentencepiece found no more pieces in this little text"
+        )
+        log(
+            f"note: the vocabulary has {softmax_size} entries, not the {opts.vocab_size} asked "
+            f"for (--vocab-size): {why}; the model's softmax will have {softmax_size} outputs"
+        )
     with open(tmp / "vocab.txt", "w", encoding="utf-8") as f:
         for tok, c in zip(vocab, counts, strict=True):
             f.write(f"{tok}\t{c}\n")
@@ -323,6 +333,7 @@ def _prepare_into(
             "file": "vocab.txt",
             "size": len(vocab),
             "softmax_size": softmax_size,
+            "requested_size": opts.vocab_size,
             "bos_id": BOS_ID,
             "eos_id": EOS_ID,
             "unk_id": UNK_ID,
@@ -480,6 +491,12 @@ def format_summary(m: dict[str, Any]) -> str:
         f"  sentences: {s.get('sentences_seen', 0)} found; skipped {s.get('skipped_duplicate', 0)} duplicates, "
         f"{s.get('skipped_no_letters', 0)} without letters/digits, {s.get('skipped_too_long', 0)} over {m['options']['max_sentence_words']} words",
         f"  kept: train {s['train_sentences']} sentences / {s['train_tokens']} tokens, held-out {s['heldout_sentences']} / {s['heldout_tokens']}",
-        f"  vocab: {v['size']} tokens ({m['tokenizer']['type']}), softmax {v['softmax_size']}, train <unk> rate {s['train_unk_rate']:.4%}",
+        f"  vocab: {v['size']} tokens ({m['tokenizer']['type']}), softmax {v['softmax_size']}"
+        + (
+            f" (asked for {v['requested_size']})"
+            if v.get("requested_size", 0) > v["softmax_size"]
+            else ""
+        )
+        + f", train <unk> rate {s['train_unk_rate']:.4%}",
     ]
     return "\n".join(lines)

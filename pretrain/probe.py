@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from elmo_service.artifact import Artifact, load_artifact, write_task
+from elmo_service.artifact import Artifact, default_model_dir, load_artifact, write_task
 from elmo_service.config import PRECISIONS
 from elmo_service.embedder import Embedder, words_of
 from elmo_service.errors import InputError
@@ -555,7 +555,7 @@ def cmd_probe(args) -> int:
     if args.service:
         check_service(args.service, args.admin_key)
     set_threads(args.threads)
-    model_dir = Path(args.model)
+    model_dir = Path(args.model) if args.model else default_model_dir()
     data_dir = Path(args.data or f"data/{task_file(task) or task}")
     data = _load_task_data(task, data_dir, args.fetch)
     if args.max_train:
@@ -605,7 +605,12 @@ def add_probe_commands(sub) -> None:
         help="pos (Brown, universal tags) | polarity (movie reviews) | tagging | classification "
         "(your own data: --data DIR with train/dev/test.jsonl, --task-name NAME)",
     )
-    p.add_argument("--model", default="models/default")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model directory (default: the one `serve` serves: $ELMO_MODEL_PATH, else "
+        "$ELMO_MODELS_DIR/$ELMO_MODEL, else the bundled models/default)",
+    )
     p.add_argument(
         "--data",
         help="pos/polarity: folder of {brown|polarity}.{train,dev,test}.jsonl (default "

@@ -48,6 +48,7 @@ from pretrain.config import (
 )
 from pretrain.data import BucketBatcher, Corpus, StreamBatcher, to_device
 from pretrain.lm import LanguageModel
+from pretrain.tracking import MetricsLog
 
 RUN_FILE = "run.json"
 
@@ -106,7 +107,10 @@ def check_run_dir(run_dir: Path, cfg: TrainConfig, resume: bool, force: bool) ->
     """Decide what to do with ``run_dir``: "new", "resume" or "restart". Raises if unsafe."""
     h = config_hash(cfg)
     info = run_dir / RUN_FILE
-    if not run_dir.exists() or not any(run_dir.iterdir()):
+    from pretrain.launch import LAUNCH_FILE
+
+    # a launch record alone is what a start that failed early leaves behind
+    if not run_dir.exists() or not any(p.name != LAUNCH_FILE for p in run_dir.iterdir()):
         return "new"
     if not info.is_file():
         if force:
@@ -162,19 +166,66 @@ def check_mode(run_dir: Path, cfg: TrainConfig) -> None:
 
 
 def resolve_config(
-    config_path: str | None, overrides: list[str], run_dir: Path, resume: bool
+    config_path: str | None,
+    overrides: list[str],
+    run_dir: Path,
+    resume: bool,
+    log=print,
 ) -> TrainConfig:
-    """The config file plus overrides; with --resume and no file, the run's saved config."""
-    if config_path is None and resume and (run_dir / RUN_FILE).is_file():
-        from pretrain.config import apply_overrides
+    """The config to train with.
 
-        base = json.loads((run_dir / RUN_FILE).read_text())["config"]
-        return TrainConfig.from_dict(apply_overrides(base, overrides))
+    A new run: the file plus ``--set`` overrides. ``--resume`` of a run that
+    exists: the run's saved config (run.json, which holds the overrides it was
+    launched with), checked against what is given now. The file is read with
+    the run's launch overrides applied first (``launch.json``), so repeating
+    the launch command without its ``--set`` flags resumes the same run. A
+    field that still differs is taken from what is given now when it only
+    changes how long or how loudly the run goes (``RESUMABLE_KEYS``, e.g.
+    ``train.steps``); any other difference is a conflict, and the error names
+    each field with both values. Runs without a launch record (older ones)
+    keep their saved values for fields the file disagrees on, and say so.
+    """
+    from pretrain.config import apply_overrides
+    from pretrain.launch import override_keys, read_launch
+
+    info = run_dir / RUN_FILE
+    if not (resume and info.is_file()):
+        if config_path is None:
+            raise ConfigError(
+                "a config file is required (except with --resume of an existing run)",
+                field="config",
+            )
+        return load_config(config_path, overrides)
+    saved_raw = json.loads(info.read_text())["config"]
+    saved = TrainConfig.from_dict(saved_raw)
     if config_path is None:
-        raise ConfigError(
-            "a config file is required (except with --resume of an existing run)", field="config"
+        return TrainConfig.from_dict(apply_overrides(saved_raw, overrides))
+    launch = read_launch(run_dir)
+    given = load_config(config_path, [*(launch or {}).get("overrides", []), *overrides])
+    explicit = override_keys(overrides)
+    accepted: list[str] = []
+    conflicts: list[str] = []
+    kept: list[str] = []
+    for key, (was, now) in diff_configs(saved, given).items():
+        if key in RESUMABLE_KEYS and (launch is not None or key in explicit):
+            accepted.append(f"{key}={json.dumps(now)}")
+        elif launch is not None or key in explicit:
+            src = "--set" if key in explicit else config_path
+            conflicts.append(f"{key}: the run has {was!r}, {src} gives {now!r}")
+        else:
+            kept.append(f"{key} {was!r} (the file: {now!r})")
+    if conflicts:
+        started = f" (launched from {launch['config']})" if launch and launch.get("config") else ""
+        raise RunDirError(
+            f"--resume: the config given differs from the run in {run_dir}{started}: "
+            + "; ".join(conflicts)
+            + "; resume with the run's own config (drop the config file or the --set), "
+            "or pass --force to start over",
+            field=conflicts[0].split(":", 1)[0],
         )
-    return load_config(config_path, overrides)
+    if kept and int(os.environ.get("RANK", "0")) == 0:
+        log(f"--resume: keeping the run's saved {', '.join(kept)}")
+    return TrainConfig.from_dict(apply_overrides(saved_raw, accepted))
 
 
 # ---------------------------------------------------------------- the loop
@@ -475,7 +526,7 @@ class Trainer:
     def fit(self, stop_after: int | None = None) -> dict[str, Any]:
         """Train until ``train.steps`` (or ``stop_after`` steps in this call, a signal, the time limit)."""
         cfg, tc = self.cfg, self.cfg.train
-        metrics = open(self.run_dir / "metrics.jsonl", "a") if self.rank == 0 else None  # noqa: SIM115
+        metrics = MetricsLog(self.run_dir) if self.rank == 0 else None  # + TensorBoard if installed
         old_handlers = self._install_signals()
         if self.rank == 0:
             n_params = sum(p.numel() for p in self.model.parameters())

@@ -145,3 +145,36 @@ def test_redis_store_outage_answers_503_json(redis_server_factory, tiny_model_di
         assert c.post("/v1/embed", json={"sentences": ["x"], "task": "keep"}).status_code == 200
         assert c.post("/v1/embed", json={"sentences": ["x"], "task": "shipped"}).status_code == 200
         assert c.get("/v1/tasks").status_code == 200
+
+
+def test_task_stored_in_the_artifact_is_served_without_a_restart(tiny_model_dir, tmp_path):
+    """`elmo-pretrain probe --store` writes MODEL/tasks/NAME.json while the server runs."""
+    import shutil
+
+    from elmo_service.artifact import write_task
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    data = tmp_path / "data"
+    data.mkdir()
+    with TestClient(_app(model, data)) as c:
+        assert [t["name"] for t in c.get("/v1/tasks").json()["data"]] == ["shipped"]
+        assert c.get("/v1/tasks/fresh").status_code == 404
+        write_task(model, "fresh", MixSpec(weights=[0.0, 0.0, 5.0], gamma=2.0))
+        listed = {t["name"]: t for t in c.get("/v1/tasks").json()["data"]}
+        assert set(listed) == {"fresh", "shipped"}
+        assert listed["fresh"]["source"] == "model" and listed["fresh"]["gamma"] == 2.0
+        body = {"sentences": ["the cat sat"], "output": "mix", "task": "fresh"}
+        r = c.post("/v1/embed", json=body)
+        assert r.status_code == 200, r.text
+        want = Embedder.load(model, threads=1).embed(["the cat sat"])[0]
+        got = np.asarray(r.json()["data"][0]["mix"]["data"])
+        ref = apply_mix(want.layers, MixSpec(weights=[0.0, 0.0, 5.0], gamma=2.0))
+        assert np.allclose(got, ref, atol=1e-5)
+        # a file that is not a valid task is skipped (logged), the others stay served
+        (model / "tasks" / "broken.json").write_text('{"weights": [1.0]}')
+        assert {t["name"] for t in c.get("/v1/tasks").json()["data"]} == {"fresh", "shipped"}
+        (model / "tasks" / "fresh.json").unlink()
+        assert c.get("/v1/tasks/fresh").status_code == 404
+        r = c.post("/v1/embed", json=body)
+        assert r.status_code in (404, 422) and r.json()["field"] == "task", r.text

@@ -194,7 +194,13 @@ def test_workers(model):
     api, worker, gpu = (model["services"][s] for s in ELMO_SERVICES)
     assert worker["command"] == ["worker"] and gpu["command"] == ["worker"]
     assert worker["image"] == api["image"], "api and worker share one image"
-    assert worker["build"]["dockerfile"] == api["build"]["dockerfile"] == "docker/Dockerfile"
+    # built once: by api alone (two builds of one tag run in parallel and leave a dangling copy)
+    assert api["build"]["dockerfile"] == "docker/Dockerfile" and "build" not in worker
+    builders = [n for n, svc in model["services"].items() if "build" in svc]
+    assert sorted(svc["image"] for n, svc in model["services"].items() if n in builders) == sorted(
+        {model["services"][n]["image"] for n in builders}
+    ), "no image is built by two services"
+    assert api["build"]["network"] == gpu["build"]["network"] == "default"
     assert gpu["build"]["dockerfile"] == "docker/Dockerfile.cuda"
     assert gpu["image"] != api["image"]
     for svc in (worker, gpu):
@@ -503,3 +509,63 @@ def test_e2e_script():
     assert "down -v" in text and "trap cleanup EXIT" in text
     assert "127.0.0.1" in text and "READY_TIMEOUT" in text
     assert '{"sentences": ["The bank of the river."]}' in text
+
+
+# --------------------------------------------------------------------------- make stack
+
+
+def _fake_bin(tmp_path: Path, *, plugin: bool, standalone: bool, engine: bool = True) -> Path:
+    """A PATH with stub `docker` (and `docker-compose`) that log their arguments."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True)
+    log = tmp_path / "calls.log"
+    docker = f"""#!/bin/sh
+echo "docker $*" >> {log}
+case "$1 $2" in
+  "info "*) exit {0 if engine else 1} ;;
+  "compose version") exit {0 if plugin else 1} ;;
+esac
+exit 0
+"""
+    (bin_dir / "docker").write_text(docker)
+    (bin_dir / "docker").chmod(0o755)
+    if standalone:
+        (bin_dir / "docker-compose").write_text(f'#!/bin/sh\necho "docker-compose $*" >> {log}\n')
+        (bin_dir / "docker-compose").chmod(0o755)
+    return bin_dir
+
+
+def _make_stack(tmp_path: Path, target: str = "stack", **kw) -> tuple[int, str, str]:
+    bin_dir = _fake_bin(tmp_path, **kw)
+    make = shutil.which("make")
+    assert make, "make is needed for this test"
+    proc = subprocess.run(  # PATH: the stubs alone, so no real docker is ever found
+        [make, "--no-print-directory", "-C", str(ROOT), target],
+        env={"PATH": str(bin_dir)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    log = tmp_path / "calls.log"
+    return proc.returncode, log.read_text() if log.exists() else "", proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("plugin", "standalone", "compose"),
+    [(True, True, "docker compose"), (False, True, "docker-compose")],
+)
+def test_make_stack_uses_whichever_compose_there_is(tmp_path, plugin, standalone, compose):
+    rc, calls, err = _make_stack(tmp_path, plugin=plugin, standalone=standalone)
+    assert rc == 0, err
+    assert f"{compose} up -d --build --wait --wait-timeout 600" in calls.splitlines()
+    assert f"{compose} ps" in calls.splitlines()
+    rc, calls, err = _make_stack(
+        tmp_path / "down", "stack-down", plugin=plugin, standalone=standalone
+    )
+    assert rc == 0 and f"{compose} down" in calls.splitlines(), err
+
+
+def test_make_stack_without_an_engine_says_so(tmp_path):
+    rc, calls, err = _make_stack(tmp_path, plugin=True, standalone=False, engine=False)
+    assert rc != 0 and "no Docker engine answers" in err and "up" not in calls

@@ -222,3 +222,25 @@ def test_cli_bad_input_exits_2_with_a_message(tmp_path, capsys):
     )
     assert rc == 2
     assert "empty corpus" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tokenizer", ["word", "sentencepiece"])
+def test_a_vocabulary_smaller_than_asked_is_said(text_file, tmp_path, tokenizer):
+    said: list[str] = []
+    opts = PrepareOptions(tokenizer=tokenizer, vocab_size=16000, byte_fallback=False)
+    m = prepare([str(text_file)], tmp_path / "o", opts, progress=False, log=said.append)
+    size = m["vocab"]["softmax_size"]
+    assert size < 16000 and m["vocab"]["requested_size"] == 16000
+    note = [s for s in said if s.startswith("note: the vocabulary")]
+    assert note and f"has {size} entries, not the 16000 asked for" in note[0]
+    assert f"softmax {size} (asked for 16000)" in said[-1]  # the summary line
+
+
+def test_synthetic_corpus_command_feeds_prepare(tmp_path, capsys):
+    out = tmp_path / "new" / "smoke.txt"
+    assert main(["synthetic", "--out", str(out), "--sentences", "300"]) == 0
+    words = out.read_text().split()
+    assert len(words) > 300 * 3 and "wrote 300 sentences" in capsys.readouterr().out
+    rc = main(["prepare", str(out), "--out", str(tmp_path / "p"), "--vocab-size", "300",
+               "--no-byte-fallback", "--no-progress"])  # fmt: skip
+    assert rc == 0 and Corpus(tmp_path / "p").split("train").__len__() > 200

@@ -180,6 +180,43 @@ def test_resume_is_exact(corpus_dir, tmp_path):
         assert torch.equal(a["model"][k], b["model"][k]), k
 
 
+def test_readme_resume_line_resumes_the_launched_run(corpus_dir, tmp_path, capsys):
+    """`train FILE --run-dir R --set ...` then `train FILE --run-dir R --resume` (no --set) resumes
+    that run; a resumable change is kept for later resumes; a real conflict names the field."""
+    run = tmp_path / "run"
+    sets = ["--set", f"data.path={corpus_dir}", "--set", "model.lstm_dim=24"]
+    sets += ["--set", "train.progress=false", "--set", "train.steps=4"]
+    assert main(["train", str(TINY), "--run-dir", str(run), *sets, "--stop-after", "2"]) == 0
+    assert ckpt.load_latest(run)[1]["step"] == 2
+    capsys.readouterr()
+    # the README's line: the YAML says data.path=data/tiny and lstm_dim 32; the run's values win
+    assert main(["train", str(TINY), "--run-dir", str(run), "--resume"]) == 0, capsys.readouterr()
+    st = ckpt.load_latest(run)[1]
+    saved = json.loads((run / "run.json").read_text())["config"]
+    assert saved["data"]["path"] == str(corpus_dir) and saved["model"]["lstm_dim"] == 24
+    assert st["step"] == 4 and st["config_hash"] == config_hash(TrainConfig.from_dict(saved))
+    # run length may change on resume, and the change sticks for the next plain resume
+    args = ["train", str(TINY), "--run-dir", str(run), "--resume"]
+    assert main([*args, "--set", "train.steps=6"]) == 0
+    assert main(args) == 0 and ckpt.load_latest(run)[1]["step"] == 6
+    capsys.readouterr()
+    # a real conflict: an explicit --set, or a file that changed a field of the run
+    assert main([*args, "--set", "optim.lr=0.5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "optim.lr: the run has 0.01, --set gives 0.5" in err and len(err.splitlines()) == 1
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(TINY.read_text().replace("n_highway: 1", "n_highway: 2"))
+    assert main(["train", str(edited), "--run-dir", str(run), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert f"model.n_highway: the run has 1, {edited} gives 2" in err and "lstm_dim" not in err
+    # a run from before launch records: the file's disagreeing fields keep the run's values
+    (run / "launch.json").unlink()
+    assert main([*args, "--set", "train.steps=7"]) == 0
+    out = capsys.readouterr().out
+    assert "keeping the run's saved" in out and "data.path" in out and "model.lstm_dim" in out
+    assert ckpt.load_latest(run)[1]["step"] == 7
+
+
 # ------------------------------------------------------------------ checkpoints
 
 
@@ -391,3 +428,62 @@ def test_adaptive_softmax_trains_under_bf16_autocast(corpus_dir, tmp_path):
         logp = lm.softmax.log_probs(torch.randn(4, 16))
     assert logp.dtype == torch.float32
     assert torch.allclose(logp.exp().sum(-1), torch.ones(4), atol=1e-5)
+
+
+def _tb_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+
+
+def test_tensorboard_scalars_mirror_the_metrics_log(corpus_dir, tmp_path):
+    pytest.importorskip("tensorboard")
+    run = tmp_path / "run"
+    run_training(tiny(corpus_dir, "train.steps=10", "train.log_every=5"), run, log=quiet)
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    got = _tb_scalars(run / "tensorboard")
+    for key, tag in [("loss", "train/loss"), ("ppl", "train/perplexity"), ("lr", "train/learning_rate"),
+                     ("tok_s", "train/tokens_per_s"), ("grad_norm", "train/grad_norm")]:  # fmt: skip
+        want = [(r["step"], r[key]) for r in recs if key in r]
+        assert [s for s, _ in got[tag]] == [5, 10], tag
+        assert [v for _, v in got[tag]] == pytest.approx([v for _, v in want], rel=1e-6), tag
+    heldout = next(r["heldout"] for r in recs if "heldout" in r)
+    assert got["heldout/avg_ppl"] == [(10, pytest.approx(heldout["avg_ppl"], rel=1e-6))]
+
+
+def test_without_tensorboard_only_the_metrics_log_is_written(corpus_dir, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import -> ImportError
+    run = tmp_path / "run"
+    run_training(tiny(corpus_dir, "train.steps=5", "train.log_every=5"), run, log=quiet)
+    assert not (run / "tensorboard").exists() and losses(run)
+
+
+def test_plot_draws_a_learning_curve_png(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    log = ROOT / "docs" / "logs" / "ptb-metrics.jsonl"
+    out = tmp_path / "curve.png"
+    assert main(["plot", str(log), "--out", str(out)]) == 0
+    png = out.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+    from matplotlib.image import imread
+
+    img = imread(out)
+    assert img.shape[0] >= 600 and img.shape[1] >= 900 and img[..., :3].std() > 0.05
+    assert str(out) in capsys.readouterr().out
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    rc = main(
+        [
+            "plot",
+            str(ROOT / "docs" / "logs" / "ptb-metrics.jsonl"),
+            "--out",
+            str(tmp_path / "c.png"),
+        ]
+    )
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "elmo-service[plot]" in err
+    assert not (tmp_path / "c.png").exists()

@@ -1,0 +1,93 @@
+"""Where the trainer's metrics go: ``metrics.jsonl``, and TensorBoard when it is installed.
+
+The trainer writes one JSON record a line (training windows, held-out
+evaluations). :class:`MetricsLog` is that file, and also mirrors each
+record's numbers as TensorBoard scalars under ``RUN_DIR/tensorboard/``
+(``tensorboard --logdir runs/``) when the ``tensorboard`` package is there
+(``pip install 'elmo-service[tensorboard]'``); without it, or with
+``ELMO_TENSORBOARD=0``, it is the plain file. Rank 0 only, like the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+TB_DIR = "tensorboard"
+
+# metrics.jsonl key -> TensorBoard tag (training windows)
+TRAIN_TAGS = {
+    "loss": "train/loss",
+    "ppl": "train/perplexity",
+    "loss_fwd": "train/loss_forward",
+    "loss_bwd": "train/loss_backward",
+    "lr": "train/learning_rate",
+    "tok_s": "train/tokens_per_s",
+    "grad_norm": "train/grad_norm",
+}
+
+
+def summary_writer(log_dir: Path, purge_step: int | None = None) -> Any | None:
+    """A torch SummaryWriter, or None when TensorBoard is not installed or turned off."""
+    if os.environ.get("ELMO_TENSORBOARD", "1").lower() in ("0", "false", "no", "off"):
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # torch raises this when the tensorboard package is missing
+        return None
+    return SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
+
+
+class MetricsLog:
+    """A file-like ``metrics.jsonl`` (append) that also writes TensorBoard scalars."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+        path = self.run_dir / METRICS_FILE
+        if not path.is_file() or path.stat().st_size == 0:
+            # a fresh log (a new run, or --force over an old one): TensorBoard starts over too
+            shutil.rmtree(self.run_dir / TB_DIR, ignore_errors=True)
+        self.file = open(path, "a")  # noqa: SIM115 - closed in close()
+        self.tb: Any | None = None
+        self._tb_tried = False
+
+    def write(self, text: str) -> int:
+        n = self.file.write(text)
+        for line in text.splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+                self._scalars(rec)
+        return n
+
+    def _scalars(self, rec: dict[str, Any]) -> None:
+        step = rec["step"]
+        if not self._tb_tried:
+            # opened at the first record: after a resume, events the stopped run logged from
+            # this step on (past its last checkpoint) are dropped, as the run redoes them
+            self._tb_tried = True
+            self.tb = summary_writer(self.run_dir / TB_DIR, purge_step=step)
+        if self.tb is None:
+            return
+        for key, tag in TRAIN_TAGS.items():
+            if isinstance(rec.get(key), int | float):
+                self.tb.add_scalar(tag, rec[key], step)
+        for key, value in (rec.get("heldout") or {}).items():
+            if key.endswith(("_ppl", "_nll")) and isinstance(value, int | float):
+                self.tb.add_scalar(f"heldout/{key}", value, step)
+
+    def flush(self) -> None:
+        self.file.flush()
+        if self.tb is not None:
+            self.tb.flush()
+
+    def close(self) -> None:
+        self.file.close()
+        if self.tb is not None:
+            self.tb.close()
