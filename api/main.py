@@ -81,8 +81,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     backend = make_cache_backend(settings, metrics)
     io = ThreadPoolExecutor(max_workers=8, thread_name_prefix="elmo-io")
     holder: ModelHolder = app.state.holder
+    # the artifact `elmo-service serve` already loaded and verified before uvicorn started
+    artifact, app.state.preloaded_artifact = app.state.preloaded_artifact, None
     try:
-        served = await asyncio.to_thread(load_served_model, settings, backend, io, metrics)
+        served = await asyncio.to_thread(
+            load_served_model, settings, backend, io, metrics, None, artifact
+        )
     except ElmoServiceError as e:
         log.error("cannot load the model: %s", e.message)
         backend.close()
@@ -132,6 +136,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.state.settings = settings
+    app.state.preloaded_artifact = None
     app.state.holder = ModelHolder()
     app.state.metrics = Metrics()
     install_error_handlers(app)

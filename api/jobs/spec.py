@@ -19,8 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from elmo_service.config import BiLMConfig
 from elmo_service.errors import ConfigError, InputError
+from elmo_service.names import MODEL_NAME
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+NAME_PATTERN = f"^{MODEL_NAME.pattern}$"  # the artifact's folder: one rule for every model name
 PREPARED_FORMAT = "elmo-pretrain-corpus"
 # directory corpora are walked to find symlinks that leave the data folder; bounded
 MAX_CORPUS_ENTRIES = 100_000

@@ -76,7 +76,7 @@ async def put_task(
         layer_norm=body.layer_norm,
         meta=dict(body.meta),
     )
-    spec.validate(served.n_layers, "weights")
+    spec.validate(served.n_layers, "weights", gamma_field="gamma")
     created = await _io(served, served.tasks.put, name, spec)
     return JSONBytesResponse(
         served.tasks.describe(name, spec, "store"), status_code=201 if created else 200
