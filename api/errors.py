@@ -8,6 +8,7 @@ as ``sentences[2]`` or ``mix[1]``.
 
 from __future__ import annotations
 
+import difflib
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -87,10 +88,22 @@ def loc_to_field(loc: Sequence[Any]) -> str | None:
     return "".join(parts) or None
 
 
+def _unknown_field_message(field: str, errors: Sequence[dict[str, Any]]) -> str:
+    """``sentence: unknown field, not permitted (did you mean 'sentences'?)``: a typo is
+    the usual cause of a missing required field next to an unknown one."""
+    name = field.rsplit(".", 1)[-1]
+    missing = [str(e["loc"][-1]) for e in errors if e.get("type") == "missing" and e.get("loc")]
+    close = difflib.get_close_matches(name, missing, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"{field}: unknown field, not permitted{hint}"
+
+
 def _validation_response(exc: RequestValidationError) -> Response:
     errors = exc.errors()
     if not errors:
         return error_response(422, "invalid_request", "invalid request")
+    # an unknown field is reported first: "sentence" explains the missing "sentences"
+    errors = sorted(errors, key=lambda e: e.get("type") != "extra_forbidden")
     first = errors[0]
     typ = first.get("type", "")
     if typ == "json_invalid":
@@ -109,7 +122,9 @@ def _validation_response(exc: RequestValidationError) -> Response:
             422, "invalid_request", "request body is required (JSON object)", "body"
         )
     msg = first.get("msg", "invalid value").removeprefix("Value error, ")
-    if field:
+    if typ == "extra_forbidden" and field:
+        msg = _unknown_field_message(field, errors)
+    elif field:
         msg = f"{field}: {msg}"
     if len(errors) > 1:
         msg += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
