@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import difflib
 import logging
+import typing
 from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
@@ -88,17 +90,49 @@ def loc_to_field(loc: Sequence[Any]) -> str | None:
     return "".join(parts) or None
 
 
-def _unknown_field_message(field: str, errors: Sequence[dict[str, Any]]) -> str:
-    """``sentence: unknown field, not permitted (did you mean 'sentences'?)``: a typo is
-    the usual cause of a missing required field next to an unknown one."""
-    name = field.rsplit(".", 1)[-1]
-    missing = [str(e["loc"][-1]) for e in errors if e.get("type") == "missing" and e.get("loc")]
-    close = difflib.get_close_matches(name, missing, n=1, cutoff=0.6)
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside ``X``, ``X | None``, ``list[X]``..."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _known_fields(request: Request | None, loc: Sequence[Any]) -> list[str]:
+    """Field names of the model that holds ``loc`` (the route's body model, walked)."""
+    endpoint = request.scope.get("endpoint") if request is not None else None
+    try:
+        hints = typing.get_type_hints(endpoint) if endpoint is not None else {}
+    except Exception:  # noqa: BLE001 - only a hint
+        return []
+    model = next((m for k, t in hints.items() if k != "return" and (m := _model_in(t))), None)
+    for part in list(loc)[1:-1]:
+        if model is None:
+            return []
+        if isinstance(part, str):
+            info = model.model_fields.get(part)
+            model = _model_in(info.annotation) if info is not None else None
+    return list(model.model_fields) if model is not None else []
+
+
+def _unknown_field_message(
+    field: str, errors: Sequence[dict[str, Any]], request: Request | None
+) -> str:
+    """``sentence: unknown field, not permitted (did you mean 'sentences'?)``."""
+    loc = errors[0].get("loc", ())
+    name = str(loc[-1]) if loc else field
+    known = _known_fields(request, loc) or [
+        str(e["loc"][-1]) for e in errors if e.get("type") == "missing" and e.get("loc")
+    ]
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return f"{field}: unknown field, not permitted{hint}"
 
 
-def _validation_response(exc: RequestValidationError) -> Response:
+def _validation_response(exc: RequestValidationError, request: Request | None = None) -> Response:
     errors = exc.errors()
     if not errors:
         return error_response(422, "invalid_request", "invalid request")
@@ -123,7 +157,7 @@ def _validation_response(exc: RequestValidationError) -> Response:
         )
     msg = first.get("msg", "invalid value").removeprefix("Value error, ")
     if typ == "extra_forbidden" and field:
-        msg = _unknown_field_message(field, errors)
+        msg = _unknown_field_message(field, errors, request)
     elif field:
         msg = f"{field}: {msg}"
     if len(errors) > 1:
@@ -145,7 +179,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
-        return _validation_response(exc)
+        return _validation_response(exc, request)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:

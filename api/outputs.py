@@ -29,7 +29,8 @@ def softmax(x: Sequence[float]) -> np.ndarray:
     """Stable softmax: shifted by the max in float64, so any finite weights give finite
     probabilities (a float32 cast first would turn 1e308 into inf, and inf - inf into NaN)."""
     a = np.asarray(x, dtype=np.float64)
-    e = np.exp(a - a.max())
+    with np.errstate(over="ignore"):  # a gap beyond float64 is -inf: exp gives 0, as it should
+        e = np.exp(a - a.max())
     return (e / e.sum()).astype(np.float32)
 
 
@@ -42,7 +43,8 @@ def encode_checked(
     request field that scaled it: ``gamma``, ``mix`` or ``task``); non-finite layers
     are the model's fault and raise NonFiniteOutput naming ``what``.
     """
-    arr = as_dtype(x, dtype)
+    with np.errstate(over="ignore"):  # a float16 overflow is reported below, naming dtype
+        arr = as_dtype(x, dtype)
     if not np.isfinite(arr).all():
         if arr.dtype.itemsize == 2 and np.isfinite(x).all():
             top = float(np.abs(x).max())
@@ -84,7 +86,8 @@ def mix(layers: np.ndarray, spec: MixSpec) -> np.ndarray:
         fwd = np.tensordot(w[1 : 1 + nl], layers[1:, :, :p], axes=1)
         bwd = np.tensordot(w[1 + nl :], layers[1:, :, p:], axes=1)
         out = np.concatenate([w[0] * tok + fwd, w[0] * tok + bwd], axis=-1)
-    return (np.float32(spec.gamma) * out).astype(np.float32, copy=False)
+    with np.errstate(over="ignore", invalid="ignore"):  # encode_checked reports non-finite
+        return (np.float32(spec.gamma) * out).astype(np.float32, copy=False)
 
 
 def word_groups(tokens: Sequence[Token]) -> tuple[np.ndarray, int]:
