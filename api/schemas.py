@@ -85,7 +85,8 @@ class EmbedRequest(BaseModel):
                     "encoding": "base64",
                     "dtype": "float16",
                 },
-                {"sentences": ["Use a registered task."], "task": "ner", "granularity": "word"},
+                # 'pos' ships with the bundled model: the example works on a fresh server
+                {"sentences": ["Use a registered task."], "task": "pos", "granularity": "word"},
             ]
         },
     )
@@ -365,10 +366,16 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     for status, desc in {
         400: "Malformed JSON",
         401: "Missing or invalid API key",
+        403: "The key may not do this (writes need an admin key)",
+        404: "No such route, model, task or job",
+        409: "Conflict (e.g. deleting a task shipped with the model)",
         413: "A limit was exceeded (body size, sentences, tokens, characters)",
         415: "Content-Type is not application/json",
-        422: "Invalid request",
-        429: "Queue full: retry later",
+        422: "Invalid request: `field` names what is wrong",
+        429: "Overloaded (queue full, or the queued work would not let the request finish "
+        "within its timeout): retry after `Retry-After` seconds",
+        500: "A server fault (never caused by the request), e.g. the model produced "
+        "a non-finite value: nothing wrong is ever answered with a 200",
         503: "Not ready, or timed out waiting for the model",
     }.items()
 }
