@@ -18,7 +18,7 @@ queue is counted in sentences, the unit the model works in.
 Admission control: a request is also refused at the door (:class:`Overloaded`,
 429 with ``Retry-After``) when the work already waiting -- queued and running
 tokens x the measured seconds per token -- plus its own would not finish inside
-its timeout. Admitting it would only make it wait and then fail with 503 after
+its timeout (within 80% of it: headroom for the estimate's error). Admitting it would only make it wait and then fail with 503 after
 the timeout, while taking model time from requests that can still make it.
 Seconds per token is a token-weighted moving average over real batches
 (:class:`WorkEstimate`), starting from a deliberately slow prior. A request
@@ -97,9 +97,12 @@ class WorkEstimate:
     the small ones whose fixed overhead makes them look slow per token.
     """
 
-    def __init__(self, prior: float = 5e-3, decay: float = 0.8) -> None:
+    def __init__(self, prior: float = 5e-3, decay: float = 0.8, headroom: float = 0.8) -> None:
         self.prior = prior
         self.decay = decay
+        # admit only what the estimate finishes within this share of the timeout: the rate
+        # moves with load on the machine, and the estimate follows it a few batches late
+        self.headroom = headroom
         self._seconds = 0.0
         self._tokens = 0.0
 
@@ -118,11 +121,11 @@ class WorkEstimate:
         if timeout is None or pending <= 0:
             return
         spt = self.seconds_per_token
-        ahead, total = pending * spt, (pending + cost) * spt
-        if total <= timeout:
+        ahead, total, budget = pending * spt, (pending + cost) * spt, timeout * self.headroom
+        if total <= budget:
             return
         # when enough of the queue has drained (all of it, if this request alone is too big)
-        retry = max(1, math.ceil(min(ahead, total - timeout)))
+        retry = max(1, math.ceil(min(ahead, total - budget)))
         raise Overloaded(
             f"about {ahead:.1f}s of work is queued ({pending} tokens at "
             f"{spt * 1e3:.3g} ms/token); with this request's {cost} tokens it could not "

@@ -44,7 +44,7 @@ def test_estimate_starts_at_the_prior_then_follows_real_batches_weighted_by_toke
 
 
 def test_check_refuses_what_cannot_finish_and_says_when_to_retry():
-    est = WorkEstimate(prior=1.0)
+    est = WorkEstimate(prior=1.0, headroom=1.0)
     est.check(6, 4, timeout=10.0)  # 10 s: just fits
     with pytest.raises(Overloaded) as e:
         est.check(6, 5, timeout=10.0)
@@ -53,12 +53,15 @@ def test_check_refuses_what_cannot_finish_and_says_when_to_retry():
         est.check(6, 50, timeout=10.0)  # too big to fit even behind 0 s: when the queue is empty
     assert e.value.retry_after == 6
     assert "10s timeout" in str(e.value)
+    with pytest.raises(Overloaded):  # the default keeps 20% of the timeout for estimate error
+        WorkEstimate(prior=1.0).check(6, 3, timeout=10.0)
+    WorkEstimate(prior=1.0).check(6, 2, timeout=10.0)
 
 
 def test_batcher_refuses_at_submit_when_queued_work_exceeds_the_timeout():
     model = GatedModel()
     metrics = Metrics()
-    b = Batcher(model, metrics=metrics, estimate=WorkEstimate(prior=1.0))  # 1 s/token
+    b = Batcher(model, metrics=metrics, estimate=WorkEstimate(prior=1.0, headroom=1.0))  # 1 s/tok
 
     async def main():
         running = asyncio.ensure_future(b.embed([["a"]], timeout=10))  # cost 3 (with <S> </S>)
@@ -121,7 +124,7 @@ def test_http_overload_is_429_with_retry_after_before_any_wait(tiny_model_dir, t
         busy.start()
         try:
             assert started.wait(10)
-            long = " ".join(["word"] * 30)  # 32 tokens + 3 ahead = 35 s > 30 s
+            long = " ".join(["word"] * 30)  # 32 tokens + 3 ahead = 35 s > 0.8 x 30 s
             t0 = time.perf_counter()
             r = c.post("/v1/embed", json={"sentences": [long]})
             assert time.perf_counter() - t0 < 5  # refused at the door, not after 30 s
