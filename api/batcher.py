@@ -21,8 +21,11 @@ tokens x the measured seconds per token -- plus its own would not finish inside
 its timeout (within 80% of it: headroom for the estimate's error). Admitting it would only make it wait and then fail with 503 after
 the timeout, while taking model time from requests that can still make it.
 Seconds per token is a token-weighted moving average over real batches
-(:class:`WorkEstimate`), starting from a deliberately slow prior. A request
-with nothing ahead of it is always admitted: waiting cannot help it.
+(:class:`WorkEstimate`), starting from a deliberately slow prior. Since each
+take is sorted by length, a later request can run before an earlier one of the
+same take, so a request is also refused when it would push the oldest queued
+request of its take past that request's deadline. A request with nothing ahead
+of it is always admitted: waiting cannot help it.
 
 Batch fill without a fixed delay: a request *announces* itself when it
 enters the embedding path (before its cache lookup) and the announcement is
@@ -94,7 +97,8 @@ class WorkEstimate:
 
     ``seconds_per_token`` is ``prior`` until a batch has been measured, then
     ``sum(decayed seconds) / sum(decayed tokens)`` -- big batches weigh more than
-    the small ones whose fixed overhead makes them look slow per token.
+    the small ones whose fixed overhead makes them look slow per token. The
+    seconds are the batcher's busy time, not only the model's.
     """
 
     def __init__(self, prior: float = 5e-3, decay: float = 0.8, headroom: float = 0.8) -> None:
@@ -116,20 +120,31 @@ class WorkEstimate:
     def seconds_per_token(self) -> float:
         return self._seconds / self._tokens if self._tokens else self.prior
 
-    def check(self, pending: int, cost: int, timeout: float | None) -> None:
-        """Raise Overloaded when ``pending`` tokens ahead + ``cost`` cannot finish in ``timeout``."""
+    def check(
+        self, pending: int, cost: int, timeout: float | None, protect: float | None = None
+    ) -> None:
+        """Raise Overloaded unless ``pending`` tokens (queued or running) + ``cost`` finish
+        within ``headroom`` x ``timeout`` and, when given, within ``protect`` seconds (what
+        is left of the earliest deadline among queued requests this one could delay)."""
         if timeout is None or pending <= 0:
             return
         spt = self.seconds_per_token
-        ahead, total, budget = pending * spt, (pending + cost) * spt, timeout * self.headroom
+        ahead, total = pending * spt, (pending + cost) * spt
+        budget = timeout * self.headroom
+        if protect is not None:
+            budget = min(budget, protect)
         if total <= budget:
             return
         # when enough of the queue has drained (all of it, if this request alone is too big)
         retry = max(1, math.ceil(min(ahead, total - budget)))
         raise Overloaded(
             f"about {ahead:.1f}s of work is queued ({pending} tokens at "
-            f"{spt * 1e3:.3g} ms/token); with this request's {cost} tokens it could not "
-            f"finish within its {timeout:g}s timeout",
+            f"{spt * 1e3:.3g} ms/token); with this request's {cost} tokens it "
+            + (
+                f"could not finish within its {timeout:g}s timeout"
+                if budget >= timeout * self.headroom
+                else "would delay queued requests past their timeout"
+            ),
             retry_after=retry,
         )
 
@@ -144,6 +159,7 @@ class _Item:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     enqueued: float = field(default_factory=time.perf_counter)
+    deadline: float = math.inf  # by when admission promised it an answer (perf_counter)
 
     @property
     def cost(self) -> int:
@@ -189,6 +205,8 @@ class Batcher:
         self._batch_seconds = 0.0  # moving average of recent batch durations
         self.estimate = estimate or WorkEstimate()
         self._pending_cost = 0  # tokens (with markers) queued or running: admission control
+        self._queued_cost = 0  # of which queued, not yet taken by the worker
+        self._busy_mark = time.perf_counter()  # since when the worker has been busy
         self._incoming = 0  # announced requests not yet submitted
         self._returning = 0  # sentences answered by the last batch not yet matched by arrivals
         self._queue: deque[_Item] = deque()
@@ -223,6 +241,23 @@ class Batcher:
                 self._incoming -= 1
                 self._cond.notify()
 
+    def _protect(self, cost: int) -> float | None:
+        """Seconds left before the earliest deadline that ``cost`` more tokens could push back.
+
+        The worker sorts each take (up to ``take_tokens``) by length, so a request
+        that joins the take the oldest queued request will run in can be run before
+        it: admitting it must not make that request miss its deadline. Under the
+        lock; queued requests share the request timeout, so the oldest live one has
+        the earliest deadline. None when this request would start a later take.
+        """
+        if self._queued_cost + cost > self.take_tokens:
+            return None
+        now = time.perf_counter()
+        for it in self._queue:
+            if not it.future.done() and it.deadline > now:
+                return it.deadline - now
+        return None
+
     @property
     def pending_tokens(self) -> int:
         """Tokens (with sentence markers) queued or in the model now."""
@@ -255,12 +290,17 @@ class Batcher:
                 )
             cost = sum(it.cost for it in items)
             try:
-                self.estimate.check(self._pending_cost, cost, timeout)
+                self.estimate.check(self._pending_cost, cost, timeout, self._protect(cost))
             except Overloaded:
                 if self.metrics:
                     self.metrics.rejected.labels("overloaded").inc()
                 raise
+            if timeout is not None:
+                deadline = time.perf_counter() + self.estimate.headroom * timeout
+                for it in items:
+                    it.deadline = deadline
             self._pending_cost += cost
+            self._queued_cost += cost
             self._queue.extend(items)
             self._returning = max(0, self._returning - len(items))
             self._gauge()
@@ -298,6 +338,7 @@ class Batcher:
                 pending = list(self._queue)
                 self._queue.clear()
                 self._pending_cost -= sum(it.cost for it in pending)
+                self._queued_cost -= sum(it.cost for it in pending)
                 self._gauge()
             self._cond.notify_all()
         self._complete(pending, error=BatcherClosed("the model is shutting down"))
@@ -318,6 +359,7 @@ class Batcher:
                 self._cond.wait()
             if not self._queue:  # closed and drained
                 return None
+            self._busy_mark = time.perf_counter()  # work is waiting: the worker is busy from now
             self._fill()
             taken: list[_Item] = []
             budget = self.take_tokens
@@ -325,6 +367,7 @@ class Batcher:
                 it = self._queue.popleft()
                 budget -= it.cost
                 taken.append(it)
+            self._queued_cost -= sum(it.cost for it in taken)
             self._gauge()
             return taken
 
@@ -421,7 +464,6 @@ class Batcher:
             self._complete(batch, error=e)
             return
         took = time.perf_counter() - start
-        self.estimate.observe(took, sum(it.cost for it in batch))
         self._finished(batch)
         self._batch_seconds = (
             took if not self.batches_run else 0.8 * self._batch_seconds + 0.2 * took
@@ -437,7 +479,14 @@ class Batcher:
             m.batch_sentences.observe(len(batch))
             m.batch_tokens.observe(len(batch) * max(it.cost for it in batch))
             m.tokens.inc(sum(len(it.tokens) for it in batch))
-            m.seconds_per_token.set(self.estimate.seconds_per_token)
+        # the estimate counts the worker's busy time, not only the model's: fill waits and
+        # planning are part of what a queued request waits for (updated before the answers
+        # go out, so whoever gets them sees the estimate that includes their batch)
+        now = time.perf_counter()
+        self.estimate.observe(now - self._busy_mark, sum(it.cost for it in batch))
+        self._busy_mark = now
+        if self.metrics:
+            self.metrics.seconds_per_token.set(self.estimate.seconds_per_token)
         self._complete(batch, out)
 
 

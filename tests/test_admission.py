@@ -73,7 +73,8 @@ def test_batcher_refuses_at_submit_when_queued_work_exceeds_the_timeout():
         with pytest.raises(Overloaded) as e:
             b.submit_nowait([["d", "e", "f", "g"]], timeout=10)  # 7 + 6 = 13 s > 10
         assert time.perf_counter() - t0 < 0.5  # at the door
-        assert e.value.retry_after == 3
+        # 13 s of work; the queued request's deadline is (just under) 10 s away
+        assert e.value.retry_after in (3, 4)
         assert b.pending_tokens == 7 and b.depth == 1  # nothing of it was queued
         b.submit_nowait([["d"]], timeout=None)[0].cancel()  # no timeout: no admission check
         model.gate.set()
@@ -86,6 +87,28 @@ def test_batcher_refuses_at_submit_when_queued_work_exceeds_the_timeout():
     assert b.estimate.seconds_per_token < 1.0  # measured from the real batches now
     text = metrics.render()[0].decode()
     assert 'elmo_rejected_requests_total{reason="overloaded"} 1.0' in text
+
+
+def test_a_request_that_would_overtake_a_queued_one_past_its_deadline_is_refused():
+    """Takes are sorted by length: a longer request queued later runs first, so admitting
+    it must leave the queued request's deadline intact, whatever its own timeout."""
+    model = GatedModel()
+    b = Batcher(model, estimate=WorkEstimate(prior=1.0, headroom=1.0))
+
+    async def main():
+        running = asyncio.ensure_future(b.embed([["a"]], timeout=60))  # 3 s
+        await asyncio.to_thread(model.started.wait, 5)
+        queued = asyncio.ensure_future(b.embed([["b", "c"]], timeout=11))  # done by 7 s of 11
+        await asyncio.sleep(0)
+        with pytest.raises(Overloaded, match="would delay queued requests"):
+            b.submit_nowait([["d", "e", "f"]], timeout=100)  # 12 s: fine for it, not for "b c"
+        b.submit_nowait([["d"]], timeout=100)[0].cancel()  # 10 s: "b c" still makes it
+        model.gate.set()
+        await running
+        await queued
+
+    asyncio.run(main())
+    b.close()
 
 
 def test_direct_runner_admits_the_same_way():
