@@ -1,5 +1,10 @@
 """App factory and lifespan. ``uvicorn api.main:app`` serves the default settings.
 
+``elmo-service serve`` (``api.server.run``) also sets the connection limits
+(``ELMO_HTTP_*``: header/body read deadlines, keep-alive, connections); under the
+plain uvicorn CLI add ``--http api.http_protocol:DeadlineHttpToolsProtocol``
+(10 s / 30 s deadlines) and ``--limit-concurrency``.
+
 Importing this module loads no model and reads no settings: the lifespan does
 both (settings first, so a bad ``ELMO_*`` value fails startup with a message
 naming it), then warms the model up before ``/readyz`` turns 200.
