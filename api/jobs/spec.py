@@ -31,7 +31,7 @@ _BILM_FIELDS = {f.name for f in dataclasses.fields(BiLMConfig)}
 class PrepareIn(BaseModel):
     """Options of ``elmo-pretrain prepare`` (used when the corpus is raw text)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # no coercion: "5" is not 5
 
     tokenizer: Literal["sentencepiece", "word"] = "sentencepiece"
     vocab_size: int = Field(16000, ge=4, le=2_000_000)
@@ -63,7 +63,7 @@ class PrepareIn(BaseModel):
 class BudgetIn(BaseModel):
     """How long to train: ``train.steps`` and/or ``train.max_minutes`` (wins over ``config``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # no coercion: "5" is not 5
 
     steps: int | None = Field(None, ge=1, description="Optimizer steps in total.")
     max_minutes: float | None = Field(
@@ -74,6 +74,7 @@ class BudgetIn(BaseModel):
 class JobIn(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
+        strict=True,
         json_schema_extra={
             "examples": [
                 {
