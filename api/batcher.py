@@ -18,8 +18,9 @@ queue is counted in sentences, the unit the model works in.
 Admission control: a request is also refused at the door (:class:`Overloaded`,
 429 with ``Retry-After``) when the work already waiting -- queued and running
 tokens x the measured seconds per token -- plus its own would not finish inside
-its timeout (within 80% of it: headroom for the estimate's error). Admitting it would only make it wait and then fail with 503 after
-the timeout, while taking model time from requests that can still make it.
+its timeout (within 80% of it: headroom for the estimate's error). Admitting it
+would only make it wait and then fail with 503 after the timeout, while taking
+model time from requests that can still make it.
 Seconds per token is a token-weighted moving average over real batches
 (:class:`WorkEstimate`), starting from a deliberately slow prior. Since each
 take is sorted by length, a later request can run before an earlier one of the
