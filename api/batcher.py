@@ -15,6 +15,19 @@ await one future per sentence. The worker thread:
 A full queue raises :class:`QueueFull` at once (the route answers 429). The
 queue is counted in sentences, the unit the model works in.
 
+Admission control: a request is also refused at the door (:class:`Overloaded`,
+429 with ``Retry-After``) when the work already waiting -- queued and running
+tokens x the measured seconds per token -- plus its own would not finish inside
+its timeout (within 80% of it: headroom for the estimate's error). Admitting it
+would only make it wait and then fail with 503 after the timeout, while taking
+model time from requests that can still make it.
+Seconds per token is a token-weighted moving average over real batches
+(:class:`WorkEstimate`), starting from a deliberately slow prior. Since each
+take is sorted by length, a later request can run before an earlier one of the
+same take, so a request is also refused when it would push the oldest queued
+request of its take past that request's deadline. A request with nothing ahead
+of it is always admitted: waiting cannot help it.
+
 Batch fill without a fixed delay: a request *announces* itself when it
 enters the embedding path (before its cache lookup) and the announcement is
 retired when it submits or needs no model. When the worker is about to start
@@ -38,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -68,7 +82,72 @@ class Ticket:
 
 
 class QueueFull(Exception):
-    """The batcher's queue cannot take the request."""
+    """The batcher's queue cannot take the request; retry after ``retry_after`` seconds."""
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Overloaded(QueueFull):
+    """The work already queued would not let the request finish inside its timeout."""
+
+
+class WorkEstimate:
+    """Seconds per token: a token-weighted moving average over real batches.
+
+    ``seconds_per_token`` is ``prior`` until a batch has been measured, then
+    ``sum(decayed seconds) / sum(decayed tokens)`` -- big batches weigh more than
+    the small ones whose fixed overhead makes them look slow per token. The
+    seconds are the batcher's busy time, not only the model's.
+    """
+
+    def __init__(self, prior: float = 5e-3, decay: float = 0.8, headroom: float = 0.8) -> None:
+        self.prior = prior
+        self.decay = decay
+        # admit only what the estimate finishes within this share of the timeout: the rate
+        # moves with load on the machine, and the estimate follows it a few batches late
+        self.headroom = headroom
+        self._seconds = 0.0
+        self._tokens = 0.0
+
+    def observe(self, seconds: float, tokens: int) -> None:
+        if tokens <= 0 or seconds < 0:
+            return
+        self._seconds = self.decay * self._seconds + seconds
+        self._tokens = self.decay * self._tokens + tokens
+
+    @property
+    def seconds_per_token(self) -> float:
+        return self._seconds / self._tokens if self._tokens else self.prior
+
+    def check(
+        self, pending: int, cost: int, timeout: float | None, protect: float | None = None
+    ) -> None:
+        """Raise Overloaded unless ``pending`` tokens (queued or running) + ``cost`` finish
+        within ``headroom`` x ``timeout`` and, when given, within ``protect`` seconds (what
+        is left of the earliest deadline among queued requests this one could delay)."""
+        if timeout is None or pending <= 0:
+            return
+        spt = self.seconds_per_token
+        ahead, total = pending * spt, (pending + cost) * spt
+        budget = timeout * self.headroom
+        if protect is not None:
+            budget = min(budget, protect)
+        if total <= budget:
+            return
+        # when enough of the queue has drained (all of it, if this request alone is too big)
+        retry = max(1, math.ceil(min(ahead, total - budget)))
+        raise Overloaded(
+            f"about {ahead:.1f}s of work is queued ({pending} tokens at "
+            f"{spt * 1e3:.3g} ms/token); with this request's {cost} tokens it "
+            + (
+                f"could not finish within its {timeout:g}s timeout"
+                if budget >= timeout * self.headroom
+                else "would delay queued requests past their timeout"
+            ),
+            retry_after=retry,
+        )
 
 
 class BatcherClosed(Exception):
@@ -81,6 +160,7 @@ class _Item:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     enqueued: float = field(default_factory=time.perf_counter)
+    deadline: float = math.inf  # by when admission promised it an answer (perf_counter)
 
     @property
     def cost(self) -> int:
@@ -113,6 +193,7 @@ class Batcher:
         max_fill_wait: float = 0.005,
         fill_ratio: float = 0.25,
         name: str = "batcher",
+        estimate: WorkEstimate | None = None,
     ) -> None:
         self.embed_fn = embed_fn
         self.batch_tokens = batch_tokens
@@ -123,6 +204,10 @@ class Batcher:
         self.max_fill_wait = max_fill_wait
         self.fill_ratio = fill_ratio
         self._batch_seconds = 0.0  # moving average of recent batch durations
+        self.estimate = estimate or WorkEstimate()
+        self._pending_cost = 0  # tokens (with markers) queued or running: admission control
+        self._queued_cost = 0  # of which queued, not yet taken by the worker
+        self._busy_mark = time.perf_counter()  # since when the worker has been busy
         self._incoming = 0  # announced requests not yet submitted
         self._returning = 0  # sentences answered by the last batch not yet matched by arrivals
         self._queue: deque[_Item] = deque()
@@ -157,10 +242,36 @@ class Batcher:
                 self._incoming -= 1
                 self._cond.notify()
 
+    def _protect(self, cost: int) -> float | None:
+        """Seconds left before the earliest deadline that ``cost`` more tokens could push back.
+
+        The worker sorts each take (up to ``take_tokens``) by length, so a request
+        that joins the take the oldest queued request will run in can be run before
+        it: admitting it must not make that request miss its deadline. Under the
+        lock; queued requests share the request timeout, so the oldest live one has
+        the earliest deadline. None when this request would start a later take.
+        """
+        if self._queued_cost + cost > self.take_tokens:
+            return None
+        now = time.perf_counter()
+        for it in self._queue:
+            if not it.future.done() and it.deadline > now:
+                return it.deadline - now
+        return None
+
+    @property
+    def pending_tokens(self) -> int:
+        """Tokens (with sentence markers) queued or in the model now."""
+        return self._pending_cost
+
     def submit_nowait(
-        self, token_lists: Sequence[Sequence[str]], ticket: Ticket | None = None
+        self,
+        token_lists: Sequence[Sequence[str]],
+        ticket: Ticket | None = None,
+        timeout: float | None = None,
     ) -> list[asyncio.Future]:
-        """Queue sentences; one future per sentence. Raises QueueFull / BatcherClosed at once."""
+        """Queue sentences; one future per sentence. Raises QueueFull (Overloaded when the
+        queued work would not let them finish within ``timeout``) / BatcherClosed at once."""
         loop = asyncio.get_running_loop()
         items = [_Item(toks, loop.create_future(), loop) for toks in token_lists]
         if ticket is not None and ticket._batcher is not self:
@@ -178,6 +289,19 @@ class Batcher:
                 raise QueueFull(
                     f"queue full: {len(self._queue)} sentences waiting, limit {self.max_queue}"
                 )
+            cost = sum(it.cost for it in items)
+            try:
+                self.estimate.check(self._pending_cost, cost, timeout, self._protect(cost))
+            except Overloaded:
+                if self.metrics:
+                    self.metrics.rejected.labels("overloaded").inc()
+                raise
+            if timeout is not None:
+                deadline = time.perf_counter() + self.estimate.headroom * timeout
+                for it in items:
+                    it.deadline = deadline
+            self._pending_cost += cost
+            self._queued_cost += cost
             self._queue.extend(items)
             self._returning = max(0, self._returning - len(items))
             self._gauge()
@@ -196,7 +320,7 @@ class Batcher:
             if ticket is not None:
                 ticket.retire()
             return []
-        futures = self.submit_nowait(token_lists, ticket)
+        futures = self.submit_nowait(token_lists, ticket, timeout)
         try:
             async with asyncio.timeout(timeout):
                 return list(await asyncio.gather(*futures))
@@ -214,6 +338,8 @@ class Batcher:
             if not drain:
                 pending = list(self._queue)
                 self._queue.clear()
+                self._pending_cost -= sum(it.cost for it in pending)
+                self._queued_cost -= sum(it.cost for it in pending)
                 self._gauge()
             self._cond.notify_all()
         self._complete(pending, error=BatcherClosed("the model is shutting down"))
@@ -234,6 +360,7 @@ class Batcher:
                 self._cond.wait()
             if not self._queue:  # closed and drained
                 return None
+            self._busy_mark = time.perf_counter()  # work is waiting: the worker is busy from now
             self._fill()
             taken: list[_Item] = []
             budget = self.take_tokens
@@ -241,6 +368,7 @@ class Batcher:
                 it = self._queue.popleft()
                 budget -= it.cost
                 taken.append(it)
+            self._queued_cost -= sum(it.cost for it in taken)
             self._gauge()
             return taken
 
@@ -269,10 +397,16 @@ class Batcher:
                 return
             self._cond.wait(left)
 
+    def _finished(self, items: list[_Item]) -> None:
+        """``items`` left the pending work (answered, failed or dropped)."""
+        with self._cond:
+            self._pending_cost -= sum(it.cost for it in items)
+
     def _drop_cancelled(self, items: list[_Item]) -> list[_Item]:
         live = [it for it in items if not it.future.done()]
         n = len(items) - len(live)
         if n:
+            self._finished([it for it in items if it.future.done()])
             self.dropped += n
             if self.metrics:
                 self.metrics.dropped.labels("cancelled").inc(n)
@@ -327,9 +461,11 @@ class Batcher:
             out = self.embed_fn([it.tokens for it in batch])
         except Exception as e:  # a model failure fails this batch's requests, not the worker
             log.exception("batch of %d sentences failed", len(batch))
+            self._finished(batch)
             self._complete(batch, error=e)
             return
         took = time.perf_counter() - start
+        self._finished(batch)
         self._batch_seconds = (
             took if not self.batches_run else 0.8 * self._batch_seconds + 0.2 * took
         )
@@ -344,6 +480,14 @@ class Batcher:
             m.batch_sentences.observe(len(batch))
             m.batch_tokens.observe(len(batch) * max(it.cost for it in batch))
             m.tokens.inc(sum(len(it.tokens) for it in batch))
+        # the estimate counts the worker's busy time, not only the model's: fill waits and
+        # planning are part of what a queued request waits for (updated before the answers
+        # go out, so whoever gets them sees the estimate that includes their batch)
+        now = time.perf_counter()
+        self.estimate.observe(now - self._busy_mark, sum(it.cost for it in batch))
+        self._busy_mark = now
+        if self.metrics:
+            self.metrics.seconds_per_token.set(self.estimate.seconds_per_token)
         self._complete(batch, out)
 
 
@@ -355,12 +499,19 @@ class DirectRunner:
     """
 
     def __init__(
-        self, embed_fn: EmbedFn, *, max_queue: int = 4096, metrics: Metrics | None = None
+        self,
+        embed_fn: EmbedFn,
+        *,
+        max_queue: int = 4096,
+        metrics: Metrics | None = None,
+        estimate: WorkEstimate | None = None,
     ) -> None:
         self.embed_fn = embed_fn
         self.max_queue = max_queue
         self.metrics = metrics
+        self.estimate = estimate or WorkEstimate()
         self._pending = 0
+        self._pending_cost = 0
         self._lock = threading.Lock()
         self._closed = False
 
@@ -379,6 +530,7 @@ class DirectRunner:
         with self._lock:
             start = time.perf_counter()
             out = self.embed_fn(token_lists)
+            self.estimate.observe(time.perf_counter() - start, sum(len(t) + 2 for t in token_lists))
         if self.metrics:
             m = self.metrics
             m.batch_seconds.observe(time.perf_counter() - start)
@@ -402,12 +554,21 @@ class DirectRunner:
             raise QueueFull(
                 f"queue full: {self._pending} sentences waiting, limit {self.max_queue}"
             )
+        cost = sum(len(t) + 2 for t in token_lists)
+        try:
+            self.estimate.check(self._pending_cost, cost, timeout)
+        except Overloaded:
+            if self.metrics:
+                self.metrics.rejected.labels("overloaded").inc()
+            raise
         self._pending += len(token_lists)
+        self._pending_cost += cost
         try:
             async with asyncio.timeout(timeout):
                 return await asyncio.to_thread(self._call, token_lists)
         finally:
             self._pending -= len(token_lists)
+            self._pending_cost -= cost
 
     def close(self, timeout: float = 10.0) -> None:
         self._closed = True

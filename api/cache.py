@@ -5,14 +5,19 @@ texts>`` -- a new model version or tokenizer never reuses old vectors.
 
 Value: a small header then the ``[L+1, T, D]`` array (float32 or float16)::
 
-    magic "ELC1" | dtype u8 | L+1 u16 | T u32 | D u32 | len(version) u8 | version
-    | sha256(token texts)[:8] | payload
+    magic "ELC2" | dtype u8 | L+1 u16 | T u32 | D u32 | len(version) u8 | version
+    | sha256(token texts)[:8] | crc32 u32 | payload
 
-Every read is verified against what the request expects (magic, dtype,
-shape, model version, token digest, payload length); anything else is
-counted as ``corrupt`` and recomputed (the fresh value overwrites it). Mixes
-and pooling are computed from cached layers, so task weights never
-invalidate the cache.
+``crc32`` covers every other byte of the entry (header and payload), so an
+entry altered anywhere -- a flipped bit in Redis, a ``SETRANGE`` into the
+vectors -- is caught; it is zlib's CRC (several GB/s, well under the cost of
+encoding the same floats as JSON). Every read is verified against what the
+request expects (magic, dtype, shape, model version, token digest, payload
+length, checksum); a mismatch is counted as ``corrupt``, the entry deleted and
+the vectors recomputed (and stored again). Entries of the previous format
+(``ELC1``, no checksum) are deleted and recomputed without counting as
+corrupt. Mixes and pooling are computed from cached layers, so task weights
+never invalidate the cache.
 
 Redis errors open a circuit breaker: for ``retry_interval`` seconds the
 backend is skipped (requests are served uncached), then one request tries
@@ -27,6 +32,7 @@ import logging
 import struct
 import threading
 import time
+import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -38,11 +44,13 @@ from api.metrics import Metrics
 
 log = logging.getLogger("api.cache")
 
-MAGIC = b"ELC1"
+MAGIC = b"ELC2"
+_OLD_MAGIC = b"ELC1"  # before checksums: replaced on read, not counted as corrupt
 _DTYPES = {"float32": 0, "float16": 1}
 _DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
 _HEAD = struct.Struct("<4sBHIIB")
 _DIGEST = 8
+_CRC = struct.Struct("<I")
 
 
 def token_digest(tokens: Sequence[str]) -> bytes:
@@ -61,11 +69,18 @@ class CorruptEntry(ValueError):
     pass
 
 
+class StaleEntry(CorruptEntry):
+    """An entry of an older format: unusable, but not damaged."""
+
+
 def pack(layers: np.ndarray, dtype: str, version: str, digest: bytes) -> bytes:
     arr = np.ascontiguousarray(layers, dtype=np.dtype(dtype).newbyteorder("<"))
     n, t, d = arr.shape
     v = version.encode()
-    return _HEAD.pack(MAGIC, _DTYPES[dtype], n, t, d, len(v)) + v + digest[:_DIGEST] + arr.tobytes()
+    head = _HEAD.pack(MAGIC, _DTYPES[dtype], n, t, d, len(v)) + v + digest[:_DIGEST]
+    payload = memoryview(arr).cast("B")
+    crc = zlib.crc32(payload, zlib.crc32(head))
+    return b"".join((head, _CRC.pack(crc), payload))
 
 
 def unpack(
@@ -75,6 +90,8 @@ def unpack(
     if not isinstance(blob, bytes | bytearray | memoryview) or len(blob) < _HEAD.size:
         raise CorruptEntry("short entry")
     magic, code, n, t, d, vlen = _HEAD.unpack_from(blob)
+    if magic == _OLD_MAGIC:
+        raise StaleEntry("entry of the previous format (no checksum)")
     if magic != MAGIC:
         raise CorruptEntry("bad magic")
     if _DTYPE_NAMES.get(code) != dtype:
@@ -89,8 +106,13 @@ def unpack(
         raise CorruptEntry("token digest mismatch")
     off += _DIGEST
     dt = np.dtype(dtype).newbyteorder("<")
-    if len(blob) - off != n * t * d * dt.itemsize:
+    if len(blob) - off - _CRC.size != n * t * d * dt.itemsize:
         raise CorruptEntry("payload length mismatch")
+    view = memoryview(blob)
+    (want,) = _CRC.unpack_from(blob, off)
+    if zlib.crc32(view[off + _CRC.size :], zlib.crc32(view[:off])) != want:
+        raise CorruptEntry("checksum mismatch")
+    off += _CRC.size
     arr = np.frombuffer(blob, dtype=dt, offset=off).reshape(n, t, d)
     if not np.isfinite(arr).all():
         raise CorruptEntry("non-finite values")
@@ -110,6 +132,9 @@ class CacheBackend(ABC):
     def set_many(self, items: Sequence[tuple[str, bytes]], ttl: int) -> None: ...
 
     @abstractmethod
+    def delete_many(self, keys: Sequence[str]) -> None: ...
+
+    @abstractmethod
     def state(self) -> dict[str, Any]: ...
 
     def close(self) -> None:  # noqa: B027 - optional hook
@@ -123,6 +148,9 @@ class NullCache(CacheBackend):
         return [None] * len(keys)
 
     def set_many(self, items: Sequence[tuple[str, bytes]], ttl: int) -> None:
+        pass
+
+    def delete_many(self, keys: Sequence[str]) -> None:
         pass
 
     def state(self) -> dict[str, Any]:
@@ -150,6 +178,11 @@ class LocalCache(CacheBackend):
             for k, v in items:
                 if len(v) <= self.max_bytes:
                     self._lru[k] = v
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        with self._lock:
+            for k in keys:
+                self._lru.pop(k, None)
 
     @property
     def current_bytes(self) -> int:
@@ -276,6 +309,16 @@ class RedisCache(CacheBackend):
             return
         self.breaker.success()
 
+    def delete_many(self, keys: Sequence[str]) -> None:
+        if not keys or not self.breaker.allow():
+            return
+        try:
+            self.client.delete(*keys)
+        except self._errors as e:
+            self._failed(e, "DEL")
+            return
+        self.breaker.success()
+
     def ping(self) -> bool:
         try:
             return bool(self.client.ping())
@@ -325,10 +368,12 @@ class SentenceCache:
     def get(
         self, token_lists: Sequence[Sequence[str]], digests: Sequence[bytes]
     ) -> list[np.ndarray | None]:
-        """Runs in a worker thread (backend I/O). Corrupt entries count and read as misses."""
+        """Runs in a worker thread (backend I/O). An entry that fails verification is
+        counted (``corrupt``), deleted and read as a miss, so its vectors are recomputed."""
         blobs = self.backend.get_many([self.key(d) for d in digests])
         out: list[np.ndarray | None] = []
         corrupt = 0
+        bad: list[str] = []
         for toks, dig, blob in zip(token_lists, digests, blobs, strict=True):
             if blob is None:
                 out.append(None)
@@ -338,10 +383,16 @@ class SentenceCache:
                     unpack(blob, dtype=self.dtype, version=self.version, digest=dig,
                            shape=(self.n_layers, len(toks), self.dim))
                 )  # fmt: skip
+            except StaleEntry:
+                bad.append(self.key(dig))
+                out.append(None)
             except (CorruptEntry, ValueError, struct.error) as e:
                 corrupt += 1
-                log.warning("ignoring corrupt cache entry %s: %s", self.key(dig), e)
+                bad.append(self.key(dig))
+                log.warning("deleting corrupt cache entry %s: %s", self.key(dig), e)
                 out.append(None)
+        if bad:  # a failed recompute (or a timeout) must not leave them to be read again
+            self.backend.delete_many(bad)
         if corrupt and self.metrics:
             self.metrics.cache_errors.labels("corrupt").inc(corrupt)
         return out

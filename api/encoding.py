@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import numpy as np
 import orjson
-from starlette.responses import Response
+from starlette.responses import JSONResponse
 
 Encoding = Literal["json", "base64"]
 DType = Literal["float32", "float16"]
@@ -24,8 +24,11 @@ def dumps(content: Any) -> bytes:
     return orjson.dumps(content, option=_ORJSON_OPTS)
 
 
-class JSONBytesResponse(Response):
-    """A JSON response rendered by orjson (numpy arrays serialised natively)."""
+class JSONBytesResponse(JSONResponse):
+    """A JSON response rendered by orjson (numpy arrays serialised natively).
+
+    A JSONResponse subclass so that FastAPI documents routes' response models
+    in the OpenAPI document (it writes ``"type": "string"`` for other classes)."""
 
     media_type = "application/json"
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import difflib
 import logging
+import typing
 from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
@@ -92,32 +94,54 @@ def _more(n: int) -> str:
     return f" (and {n} more error{'s' if n > 1 else ''})" if n else ""
 
 
-def _unknown_field(errors: Sequence[dict[str, Any]]) -> Response | None:
-    """A misspelt field is two errors: an unknown one and, often, a missing one.
-    Name the unknown field first, with the missing field it most likely meant."""
-    extra = [e for e in errors if e.get("type") == "extra_forbidden"]
-    if not extra:
-        return None
-    loc = tuple(extra[0].get("loc", ()))
-    name = str(loc[-1]) if loc else "?"
-    missing = [
-        str(e["loc"][-1])
-        for e in errors
-        if e.get("type") == "missing" and tuple(e.get("loc", ()))[:-1] == loc[:-1]
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside ``X``, ``X | None``, ``list[X]``..."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _known_fields(request: Request | None, loc: Sequence[Any]) -> list[str]:
+    """Field names of the model that holds ``loc`` (the route's body model, walked)."""
+    endpoint = request.scope.get("endpoint") if request is not None else None
+    try:
+        hints = typing.get_type_hints(endpoint) if endpoint is not None else {}
+    except Exception:  # noqa: BLE001 - only a hint
+        return []
+    model = next((m for k, t in hints.items() if k != "return" and (m := _model_in(t))), None)
+    for part in list(loc)[1:-1]:
+        if model is None:
+            return []
+        if isinstance(part, str):
+            info = model.model_fields.get(part)
+            model = _model_in(info.annotation) if info is not None else None
+    return list(model.model_fields) if model is not None else []
+
+
+def _unknown_field_message(
+    field: str, errors: Sequence[dict[str, Any]], request: Request | None
+) -> tuple[str, str | None]:
+    """``sentence: unknown field, not permitted (did you mean 'sentences'?)``, and the field meant."""
+    loc = errors[0].get("loc", ())
+    name = str(loc[-1]) if loc else field
+    known = _known_fields(request, loc) or [
+        str(e["loc"][-1]) for e in errors if e.get("type") == "missing" and e.get("loc")
     ]
-    close = difflib.get_close_matches(name, missing, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    field = loc_to_field(loc)
-    more = len(errors) - 1 - (1 if close else 0)
-    return error_response(
-        422, "invalid_request", f"{field}: unknown field{hint}{_more(more)}", field
-    )
+    return f"{field}: unknown field, not permitted{hint}", close[0] if close else None
 
 
-def _validation_response(exc: RequestValidationError) -> Response:
+def _validation_response(exc: RequestValidationError, request: Request | None = None) -> Response:
     errors = exc.errors()
     if not errors:
         return error_response(422, "invalid_request", "invalid request")
+    # an unknown field is reported first: "sentence" explains the missing "sentences"
+    errors = sorted(errors, key=lambda e: e.get("type") != "extra_forbidden")
     first = errors[0]
     typ = first.get("type", "")
     if typ == "json_invalid":
@@ -126,9 +150,6 @@ def _validation_response(exc: RequestValidationError) -> Response:
         return error_response(
             400, "invalid_json", f"request body is not valid JSON: {detail}", "body"
         )
-    unknown = _unknown_field(errors)
-    if unknown is not None:
-        return unknown
     field = loc_to_field(first.get("loc", ()))
     if (
         typ == "missing"
@@ -139,9 +160,18 @@ def _validation_response(exc: RequestValidationError) -> Response:
             422, "invalid_request", "request body is required (JSON object)", "body"
         )
     msg = first.get("msg", "invalid value").removeprefix("Value error, ")
-    if field:
+    more = len(errors) - 1
+    if typ == "extra_forbidden" and field:
+        msg, meant = _unknown_field_message(field, errors, request)
+        # the missing field it was meant to be is the same mistake, not one more
+        loc = tuple(first.get("loc", ()))
+        more -= any(
+            e.get("type") == "missing" and tuple(e.get("loc", ())) == (*loc[:-1], meant)
+            for e in errors
+        )
+    elif field:
         msg = f"{field}: {msg}"
-    msg += _more(len(errors) - 1)
+    msg += _more(more)
     return error_response(422, "invalid_request", msg, field)
 
 
@@ -159,7 +189,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
-        return _validation_response(exc)
+        return _validation_response(exc, request)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:

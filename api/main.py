@@ -1,5 +1,10 @@
 """App factory and lifespan. ``uvicorn api.main:app`` serves the default settings.
 
+``elmo-service serve`` (``api.server.run``) also sets the connection limits
+(``ELMO_HTTP_*``: header/body read deadlines, keep-alive, connections); under the
+plain uvicorn CLI add ``--http api.http_protocol:DeadlineHttpToolsProtocol``
+(10 s / 30 s deadlines) and ``--limit-concurrency``.
+
 Importing this module loads no model and reads no settings: the lifespan does
 both (settings first, so a bad ``ELMO_*`` value fails startup with a message
 naming it), then warms the model up before ``/readyz`` turns 200.
@@ -82,8 +87,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     backend = make_cache_backend(settings, metrics)
     io = ThreadPoolExecutor(max_workers=8, thread_name_prefix="elmo-io")
     holder: ModelHolder = app.state.holder
+    # the artifact `elmo-service serve` already loaded and verified before uvicorn started
+    artifact, app.state.preloaded_artifact = app.state.preloaded_artifact, None
     try:
-        served = await asyncio.to_thread(load_served_model, settings, backend, io, metrics)
+        served = await asyncio.to_thread(
+            load_served_model, settings, backend, io, metrics, None, artifact
+        )
     except ElmoServiceError as e:
         log.error("cannot load the model: %s", e.message)
         backend.close()
@@ -137,6 +146,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         swagger_ui_parameters={"validatorUrl": None},
     )
     app.state.settings = settings
+    app.state.preloaded_artifact = None
     app.state.holder = ModelHolder()
     app.state.metrics = Metrics()
     install_error_handlers(app)

@@ -80,6 +80,11 @@ class Metrics:
         self.rejected = Counter(
             "elmo_rejected_requests", "Requests refused by the batcher", ["reason"], registry=r
         )
+        self.seconds_per_token = Gauge(
+            "elmo_model_seconds_per_token",
+            "Measured model time per token (moving average): admission control's estimate",
+            registry=r,
+        )
         self.cache_hits = Counter("elmo_cache_hits", "Sentence cache hits", registry=r)
         self.cache_misses = Counter("elmo_cache_misses", "Sentence cache misses", registry=r)
         self.cache_errors = Counter(

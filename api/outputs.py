@@ -11,14 +11,54 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from api.encoding import DType, Encoding, as_dtype, encode_array
+from elmo_service.errors import ElmoServiceError, InputError
 from elmo_service.scalar_mix import MixSpec
 from elmo_service.tokenizers import Token
 
+FLOAT16_MAX = float(np.finfo(np.float16).max)
+
+
+class NonFiniteOutput(ElmoServiceError):
+    """The model itself produced a non-finite value (a server fault: answered 500)."""
+
+    code = "non_finite_output"
+
 
 def softmax(x: Sequence[float]) -> np.ndarray:
-    a = np.asarray(x, dtype=np.float32)
-    e = np.exp(a - a.max())
-    return e / e.sum()
+    """Stable softmax: shifted by the max in float64, so any finite weights give finite
+    probabilities (a float32 cast first would turn 1e308 into inf, and inf - inf into NaN)."""
+    a = np.asarray(x, dtype=np.float64)
+    with np.errstate(over="ignore"):  # a gap beyond float64 is -inf: exp gives 0, as it should
+        e = np.exp(a - a.max())
+    return (e / e.sum()).astype(np.float32)
+
+
+def encode_checked(
+    x: np.ndarray, encoding: Encoding, dtype: DType, *, what: str, cause: str | None
+) -> dict:
+    """:func:`encode_array` that never lets a NaN or inf out (one pass over the output).
+
+    A float16 overflow names ``dtype``; a mix that overflowed names ``cause`` (the
+    request field that scaled it: ``gamma``, ``mix`` or ``task``); non-finite layers
+    are the model's fault and raise NonFiniteOutput naming ``what``.
+    """
+    with np.errstate(over="ignore"):  # a float16 overflow is reported below, naming dtype
+        arr = as_dtype(x, dtype)
+    if not np.isfinite(arr).all():
+        if arr.dtype.itemsize == 2 and np.isfinite(x).all():
+            top = float(np.abs(x).max())
+            raise InputError(
+                f"{what}: values reach {top:.4g}, beyond float16's range (+-{FLOAT16_MAX:g}); "
+                "ask for dtype float32",
+                field="dtype",
+            )
+        if cause is not None:
+            raise InputError(
+                f"{what}: the mix gives non-finite values; use a smaller {cause}", field=cause
+            )
+        raise NonFiniteOutput(f"{what}: the model produced non-finite values", field=what)
+    return encode_array(arr, encoding, dtype)
 
 
 def _layer_norm(h: np.ndarray, eps: float = 1e-12) -> np.ndarray:
@@ -46,7 +86,8 @@ def mix(layers: np.ndarray, spec: MixSpec) -> np.ndarray:
         fwd = np.tensordot(w[1 : 1 + nl], layers[1:, :, :p], axes=1)
         bwd = np.tensordot(w[1 + nl :], layers[1:, :, p:], axes=1)
         out = np.concatenate([w[0] * tok + fwd, w[0] * tok + bwd], axis=-1)
-    return (np.float32(spec.gamma) * out).astype(np.float32, copy=False)
+    with np.errstate(over="ignore", invalid="ignore"):  # encode_checked reports non-finite
+        return (np.float32(spec.gamma) * out).astype(np.float32, copy=False)
 
 
 def word_groups(tokens: Sequence[Token]) -> tuple[np.ndarray, int]:

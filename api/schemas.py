@@ -57,9 +57,14 @@ def _number(v: Any) -> float:
 Number = Annotated[float, PlainValidator(_number, json_schema_input_type=float)]
 
 
+# Request models are strict (no coercion: "0" or true is not a layer index, "true" is not
+# a bool) and forbid unknown fields, so a typo ("sentence") is named, never ignored.
+REQUEST_CONFIG = {"extra": "forbid", "strict": True}
+
+
 class EmbedRequest(BaseModel):
     model_config = ConfigDict(
-        extra="forbid",
+        **REQUEST_CONFIG,
         json_schema_extra={
             "examples": [
                 {
@@ -80,7 +85,8 @@ class EmbedRequest(BaseModel):
                     "encoding": "base64",
                     "dtype": "float16",
                 },
-                {"sentences": ["Use a registered task."], "task": "ner", "granularity": "word"},
+                # 'pos' ships with the bundled model: the example works on a fresh server
+                {"sentences": ["Use a registered task."], "task": "pos", "granularity": "word"},
             ]
         },
     )
@@ -183,7 +189,7 @@ class EmbeddingsRequest(BaseModel):
     """OpenAI's ``POST /v1/embeddings``."""
 
     model_config = ConfigDict(
-        extra="forbid",
+        **REQUEST_CONFIG,
         json_schema_extra={
             "examples": [{"input": ["The bank raised rates.", "A river bank."], "model": "default"}]
         },
@@ -218,7 +224,7 @@ class EmbeddingsResponse(BaseModel):
 
 class TaskIn(BaseModel):
     model_config = ConfigDict(
-        extra="forbid",
+        **REQUEST_CONFIG,
         json_schema_extra={
             "examples": [
                 {"weights": [0.0, 1.0, 2.0], "gamma": 1.0},
@@ -258,10 +264,101 @@ class TaskList(BaseModel):
     data: list[TaskOut]
 
 
+class TaskDeleted(BaseModel):
+    deleted: str
+    model_task_visible: bool = Field(
+        ..., description="A task of the same name shipped with the model is visible again."
+    )
+
+
+class TokenizerOut(BaseModel):
+    type: str
+    fingerprint: str
+
+
+class ModelInfo(BaseModel):
+    """The served model (OpenAI's model object, plus what this service knows of it)."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+    version: str
+    path: str
+    n_layers: int = Field(..., description="Output layers (L+1: the token layer and L biLSTM).")
+    dim: int = Field(..., description="Vector width (2 x projection_dim).")
+    max_tokens_per_sentence: int
+    config: dict[str, Any] = Field(..., description="The biLM's configuration.")
+    tokenizer: TokenizerOut
+    provenance: dict[str, Any]
+    tasks_shipped: list[str]
+    cache_key_prefix: str
+    loaded_at: float
+    warmed: bool
+
+
+class ArtifactEntry(BaseModel):
+    """An artifact folder in the models folder; ``error`` when it cannot be read."""
+
+    id: str
+    object: Literal["model"] = "model"
+    path: str
+    version: str | None = None
+    created: int | None = None
+    n_layers: int | None = None
+    dim: int | None = None
+    tokenizer: str | None = None
+    provenance: dict[str, Any] | None = None
+    error: str | None = None
+    served: bool
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelInfo] = Field(..., description="The served model (OpenAI-compatible).")
+    served: ModelRef
+    models_dir: str
+    artifacts: list[ArtifactEntry]
+
+
+class Activated(BaseModel):
+    activated: ModelInfo
+    previous: ModelRef | None
+    changed: bool
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class CacheState(BaseModel):
+    backend: Literal["redis", "memory", "none"]
+    state: str = Field(..., description="ok, down, half_open (Redis) or disabled.")
+    dtype: Literal["float32", "float16"]
+    ttl: int
+    last_error: str | None = None
+    reachable: bool | None = None
+    entries: int | None = None
+    bytes: int | None = None
+    max_bytes: int | None = None
+
+
+class Ready(BaseModel):
+    status: Literal["ready"] = "ready"
+    model: ModelRef
+    queue_depth: int
+    cache: CacheState
+    tasks_store: Literal["file", "redis"]
+
+
 class ErrorOut(BaseModel):
     code: str = Field(..., examples=["limit_exceeded"])
     message: str = Field(..., examples=["sentence 2 has 700 tokens; the limit is 512"])
     field: str | None = Field(None, examples=["sentences[2]"])
+
+
+class NotReady(ErrorOut):
+    status: Literal["starting"] = "starting"
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -269,10 +366,16 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     for status, desc in {
         400: "Malformed JSON",
         401: "Missing or invalid API key",
+        403: "The key may not do this (writes need an admin key)",
+        404: "No such route, model, task or job",
+        409: "Conflict (e.g. deleting a task shipped with the model)",
         413: "A limit was exceeded (body size, sentences, tokens, characters)",
         415: "Content-Type is not application/json",
-        422: "Invalid request",
-        429: "Queue full: retry later",
+        422: "Invalid request: `field` names what is wrong",
+        429: "Overloaded (queue full, or the queued work would not let the request finish "
+        "within its timeout): retry after `Retry-After` seconds",
+        500: "A server fault (never caused by the request), e.g. the model produced "
+        "a non-finite value: nothing wrong is ever answered with a 200",
         503: "Not ready, or timed out waiting for the model",
     }.items()
 }

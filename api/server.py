@@ -2,7 +2,8 @@
 
 ``overrides`` are Settings fields (``threads=2``, ``redis_url=...``); the
 environment and ``.env`` fill in the rest. Settings are validated before
-uvicorn starts, so a bad value raises ConfigError naming it.
+uvicorn starts, so a bad value raises ConfigError naming it; so is the model
+artifact (a broken one raises ArtifactError naming what is wrong).
 """
 
 from __future__ import annotations
@@ -14,17 +15,28 @@ from typing import Any
 from api.settings import Settings, load_settings
 
 
-def build(model_dir: str | Path | None = None, **overrides: Any):
-    """(app, settings) without running it."""
+def build(model_dir: str | Path | None = None, *, preload: bool = True, **overrides: Any):
+    """(app, settings) without running it.
+
+    ``preload``: load and verify the artifact here (manifest, shapes, finite
+    weights), before uvicorn starts: a broken model is one ArtifactError line
+    from the CLI, never a lifespan traceback. The lifespan serves this artifact.
+    """
     from api.main import create_app
+    from api.service import check_model_dir
 
     if model_dir is not None:
         overrides["model_path"] = Path(model_dir)
     settings = load_settings(**overrides)
-    from api.service import check_model_dir
+    path = check_model_dir(settings.resolved_model_path)  # fail before uvicorn, naming the fix
+    app = create_app(settings)
+    if preload:
+        from elmo_service.artifact import load_artifact
+        from elmo_service.runtime import set_threads
 
-    check_model_dir(settings.resolved_model_path)  # fail before uvicorn starts, naming the fix
-    return create_app(settings), settings
+        set_threads(settings.threads)
+        app.state.preloaded_artifact = load_artifact(path, device="cpu")
+    return app, settings
 
 
 def run(
@@ -36,6 +48,8 @@ def run(
     **overrides: Any,
 ) -> None:
     import uvicorn
+
+    from api.http_protocol import uvicorn_options
 
     app, settings = build(model_dir, **overrides)
     logging.basicConfig(
@@ -49,6 +63,7 @@ def run(
         log_level=log_level,
         access_log=False,
         timeout_graceful_shutdown=30,
+        **uvicorn_options(settings),
     )
 
 

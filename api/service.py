@@ -30,7 +30,7 @@ from api.tasks_store import (
     TaskRegistry,
     TaskStore,
 )
-from elmo_service.errors import ArtifactError
+from elmo_service.errors import ArtifactError, ConfigError
 from elmo_service.scalar_mix import MixSpec
 from elmo_service.tokenizers import Token
 
@@ -101,6 +101,13 @@ class ServedModel:
             found = self.tasks.spec("default")
         except Exception:  # noqa: BLE001 - store down and nothing remembered: fall back
             found = None
+        if found is not None:
+            try:
+                found[0].validate(self.n_layers, "task")
+            except ConfigError as e:  # stored before its bounds existed: refuse, never NaN
+                raise ConfigError(
+                    f"the stored task 'default' cannot be used: {e.message}", field="task"
+                ) from e
         result = (
             (found[0], "default") if found is not None else (MixSpec.average(self.n_layers), None)
         )
@@ -255,9 +262,9 @@ def list_artifacts(models_dir: Path, served: ServedModel | None = None) -> list[
 def resolve_artifact(models_dir: Path, name: str) -> Path:
     """``models_dir/name``, refusing names that leave the folder; InputError / LookupError."""
     from elmo_service.errors import InputError
+    from elmo_service.names import check_model_name
 
-    if not name or "/" in name or "\\" in name or name in (".", "..") or name.startswith("."):
-        raise InputError(f"name: {name!r} is not a model folder name", field="name")
+    check_model_name(name, "name")
     root = Path(models_dir).resolve()
     path = (root / name).resolve()
     if not path.is_relative_to(root):
@@ -314,14 +321,20 @@ def load_served_model(
     io: ThreadPoolExecutor,
     metrics: Metrics | None = None,
     model_path: Path | None = None,
+    artifact: Any = None,
 ) -> ServedModel:
-    """Load the artifact and build its runner. Blocking: call it off the event loop."""
+    """Load the artifact (or serve ``artifact``, already loaded from that path) and build
+    its runner. Blocking: call it off the event loop."""
+    from elmo_service.artifact import load_artifact
     from elmo_service.embedder import Embedder
+    from elmo_service.runtime import set_threads
 
     path = check_model_dir(Path(model_path or settings.resolved_model_path))
-    embedder = Embedder.load(
-        path,
-        threads=settings.threads,
+    set_threads(settings.threads)
+    if artifact is None or Path(artifact.path).resolve() != path.resolve():
+        artifact = load_artifact(path, device="cpu")
+    embedder = Embedder(
+        artifact,
         device=settings.device,
         precision=settings.precision,
         token_cache_size=settings.token_cache_size,

@@ -86,6 +86,30 @@ class Settings(BaseSettings):
         30.0, gt=0, description="Seconds a request may wait for the model -> 503."
     )
 
+    # -- HTTP connections (uvicorn) ---------------------------------------------------
+    http_header_timeout: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a connection may take to send a request's headers (from "
+        "connecting, or from its first byte on a kept-alive connection) -> 408 and closed. "
+        "Sockets that never send are closed after it (slowloris).",
+    )
+    http_body_timeout: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds a request may take to send its body once its headers are in; "
+        "then the connection is closed.",
+    )
+    http_keepalive_timeout: int = Field(
+        5, ge=1, description="Seconds an idle kept-alive connection stays open (uvicorn)."
+    )
+    http_max_connections: int = Field(
+        1024,
+        ge=1,
+        description="Open connections (and requests in progress) beyond which uvicorn "
+        "answers 503 at once (its limit_concurrency).",
+    )
+
     # -- cache -------------------------------------------------------------------
     redis_url: str | None = Field(
         None, validation_alias=AliasChoices("REDIS_URL", "ELMO_REDIS_URL", "redis_url")
@@ -190,9 +214,13 @@ class Settings(BaseSettings):
     @field_validator("model")
     @classmethod
     def _model_name(cls, v: str) -> str:
-        if not v or "/" in v or v in (".", ".."):
-            raise ValueError("must be a directory name inside models_dir")
-        return v
+        from elmo_service.errors import InputError
+        from elmo_service.names import check_model_name
+
+        try:
+            return check_model_name(v, "model")
+        except InputError as e:
+            raise ValueError(e.message.removeprefix("model: ")) from None
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
@@ -229,7 +257,7 @@ def format_validation_error(e: ValidationError) -> str:
     for err in e.errors():
         loc = err.get("loc") or ()
         where = _env_name(loc) if loc else "settings"
-        msg = err.get("msg", "invalid")
+        msg = err.get("msg", "invalid").removeprefix("Value error, ")
         if "input" in err and loc:
             lines.append(f"{where}={err['input']!r}: {msg}")
         else:

@@ -277,7 +277,7 @@ class TaskRegistry:
 
     def put(self, name: str, spec: MixSpec) -> bool:
         """Store (validated); True when it created a new stored task."""
-        spec.validate(self.n_layers, "weights")
+        spec.validate(self.n_layers, "weights", gamma_field="gamma")
         existed = self.store.get(name) is not None
         self.store.put(name, spec.to_dict())
         self._last[name] = spec.to_dict()

@@ -8,7 +8,7 @@
       tasks/NAME.json      optional learned scalar mixes (not part of the version)
 
 Loading checks every file against the manifest and every tensor's name, shape
-and dtype against the config, and names what is wrong.
+and dtype against the config, refuses NaN or inf weights, and names what is wrong.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -184,7 +185,7 @@ def verify_files(directory: Path, manifest: dict[str, Any]) -> str:
 
 
 def check_state_dict(model: BiLM, state: dict[str, torch.Tensor]) -> None:
-    """Raise naming the first missing, unexpected or mis-shaped tensor."""
+    """Raise naming the first missing, unexpected, mis-shaped or non-finite tensor."""
     expected = model.state_dict()
     for name, ref in expected.items():
         if name not in state:
@@ -199,6 +200,16 @@ def check_state_dict(model: BiLM, state: dict[str, torch.Tensor]) -> None:
         if not t.is_floating_point():
             raise ArtifactError(
                 f"tensor {name!r} has dtype {t.dtype}, expected a float", field=name
+            )
+        # a NaN or inf weight makes every vector it touches NaN: refuse it at load, by name.
+        # Fast path: a sum is non-finite whenever any element is (NaN and inf propagate);
+        # only a non-finite sum (or a finite tensor whose sum overflows) is checked per element.
+        if not math.isfinite(float(t.sum())) and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise ArtifactError(
+                f"tensor {name!r} holds {bad} non-finite value{'s' if bad != 1 else ''} "
+                "(NaN or inf): the weights are corrupt",
+                field=name,
             )
     extra = sorted(set(state) - set(expected))
     if extra:

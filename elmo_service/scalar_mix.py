@@ -16,6 +16,7 @@ batch, which makes a sentence's vector depend on its batch mates).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,15 @@ from elmo_service.errors import ConfigError
 def expected_weights(n_layers: int, per_direction: bool) -> int:
     """Number of mix weights for a model with ``n_layers`` output layers (L+1)."""
     return 2 * n_layers - 1 if per_direction else n_layers
+
+
+# Bounds that keep a mix finite in float32 for any real layer values. Softmax is
+# shift-invariant, so weights beyond +-MAX_MIX_WEIGHT say nothing a bounded weight
+# cannot (exp(-100) is already 0 in float32), while 1e308 becomes inf in float32
+# and inf - inf = NaN. gamma scales vectors whose entries are O(1..100): 1e4 keeps
+# every product far below float32's 3.4e38 (float16 output is checked on the result).
+MAX_MIX_WEIGHT = 1e4
+MAX_GAMMA = 1e4
 
 
 TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -54,7 +64,11 @@ class MixSpec:
     layer_norm: bool = False
     meta: dict = field(default_factory=dict)
 
-    def validate(self, n_layers: int, field_name: str = "mix") -> MixSpec:
+    def validate(
+        self, n_layers: int, field_name: str = "mix", gamma_field: str | None = None
+    ) -> MixSpec:
+        """Raise ConfigError naming ``field_name`` (``field_name[i]`` for one weight) or
+        ``gamma_field`` (default ``field_name``) unless the mix is usable and stays finite."""
         want = expected_weights(n_layers, self.per_direction)
         if len(self.weights) != want:
             kind = "per-direction " if self.per_direction else ""
@@ -63,8 +77,18 @@ class MixSpec:
                 f"got {len(self.weights)}",
                 field=field_name,
             )
-        if not all(map(_finite, [*self.weights, self.gamma])):
-            raise ConfigError("mix weights and gamma must be finite numbers", field=field_name)
+        for i, w in enumerate(self.weights):
+            if not _finite(w) or abs(w) > MAX_MIX_WEIGHT:
+                raise ConfigError(
+                    f"mix weight {i} is {w!r}: weights must be finite and within "
+                    f"+-{MAX_MIX_WEIGHT:g} (softmax is shift-invariant; larger values add nothing)",
+                    field=f"{field_name}[{i}]",
+                )
+        if not _finite(self.gamma) or abs(self.gamma) > MAX_GAMMA:
+            raise ConfigError(
+                f"gamma is {self.gamma!r}: it must be finite and within +-{MAX_GAMMA:g}",
+                field=gamma_field or field_name,
+            )
         return self
 
     def to_dict(self) -> dict:
@@ -95,7 +119,10 @@ class MixSpec:
 
 
 def _finite(x: float) -> bool:
-    return x == x and abs(x) != float("inf")
+    try:
+        return math.isfinite(x)
+    except TypeError:
+        return False
 
 
 def _masked_layer_norm(h: Tensor, mask: Tensor | None, eps: float = 1e-12) -> Tensor:

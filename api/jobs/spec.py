@@ -20,8 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from elmo_service.config import BiLMConfig
 from elmo_service.errors import ConfigError, InputError
+from elmo_service.names import MODEL_NAME
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+NAME_PATTERN = f"^{MODEL_NAME.pattern}$"  # the artifact's folder: one rule for every model name
 PREPARED_FORMAT = "elmo-pretrain-corpus"
 # directory corpora are walked to find symlinks that leave the data folder; bounded
 MAX_CORPUS_ENTRIES = 100_000
@@ -31,7 +32,7 @@ _BILM_FIELDS = {f.name for f in dataclasses.fields(BiLMConfig)}
 class PrepareIn(BaseModel):
     """Options of ``elmo-pretrain prepare`` (used when the corpus is raw text)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # no coercion: "5" is not 5
 
     tokenizer: Literal["sentencepiece", "word"] = "sentencepiece"
     vocab_size: int = Field(16000, ge=4, le=2_000_000)
@@ -63,7 +64,7 @@ class PrepareIn(BaseModel):
 class BudgetIn(BaseModel):
     """How long to train: ``train.steps`` and/or ``train.max_minutes`` (wins over ``config``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # no coercion: "5" is not 5
 
     steps: int | None = Field(None, ge=1, description="Optimizer steps in total.")
     max_minutes: float | None = Field(
@@ -74,6 +75,7 @@ class BudgetIn(BaseModel):
 class JobIn(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
+        strict=True,
         json_schema_extra={
             "examples": [
                 {

@@ -103,13 +103,13 @@ async def embed_layers(
     texts = [[t.text for t in toks] for toks in token_lists]
     try:
         return await run_guarded(request, served.layers(texts, request.scope.get(TICKET_KEY)))
-    except QueueFull as e:
+    except QueueFull as e:  # refused at the door (queue full, or could not finish in time)
         raise ApiError(
             429,
             "overloaded",
             f"the model is overloaded ({e}); retry later",
             None,
-            {"Retry-After": "1"},
+            {"Retry-After": str(e.retry_after)},
         ) from e
     except TimeoutError as e:
         raise ApiError(

@@ -11,12 +11,13 @@ from starlette.responses import Response
 
 from api import outputs
 from api.deps import Serving, serving
-from api.encoding import JSONBytesResponse, dumps, encode_array
+from api.encoding import JSONBytesResponse, dumps
 from api.errors import ApiError
 from api.routers.common import ClientGone, check_request_limits, embed_layers, tokenize
 from api.schemas import ERROR_RESPONSES, EmbedRequest, EmbedResponse
 from api.service import ServedModel
 from api.tasks_store import StoreUnavailable
+from elmo_service.errors import ConfigError
 from elmo_service.scalar_mix import MixSpec
 
 router = APIRouter(prefix="/v1", tags=["embed"])
@@ -67,9 +68,7 @@ async def resolve_mix(req: EmbedRequest, served: ServedModel) -> tuple[MixSpec |
             raise ApiError(
                 422, "unknown_task", f"unknown task {req.task!r} (known: {known})", "task"
             )
-        spec = found[0]
-        spec.validate(served.n_layers, "task")
-        return spec, req.task
+        return usable_task(found[0], req.task, served.n_layers), req.task
     if req.mix is not None:
         spec = MixSpec(
             weights=list(req.mix),
@@ -77,9 +76,18 @@ async def resolve_mix(req: EmbedRequest, served: ServedModel) -> tuple[MixSpec |
             per_direction=bool(req.per_direction),
             layer_norm=bool(req.layer_norm),
         )
-        spec.validate(served.n_layers, "mix")
+        spec.validate(served.n_layers, "mix", gamma_field="gamma")
         return spec, None
     return await served.default_mix_async()
+
+
+def usable_task(spec: MixSpec, name: str, n_layers: int) -> MixSpec:
+    """A stored task checked against the served model (stored before a bound existed, or
+    for another model); ConfigError naming ``task`` otherwise."""
+    try:
+        return spec.validate(n_layers, "task")
+    except ConfigError as e:
+        raise ConfigError(f"task {name!r} cannot be used: {e.message}", field="task") from e
 
 
 def _safe_list(served: ServedModel) -> list[dict[str, Any]]:
@@ -119,6 +127,13 @@ def resolve_layers(req: EmbedRequest, served: ServedModel, output: str) -> list[
     return list(req.layers)
 
 
+def mix_cause(req: EmbedRequest, task: str | None) -> str | None:
+    """The request field that chose the mix's scale: what a non-finite mix is blamed on."""
+    if req.mix is not None:
+        return "gamma" if req.gamma not in (None, 1.0) else "mix"
+    return "task" if task is not None else None
+
+
 def build_sentence(
     index: int,
     text: str,
@@ -127,8 +142,11 @@ def build_sentence(
     req: EmbedRequest,
     layer_idx: list[int] | None,
     spec: MixSpec | None,
+    cause: str | None = None,
 ) -> dict[str, Any]:
+    """One ``data`` entry. ``cause``: the request field a non-finite mix would come from."""
     out: dict[str, Any] = {"index": index}
+    what = f"sentences[{index}]"
     word = req.granularity == "word"
     if word:
         out["words"] = outputs.words_meta(tokens, text)
@@ -141,13 +159,14 @@ def build_sentence(
         if word:
             x = outputs.to_words(x, tokens, axis=1)
         x = outputs.pool(x, req.pooling, axis=1)
-        out["layers"] = {**encode_array(x, req.encoding, req.dtype), "indices": layer_idx}
+        enc = outputs.encode_checked(x, req.encoding, req.dtype, what=what, cause=None)
+        out["layers"] = {**enc, "indices": layer_idx}
     if spec is not None:
         m = outputs.mix(layers, spec)
         if word:
             m = outputs.to_words(m, tokens, axis=0)
         m = outputs.pool(m, req.pooling, axis=0)
-        out["mix"] = encode_array(m, req.encoding, req.dtype)
+        out["mix"] = outputs.encode_checked(m, req.encoding, req.dtype, what=what, cause=cause)
     return out
 
 
@@ -163,8 +182,9 @@ def build_body(
     hits: int,
     misses: int,
 ) -> bytes:
+    cause = mix_cause(req, task)
     data = [
-        build_sentence(i, texts[i], token_lists[i], arrays[i], req, layer_idx, spec)
+        build_sentence(i, texts[i], token_lists[i], arrays[i], req, layer_idx, spec, cause)
         for i in range(len(arrays))
     ]
     return dumps(

@@ -6,24 +6,30 @@ import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response
 
 from api.cache import RedisCache
 from api.deps import get_holder, get_metrics
 from api.encoding import JSONBytesResponse
 from api.errors import error_body
 from api.metrics import Metrics
+from api.schemas import Health, NotReady, Ready
 from api.service import ModelHolder
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", summary="Liveness: the process answers")
+@router.get("/healthz", response_model=Health, summary="Liveness: the process answers")
 async def healthz() -> dict[str, Any]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", summary="Readiness: model loaded and warmed; cache backend state")
+@router.get(
+    "/readyz",
+    response_model=Ready,
+    responses={503: {"model": NotReady, "description": "Loading or warming up"}},
+    summary="Readiness: model loaded and warmed; cache backend state",
+)
 async def readyz(request: Request, holder: ModelHolder = Depends(get_holder)) -> Response:
     served = holder.current
     if not holder.ready or served is None:
@@ -50,7 +56,11 @@ async def readyz(request: Request, holder: ModelHolder = Depends(get_holder)) ->
     )
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics (text exposition format)",
+    response_class=PlainTextResponse,
+)
 async def metrics(m: Metrics | None = Depends(get_metrics)) -> Response:
     if m is None:
         return Response(status_code=503)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Path, Query, Request
+from pydantic import BaseModel
 from starlette.responses import Response
 
 from api.deps import require_admin
@@ -31,6 +32,12 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
     404: ERROR_RESPONSES[401] | {"description": "No such job"},
     409: ERROR_RESPONSES[401] | {"description": "Conflict (name taken, job already finished)"},
 }
+
+
+class JobList(BaseModel):
+    object: Literal["list"] = "list"
+    backend: Literal["rq", "local"]
+    data: list[JobRecord]
 
 
 def get_jobs(request: Request) -> JobService:
@@ -66,7 +73,12 @@ async def submit_job(body: JobIn, jobs: JobService = Depends(get_jobs)) -> Respo
     return JSONBytesResponse(_out(rec), status_code=202, headers={"Location": f"/v1/jobs/{rec.id}"})
 
 
-@router.get("/jobs", responses=RESPONSES, summary="List jobs, newest first (admin)")
+@router.get(
+    "/jobs",
+    response_model=JobList,
+    responses=RESPONSES,
+    summary="List jobs, newest first (admin)",
+)
 async def list_jobs(
     state: Literal["queued", "running", "succeeded", "failed", "cancelled"] | None = Query(None),
     limit: int = Query(100, ge=1, le=1000),

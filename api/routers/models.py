@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, Path, Request
 
 from api.deps import get_holder, get_model, get_settings, require_admin, require_key
 from api.errors import ApiError
-from api.schemas import ERROR_RESPONSES
+from api.schemas import ERROR_RESPONSES, Activated, ModelInfo, ModelList
 from api.service import ModelHolder, ServedModel, activate_model, list_artifacts
 from api.settings import Settings
 from elmo_service.errors import ArtifactError
@@ -25,6 +25,8 @@ router = APIRouter(prefix="/v1", tags=["models"], dependencies=[Depends(require_
 
 @router.get(
     "/models",
+    response_model=ModelList,
+    response_model_exclude_unset=True,  # an unreadable artifact lists its error, not nulls
     responses=ERROR_RESPONSES,
     summary="Served model (OpenAI-style list) and every artifact in the models folder",
 )
@@ -41,7 +43,12 @@ async def list_models(
     }
 
 
-@router.get("/models/{model_id}", responses=ERROR_RESPONSES, summary="One served model")
+@router.get(
+    "/models/{model_id}",
+    response_model=ModelInfo,
+    responses=ERROR_RESPONSES,
+    summary="One served model",
+)
 async def get_model_info(model_id: str, served: ServedModel = Depends(get_model)) -> dict[str, Any]:
     if model_id not in (served.name, served.version):
         raise ApiError(404, "not_found", f"model {model_id!r} is not served", "model_id")
@@ -50,6 +57,7 @@ async def get_model_info(model_id: str, served: ServedModel = Depends(get_model)
 
 @router.post(
     "/models/{name}/activate",
+    response_model=Activated,
     responses={**ERROR_RESPONSES, 404: ERROR_RESPONSES[401] | {"description": "No such artifact"}},
     summary="Serve another artifact of the models folder (admin); in-flight requests finish",
     dependencies=[Depends(require_admin)],

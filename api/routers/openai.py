@@ -9,8 +9,6 @@ repeat it. ``base64`` is little-endian float32, as OpenAI's clients expect.
 
 from __future__ import annotations
 
-import base64
-
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
@@ -59,19 +57,22 @@ async def embeddings(
     inputs = [req.input] if isinstance(req.input, str) else list(req.input)
     check_request_limits(inputs, settings, "input")
     token_lists = tokenize(served, inputs, "input")
-    spec, _ = await served.default_mix_async()
+    spec, task = await served.default_mix_async()
     try:
         arrays, _, _ = await embed_layers(request, served, token_lists)
     except ClientGone:
         return Response(status_code=499)
     data = []
     for i, layers in enumerate(arrays):
-        vec = outputs.pool(outputs.mix(layers, spec), "mean", axis=0).astype("<f4")
-        emb: object = (
-            base64.b64encode(vec.tobytes()).decode("ascii")
-            if req.encoding_format == "base64"
-            else vec
+        vec = outputs.pool(outputs.mix(layers, spec), "mean", axis=0)
+        enc = outputs.encode_checked(
+            vec,
+            "base64" if req.encoding_format == "base64" else "json",
+            "float32",
+            what=f"input[{i}]",
+            cause=None if task is None else "task",
         )
+        emb: object = enc["data"]
         data.append({"object": "embedding", "index": i, "embedding": emb})
     n_tokens = sum(len(t) for t in token_lists)
     return JSONBytesResponse(

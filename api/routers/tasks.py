@@ -18,7 +18,7 @@ from starlette.responses import Response
 from api.deps import get_model, require_admin, require_key
 from api.encoding import JSONBytesResponse
 from api.errors import ApiError
-from api.schemas import ERROR_RESPONSES, TaskIn, TaskList, TaskOut
+from api.schemas import ERROR_RESPONSES, TaskDeleted, TaskIn, TaskList, TaskOut
 from api.service import ServedModel
 from api.tasks_store import StoreUnavailable
 from elmo_service.scalar_mix import MixSpec, check_task_name
@@ -76,7 +76,7 @@ async def put_task(
         layer_norm=body.layer_norm,
         meta=dict(body.meta),
     )
-    spec.validate(served.n_layers, "weights")
+    spec.validate(served.n_layers, "weights", gamma_field="gamma")
     created = await _io(served, served.tasks.put, name, spec)
     return JSONBytesResponse(
         served.tasks.describe(name, spec, "store"), status_code=201 if created else 200
@@ -85,6 +85,7 @@ async def put_task(
 
 @router.delete(
     "/tasks/{name}",
+    response_model=TaskDeleted,
     responses=ERROR_RESPONSES,
     summary="Delete a stored task (admin); shipped tasks are read-only",
     dependencies=[Depends(require_admin)],
