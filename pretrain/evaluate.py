@@ -36,7 +36,6 @@ from pretrain.data import Corpus, eval_batches, stream_eval_batches, to_device
 from pretrain.lm import LanguageModel
 
 
-@torch.no_grad()
 def perplexity(
     model: LanguageModel,
     corpus: Corpus,
@@ -45,22 +44,15 @@ def perplexity(
     precision: str = "fp32",
     tokens_per_batch: int = 4096,
 ) -> dict[str, float]:
-    was_training = model.training
-    model.eval()
-    nf = nb = 0.0
-    n = 0
-    try:
-        for batch in eval_batches(sentences, corpus, tokens_per_batch):
-            batch = to_device(batch, device)
-            with autocast(device, precision):
-                f, b, k = model.exact_nll(batch)
-            nf, nb, n = nf + f, nb + b, n + k
-    finally:
-        model.train(was_training)
-    return _ppl_record(model, len(sentences), n, nf, nb, protocol="sentences")
+    """Perplexity of ``sentences``, each from a zero state (see the module docstring)."""
+
+    def score(batch, state):
+        return (*model.exact_nll(batch), None)
+
+    batches = eval_batches(sentences, corpus, tokens_per_batch)
+    return _score(model, batches, score, device, precision, len(sentences), "sentences")
 
 
-@torch.no_grad()
 def stream_perplexity(
     model: LanguageModel,
     corpus: Corpus,
@@ -70,20 +62,26 @@ def stream_perplexity(
     window: int = 512,
 ) -> dict[str, float]:
     """Perplexity of ``sentences`` read as one stream with carried state (see the module docstring)."""
+    batches = stream_eval_batches(sentences, corpus, model.direction_names, window)
+    return _score(model, batches, model.stream_nll, device, precision, len(sentences), "stream")
+
+
+@torch.no_grad()
+def _score(model, batches, score, device, precision, n_sent: int, protocol: str):
+    """Sum ``score(batch, state) -> (NLL_f, NLL_b, predictions, state)`` over batches, in eval mode."""
     was_training = model.training
     model.eval()
     nf = nb = 0.0
     n = 0
     state = None
     try:
-        for batch in stream_eval_batches(sentences, corpus, model.direction_names, window):
-            batch = to_device(batch, device)
+        for batch in batches:
             with autocast(device, precision):
-                f, b, k, state = model.stream_nll(batch, state)
+                f, b, k, state = score(to_device(batch, device), state)
             nf, nb, n = nf + f, nb + b, n + k
     finally:
         model.train(was_training)
-    return _ppl_record(model, len(sentences), n, nf, nb, protocol="stream")
+    return _ppl_record(model, n_sent, n, nf, nb, protocol)
 
 
 def _ppl_record(model, n_sent: int, n: int, nf: float, nb: float, protocol: str) -> dict[str, Any]:
