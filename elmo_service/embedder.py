@@ -28,6 +28,7 @@ from cachetools import LRUCache
 from elmo_service.artifact import Artifact, load_artifact
 from elmo_service.char_ids import bos_ids, eos_ids, token_ids
 from elmo_service.errors import ConfigError, InputError, LimitError
+from elmo_service.packed import check_weights_mode
 from elmo_service.runtime import autocast, pick_device, resolve_precision, set_threads
 from elmo_service.scalar_mix import MixSpec, ScalarMix
 from elmo_service.tokenizers import Token
@@ -112,14 +113,23 @@ class Embedder:
         max_batch_sentences: int = 256,
         max_sentence_tokens: int | None = None,
         compile: bool = False,
+        weights: str = "fp32",
     ) -> None:
         if batch_tokens < 1 or max_batch_sentences < 1:
             raise ConfigError(
                 "batch_tokens and max_batch_sentences must be >= 1", field="batch_tokens"
             )
+        check_weights_mode(weights)
         self.artifact = artifact
         self.device = pick_device(device)
         self.precision = resolve_precision(self.device, precision)
+        if weights != "fp32" and (self.device.type != "cpu" or self.precision != "fp32" or compile):
+            raise ConfigError(
+                f"weights={weights!r} runs on the CPU in fp32 without compile "
+                f"(got device {self.device.type}, precision {self.precision}, compile {compile})",
+                field="weights",
+            )
+        self.weights = weights
         self.model = artifact.model.to(self.device).eval()
         self.tokenizer = artifact.tokenizer
         self.cfg = artifact.config
@@ -132,7 +142,7 @@ class Embedder:
         self._lock = threading.Lock()
         self._compiled = compile
         self._encode = self.model.token_encoder
-        self._contextualize = self.model.contextualize
+        self._contextualize = functools.partial(self.model.contextualize, weights=weights)
         if compile:
             # only the biLSTM: the character CNN's inference path is table lookups
             # with data-dependent shapes, which compile would slow down. The time
@@ -162,9 +172,10 @@ class Embedder:
 
     @property
     def cache_key_prefix(self) -> str:
-        """Model version + tokenizer + precision: a new model, or a bf16 replica beside
-        an fp32 one, never reuses another's vectors."""
-        return f"{self.version}:{self.tokenizer.fingerprint}:{self.precision}"
+        """Model version + tokenizer + precision (+ weight mode unless fp32): a new model,
+        or a bf16 or int8 replica beside an fp32 one, never reuses another's vectors."""
+        mode = "" if self.weights == "fp32" else f":w-{self.weights}"
+        return f"{self.version}:{self.tokenizer.fingerprint}:{self.precision}{mode}"
 
     # -- public API -------------------------------------------------------
     def tokenize(self, sentences: Iterable[Sentence]) -> list[list[Token]]:
