@@ -94,6 +94,12 @@ class PackedLinear:
         if int8_range and self.n * self.k >= INT8_MIN_ELEMENTS:
             self.int8_range = float(int8_range)
             self._int8 = _int8_pack(self.weight, self.bias)
+            self.weight = None  # type: ignore[assignment]  # the int8 pack replaces it
+
+    def use_transposed(self, wt: Tensor) -> None:
+        """Use ``wt`` (``W^T [K, N]``, contiguous) instead of building a copy."""
+        assert wt.shape == (self.k, self.n) and wt.is_contiguous()
+        self._wt = wt
 
     @property
     def is_int8(self) -> bool:
