@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from elmo_service.config import PRECISIONS
+from elmo_service.config import PRECISIONS, WEIGHT_MODES
 from elmo_service.errors import ElmoServiceError
 
 
@@ -43,6 +43,7 @@ def cmd_embed_file(args: argparse.Namespace) -> int:
         precision=args.precision,
         batch_tokens=args.batch_tokens,
         device=args.device,
+        weights=args.weights,
     )
     if args.task:
         if args.task not in emb.artifact.tasks:
@@ -157,6 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--threads", type=int, default=None)
     e.add_argument("--device", default="auto")
     e.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    e.add_argument(
+        "--weights",
+        choices=WEIGHT_MODES,
+        default="fp32",
+        help="int8: int8 weights for the big matmuls (CPU, fp32 precision); "
+        "see docs/bench-embedder.md for speed and error",
+    )
     e.add_argument("--quiet", action="store_true")
     e.set_defaults(func=cmd_embed_file)
 

@@ -8,7 +8,11 @@
    character CNN is most of the FLOPs of released-size models); misses run
    through the CNN once per distinct token;
 3. the biLSTM runs on the assembled ``[B, T, P]`` token vectors, from a zero
-   state, so a sentence's vectors do not depend on its batch mates.
+   state, so a sentence's vectors do not depend on its batch mates. On the
+   CPU in fp32 it runs the serving kernel (``elmo_service/bilstm.py``: both
+   directions per step, weights packed once); ``weights="int8"`` (opt-in)
+   quantizes the big matmuls' weights (``elmo_service/packed.py``; speed and
+   error in ``docs/bench-embedder.md``).
 
 Outputs are float32 numpy arrays ``[L+1, T, D]`` per sentence, markers removed.
 """
@@ -100,7 +104,12 @@ def _mix_module(
 
 
 class Embedder:
-    """Load once, embed many times. Thread-safe: one forward pass at a time."""
+    """Load once, embed many times. Thread-safe: one forward pass at a time.
+
+    ``weights``: "fp32", or "int8" (CPU, fp32 precision, no compile) for int8
+    weights in the big matmuls; its replicas never share cached vectors with
+    fp32 ones (``cache_key_prefix``).
+    """
 
     def __init__(
         self,
@@ -141,7 +150,7 @@ class Embedder:
         self.cache_misses = 0
         self._lock = threading.Lock()
         self._compiled = compile
-        self._encode = self.model.token_encoder
+        self._encode = functools.partial(self.model.token_encoder, weights=weights)
         self._contextualize = functools.partial(self.model.contextualize, weights=weights)
         if compile:
             # only the biLSTM: the character CNN's inference path is table lookups

@@ -63,27 +63,38 @@ class CharCNN(nn.Module):
         self._act = torch.tanh if cfg.activation == "tanh" else F.relu
         self._tables: tuple[tuple, list[Tensor]] | None = None  # (weight versions, tables)
 
-    def forward(self, char_ids: Tensor) -> Tensor:
+    def forward(self, char_ids: Tensor, *, weights: str = "fp32") -> Tensor:
+        """``[N, W]`` -> ``[N, P]``. Without autograd, in fp32 on the CPU, the highway and
+        projection matmuls use pre-packed weights; ``weights="int8"`` quantizes the
+        highway layers (each row of their input scaled by its own maximum)."""
+        check_weights_mode(weights)
         packed: list[PackedLinear | None] = [None] * (len(self.highways) + 1)
         if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
             x = self._filters_conv(char_ids)
         else:
             x = self._filters_lookup(char_ids)
             if _fast_path_ok(x):
-                packed = self._packed_linears()
+                packed = self._packed_linears(weights)
+        if weights != "fp32" and packed[-1] is None:
+            raise ConfigError(
+                "weights='int8' needs fp32 inference on the CPU without autograd", field="weights"
+            )
         for hw, pk in zip(self.highways, packed[:-1], strict=True):
             transform, carry = linear(x, pk, hw).chunk(2, dim=-1)
             gate = torch.sigmoid(carry)
             x = gate * F.relu(transform) + (1.0 - gate) * x
         return linear(x, packed[-1], self.projection)
 
-    def _packed_linears(self) -> list[PackedLinear]:
-        """Highway layers and projection with pre-packed weights (inference, fp32)."""
-        mods = [*self.highways, self.projection]
-        params = [p for m in mods for p in (m.weight, m.bias)]
-        return kernel_cache(self).get_or_build(
-            "linears", params, lambda: [PackedLinear(m.weight, m.bias) for m in mods]
-        )
+    def _packed_linears(self, weights: str) -> list[PackedLinear]:
+        """Highway layers and projection with pre-packed weights (inference)."""
+        int8 = weights == "int8"
+        params = [p for m in (*self.highways, self.projection) for p in (m.weight, m.bias)]
+
+        def build() -> list[PackedLinear]:
+            hw = [PackedLinear(m.weight, m.bias, int8=int8) for m in self.highways]
+            return [*hw, PackedLinear(self.projection.weight, self.projection.bias)]
+
+        return kernel_cache(self).get_or_build(("linears", weights), params, build)
 
     def _filters_conv(self, char_ids: Tensor) -> Tensor:
         """``[N, W]`` -> ``[N, F]``: convolve, max over positions, then the activation (bilm-tf order)."""
@@ -182,11 +193,11 @@ class BiLM(nn.Module):
     def n_output_layers(self) -> int:
         return self.cfg.n_layers + 1
 
-    def forward(self, char_ids: Tensor, lengths: Tensor) -> Tensor:
+    def forward(self, char_ids: Tensor, lengths: Tensor, *, weights: str = "fp32") -> Tensor:
         """``char_ids [B, T, W]``, ``lengths [B]`` -> layers ``[L+1, B, T, 2P]``."""
         b, t, w = char_ids.shape
-        tokens = self.token_encoder(char_ids.reshape(b * t, w)).reshape(b, t, -1)
-        return self.contextualize(tokens, lengths)
+        tokens = self.token_encoder(char_ids.reshape(b * t, w), weights=weights)
+        return self.contextualize(tokens.reshape(b, t, -1), lengths, weights=weights)
 
     def contextualize(self, tokens: Tensor, lengths: Tensor, *, weights: str = "fp32") -> Tensor:
         """Token vectors ``[B, T, P]`` -> layers ``[L+1, B, T, 2P]``.
