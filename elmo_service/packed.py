@@ -98,6 +98,15 @@ class PackedLinear:
         assert wt.shape == (self.k, self.n) and wt.is_contiguous()
         self._wt = wt
 
+    def pack_now(self) -> PackedLinear:
+        """Pack for several rows now and drop the fp32 ``[N, K]`` copy (a big model's
+        weights are then held once per layout they run in). A single row then runs
+        on ``W^T`` when one was given, else on the oneDNN pack."""
+        if self._int8 is None and self._use_onednn:
+            self._onednn = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
+            self.weight = None  # type: ignore[assignment]
+        return self
+
     @property
     def is_int8(self) -> bool:
         return self._int8 is not None
@@ -106,7 +115,8 @@ class PackedLinear:
         """``x [M, K]`` -> ``[M, N]``; ``add [M, N]`` is added (in the same call where the kernel can)."""
         if self._int8 is not None:
             return self._int8_call(x, add)
-        if x.shape[0] > 1 and self._use_onednn:
+        single = x.shape[0] == 1 and (self.weight is not None or self._wt is not None)
+        if self._use_onednn and not single:
             if self._onednn is None:
                 self._onednn = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
             if add is None:
@@ -114,7 +124,7 @@ class PackedLinear:
                     x, self._onednn, self.bias, "none", [], ""
                 )
             return torch.ops.mkldnn._linear_pointwise.binary(x, add, self._onednn, self.bias, "add")
-        if x.shape[0] == 1 and self.n <= self.k:
+        if x.shape[0] == 1 and self.n <= self.k and self.weight is not None:
             w = self.weight.t()  # a single row streams tall matrices fastest as stored
         else:
             if self._wt is None:

@@ -185,10 +185,13 @@ def test_packed_linear_equals_f_linear(n, k, m):
     x, add = torch.randn(m, k, generator=g), torch.randn(m, n, generator=g)
     scale = 1e-5 * (k**0.5)  # fp32 summation-order differences grow with K
     for bias in (None, b):
-        lin = PackedLinear(w, bias)
-        want = F.linear(x, w, bias)
-        assert (lin(x) - want).abs().max() <= scale
-        assert (lin(x, add=add) - (want + add)).abs().max() <= scale
+        given_wt = PackedLinear(w, bias)
+        given_wt.use_transposed(w.t().contiguous())
+        # lazily packed; packed now without the fp32 copy, with and without W^T
+        for lin in (PackedLinear(w, bias), PackedLinear(w, bias).pack_now(), given_wt.pack_now()):
+            want = F.linear(x, w, bias)
+            assert (lin(x) - want).abs().max() <= scale
+            assert (lin(x, add=add) - (want + add)).abs().max() <= scale
 
 
 def test_embedder_weights_option(tmp_path):
