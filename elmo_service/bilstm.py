@@ -112,7 +112,7 @@ class BiLstmKernel:
         outs = []
         for layer in range(len(self.w_ih)):
             if b == 1 and self.single[layer] is not None:
-                y = self._layer_single(layer, x)
+                y = self._layer_single(layer, x, offset[-1])
             else:
                 y = self._layer(layer, x, active, offset, rows)
             if self.residual and layer > 0:
@@ -153,9 +153,9 @@ class BiLstmKernel:
             out[:, s, :n] = h
         return out
 
-    def _layer_single(self, layer: int, x: Tensor) -> Tensor:
-        """:meth:`_layer` for one sentence (``x [2, T, 1, P]``): each step's matmuls
-        cover both directions in one batched call over stacked weights."""
+    def _layer_single(self, layer: int, x: Tensor, length: int) -> Tensor:
+        """:meth:`_layer` for one sentence (``x [2, T, 1, P]``, ``length`` real steps):
+        each step's matmuls cover both directions in one batched call over stacked weights."""
         _, t, _, p = x.shape
         c = self.cell_dim
         w_hh_t, w_proj = self.single[layer]
@@ -164,7 +164,7 @@ class BiLstmKernel:
         h = x.new_zeros(2, 1, p)
         c2 = x.new_zeros(2, 1, c)
         cc2, pc = 2.0 * self.cell_clip, self.proj_clip
-        for s in range(t):
+        for s in range(length):
             m = _cell(torch.baddbmm(xg[:, s : s + 1], h, w_hh_t), c2, c, cc2)
             h = torch.bmm(m, w_proj.transpose(1, 2))
             if pc:

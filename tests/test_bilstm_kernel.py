@@ -73,6 +73,16 @@ def test_kernel_equals_plain_path(monkeypatch, stack_below, b):
         assert (got[:, r, n:] == 0).all()
 
 
+def test_padding_past_every_length_and_empty_rows():
+    model = random_bilm()
+    p = model.cfg.projection_dim
+    for lengths in (torch.tensor([4]), torch.tensor([5, 0, 3])):
+        tokens = torch.randn(len(lengths), 7, p)  # T beyond the longest sentence
+        got, want = fast(model, tokens, lengths), plain(model, tokens, lengths)
+        assert (got - want).abs().max() <= TOL
+        assert (got[:, :, 5:] == 0).all()
+
+
 @pytest.mark.parametrize("residual,clips", [(False, True), (True, False)])
 def test_kernel_without_residual_or_clips(residual, clips):
     extra = {} if clips else {"cell_clip": None, "proj_clip": None}
