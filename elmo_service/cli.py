@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from elmo_service.config import PRECISIONS
+from elmo_service.config import PRECISIONS, WEIGHT_MODES
 from elmo_service.errors import ElmoServiceError
 
 
@@ -70,6 +70,7 @@ def cmd_embed_file(args: argparse.Namespace) -> int:
         precision=args.precision,
         batch_tokens=args.batch_tokens,
         device=args.device,
+        weights=args.weights,
     )
     if args.task:
         if args.task not in emb.artifact.tasks:
@@ -213,6 +214,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=PRECISIONS,
         default="fp32",
         help="fp32 (default) | bf16 autocast | fp16 (CUDA) | auto (bf16 where the CPU has it natively)",
+    )
+    e.add_argument(
+        "--weights",
+        choices=WEIGHT_MODES,
+        default="fp32",
+        help="int8: int8 weights for the big matmuls (CPU, fp32 precision); "
+        "see docs/bench-embedder.md for speed and error",
     )
     e.add_argument("--quiet", action="store_true", help="no progress bar")
     e.set_defaults(func=cmd_embed_file)

@@ -15,6 +15,8 @@ from elmo_service.errors import ConfigError
 # compute precisions of the embedder and the trainer; "auto" resolves per device
 # (elmo_service.runtime.resolve_precision). Here, not there, so CLIs list them without torch.
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+# inference weight modes (elmo_service.packed): int8 quantizes the big matmuls' weights
+WEIGHT_MODES: tuple[str, ...] = ("fp32", "int8")
 
 # AllenNLP-small / bilm-tf default character CNN: 2048 filters.
 ELMO_FILTERS: tuple[tuple[int, int], ...] = (
@@ -149,4 +151,4 @@ def small_test_config(**overrides: Any) -> BiLMConfig:
     return BiLMConfig(**base)
 
 
-__all__ = ["BiLMConfig", "ELMO_FILTERS", "small_test_config"]
+__all__ = ["BiLMConfig", "ELMO_FILTERS", "PRECISIONS", "WEIGHT_MODES", "small_test_config"]

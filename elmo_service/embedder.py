@@ -8,7 +8,11 @@
    character CNN is most of the FLOPs of released-size models); misses run
    through the CNN once per distinct token;
 3. the biLSTM runs on the assembled ``[B, T, P]`` token vectors, from a zero
-   state, so a sentence's vectors do not depend on its batch mates.
+   state, so a sentence's vectors do not depend on its batch mates. On the
+   CPU in fp32 it runs the serving kernel (``elmo_service/bilstm.py``: both
+   directions per step, weights packed once); ``weights="int8"`` (opt-in)
+   quantizes the big matmuls' weights (``elmo_service/packed.py``; speed and
+   error in ``docs/bench-embedder.md``).
 
 Outputs are float32 numpy arrays ``[L+1, T, D]`` per sentence, markers removed.
 """
@@ -28,6 +32,7 @@ from cachetools import LRUCache
 from elmo_service.artifact import Artifact, load_artifact
 from elmo_service.char_ids import bos_ids, eos_ids, token_ids
 from elmo_service.errors import ConfigError, InputError, LimitError
+from elmo_service.packed import check_weights_mode
 from elmo_service.runtime import autocast, pick_device, resolve_precision, set_threads
 from elmo_service.scalar_mix import MixSpec, ScalarMix
 from elmo_service.tokenizers import Token
@@ -99,7 +104,12 @@ def _mix_module(
 
 
 class Embedder:
-    """Load once, embed many times. Thread-safe: one forward pass at a time."""
+    """Load once, embed many times. Thread-safe: one forward pass at a time.
+
+    ``weights``: "fp32", or "int8" (CPU, fp32 precision, no compile) for int8
+    weights in the big matmuls; its replicas never share cached vectors with
+    fp32 ones (``cache_key_prefix``).
+    """
 
     def __init__(
         self,
@@ -112,14 +122,23 @@ class Embedder:
         max_batch_sentences: int = 256,
         max_sentence_tokens: int | None = None,
         compile: bool = False,
+        weights: str = "fp32",
     ) -> None:
         if batch_tokens < 1 or max_batch_sentences < 1:
             raise ConfigError(
                 "batch_tokens and max_batch_sentences must be >= 1", field="batch_tokens"
             )
+        check_weights_mode(weights)
         self.artifact = artifact
         self.device = pick_device(device)
         self.precision = resolve_precision(self.device, precision)
+        if weights != "fp32" and (self.device.type != "cpu" or self.precision != "fp32" or compile):
+            raise ConfigError(
+                f"weights={weights!r} runs on the CPU in fp32 without compile "
+                f"(got device {self.device.type}, precision {self.precision}, compile {compile})",
+                field="weights",
+            )
+        self.weights = weights
         self.model = artifact.model.to(self.device).eval()
         self.tokenizer = artifact.tokenizer
         self.cfg = artifact.config
@@ -131,8 +150,8 @@ class Embedder:
         self.cache_misses = 0
         self._lock = threading.Lock()
         self._compiled = compile
-        self._encode = self.model.token_encoder
-        self._contextualize = self.model.contextualize
+        self._encode = functools.partial(self.model.token_encoder, weights=weights)
+        self._contextualize = functools.partial(self.model.contextualize, weights=weights)
         if compile:
             # only the biLSTM: the character CNN's inference path is table lookups
             # with data-dependent shapes, which compile would slow down. The time
@@ -162,9 +181,10 @@ class Embedder:
 
     @property
     def cache_key_prefix(self) -> str:
-        """Model version + tokenizer + precision: a new model, or a bf16 replica beside
-        an fp32 one, never reuses another's vectors."""
-        return f"{self.version}:{self.tokenizer.fingerprint}:{self.precision}"
+        """Model version + tokenizer + precision (+ weight mode unless fp32): a new model,
+        or a bf16 or int8 replica beside an fp32 one, never reuses another's vectors."""
+        mode = "" if self.weights == "fp32" else f":w-{self.weights}"
+        return f"{self.version}:{self.tokenizer.fingerprint}:{self.precision}{mode}"
 
     # -- public API -------------------------------------------------------
     def tokenize(self, sentences: Iterable[Sentence]) -> list[list[Token]]:

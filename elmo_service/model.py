@@ -26,8 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from elmo_service.bilstm import BiLstmKernel
 from elmo_service.config import BiLMConfig
+from elmo_service.errors import ConfigError
 from elmo_service.lstm import LstmLayer, LstmState
+from elmo_service.packed import PackedLinear, check_weights_mode, kernel_cache, linear
 
 N_CHAR_IDS = 262  # 256 bytes + 5 markers, shifted by one so that row 0 is "no token"
 
@@ -60,16 +63,38 @@ class CharCNN(nn.Module):
         self._act = torch.tanh if cfg.activation == "tanh" else F.relu
         self._tables: tuple[tuple, list[Tensor]] | None = None  # (weight versions, tables)
 
-    def forward(self, char_ids: Tensor) -> Tensor:
+    def forward(self, char_ids: Tensor, *, weights: str = "fp32") -> Tensor:
+        """``[N, W]`` -> ``[N, P]``. Without autograd, in fp32 on the CPU, the highway and
+        projection matmuls use pre-packed weights; ``weights="int8"`` quantizes the
+        highway layers (each row of their input scaled by its own maximum)."""
+        check_weights_mode(weights)
+        packed: list[PackedLinear | None] = [None] * (len(self.highways) + 1)
         if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
             x = self._filters_conv(char_ids)
         else:
             x = self._filters_lookup(char_ids)
-        for hw in self.highways:
-            transform, carry = hw(x).chunk(2, dim=-1)
+            if _fast_path_ok(x):
+                packed = self._packed_linears(weights)
+        if weights != "fp32" and packed[-1] is None:
+            raise ConfigError(
+                "weights='int8' needs fp32 inference on the CPU without autograd", field="weights"
+            )
+        for hw, pk in zip(self.highways, packed[:-1], strict=True):
+            transform, carry = linear(x, pk, hw).chunk(2, dim=-1)
             gate = torch.sigmoid(carry)
             x = gate * F.relu(transform) + (1.0 - gate) * x
-        return self.projection(x)
+        return linear(x, packed[-1], self.projection)
+
+    def _packed_linears(self, weights: str) -> list[PackedLinear]:
+        """Highway layers and projection with pre-packed weights (inference)."""
+        int8 = weights == "int8"
+        params = [p for m in (*self.highways, self.projection) for p in (m.weight, m.bias)]
+
+        def build() -> list[PackedLinear]:
+            hw = [PackedLinear(m.weight, m.bias, int8=int8) for m in self.highways]
+            return [*hw, PackedLinear(self.projection.weight, self.projection.bias)]
+
+        return kernel_cache(self).get_or_build(("linears", weights), params, build)
 
     def _filters_conv(self, char_ids: Tensor) -> Tensor:
         """``[N, W]`` -> ``[N, F]``: convolve, max over positions, then the activation (bilm-tf order)."""
@@ -136,6 +161,17 @@ def reverse_padded(x: Tensor, lengths: Tensor) -> Tensor:
     return x.gather(1, idx.unsqueeze(-1).expand_as(x))
 
 
+def _fast_path_ok(x: Tensor) -> bool:
+    """Whether the packed-weight inference kernels apply: fp32 on the CPU, no autocast,
+    not being traced by ``torch.compile``."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and not torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_compiling()
+    )
+
+
 def length_mask(lengths: Tensor, t: int) -> Tensor:
     """``[B, T]`` bool, True at real positions."""
     return torch.arange(t, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)
@@ -157,18 +193,32 @@ class BiLM(nn.Module):
     def n_output_layers(self) -> int:
         return self.cfg.n_layers + 1
 
-    def forward(self, char_ids: Tensor, lengths: Tensor) -> Tensor:
+    def forward(self, char_ids: Tensor, lengths: Tensor, *, weights: str = "fp32") -> Tensor:
         """``char_ids [B, T, W]``, ``lengths [B]`` -> layers ``[L+1, B, T, 2P]``."""
         b, t, w = char_ids.shape
-        tokens = self.token_encoder(char_ids.reshape(b * t, w)).reshape(b, t, -1)
-        return self.contextualize(tokens, lengths)
+        tokens = self.token_encoder(char_ids.reshape(b * t, w), weights=weights)
+        return self.contextualize(tokens.reshape(b, t, -1), lengths, weights=weights)
 
-    def contextualize(self, tokens: Tensor, lengths: Tensor) -> Tensor:
+    def contextualize(self, tokens: Tensor, lengths: Tensor, *, weights: str = "fp32") -> Tensor:
         """Token vectors ``[B, T, P]`` -> layers ``[L+1, B, T, 2P]``.
 
         The biLSTM half of :meth:`forward`, separate so that callers can supply
-        cached token vectors and skip the character CNN.
+        cached token vectors and skip the character CNN. Without autograd, in
+        fp32 on the CPU, it runs :class:`BiLstmKernel` (both directions per
+        step, packed weights); ``weights="int8"`` (opt-in) quantizes its
+        recurrent and projection matmuls. Otherwise each direction runs
+        :meth:`run_direction`, the code training runs.
         """
+        check_weights_mode(weights)
+        no_grad = not torch.is_grad_enabled() or not (
+            tokens.requires_grad or any(p.requires_grad for p in self.parameters())
+        )
+        if no_grad and _fast_path_ok(tokens):
+            return self._contextualize_fast(tokens, lengths, weights)
+        if weights != "fp32":
+            raise ConfigError(
+                "weights='int8' needs fp32 inference on the CPU without autograd", field="weights"
+            )
         b, t, _ = tokens.shape
         lengths = lengths.to(tokens.device)
         # rows sorted longest first so that each step computes only the rows still
@@ -190,6 +240,32 @@ class BiLM(nn.Module):
         if active is not None:
             out = out[:, torch.argsort(order)]
         return out
+
+    def lstm_kernel(self, weights: str = "fp32") -> BiLstmKernel:
+        """The :class:`BiLstmKernel` for the current weights (rebuilt when any changes)."""
+        pairs = list(zip(self.forward_layers, self.backward_layers, strict=True))
+        params = [p for pair in pairs for m in pair for p in m.parameters()]
+        return kernel_cache(self).get_or_build(
+            ("bilstm", weights),
+            params,
+            lambda: BiLstmKernel(pairs, self.cfg.residual, weights),
+        )
+
+    def _contextualize_fast(self, tokens: Tensor, lengths: Tensor, weights: str) -> Tensor:
+        t = tokens.shape[1]
+        lengths, order = lengths.to(tokens.device).sort(descending=True, stable=True)
+        tokens = tokens[order]
+        steps = torch.arange(t, device=tokens.device)
+        active = (lengths.unsqueeze(0) > steps.unsqueeze(1)).sum(1).tolist()
+        mask = length_mask(lengths, t).unsqueeze(-1).to(tokens.dtype)
+        tokens = tokens * mask
+        # [2, T, B, P]: time-major, so a step's rows are contiguous
+        x = torch.stack([tokens, reverse_padded(tokens, lengths)]).transpose(1, 2).contiguous()
+        layers = [torch.cat([tokens, tokens], dim=-1)]
+        for y in self.lstm_kernel(weights)(x, active):
+            y = y.transpose(1, 2)  # [2, B, T, P]
+            layers.append(torch.cat([y[0], reverse_padded(y[1], lengths)], dim=-1) * mask)
+        return torch.stack(layers, dim=0)[:, torch.argsort(order)]
 
     def run_direction(
         self,

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from elmo_service.artifact import Artifact, default_model_dir, load_artifact, write_task
-from elmo_service.config import PRECISIONS
+from elmo_service.config import PRECISIONS, WEIGHT_MODES
 from elmo_service.embedder import Embedder, words_of
 from elmo_service.errors import InputError
 from elmo_service.model import BiLM
@@ -56,6 +56,7 @@ class ProbeConfig:
     seed: int = 0
     embed_batch_tokens: int = 4096
     precision: str = "fp32"
+    weights: str = "fp32"
 
 
 @dataclass
@@ -68,6 +69,11 @@ class ProbeResult:
 
 
 # -- features -----------------------------------------------------------------
+
+
+def _weights_tag(emb: Embedder) -> str:
+    """Feature-cache name part: empty for fp32, so existing caches stay valid."""
+    return "" if emb.weights == "fp32" else f"-{emb.weights}"
 
 
 def word_features(
@@ -234,13 +240,16 @@ def run_probe(
             artifact,
             device="cpu",
             precision=cfg.precision,
+            weights=cfg.weights,
             batch_tokens=cfg.embed_batch_tokens,
             max_sentence_tokens=1_000_000,
         )
         t0 = time.time()
         feats = {
             split: cached(
-                cache_dir / artifact.version / f"{split}-{keys[split]}-{emb.precision}.npy",
+                cache_dir
+                / artifact.version
+                / f"{split}-{keys[split]}-{emb.precision}{_weights_tag(emb)}.npy",
                 lambda s=split, e=emb: features(e, inputs[s]),
             )
             for split in ("train", "dev", "test")
@@ -569,6 +578,7 @@ def cmd_probe(args) -> int:
         batch_size=args.batch_size or defaults["batch_size"],
         weight_decay=defaults["weight_decay"],
         precision=args.precision,
+        weights=args.weights,
     )
     cache = Path(args.cache) / name
     if kind == "tokens":
@@ -644,5 +654,8 @@ def add_probe_commands(sub) -> None:
     p.add_argument(
         "--precision", choices=[x for x in PRECISIONS if x != "fp16"], default="fp32"
     )  # the probe embeds on the CPU
+    p.add_argument(
+        "--weights", choices=WEIGHT_MODES, default="fp32", help="embed with int8 weights"
+    )
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_probe)

@@ -1,0 +1,190 @@
+"""The serving kernel of the biLSTM: both directions of a layer in one step loop.
+
+    x [2, T, B, P] (direction, time, rows sorted longest first) --> per layer [2, T, B, P]
+
+The same function as ``LstmLayer``'s inference kernel (``elmo_service/lstm.py``)
+run for each direction and layer, with fewer, larger operations per step:
+
+* both directions advance together: one set of element-wise ops covers the
+  ``[2, n, 4C]`` gates of both, so a step of a layer is ~12 torch calls
+  instead of ~26;
+* weights are packed once per weight version (:class:`PackedLinear`: oneDNN
+  reordered for several rows, ``W^T`` for a single row, int8 when asked) and
+  pre-scaled so that no step multiplies by a constant: the g-gate rows of
+  ``W_ih``, ``b`` and ``W_hh`` are doubled, so one sigmoid gives
+  ``sigmoid(2g)``, and ``tanh(g) = 2 sigmoid(2g) - 1``; the cell is kept
+  doubled (``c2 = 2c``, exact in floating point), so ``tanh(c) =
+  2 sigmoid(c2) - 1``; and ``W_proj`` is doubled so the projection reads
+  ``o * (sigmoid(c2) - 1/2) = o * tanh(c) / 2``. Scaling by 2 is exact, so
+  these are the same numbers as the textbook formulas up to summation order;
+* torch's CPU ``tanh`` is ~4x slower than ``sigmoid``; none is used.
+
+Layers run one after the other, each input matmul hoisted over all steps
+and computed for real rows only. Running layer l+1 one step behind layer l
+in the same loop ("pipelining") is not done: at batch 1 the two recurrent
+matmuls are ~77 % of a step (the weights stream from cache or memory), the
+element-wise ops that pipelining would merge ~23 %, and pipelining would
+move layer l+1's input matmul into the loop, adding its weights to every
+step's traffic.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from elmo_service.lstm import LstmLayer
+from elmo_service.packed import PackedLinear
+
+
+def _gate_scale(c: int, like: Tensor) -> Tensor:
+    """``[4C]``: 1 for the i, f, o rows, 2 for the g rows."""
+    s = like.new_ones(4 * c)
+    s[3 * c :] = 2.0
+    return s
+
+
+class BiLstmKernel:
+    """Kernel-layout weights of an L-layer biLSTM and its inference loop.
+
+    ``layers``: per layer, the (forward, backward) :class:`LstmLayer` pair.
+    ``weights``: "fp32", or "int8" for the matrices big enough to gain
+    (:data:`~elmo_service.packed.INT8_MIN_ELEMENTS`; see :class:`PackedLinear`).
+    """
+
+    def __init__(
+        self, layers: list[tuple[LstmLayer, LstmLayer]], residual: bool, weights: str = "fp32"
+    ) -> None:
+        first = layers[0][0]
+        self.cell_dim, self.proj_dim = first.cell_dim, first.proj_dim
+        self.cell_clip = float(first.cell_clip or 0.0)
+        self.proj_clip = float(first.proj_clip or 0.0)
+        self.residual = residual
+        int8 = weights == "int8"
+        c = self.cell_dim
+        self.w_ih, self.w_hh, self.w_proj = [], [], []
+        # both directions' recurrent weights stacked, W_hh^T [2, P, 4C] and W_proj
+        # [2, P, C], for the single-sentence loop (the per-direction kernels share them)
+        self.single: list[tuple[Tensor, Tensor] | None] = []
+        for pair in layers:
+            scale = _gate_scale(c, pair[0].w_ih.weight)
+            # the input matmuls always have several rows (all steps): oneDNN only
+            self.w_ih.append(
+                [
+                    PackedLinear(
+                        m.w_ih.weight * scale[:, None], m.w_ih.bias * scale, int8=int8
+                    ).pack_now()
+                    for m in pair
+                ]
+            )
+            w_hh = torch.stack([m.w_hh.weight * scale[:, None] for m in pair])  # [2, 4C, P]
+            w_proj = torch.stack([2.0 * m.w_proj.weight for m in pair])
+            hh = [PackedLinear(w, int8=int8) for w in w_hh]
+            w_hh_t = None
+            if not hh[0].is_int8:
+                w_hh_t = w_hh.transpose(1, 2).contiguous()
+                for d, lin in enumerate(hh):
+                    lin.use_transposed(w_hh_t[d])
+                    lin.pack_now()  # W^T for one row, oneDNN for several
+            proj = [PackedLinear(w, int8=int8) for w in w_proj]
+            self.w_hh.append(hh)
+            self.w_proj.append(proj)
+            # the single-sentence loop is fp32 only: a sentence gets the same numbers alone
+            self.single.append(
+                (w_hh_t, w_proj) if w_hh_t is not None and not proj[0].is_int8 else None
+            )
+
+    def __call__(self, x: Tensor, active: list[int]) -> list[Tensor]:
+        """``x [2, T, B, P]`` (time-major; row b of direction 1 is sentence b reversed
+        within its length) -> each layer's output ``[2, T, B, P]``, zero past each
+        row's length. ``active[t]``: rows still inside their sentence at step t."""
+        t, b = x.shape[1], x.shape[2]
+        # the input matmuls read only real rows: step s's rows are packed at
+        # offset[s] (time-major, longest first, as a PackedSequence)
+        offset = [0]
+        for n in active:
+            offset.append(offset[-1] + n)
+        rows = None
+        if offset[-1] < t * b:
+            steps = torch.tensor(active, device=x.device)
+            valid = torch.arange(b, device=x.device).unsqueeze(0) < steps.unsqueeze(1)  # [T, B]
+            rows = valid.flatten().nonzero().squeeze(1)
+        outs = []
+        for layer in range(len(self.w_ih)):
+            if b == 1 and self.single[layer] is not None:
+                y = self._layer_single(layer, x, offset[-1])
+            else:
+                y = self._layer(layer, x, active, offset, rows)
+            if self.residual and layer > 0:
+                y.add_(x)
+            outs.append(y)
+            x = y
+        return outs
+
+    def _layer(
+        self, layer: int, x: Tensor, active: list[int], offset: list[int], rows: Tensor | None
+    ) -> Tensor:
+        _, t, b, p = x.shape
+        c = self.cell_dim
+        w_hh, w_proj = self.w_hh[layer], self.w_proj[layer]
+        xg = []  # per direction: input gates of all real rows [R, 4C]
+        for d, w in enumerate(self.w_ih[layer]):
+            xd = x[d].reshape(t * b, p)
+            xg.append(w(xd if rows is None else xd.index_select(0, rows)))
+        out = x.new_zeros(2, t, b, p)
+        h = x.new_zeros(2, b, p)
+        c2 = x.new_zeros(2, b, c)  # 2 * cell state
+        cc2, pc = 2.0 * self.cell_clip, self.proj_clip
+        for s in range(t):
+            n = active[s]
+            if n == 0:
+                break
+            if n < h.shape[1]:  # rows sorted longest first: finished rows drop off the end
+                h, c2 = h[:, :n], c2[:, :n]
+            rs = slice(offset[s], offset[s] + n)
+            gates = [w_hh[d](h[d], add=xg[d][rs]) for d in (0, 1)]
+            if n * c < STACK_BELOW:  # few rows: one op for both directions beats a copy
+                m = _cell(torch.stack(gates), c2, c, cc2)
+            else:  # many: stacking would copy [2, n, 4C] each step
+                m = [_cell(gates[d], c2[d], c, cc2) for d in (0, 1)]
+            h = torch.stack([w_proj[d](m[d]) for d in (0, 1)])  # [2, n, P]
+            if pc:
+                h.clamp_(-pc, pc)
+            out[:, s, :n] = h
+        return out
+
+    def _layer_single(self, layer: int, x: Tensor, length: int) -> Tensor:
+        """:meth:`_layer` for one sentence (``x [2, T, 1, P]``, ``length`` real steps):
+        each step's matmuls cover both directions in one batched call over stacked weights."""
+        _, t, _, p = x.shape
+        c = self.cell_dim
+        w_hh_t, w_proj = self.single[layer]
+        xg = torch.stack([w(x[d].reshape(t, p)) for d, w in enumerate(self.w_ih[layer])])
+        out = x.new_zeros(2, t, 1, p)
+        h = x.new_zeros(2, 1, p)
+        c2 = x.new_zeros(2, 1, c)
+        cc2, pc = 2.0 * self.cell_clip, self.proj_clip
+        for s in range(length):
+            m = _cell(torch.baddbmm(xg[:, s : s + 1], h, w_hh_t), c2, c, cc2)
+            h = torch.bmm(m, w_proj.transpose(1, 2))
+            if pc:
+                h.clamp_(-pc, pc)
+            out[:, s] = h
+        return out
+
+
+# below this many cell values per direction, a step's element-wise ops run on
+# both directions stacked (fewer calls); above, per direction (no copy)
+STACK_BELOW = 8192
+
+
+def _cell(gates: Tensor, c2: Tensor, c: int, cc2: float) -> Tensor:
+    """Gates ``[..., n, 4C]`` (pre-activation, g rows doubled), doubled cell ``c2
+    [..., n, C]`` updated in place -> ``o * tanh(c) / 2 [..., n, C]``."""
+    gates.sigmoid_()  # i, f, o, sigmoid(2g)
+    i, f, o, g = gates.unflatten(-1, (4, c)).unbind(-2)  # views; Tensor.split is slower
+    # 2c' = f * 2c + 2i * tanh(g) = (f * c2 - 2 i) + 4 i sigmoid(2g), in LstmLayer's order
+    c2.mul_(f).sub_(i, alpha=2.0).addcmul_(i, g, value=4.0)
+    if cc2:
+        c2.clamp_(-cc2, cc2)
+    return torch.sigmoid(c2).sub_(0.5).mul_(o)
