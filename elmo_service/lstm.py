@@ -20,7 +20,7 @@ Two kernels compute it, chosen by whether autograd is recording:
   saves only what the backward needs (gate activations, cell states, clip
   masks), the backward loop does backpropagation through time by hand, and
   the weight gradients are two big matmuls over all ``B * T`` rows, as cuDNN
-  does. ``tests/core/test_lstm.py`` keeps it equal to autograd.
+  does. ``tests/test_lstm.py`` keeps it equal to autograd.
 
 Both take an initial state (stream training carries it from one window to
 the next) and an optional ``keep [B, T]`` mask: a 0 at ``(b, t)`` resets row
@@ -45,26 +45,22 @@ LstmState = tuple[Tensor, Tensor]  # (h [B, P], c [B, C])
 # ---------------------------------------------------------------- training kernel
 
 
+def _clip(x: Tensor, clip: float) -> tuple[Tensor, Tensor]:
+    """``(clamp(x, -clip, clip), mask of the entries it left alone)``; a clip of 0 is off."""
+    if clip > 0:
+        return x.clamp(-clip, clip), x.abs() <= clip
+    return x, torch.ones_like(x, dtype=torch.bool)
+
+
 def step_forward(x_gates, h, c, w_hh_t, w_proj_t, cell_clip: float, proj_clip: float):
     """One step; returns (h, c, acts [B, 4C], c_mask [B, C], h_mask [B, P]). A clip of 0 is off."""
     n = c.shape[1]
     gates = torch.addmm(x_gates, h, w_hh_t)
     acts = torch.cat([torch.sigmoid(gates[:, : 3 * n]), torch.tanh(gates[:, 3 * n :])], dim=1)
     a = acts.float()
-    c_raw = a[:, n : 2 * n] * c + a[:, :n] * a[:, 3 * n :]
-    if cell_clip > 0:
-        c_mask = c_raw.abs() <= cell_clip
-        c = c_raw.clamp(-cell_clip, cell_clip)
-    else:
-        c_mask = torch.ones_like(c_raw, dtype=torch.bool)
-        c = c_raw
+    c, c_mask = _clip(a[:, n : 2 * n] * c + a[:, :n] * a[:, 3 * n :], cell_clip)
     pre = (a[:, 2 * n : 3 * n] * torch.tanh(c)).to(w_proj_t.dtype) @ w_proj_t
-    if proj_clip > 0:
-        h_mask = pre.abs() <= proj_clip
-        h = pre.clamp(-proj_clip, proj_clip)
-    else:
-        h_mask = torch.ones_like(pre, dtype=torch.bool)
-        h = pre
+    h, h_mask = _clip(pre, proj_clip)
     return h, c, acts, c_mask, h_mask
 
 
@@ -116,8 +112,6 @@ class LstmpFunction(torch.autograd.Function):
         w_hh_t, w_proj_t = w_hh_t.to(dt), w_proj_t.to(dt)
         h, c = h0.to(dt), c0.float()
         keep_f = None if keep is None else keep.to(torch.float32).unsqueeze(-1)  # [B, T, 1]
-        h_prev = x_gates.new_empty(b, t, p)  # each step's (reset) input state
-        c_prev = x_gates.new_empty(b, t, n, dtype=torch.float32)
         hs = x_gates.new_empty(b, t, p)
         acts = x_gates.new_empty(b, t, g4)
         cs = x_gates.new_empty(b, t, n, dtype=torch.float32)
@@ -126,24 +120,29 @@ class LstmpFunction(torch.autograd.Function):
         for s in range(t):
             if keep_f is not None:
                 h, c = h * keep_f[:, s].to(dt), c * keep_f[:, s]
-            h_prev[:, s], c_prev[:, s] = h, c
             h, c, acts[:, s], c_masks[:, s], h_masks[:, s] = fwd(
                 x_gates[:, s], h, c, w_hh_t, w_proj_t, cell_clip, proj_clip
             )
             hs[:, s], cs[:, s] = h, c
-        ctx.save_for_backward(w_hh_t, w_proj_t, h_prev, c_prev, acts, cs, c_masks, h_masks, keep_f)
         ctx.h0_dtype = h0.dtype
-        c_last = cs[:, -1].clone() if t else c0.float().clone()
+        h0, c0 = h0.to(dt), c0.float()
+        ctx.save_for_backward(w_hh_t, w_proj_t, h0, c0, hs, acts, cs, c_masks, h_masks, keep_f)
+        c_last = cs[:, -1].clone() if t else c0.clone()
         ctx.mark_non_differentiable(c_last)
         return hs, c_last
 
     @staticmethod
     def backward(ctx, d_hs, _d_c_last):
-        w_hh_t, w_proj_t, h_prev, c_prev, acts, cs, c_masks, h_masks, keep_f = ctx.saved_tensors
+        w_hh_t, w_proj_t, h0, c0, hs, acts, cs, c_masks, h_masks, keep_f = ctx.saved_tensors
         bwd = _KERNELS["bwd"]
-        b, t, p = h_prev.shape
+        b, t, p = hs.shape
         n = cs.shape[2]
-        f32 = {"dtype": torch.float32, "device": h_prev.device}
+        f32 = {"dtype": torch.float32, "device": hs.device}
+        # each step's input state: the previous output, reset where keep is 0 (as in forward)
+        h_prev = torch.cat([h0.unsqueeze(1), hs[:, :-1]], dim=1)
+        c_prev = torch.cat([c0.unsqueeze(1), cs[:, :-1]], dim=1)
+        if keep_f is not None:
+            h_prev, c_prev = h_prev * keep_f.to(h_prev.dtype), c_prev * keep_f
         d_hs = d_hs.float()
         d_gates = torch.empty(b, t, 4 * n, **f32)
         d_pres = torch.empty(b, t, p, **f32)
