@@ -3,5 +3,6 @@
 ``uvicorn api.main:app`` or ``api.server.run(host, port, model_dir)``. The HTTP
 layer never touches the model: routes tokenize, look up the cache and hand
 token lists to the :class:`api.batcher.Batcher`, whose single worker thread is
-the only caller of ``Embedder.embed_tokens``.
+the only caller of the model: it plans the batches and runs each with
+``Embedder.embed_batch``.
 """

@@ -8,9 +8,11 @@ await one future per sentence. The worker thread:
   the next one (as TEI's next batch forms while the current one runs);
 * takes pending sentences FIFO up to a few batches' worth of padded tokens,
   drops those whose future is already done (client gone, timed out), sorts
-  the rest by length and cuts them into batches under the token budget;
-* runs each batch with ``embed_tokens`` and hands results back to the event
-  loop; sentences cancelled while earlier batches ran are dropped too.
+  the rest by length and cuts them into batches under the token budget
+  (``elmo_service.batching.plan_batches``, the planner the library uses too);
+* runs each batch as one ``Embedder.embed_batch`` call, which does not plan
+  again, and hands results back to the event loop; sentences cancelled while
+  earlier batches ran are dropped too.
 
 A full queue raises :class:`QueueFull` at once (the route answers 429). The
 queue is counted in sentences, the unit the model works in.
@@ -61,10 +63,20 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from api.metrics import Metrics
+from elmo_service.batching import (
+    DEFAULT_BATCH_TOKENS,
+    DEFAULT_MAX_BATCH_SENTENCES,
+    BatchBudget,
+    plan_batches,
+)
 
 log = logging.getLogger("api.batcher")
 
 EmbedFn = Callable[[Sequence[Sequence[str]]], list[np.ndarray]]
+
+# the server's defaults (api/settings.py reads these; the budget's are elmo_service's)
+DEFAULT_FILL_WAIT_MS = 5.0
+DEFAULT_MAX_QUEUE = 4096
 
 
 class Ticket:
@@ -181,21 +193,25 @@ def _set_results(
 
 
 class Batcher:
+    """``embed_fn`` runs one planned batch (``Embedder.embed_batch``): the batcher is the
+    only planner on the serving path."""
+
     def __init__(
         self,
         embed_fn: EmbedFn,
         *,
-        batch_tokens: int = 4096,
-        max_batch_sentences: int = 256,
-        max_queue: int = 4096,
+        batch_tokens: int = DEFAULT_BATCH_TOKENS,
+        max_batch_sentences: int = DEFAULT_MAX_BATCH_SENTENCES,
+        max_queue: int = DEFAULT_MAX_QUEUE,
         metrics: Metrics | None = None,
         take_batches: int = 4,
-        max_fill_wait: float = 0.005,
+        max_fill_wait: float = DEFAULT_FILL_WAIT_MS / 1000.0,
         fill_ratio: float = 0.25,
         name: str = "batcher",
         estimate: WorkEstimate | None = None,
     ) -> None:
         self.embed_fn = embed_fn
+        self.budget = BatchBudget(batch_tokens, max_batch_sentences)
         self.batch_tokens = batch_tokens
         self.max_batch_sentences = max_batch_sentences
         self.max_queue = max_queue
@@ -414,20 +430,7 @@ class Batcher:
 
     def plan(self, items: list[_Item]) -> list[list[_Item]]:
         """Sort by length (longest first) and cut under the padded-token budget."""
-        items = sorted(items, key=lambda it: -it.cost)
-        batches: list[list[_Item]] = []
-        cur: list[_Item] = []
-        for it in items:
-            width = cur[0].cost if cur else it.cost
-            if cur and (
-                (len(cur) + 1) * width > self.batch_tokens or len(cur) >= self.max_batch_sentences
-            ):
-                batches.append(cur)
-                cur = []
-            cur.append(it)
-        if cur:
-            batches.append(cur)
-        return batches
+        return [[items[i] for i in b] for b in plan_batches([it.cost for it in items], self.budget)]
 
     def _complete(
         self, items: list[_Item], values: list | None = None, error: BaseException | None = None
@@ -502,7 +505,7 @@ class DirectRunner:
         self,
         embed_fn: EmbedFn,
         *,
-        max_queue: int = 4096,
+        max_queue: int = DEFAULT_MAX_QUEUE,
         metrics: Metrics | None = None,
         estimate: WorkEstimate | None = None,
     ) -> None:

@@ -340,6 +340,7 @@ def load_served_model(
         token_cache_size=settings.token_cache_size,
         batch_tokens=settings.batch_tokens,
         max_batch_sentences=settings.max_batch_sentences,
+        weights=settings.weights,
     )
     # requests are refused above the smaller of the service limit and the model's own
     embedder.max_sentence_tokens = min(
@@ -349,7 +350,7 @@ def load_served_model(
     runner: Batcher | DirectRunner
     if settings.batching:
         runner = Batcher(
-            embedder.embed_tokens,
+            embedder.embed_batch,  # the batcher plans; the embedder runs what it is handed
             batch_tokens=settings.batch_tokens,
             max_batch_sentences=settings.max_batch_sentences,
             max_queue=settings.max_queue,

@@ -20,6 +20,8 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from api.batcher import DEFAULT_FILL_WAIT_MS, DEFAULT_MAX_QUEUE
+from elmo_service.batching import DEFAULT_BATCH_TOKENS, DEFAULT_MAX_BATCH_SENTENCES
 from elmo_service.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -60,6 +62,14 @@ class Settings(BaseSettings):
     threads: int | None = Field(
         None, ge=1, description="torch intra-op threads (default: all cores)."
     )
+    weights: Literal["fp32", "int8"] = Field(
+        "fp32",
+        description=(
+            "int8: the biLSTM's and projection's big matmuls with int8 weights (CPU, fp32 "
+            "precision only); less memory traffic for big models, its error against fp32 is in "
+            "docs/bench-embedder.md. Cached vectors of the two modes never mix."
+        ),
+    )
     token_cache_size: int = Field(
         100_000, ge=0, description="Embedder's per-token CNN vector cache (entries)."
     )
@@ -70,11 +80,15 @@ class Settings(BaseSettings):
         True,
         description="Micro-batch across requests. false = one forward pass per request (benchmark baseline).",
     )
-    batch_tokens: int = Field(4096, ge=16, description="Padded-token budget of one model batch.")
-    max_batch_sentences: int = Field(256, ge=1)
-    max_queue: int = Field(4096, ge=1, description="Sentences waiting for the model; more -> 429.")
+    batch_tokens: int = Field(
+        DEFAULT_BATCH_TOKENS, ge=16, description="Padded-token budget of one model batch."
+    )
+    max_batch_sentences: int = Field(DEFAULT_MAX_BATCH_SENTENCES, ge=1)
+    max_queue: int = Field(
+        DEFAULT_MAX_QUEUE, ge=1, description="Sentences waiting for the model; more -> 429."
+    )
     batch_fill_wait_ms: float = Field(
-        10.0,
+        DEFAULT_FILL_WAIT_MS,
         ge=0,
         description=(
             "Upper bound on how long the batcher waits for requests already inside the server "

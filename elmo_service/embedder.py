@@ -3,7 +3,9 @@
 ``Embedder.embed`` tokenizes, then ``embed_tokens`` does the work:
 
 1. sentences are sorted by length and cut into batches under a token budget
-   (padded cost ``n * max_len``), so padding stays small;
+   (padded cost ``n * max_len``, ``elmo_service/batching.py``), so padding stays
+   small; each batch is one ``embed_batch`` call (the server's batcher plans
+   with the same function and calls ``embed_batch`` directly);
 2. each batch's distinct tokens are looked up in the token-vector cache (the
    character CNN is most of the FLOPs of released-size models); misses run
    through the CNN once per distinct token;
@@ -30,6 +32,12 @@ import torch
 from cachetools import LRUCache
 
 from elmo_service.artifact import Artifact, load_artifact
+from elmo_service.batching import (
+    DEFAULT_BATCH_TOKENS,
+    DEFAULT_MAX_BATCH_SENTENCES,
+    BatchBudget,
+    plan_batches,
+)
 from elmo_service.char_ids import bos_ids, eos_ids, token_ids
 from elmo_service.errors import ConfigError, InputError, LimitError
 from elmo_service.packed import check_weights_mode
@@ -118,19 +126,18 @@ class Embedder:
         device: str = "auto",
         precision: str = "fp32",
         token_cache_size: int = 100_000,
-        batch_tokens: int = 4096,
-        max_batch_sentences: int = 256,
+        batch_tokens: int = DEFAULT_BATCH_TOKENS,
+        max_batch_sentences: int = DEFAULT_MAX_BATCH_SENTENCES,
         max_sentence_tokens: int | None = None,
         compile: bool = False,
         weights: str = "fp32",
     ) -> None:
-        if batch_tokens < 1 or max_batch_sentences < 1:
-            raise ConfigError(
-                "batch_tokens and max_batch_sentences must be >= 1", field="batch_tokens"
-            )
+        self.budget = BatchBudget(batch_tokens, max_batch_sentences)
         check_weights_mode(weights)
         self.artifact = artifact
         self.device = pick_device(device)
+        if weights != "fp32" and precision == "auto":
+            precision = "fp32"  # the int8 kernels accumulate in fp32; auto must not pick bf16
         self.precision = resolve_precision(self.device, precision)
         if weights != "fp32" and (self.device.type != "cpu" or self.precision != "fp32" or compile):
             raise ConfigError(
@@ -142,8 +149,6 @@ class Embedder:
         self.model = artifact.model.to(self.device).eval()
         self.tokenizer = artifact.tokenizer
         self.cfg = artifact.config
-        self.batch_tokens = batch_tokens
-        self.max_batch_sentences = max_batch_sentences
         self.max_sentence_tokens = max_sentence_tokens or self.cfg.max_sentence_tokens
         self._cache: LRUCache | None = LRUCache(token_cache_size) if token_cache_size > 0 else None
         self.cache_hits = 0
@@ -178,6 +183,14 @@ class Embedder:
     @property
     def dim(self) -> int:
         return self.cfg.output_dim
+
+    @property
+    def batch_tokens(self) -> int:
+        return self.budget.tokens
+
+    @property
+    def max_batch_sentences(self) -> int:
+        return self.budget.sentences
 
     @property
     def cache_key_prefix(self) -> str:
@@ -242,28 +255,28 @@ class Embedder:
         return self.artifact.tasks[mix]
 
     def embed_tokens(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
-        """Token texts -> ``[L+1, T, D]`` float32 per sentence, in input order."""
+        """Token texts -> ``[L+1, T, D]`` float32 per sentence, in input order.
+
+        Plans batches under the budget, then runs each with :meth:`embed_batch`.
+        """
         out: list[np.ndarray | None] = [None] * len(sentences)
         for batch in self.plan_batches([len(s) for s in sentences]):
-            for i, arr in zip(batch, self._run_batch([sentences[i] for i in batch]), strict=True):
+            for i, arr in zip(batch, self.embed_batch([sentences[i] for i in batch]), strict=True):
                 out[i] = arr
         return out  # type: ignore[return-value]
 
     def plan_batches(self, lengths: Sequence[int]) -> Iterator[list[int]]:
-        """Indices sorted by length (longest first), cut under the token budget."""
-        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-        batch: list[int] = []
-        for i in order:
-            width = lengths[batch[0]] + 2 if batch else lengths[i] + 2
-            if batch and (
-                (len(batch) + 1) * width > self.batch_tokens
-                or len(batch) >= self.max_batch_sentences
-            ):
-                yield batch
-                batch = []
-            batch.append(i)
-        if batch:
-            yield batch
+        """Indices sorted by length (longest first), cut under the token budget
+        (``lengths`` without the sentence markers)."""
+        yield from plan_batches([n + 2 for n in lengths], self.budget)
+
+    def embed_batch(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """One model call on exactly these sentences, as the caller planned them
+        (the server's batcher): ``[L+1, T, D]`` float32 per sentence, in input order.
+        A sentence's vectors do not depend on its batch mates."""
+        if not sentences:
+            return []
+        return self._run_batch(list(sentences))
 
     # -- internals --------------------------------------------------------
     def _token_vectors(self, keys: list[str]) -> torch.Tensor:
