@@ -8,7 +8,12 @@ One run measures, against real uvicorn servers in subprocesses:
   (d) in-process  -- ``Embedder.embed_tokens`` on the same sentences, big sorted batches, no HTTP;
 
 and reports throughput and p50/p95/p99 latency for each, plus the targets:
-(a) >= 3x (c) at 16 clients, warm p50 <= 5 ms, (a) >= 70% of (d) in tokens/s.
+(a) >= 3x (c) at 16 clients, warm p50 <= 5 ms, (a) >= 70% of (d) in tokens/s
+(big batches, and batches of as many sentences as there are clients), and one
+cold client's p50 within 3 ms of the in-process batch-1 time.
+
+Without ``--threads`` the servers and the in-process runs use the server's
+default thread count (what ``make serve`` gets).
 
     .venv/bin/python bench/bench_serve.py                      # 16 clients, 15 s per phase
     .venv/bin/python bench/bench_serve.py --clients 16 --duration 20 --redis --json out.json
@@ -380,19 +385,20 @@ def free_port() -> int:
 class Server:
     """``api.server.run`` in a subprocess; ``overrides`` are Settings fields."""
 
-    def __init__(self, model_dir: Path, threads: int, data_dir: Path, **overrides) -> None:
+    def __init__(self, model_dir: Path, threads: int | None, data_dir: Path, **overrides) -> None:
         self.port = free_port()
-        kwargs = {
-            "threads": threads,
-            "data_dir": str(data_dir),
-            "log_level": "warning",
-            **overrides,
-        }
+        kwargs = {"data_dir": str(data_dir), "log_level": "warning", **overrides}
+        env = dict(os.environ)
+        if threads is not None:
+            kwargs["threads"] = threads
+            env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+        else:  # the server's own default, as `make serve` runs it
+            for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "ELMO_THREADS"):
+                env.pop(var, None)
         code = (
             "import api.server as s; "
             f"s.run('127.0.0.1', {self.port}, {str(model_dir)!r}, **{kwargs!r})"
         )
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         self.proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env)
 
     def wait_ready(self, timeout: float = 180) -> None:
@@ -480,9 +486,27 @@ def build_model(tmp: Path) -> tuple[Path, str]:
     return path, "random AllenNLP-small shape (2048 filters, 1 highway, LSTM 1024/proj 128)"
 
 
+def in_process_latency(
+    model_dir: Path, threads: int | None, sentences: list[list[str]], seconds: float
+) -> dict:
+    """One sentence per ``embed_tokens`` call, one after the other: the batch-1 time."""
+    from elmo_service.embedder import Embedder
+
+    emb = Embedder.load(model_dir, threads=threads)
+    emb.embed_tokens(sentences[:64])  # warm the token cache and allocator
+    lat: list[float] = []
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        s = sentences[len(lat) % len(sentences)]
+        t = time.perf_counter()
+        emb.embed_tokens([s])
+        lat.append(time.perf_counter() - t)
+    return {"calls": len(lat), "p50_ms": pct(lat, 50) * 1e3, "p95_ms": pct(lat, 95) * 1e3}
+
+
 def in_process(
     model_dir: Path,
-    threads: int,
+    threads: int | None,
     sentences: list[list[str]],
     batch_tokens: int,
     seconds: float,
@@ -537,7 +561,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--duration", type=float, default=15.0, help="seconds per phase")
     ap.add_argument(
-        "--threads", type=int, default=1, help="torch threads of the server and in-process runs"
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads of the server and in-process runs (default: the server's default)",
     )
     ap.add_argument("--per-request", type=int, default=1, help="sentences per request")
     ap.add_argument(
@@ -612,6 +639,10 @@ def main(argv: list[str] | None = None) -> int:
             big = None
             if args.big_request > 1:
                 big = cold_phase(srv.port, args.big_request, 3, srv.metrics)
+            one_pool = make_sentences(2_000, seed=4)
+            cold1 = asyncio.run(
+                load_phase(srv.port, 1, min(args.duration, 8.0), one_pool, 1, extra, False)
+            )
         finally:
             srv.stop()
         naive = None
@@ -626,9 +657,12 @@ def main(argv: list[str] | None = None) -> int:
         sents = cold["served"] or make_sentences(2000, seed=1)
         secs = min(args.duration, 10.0)
         inproc = in_process(model_dir, args.threads, sents, args.batch_tokens, secs, chunk=256)
-        same_batch = max(1, round(cold["mean_batch_sentences"]))
+        same_batch = args.clients * args.per_request  # what the clients have in flight
         inproc_same = in_process(
             model_dir, args.threads, sents, args.batch_tokens, secs, chunk=same_batch
+        )
+        inproc_1 = in_process_latency(
+            model_dir, args.threads, cold1["served"] or one_pool, min(secs, 8.0)
         )
 
         hdr = f"{'phase':<34} {'req/s':>8} {'sent/s':>9} {'tok/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'errors':>6}"
@@ -637,6 +671,7 @@ def main(argv: list[str] | None = None) -> int:
             row(f"(a) cold cache, {args.clients} clients", cold)
             + f"  batch {cold['mean_batch_sentences']:.1f}"
         )
+        print(row("(a) cold cache, 1 client", cold1))
         print(row(f"(b) warm cache, {args.clients} clients", warm))
         print(row("(b) warm cache, 1 client", warm1))
         if naive:
@@ -652,6 +687,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(
             f"{f'(d) in-process, batch {same_batch}':<34} {blank} {inproc_same['sentences_per_s']:9.1f} {inproc_same['tokens_per_s']:9.0f}"
+        )
+        print(
+            f"{'(d) in-process, batch 1':<34} {blank} {'':>9} {'':>9} {inproc_1['p50_ms']:8.1f} {inproc_1['p95_ms']:8.1f}"
         )
         checks = []
         if naive:
@@ -684,6 +722,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"{100 * frac_same:.0f}%",
             )
         )
+        gap = cold1["p50_ms"] - inproc_1["p50_ms"]
+        checks.append(
+            (
+                "1 client p50 <= in-process batch 1 + 3 ms",
+                gap,
+                gap <= 3.0,
+                f"{cold1['p50_ms']:.1f} vs {inproc_1['p50_ms']:.1f} ms (+{gap:.1f})",
+            )
+        )
         if big:
             frac_big = big["tokens_per_s"] / inproc["tokens_per_s"]
             checks.append(
@@ -697,11 +744,11 @@ def main(argv: list[str] | None = None) -> int:
         print()
         for name, _, ok, shown in checks:
             print(f"  {'PASS' if ok else 'MISS'}  {name:<36} {shown}")
-        for r in (cold, warm, warm1, naive, big):
+        for r in (cold, cold1, warm, warm1, naive, big):
             if r:
                 r.pop("served", None)
         results.update(cold=cold, warm=warm, warm_1_client=warm1, naive=naive, cold_big_requests=big,
-                       in_process=inproc, in_process_same_batch=inproc_same,
+                       in_process=inproc, in_process_same_batch=inproc_same, cold_1_client=cold1, in_process_batch_1=inproc_1,
                        checks={n: {"value": v, "pass": ok} for n, v, ok, _ in checks})  # fmt: skip
         if args.json:
             args.json.write_text(json.dumps(results, indent=2) + "\n")
