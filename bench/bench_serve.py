@@ -566,6 +566,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="torch threads of the server and in-process runs (default: the server's default)",
     )
+    ap.add_argument(
+        "--in-process-threads",
+        type=int,
+        default=None,
+        help="torch threads of the in-process runs (default: --threads, else all cores)",
+    )
     ap.add_argument("--per-request", type=int, default=1, help="sentences per request")
     ap.add_argument(
         "--big-request",
@@ -585,6 +591,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-naive", action="store_true")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args(argv)
+    inproc_threads = args.in_process_threads or args.threads
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     redis_proc = None
@@ -656,13 +663,13 @@ def main(argv: list[str] | None = None) -> int:
                 srv.stop()
         sents = cold["served"] or make_sentences(2000, seed=1)
         secs = min(args.duration, 10.0)
-        inproc = in_process(model_dir, args.threads, sents, args.batch_tokens, secs, chunk=256)
+        inproc = in_process(model_dir, inproc_threads, sents, args.batch_tokens, secs, chunk=256)
         same_batch = args.clients * args.per_request  # what the clients have in flight
         inproc_same = in_process(
-            model_dir, args.threads, sents, args.batch_tokens, secs, chunk=same_batch
+            model_dir, inproc_threads, sents, args.batch_tokens, secs, chunk=same_batch
         )
         inproc_1 = in_process_latency(
-            model_dir, args.threads, cold1["served"] or one_pool, min(secs, 8.0)
+            model_dir, inproc_threads, cold1["served"] or one_pool, min(secs, 8.0)
         )
 
         hdr = f"{'phase':<34} {'req/s':>8} {'sent/s':>9} {'tok/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'errors':>6}"
