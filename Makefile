@@ -58,7 +58,7 @@ chaos: $(TEST_STAMP) system-deps
 	$(BIN)/python bench/chaos.py
 
 deploy-check: $(TEST_STAMP)
-	$(BIN)/python -m pytest -q tests/test_deploy.py
+	$(BIN)/python -m pytest -q tests/deploy/test_deploy.py
 
 # The compose stack (redis + api + a CPU worker), up and healthy: `make stack`, `make stack-down`.
 # Compose: the `docker compose` CLI plugin, else a `docker-compose` on PATH, else the one pip puts
