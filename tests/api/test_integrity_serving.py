@@ -281,7 +281,7 @@ def test_embed_file_on_nan_weights_exits_non_zero_with_one_line(nan_model_dir, t
 
 
 def _serve(model_dir: Path, tmp_path: Path) -> subprocess.CompletedProcess:
-    from tests.support.live_server import free_port
+    from tests.support.ports import free_port
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "ELMO_DATA_DIR": str(tmp_path)}
     env.pop("REDIS_URL", None)

@@ -237,7 +237,7 @@ def test_importing_api_main_loads_no_model_and_reads_no_settings(tmp_path):
 
 def test_server_run_serves_the_model(tiny_model_dir, tmp_path):
     """``api.server.run`` (what ``elmo-service serve`` calls) in a subprocess on a free port."""
-    from tests.support.live_server import free_port
+    from tests.support.ports import free_port
 
     port = free_port()
     code = (

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,14 +15,9 @@ import torch
 from pretrain import checkpoint as ckpt
 from pretrain.prepare import PrepareOptions, prepare
 from pretrain.sources.synthetic import write_corpus
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun() -> list[str]:

@@ -248,7 +248,8 @@ def test_probe_registers_the_task_in_a_running_service(tmp_path, capsys):
     from api.main import create_app
     from api.settings import load_settings
     from pretrain.cli import main
-    from tests.support.live_server import LiveServer, free_port
+    from tests.support.live_server import LiveServer
+    from tests.support.ports import free_port
 
     model = tiny_artifact(tmp_path / "m")
     data = tmp_path / "tags"

@@ -1,21 +1,16 @@
 """A live uvicorn server in a background thread, on 127.0.0.1 and a free port.
 
-For tests and the benchmark: ``with LiveServer(create_app(settings)) as srv:
-httpx.get(srv.url + "/readyz")``. Startup failures raise in ``__enter__``.
+``with LiveServer(create_app(settings)) as srv: httpx.get(srv.url + "/readyz")``.
+Startup failures raise in ``__enter__``.
 """
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from typing import Any
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support.ports import free_port
 
 
 class LiveServer:
