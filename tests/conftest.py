@@ -7,7 +7,8 @@
   persistence), one per session; ``redis_server_factory()`` starts extra,
   isolated ones (for tests that stop and restart Redis). A missing
   ``redis-server`` binary FAILS the tests that need it (install:
-  ``apt-get install -y redis-server``): it never skips them.
+  ``apt-get install -y redis-server``): it never skips them. Tests using
+  either fixture are marked ``redis`` (``pytest -m "not redis"``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,16 @@ from pathlib import Path
 import pytest
 
 from tests.support.redis_server import RedisMissing, RedisServer
+
+REDIS_FIXTURES = {"redis_server", "redis_server_factory"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``redis`` every test that starts a redis-server through the fixtures below."""
+    for item in items:
+        if REDIS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.redis)
 
 
 def start_redis(workdir: Path) -> RedisServer:
