@@ -263,6 +263,7 @@ def test_http_timeout_is_503_json(tiny_model_dir, tmp_path):
             gate.set()
 
 
+@pytest.mark.slow
 def test_http_client_gone_is_dropped_before_the_model(tiny_model_dir, tmp_path):
     app = create_app(_settings(tiny_model_dir, tmp_path))
     with LiveServer(app) as srv:
@@ -298,6 +299,7 @@ def test_http_client_gone_is_dropped_before_the_model(tiny_model_dir, tmp_path):
         assert 'elmo_dropped_sentences_total{reason="cancelled"} 1.0' in metrics
 
 
+@pytest.mark.slow
 def test_announced_requests_fill_the_batch_but_an_idle_server_never_waits():
     model = FakeModel(delay=0.2)
     b = Batcher(model, max_fill_wait=1.0)

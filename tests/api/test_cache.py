@@ -189,6 +189,7 @@ def test_garbage_and_mismatched_entries_are_ignored_and_recomputed(
         r.close()
 
 
+@pytest.mark.slow
 def test_redis_outage_mid_test_then_recovery(redis_server_factory, tiny_model_dir, tmp_path, ref):
     server = redis_server_factory()
     want = [e.layers for e in ref.embed(SENTS)]

@@ -21,6 +21,7 @@ from api.settings import load_settings
 from tests.support.live_server import LiveServer
 
 torch.set_num_threads(1)
+pytestmark = pytest.mark.slow  # a live uvicorn server and socket read deadlines
 
 HEADER_S, BODY_S = 0.5, 0.8
 

@@ -290,6 +290,7 @@ def _serve(model_dir: Path, tmp_path: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
 
 
+@pytest.mark.slow
 def test_serve_on_a_broken_artifact_is_one_line_and_non_zero(nan_model_dir, tmp_path):
     out = _serve(nan_model_dir, tmp_path)
     lines = out.stderr.strip().splitlines()
@@ -298,6 +299,7 @@ def test_serve_on_a_broken_artifact_is_one_line_and_non_zero(nan_model_dir, tmp_
     assert lines[0].startswith("error: ") and "forward_layers.1.w_hh.weight" in lines[0]
 
 
+@pytest.mark.slow
 def test_serve_on_a_truncated_weights_file_is_one_line(tiny_model_dir, tmp_path):
     import shutil
 

@@ -22,6 +22,7 @@ from elmo_service.scalar_mix import MixSpec
 from tests.support.live_server import LiveServer
 
 torch.set_num_threads(1)
+pytestmark = pytest.mark.slow  # a live uvicorn server, subprocesses
 
 WORDS = [
     "the",

@@ -85,6 +85,7 @@ def test_lists_every_artifact_and_marks_the_served_one(live, refs):
     assert body["served"] == {"id": "alpha", "version": arts["alpha"]["version"]}
 
 
+@pytest.mark.slow
 def test_activate_needs_admin_and_a_real_artifact(live):
     url = live.url + "/v1/models/beta/activate"
     assert httpx.post(url).status_code == 401
@@ -105,6 +106,7 @@ def test_activate_needs_admin_and_a_real_artifact(live):
     assert r.status_code == 200 and r.json()["changed"] is False
 
 
+@pytest.mark.slow
 def test_activate_under_load_fails_no_request(live, refs):
     results: list[tuple[float, float, int, str | None, int]] = []
     lock = threading.Lock()

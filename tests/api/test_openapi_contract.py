@@ -88,6 +88,7 @@ def _examples(model) -> list[dict[str, Any]]:
     return model.model_config["json_schema_extra"]["examples"]
 
 
+@pytest.mark.slow
 def test_every_route_returns_what_the_document_says(api):
     c, contract = api
     ok = contract.check
@@ -169,6 +170,7 @@ def _examples_job() -> list[dict[str, Any]]:
     return _examples(JobIn)
 
 
+@pytest.mark.slow
 def test_readyz_while_loading_matches_its_documented_503(tiny_model_dir, tmp_path):
     app = create_app(load_settings(model_path=tiny_model_dir, threads=1, data_dir=tmp_path))
     contract = Contract(app.openapi())

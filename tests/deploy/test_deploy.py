@@ -27,6 +27,8 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+# the deployment files (no Docker engine needed): linters and healthchecks in subprocesses
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 DOCKERFILE_CUDA = ROOT / "docker" / "Dockerfile.cuda"

@@ -66,6 +66,7 @@ def test_bundled_model_ships_a_learned_pos_task(bundled):
     assert pos.meta["test_accuracy"] > 0.9
 
 
+@pytest.mark.slow
 def test_pos_task_works_through_the_api(bundled, tmp_path):
     text = "The old man the boats."
     settings = load_settings(model_path=MODEL, threads=1, data_dir=tmp_path)

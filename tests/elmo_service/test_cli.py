@@ -4,6 +4,7 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+import pytest
 
 from elmo_service.artifact import default_model_dir
 from elmo_service.cli import build_parser, main
@@ -33,6 +34,7 @@ def test_embed_file_writes_allennlp_layout(tmp_path):
             np.testing.assert_allclose(f[str(i)][()], want, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_embed_file_top_and_average(tmp_path):
     model = tiny_artifact(tmp_path / "m")
     inp = tmp_path / "in.txt"

@@ -215,6 +215,7 @@ def test_empty_sentence_gives_zero_tokens():
 
 
 # -- torch.compile: one small smoke test ----------------------------------------
+@pytest.mark.slow
 def test_compiled_matches_eager_and_reuses_its_bucket():
     from torch._dynamo.utils import counters
 

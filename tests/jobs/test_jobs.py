@@ -304,6 +304,7 @@ def local_api(tiny_model_dir, tmp_path):
         yield c
 
 
+@pytest.mark.slow
 def test_job_runs_to_success_and_its_model_is_activated_and_served(local_api):
     c = local_api
     r = c.post("/v1/jobs", json=job_body(name="tiny-lm"), headers=ADMIN)
@@ -338,6 +339,7 @@ def test_job_runs_to_success_and_its_model_is_activated_and_served(local_api):
     assert c.post("/v1/jobs", json=job_body(name="tiny-lm"), headers=ADMIN).status_code == 409
 
 
+@pytest.mark.slow
 def test_cancel_stops_training_after_a_checkpoint(local_api):
     c = local_api
     job_id = c.post("/v1/jobs", json=job_body(steps=100_000), headers=ADMIN).json()["id"]
@@ -355,6 +357,7 @@ def test_cancel_stops_training_after_a_checkpoint(local_api):
     assert r.status_code == 200 and r.json()["state"] == "cancelled"
 
 
+@pytest.mark.slow
 def test_killed_local_worker_job_resumes_in_the_next_worker(tiny_model_dir, tmp_path):
     d = dirs(tmp_path)
     s = settings_for(tiny_model_dir, d, jobs_embedded_worker=False)

@@ -60,6 +60,7 @@ def test_a_job_too_big_for_a_worker_is_refused_naming_the_field(idle, patch, pre
     assert idle.get("/v1/jobs", headers=ADMIN).json()["data"] == []  # nothing was queued
 
 
+@pytest.mark.slow
 def test_a_job_within_the_bound_is_accepted(idle):
     r = idle.post("/v1/jobs", json=with_config(model={"lstm_dim": 256}), headers=ADMIN)
     assert r.status_code == 202, r.text

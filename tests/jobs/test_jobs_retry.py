@@ -50,6 +50,7 @@ def trainer_pids(run_dir: str) -> list[int]:
     return out
 
 
+@pytest.mark.slow
 def test_trainer_killed_by_sigkill_is_retried_from_its_checkpoint(tiny_model_dir, tmp_path):
     d = dirs(tmp_path)
     body = job_body(steps=120)

@@ -31,6 +31,7 @@ from tests.jobs.test_jobs import (
 )
 
 torch.set_num_threads(1)
+pytestmark = pytest.mark.slow  # every test trains a job through rq workers
 
 
 @pytest.fixture

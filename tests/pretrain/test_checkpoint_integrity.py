@@ -195,6 +195,7 @@ def tiny(corpus_dir: Path, steps: int) -> TrainConfig:
     return TrainConfig.from_dict(apply_overrides(raw, tiny_sets(corpus_dir, steps)))
 
 
+@pytest.mark.slow
 def test_resume_after_a_bit_flip_continues_from_the_previous_checkpoint_exactly(
     corpus_dir, tmp_path
 ):
@@ -219,6 +220,7 @@ def test_resume_after_a_bit_flip_continues_from_the_previous_checkpoint_exactly(
         assert torch.equal(a["model"][k], b["model"][k]), k
 
 
+@pytest.mark.slow
 def test_resume_with_no_readable_checkpoint_fails_loudly_and_deletes_nothing(
     corpus_dir, tmp_path, capsys
 ):

@@ -18,6 +18,7 @@ from pretrain.sources.synthetic import write_corpus
 from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow, pytest.mark.ddp]  # two processes under torchrun
 
 
 def torchrun() -> list[str]:

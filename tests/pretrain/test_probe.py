@@ -36,6 +36,7 @@ def _pos_data(n, seed):
     return out
 
 
+@pytest.mark.slow
 def test_pos_probe_end_to_end(tmp_path):
     model = tiny_artifact(tmp_path / "m")
     data = {"train": _pos_data(200, 0), "dev": _pos_data(40, 1), "test": _pos_data(40, 2)}
@@ -66,6 +67,7 @@ def test_pos_probe_end_to_end(tmp_path):
     assert apply_mix(layers, art.tasks["pos"]).shape == (2, emb.dim)
 
 
+@pytest.mark.slow
 def test_polarity_probe_runs(tmp_path):
     model = tiny_artifact(tmp_path / "m")
     rng = random.Random(0)
@@ -95,6 +97,7 @@ def test_polarity_probe_runs(tmp_path):
     assert np.isfinite(spec.gamma)
 
 
+@pytest.mark.slow
 def test_probe_command_stores_the_task(tmp_path, capsys):
     import json
 
@@ -154,6 +157,7 @@ def _write_jsonl(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+@pytest.mark.slow
 def test_probe_learns_a_users_own_tagging_task(tmp_path, capsys):
     from pretrain.cli import main
 
@@ -179,6 +183,7 @@ def test_probe_learns_a_users_own_tagging_task(tmp_path, capsys):
     assert spec.meta["labels"] == ["ANIMAL", "COLOUR", "O"]  # from the training data, sorted
 
 
+@pytest.mark.slow
 def test_probe_learns_a_users_own_classification_task(tmp_path, capsys):
     from pretrain.cli import main
 
@@ -242,6 +247,7 @@ def test_bad_task_data_is_a_clear_error_before_any_embedding(
     assert not (tmp_path / "c").exists()
 
 
+@pytest.mark.slow
 def test_probe_registers_the_task_in_a_running_service(tmp_path, capsys):
     import httpx
 

@@ -77,6 +77,7 @@ def test_bad_stream_configs_fail_before_work(corpus_dir, tmp_path):  # noqa: F81
     assert not (tmp_path / "r" / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_stream_training_learns_and_resumes_exactly(corpus_dir, tmp_path):  # noqa: F811
     """Carried state and the sentence-boundary resets survive a stop: 2 x 10 steps == 20 steps."""
     sets = (*STREAM, "data.reset_prob=0.3", "train.steps=20", "train.log_every=1")
@@ -97,6 +98,7 @@ def test_stream_training_learns_and_resumes_exactly(corpus_dir, tmp_path):  # no
         assert torch.equal(a["model"][k], b["model"][k]), k
 
 
+@pytest.mark.slow
 def test_resuming_across_modes_is_refused(corpus_dir, tmp_path):  # noqa: F811
     run = tmp_path / "run"
     run_training(tiny(corpus_dir, "train.steps=2"), run, log=quiet)
@@ -105,6 +107,7 @@ def test_resuming_across_modes_is_refused(corpus_dir, tmp_path):  # noqa: F811
     assert e.value.field == "data.mode"
 
 
+@pytest.mark.slow
 def test_plateau_schedule_halves_lr_when_perplexity_stalls(corpus_dir, tmp_path):  # noqa: F811
     """A threshold no epoch can beat: every epoch after the first halves the lr."""
     sets = (*STREAM, "data.unroll=16", "optim.name=sgd", "optim.lr=0.5", "optim.decay=plateau")
@@ -121,6 +124,7 @@ def test_plateau_schedule_halves_lr_when_perplexity_stalls(corpus_dir, tmp_path)
     assert [r["lr"] for r in recs if "lr" in r][-1] == pytest.approx(0.125)
 
 
+@pytest.mark.slow
 def test_stream_eval_of_one_sentence_is_the_sentence_eval(corpus_dir, tmp_path):  # noqa: F811
     """A one-sentence stream starts from zeros like a sentence: the two protocols agree;
     on many sentences the carried state makes them differ."""

@@ -99,6 +99,7 @@ def test_lr_schedule_warmup_and_decay():
 # ------------------------------------------------------------------ end to end
 
 
+@pytest.mark.slow
 def test_prepare_train_export_embed(corpus_dir, tmp_path):
     from elmo_service.embedder import Embedder
 
@@ -122,6 +123,7 @@ def test_prepare_train_export_embed(corpus_dir, tmp_path):
     assert str(tmp_path) not in blob and str(Path.cwd()) not in blob
 
 
+@pytest.mark.slow
 def test_exported_lm_re_evaluates_without_the_run(corpus_dir, tmp_path, capsys):
     run = tmp_path / "run"
     run_training(tiny(corpus_dir, "train.steps=10"), run, log=quiet)
@@ -143,6 +145,7 @@ def test_exported_lm_re_evaluates_without_the_run(corpus_dir, tmp_path, capsys):
     assert got["avg_ppl"] == pytest.approx(want["avg_ppl"], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_run_dir_with_another_run_is_refused(corpus_dir, tmp_path):
     run = tmp_path / "run"
     run_training(tiny(corpus_dir, "train.steps=2", "checkpoint.every_steps=0"), run, log=quiet)
@@ -159,6 +162,7 @@ def test_run_dir_with_another_run_is_refused(corpus_dir, tmp_path):
 # ------------------------------------------------------------------ resume
 
 
+@pytest.mark.slow
 def test_resume_is_exact(corpus_dir, tmp_path):
     """N steps, stop, resume N more == 2N in one go: losses and weights bit-identical (fp32 eager)."""
     sets = (
@@ -180,6 +184,7 @@ def test_resume_is_exact(corpus_dir, tmp_path):
         assert torch.equal(a["model"][k], b["model"][k]), k
 
 
+@pytest.mark.slow
 def test_readme_resume_line_resumes_the_launched_run(corpus_dir, tmp_path, capsys):
     """`train FILE --run-dir R --set ...` then `train FILE --run-dir R --resume` (no --set) resumes
     that run; a resumable change is kept for later resumes; a real conflict names the field."""
@@ -254,6 +259,7 @@ def test_checkpoints_are_atomic_pruned_and_skip_corrupt_ones(tmp_path, monkeypat
     assert st["step"] == 2 and "unreadable" in msgs[0]
 
 
+@pytest.mark.slow
 def test_training_checkpoint_is_weights_only(corpus_dir, tmp_path):
     run = tmp_path / "run"
     run_training(tiny(corpus_dir, "train.steps=3"), run, log=quiet)
@@ -263,6 +269,7 @@ def test_training_checkpoint_is_weights_only(corpus_dir, tmp_path):
     assert all(k.split(".")[0] in ("bilm", "softmax") for k in st["model"])  # no aliases
 
 
+@pytest.mark.slow
 def test_compiled_bf16_training_runs_and_its_checkpoint_evaluates_eagerly(corpus_dir, tmp_path):
     run = tmp_path / "run"
     cfg = tiny(corpus_dir, "train.steps=3", "train.compile=true", "train.precision=bf16")
@@ -273,6 +280,7 @@ def test_compiled_bf16_training_runs_and_its_checkpoint_evaluates_eagerly(corpus
     assert math.isfinite(evaluate(run, max_sentences=5)["avg_ppl"])
 
 
+@pytest.mark.slow
 def test_sigterm_writes_a_checkpoint_and_exits_0(corpus_dir, tmp_path):
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "pretrain.cli", "train", str(TINY), "--run-dir", str(run)]
@@ -326,6 +334,7 @@ def test_sampled_softmax_matches_full_when_negatives_cover_the_vocab():
     assert abs(sampled - exact) / exact < 0.03, (float(sampled), float(exact))
 
 
+@pytest.mark.slow
 def test_distinct_token_cnn_gives_the_same_loss_and_gradients(corpus_dir):
     cfg = tiny(corpus_dir, "softmax.kind=full", "model.dropout=0.0")
     corpus = Corpus(corpus_dir)
@@ -348,6 +357,7 @@ def test_distinct_token_cnn_gives_the_same_loss_and_gradients(corpus_dir):
         assert torch.allclose(p.grad, g1[n], atol=1e-6), n
 
 
+@pytest.mark.slow
 def test_eval_perplexity_is_exact(corpus_dir, tmp_path):
     """`eval` vs a direct computation: elmo_service's BiLM.forward + full log-softmax, one sentence at a time."""
     run = tmp_path / "run"
@@ -378,6 +388,7 @@ def test_eval_perplexity_is_exact(corpus_dir, tmp_path):
     assert res["avg_ppl"] == pytest.approx(math.exp((nf + nb) / (2 * n)), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_forward_only_lm_leaves_backward_layers_untouched(corpus_dir, tmp_path):
     run = tmp_path / "run"
     cfg = tiny(corpus_dir, "train.steps=4", "train.directions=forward")
@@ -394,6 +405,7 @@ def test_forward_only_lm_leaves_backward_layers_untouched(corpus_dir, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_adaptive_softmax_and_adagrad_train_and_eval_exactly(corpus_dir, tmp_path):
     run = tmp_path / "run"
     cfg = tiny(
@@ -411,6 +423,7 @@ def test_adaptive_softmax_and_adagrad_train_and_eval_exactly(corpus_dir, tmp_pat
     assert torch.allclose(probs, torch.ones(5), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_adaptive_softmax_trains_under_bf16_autocast(corpus_dir, tmp_path):
     # nn.AdaptiveLogSoftmaxWithLoss index_copy_s bf16 cluster outputs into a
     # float32 buffer under autocast; the softmax must run in fp32 inside it
@@ -438,6 +451,7 @@ def _tb_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
     return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
 
 
+@pytest.mark.slow
 def test_tensorboard_scalars_mirror_the_metrics_log(corpus_dir, tmp_path):
     pytest.importorskip("tensorboard")
     run = tmp_path / "run"
@@ -453,6 +467,7 @@ def test_tensorboard_scalars_mirror_the_metrics_log(corpus_dir, tmp_path):
     assert got["heldout/avg_ppl"] == [(10, pytest.approx(heldout["avg_ppl"], rel=1e-6))]
 
 
+@pytest.mark.slow
 def test_without_tensorboard_only_the_metrics_log_is_written(corpus_dir, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import -> ImportError
     run = tmp_path / "run"
@@ -460,6 +475,7 @@ def test_without_tensorboard_only_the_metrics_log_is_written(corpus_dir, tmp_pat
     assert not (run / "tensorboard").exists() and losses(run)
 
 
+@pytest.mark.slow
 def test_plot_draws_a_learning_curve_png(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     log = ROOT / "docs" / "logs" / "ptb-metrics.jsonl"
