@@ -37,7 +37,7 @@ system-deps:
 serve: $(STAMP)
 	$(BIN)/elmo-service serve --host $(HOST) --port $(PORT)
 
-# the full suite (every marker), under 10 minutes on 2 cores
+# the full suite (every marker): what CI runs
 test: $(TEST_STAMP) system-deps
 	$(BIN)/python -m pytest -q
 
