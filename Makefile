@@ -7,7 +7,7 @@ TEST_STAMP := $(VENV)/.installed-test
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: setup serve test lint format bench chaos system-deps clean deploy-check e2e stack stack-down docker-engine
+.PHONY: setup serve test test-fast lint format bench chaos system-deps clean deploy-check e2e stack stack-down docker-engine
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,8 +37,14 @@ system-deps:
 serve: $(STAMP)
 	$(BIN)/elmo-service serve --host $(HOST) --port $(PORT)
 
+# the full suite (every marker): what CI runs
 test: $(TEST_STAMP) system-deps
 	$(BIN)/python -m pytest -q
+
+# the loop while working, under a minute: all but the `slow` tests (live servers, subprocess
+# CLIs, training runs, AllenNLP parity, DDP). Markers and folders: docs/testing.md
+test-fast: $(TEST_STAMP) system-deps
+	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
@@ -58,7 +64,7 @@ chaos: $(TEST_STAMP) system-deps
 	$(BIN)/python bench/chaos.py
 
 deploy-check: $(TEST_STAMP)
-	$(BIN)/python -m pytest -q tests/test_deploy.py
+	$(BIN)/python -m pytest -q tests/deploy/test_deploy.py
 
 # The compose stack (redis + api + a CPU worker), up and healthy: `make stack`, `make stack-down`.
 # Compose: the `docker compose` CLI plugin, else a `docker-compose` on PATH, else the one pip puts

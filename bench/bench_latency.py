@@ -6,7 +6,7 @@
 
 Cells: the AllenNLP-small shape (LSTM 1024/128, 2048 filters, 1 highway) at
 batch 1 and 32, and the original ELMo shape (LSTM 4096/512, 2048 filters, 2
-highway) at batch 1 and 20; random bilm-tf weights (``tests/bilm_fixtures``)
+highway) at batch 1 and 20; random bilm-tf weights (``tests/support/bilm_fixtures``)
 loaded by AllenNLP's own ``_ElmoBiLm`` and converted for ours; natural
 sentences of 16-24 words (mean 20). Model time only: AllenNLP's
 ``batch_to_ids`` + ``_ElmoBiLm`` (states reset per request) against our
@@ -54,7 +54,7 @@ from elmo_service.config import ELMO_FILTERS  # noqa: E402
 from elmo_service.convert import load_bilm  # noqa: E402
 from elmo_service.embedder import Embedder  # noqa: E402
 from elmo_service.tokenizers import WordTokenizer  # noqa: E402
-from tests.bilm_fixtures import write_bilm  # noqa: E402
+from tests.support.bilm_fixtures import write_bilm  # noqa: E402
 
 SHAPES = {
     "small": dict(lstm_dim=1024, projection_dim=128, n_highway=1),
@@ -139,7 +139,7 @@ def flops_per_token(cfg, distinct: float) -> float:
 def build(shape: str, directory: Path, warm: list[list[str]]):
     """The sides on the same random weights: AllenNLP's _ElmoBiLm; our Embedder without
     a token cache (fp32, int8); fp32 with its default token cache warmed on ``warm``."""
-    from tests.allennlp_shim import import_allennlp_elmo
+    from tests.support.allennlp_shim import import_allennlp_elmo
 
     elmo = import_allennlp_elmo()
     options, weights = write_bilm(

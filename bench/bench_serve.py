@@ -44,6 +44,9 @@ import orjson
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from tests.support.ports import free_port  # noqa: E402
+from tests.support.redis_server import RedisServer  # noqa: E402
+
 VOCAB = [
     "the",
     "of",
@@ -376,12 +379,6 @@ async def load_phase(
 # -- servers ------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     """``api.server.run`` in a subprocess; ``overrides`` are Settings fields."""
 
@@ -432,35 +429,11 @@ class Server:
             self.proc.wait(10)
 
 
-def start_redis(workdir: Path):
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("--redis needs redis-server (apt-get install -y redis-server)")
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(workdir),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    for _ in range(200):
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return proc, f"redis://127.0.0.1:{port}/0"
-        except OSError:
-            time.sleep(0.02)
-    proc.kill()
-    raise SystemExit("redis-server did not start")
+def start_redis(workdir: Path) -> RedisServer:
+    try:
+        return RedisServer(workdir / "redis").start()
+    except RuntimeError as e:  # no binary, or it did not answer
+        raise SystemExit(f"--redis: {e}") from None
 
 
 def build_model(tmp: Path) -> tuple[Path, str]:
@@ -594,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     inproc_threads = args.in_process_threads or args.threads
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-serve-"))
-    redis_proc = None
+    redis_srv = None
     try:
         if args.model:
             model_dir, model_desc = args.model, str(args.model)
@@ -609,8 +582,8 @@ def main(argv: list[str] | None = None) -> int:
 
         cache_kw: dict = {}
         if args.redis:
-            redis_proc, url = start_redis(tmp)
-            cache_kw = {"redis_url": url}
+            redis_srv = start_redis(tmp)
+            cache_kw = {"redis_url": redis_srv.url}
         results["cache_backend"] = "redis" if args.redis else "memory"
 
         def cold_phase(port: int, per_request: int, seed: int, metrics) -> dict:
@@ -761,9 +734,8 @@ def main(argv: list[str] | None = None) -> int:
             args.json.write_text(json.dumps(results, indent=2) + "\n")
         return 0
     finally:
-        if redis_proc is not None:
-            redis_proc.terminate()
-            redis_proc.wait(10)
+        if redis_srv is not None:
+            redis_srv.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

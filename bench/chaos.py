@@ -56,8 +56,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pretrain.synthetic import sentence, write_corpus  # noqa: E402
-from tests.conftest import RedisServer, free_port  # noqa: E402
+from pretrain.sources.synthetic import sentence, write_corpus  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
+from tests.support.redis_server import RedisServer  # noqa: E402
 
 ADMIN = {"authorization": "Bearer chaos-admin"}
 PREFIX = "chaos"

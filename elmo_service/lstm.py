@@ -20,7 +20,7 @@ Two kernels compute it, chosen by whether autograd is recording:
   saves only what the backward needs (gate activations, cell states, clip
   masks), the backward loop does backpropagation through time by hand, and
   the weight gradients are two big matmuls over all ``B * T`` rows, as cuDNN
-  does. ``tests/test_lstm.py`` keeps it equal to autograd.
+  does. ``tests/elmo_service/test_lstm.py`` keeps it equal to autograd.
 
 Both take an initial state (stream training carries it from one window to
 the next) and an optional ``keep [B, T]`` mask: a 0 at ``(b, t)`` resets row

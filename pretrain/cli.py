@@ -330,7 +330,7 @@ def cmd_plot(a) -> int:
 def cmd_synthetic(a) -> int:
     from pathlib import Path
 
-    from pretrain.synthetic import write_corpus
+    from pretrain.sources.synthetic import write_corpus
 
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -7,98 +7,41 @@
   persistence), one per session; ``redis_server_factory()`` starts extra,
   isolated ones (for tests that stop and restart Redis). A missing
   ``redis-server`` binary FAILS the tests that need it (install:
-  ``apt-get install -y redis-server``): it never skips them.
+  ``apt-get install -y redis-server``): it never skips them. Tests using
+  either fixture are marked ``redis`` (``pytest -m "not redis"``).
 """
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support.redis_server import RedisMissing, RedisServer
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+REDIS_FIXTURES = {"redis_server", "redis_server_factory"}
 
 
-class RedisServer:
-    """A redis-server process on 127.0.0.1:<port>; stop() and start() keep the port."""
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``redis`` every test that starts a redis-server through the fixtures below."""
+    for item in items:
+        if REDIS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.redis)
 
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
-        self.binary = shutil.which("redis-server")
-        if self.binary is None:
-            pytest.fail(
-                "redis-server is not installed: the Redis tests need a real server "
-                "(apt-get update && apt-get install -y redis-server)",
-                pytrace=False,
-            )
-        self.workdir = Path(workdir)
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port = port or free_port()
-        self.proc: subprocess.Popen | None = None
 
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self, timeout: float = 10.0) -> RedisServer:
-        if self.proc is not None and self.proc.poll() is None:
-            return self
-        cmd = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-               "--dir", str(self.workdir), "--daemonize", "no", "--protected-mode", "yes",
-               "--loglevel", "warning"]  # fmt: skip
-        log = open(self.workdir / "redis.log", "ab")  # noqa: SIM115 - owned by the process
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited: see {self.workdir / 'redis.log'}")
-            if self.ping():
-                return self
-            time.sleep(0.02)
-        raise RuntimeError(f"redis-server did not answer on port {self.port} within {timeout}s")
-
-    def ping(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.proc = None
-
-    def client(self):
-        import redis
-
-        return redis.Redis.from_url(self.url)
-
-    def flushall(self) -> None:
-        c = self.client()
-        try:
-            c.flushall()
-        finally:
-            c.close()
+def start_redis(workdir: Path) -> RedisServer:
+    """A started server; no binary fails the test (never a skip)."""
+    try:
+        return RedisServer(workdir).start()
+    except RedisMissing as e:
+        pytest.fail(f"the Redis tests need a real server: {e}", pytrace=False)
 
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    server = start_redis(tmp_path_factory.mktemp("redis"))
     try:
         yield server
     finally:
@@ -110,7 +53,7 @@ def redis_server_factory(tmp_path: Path) -> Iterator[Callable[[], RedisServer]]:
     started: list[RedisServer] = []
 
     def make() -> RedisServer:
-        server = RedisServer(tmp_path / f"redis{len(started)}").start()
+        server = start_redis(tmp_path / f"redis{len(started)}")
         started.append(server)
         return server
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install AllenNLP 2.10.1 for tests/test_convert_parity.py, beside torch 2.13.
+# Install AllenNLP 2.10.1 for tests/elmo_service/test_convert_parity.py, beside torch 2.13.
 #
 #   bash tests/install_parity_deps.sh [PIP]     (default: .venv/bin/pip)
 #
@@ -8,7 +8,7 @@
 # torch. Only what `import allennlp.modules.elmo` needs and what installs
 # cleanly here is installed; the packages that cannot be (transformers, spacy,
 # fairscale, torchvision, the s3/gs/hf SDKs of cached-path) are stood in for by
-# tests/allennlp_shim.py, which documents why each is never executed.
+# tests/support/allennlp_shim.py, which documents why each is never executed.
 #
 # Idempotent and fast: a package already present is left alone (allennlp and
 # cached-path must match their pins exactly), so a second run installs nothing
@@ -67,5 +67,5 @@ if [ "$before" != "$after" ]; then
 fi
 
 # the same import the parity tests do, so a broken install fails here, loudly
-"$PY" -c 'from tests.allennlp_shim import import_allennlp_elmo; import_allennlp_elmo()'
+"$PY" -c 'from tests.support.allennlp_shim import import_allennlp_elmo; import_allennlp_elmo()'
 echo "install_parity_deps: installed $(echo "$missing" | tr '\n' ' ')(torch $after untouched)"

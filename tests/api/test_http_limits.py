@@ -1,0 +1,131 @@
+"""Connection-level limits: header and body read deadlines (slowloris), keep-alive, concurrency.
+
+A live uvicorn server with the options ``elmo-service serve`` uses
+(:func:`api.http_protocol.uvicorn_options`), short deadlines so each case takes
+about a second.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import httpx
+import pytest
+import torch
+
+from api.http_protocol import uvicorn_options
+from api.main import create_app
+from api.settings import load_settings
+from tests.support.live_server import LiveServer
+
+torch.set_num_threads(1)
+pytestmark = pytest.mark.slow  # a live uvicorn server and socket read deadlines
+
+HEADER_S, BODY_S = 0.5, 0.8
+
+
+@pytest.fixture(scope="module")
+def live(tiny_model_dir, tmp_path_factory):
+    s = load_settings(
+        model_path=tiny_model_dir, threads=1, data_dir=tmp_path_factory.mktemp("d"),
+        http_header_timeout=HEADER_S, http_body_timeout=BODY_S, http_keepalive_timeout=1,
+        http_max_connections=64,
+    )  # fmt: skip
+    with LiveServer(create_app(s), **uvicorn_options(s)) as srv:
+        yield srv
+
+
+def _connect(live) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", live.port), timeout=5)
+    sock.settimeout(5)
+    return sock
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    out = b""
+    while chunk := sock.recv(65536):
+        out += chunk
+    return out
+
+
+def test_settings_reach_uvicorn(tiny_model_dir, tmp_path):
+    s = load_settings(model_path=tiny_model_dir, data_dir=tmp_path)
+    opts = uvicorn_options(s)
+    assert opts["timeout_keep_alive"] == 5 and opts["limit_concurrency"] == 1024
+    assert opts["http"].header_timeout == 10.0 and opts["http"].body_timeout == 30.0
+
+
+def test_a_socket_that_never_sends_is_closed(live):
+    socks = [_connect(live) for _ in range(20)]
+    t0 = time.monotonic()
+    for sock in socks:
+        reply = _read_all(sock)  # returns once the server closed it
+        assert reply.startswith(b"HTTP/1.1 408 "), reply[:80]
+        sock.close()
+    assert time.monotonic() - t0 < HEADER_S + 3
+    body = json.loads(reply.split(b"\r\n\r\n", 1)[1])
+    assert body["code"] == "request_timeout" and "headers" in body["message"]
+
+
+def test_headers_sent_a_byte_at_a_time_are_cut_off(live):
+    sock = _connect(live)
+    t0 = time.monotonic()
+    request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100
+    for i in range(len(request)):  # slowloris: a byte every 50 ms would take 5 s
+        try:
+            sock.sendall(request[i : i + 1])
+        except OSError:
+            break
+        time.sleep(0.05)
+        if time.monotonic() - t0 > HEADER_S + 2:
+            break
+    reply = _read_all(sock)
+    sock.close()
+    assert reply.startswith(b"HTTP/1.1 408 ")
+    assert time.monotonic() - t0 < HEADER_S + 2
+
+
+def test_a_body_that_never_finishes_is_cut_off(live):
+    sock = _connect(live)
+    head = b"POST /v1/embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(head + b"Content-Length: 100\r\n\r\n" + b'{"sentences": [')
+    t0 = time.monotonic()
+    reply = _read_all(sock)
+    sock.close()
+    assert reply.startswith(b"HTTP/1.1 408 ") and b"body" in reply
+    assert BODY_S - 0.1 < time.monotonic() - t0 < BODY_S + 2
+
+
+def test_normal_and_kept_alive_requests_are_unaffected(live):
+    with httpx.Client(base_url=live.url) as client:
+        for _ in range(3):  # one connection, kept alive between quick requests
+            assert client.get("/healthz").status_code == 200
+        time.sleep(HEADER_S + 0.2)  # idle for longer than the header deadline: keep-alive rules
+        r = client.post("/v1/embed", json={"sentences": ["still served"]})
+        assert r.status_code == 200
+
+
+def test_an_idle_kept_alive_connection_is_closed(live):
+    sock = _connect(live)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    t0 = time.monotonic()
+    reply = _read_all(sock)  # the response, then the close after the 1 s keep-alive
+    sock.close()
+    assert reply.startswith(b"HTTP/1.1 200 ")
+    assert time.monotonic() - t0 < 1 + 2
+
+
+def test_connections_beyond_the_bound_are_refused_until_idle_ones_are_closed(live):
+    socks = [_connect(live) for _ in range(64)]
+    try:
+        time.sleep(0.1)
+        r = httpx.get(live.url + "/healthz")
+        assert r.status_code == 503  # uvicorn's limit_concurrency: at once, no queueing
+    finally:
+        for sock in socks:
+            sock.close()
+    time.sleep(0.2)
+    assert httpx.get(live.url + "/healthz").status_code == 200

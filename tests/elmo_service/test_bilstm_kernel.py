@@ -1,0 +1,217 @@
+"""The serving kernels (elmo_service/bilstm.py, packed.py) give the numbers of the plain path."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import elmo_service.bilstm as bilstm
+import elmo_service.model as model_mod
+import elmo_service.packed as packed
+from elmo_service.config import small_test_config
+from elmo_service.embedder import Embedder
+from elmo_service.errors import ConfigError
+from elmo_service.model import BiLM
+from elmo_service.packed import PackedLinear
+from tests.support.core_fixtures import tiny_artifact
+
+torch.set_num_threads(1)
+TOL = 1e-5
+
+
+def random_bilm(seed: int = 0, **overrides) -> BiLM:
+    """A tiny model with weights at a scale where gates are not saturated and clips bite."""
+    torch.manual_seed(seed)
+    cfg = small_test_config(lstm_dim=32, projection_dim=16, cell_clip=0.8, proj_clip=0.5)
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    model = BiLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    return model
+
+
+def plain(model: BiLM, tokens, lengths) -> torch.Tensor:
+    """``contextualize`` through ``run_direction`` / ``LstmLayer._infer`` (the old path)."""
+    orig = model_mod._fast_path_ok
+    model_mod._fast_path_ok = lambda x: False
+    try:
+        with torch.inference_mode():
+            return model.contextualize(tokens, lengths)
+    finally:
+        model_mod._fast_path_ok = orig
+
+
+def fast(model: BiLM, tokens, lengths, weights="fp32") -> torch.Tensor:
+    with torch.inference_mode():
+        return model.contextualize(tokens, lengths, weights=weights)
+
+
+def batch(b: int, t: int, p: int, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randn(b, t, p, generator=g)
+    lengths = torch.randint(2, t + 1, (b,), generator=g)
+    lengths[b // 2] = t
+    return tokens, lengths
+
+
+@pytest.mark.parametrize("stack_below", [0, 1 << 30])  # per-direction / stacked step ops
+@pytest.mark.parametrize("b", [1, 2, 7])
+def test_kernel_equals_plain_path(monkeypatch, stack_below, b):
+    monkeypatch.setattr(bilstm, "STACK_BELOW", stack_below)
+    model = random_bilm()
+    tokens, lengths = batch(b, 9, model.cfg.projection_dim)
+    want, got = plain(model, tokens, lengths), fast(model, tokens, lengths)
+    assert got.shape == want.shape
+    assert (want[1].abs() >= model.cfg.proj_clip - 1e-6).any()  # the clip was exercised
+    assert (got - want).abs().max() <= TOL
+    # padding stays zero
+    for r, n in enumerate(lengths.tolist()):
+        assert (got[:, r, n:] == 0).all()
+
+
+def test_padding_past_every_length_and_empty_rows():
+    model = random_bilm()
+    p = model.cfg.projection_dim
+    for lengths in (torch.tensor([4]), torch.tensor([5, 0, 3])):
+        tokens = torch.randn(len(lengths), 7, p)  # T beyond the longest sentence
+        got, want = fast(model, tokens, lengths), plain(model, tokens, lengths)
+        assert (got - want).abs().max() <= TOL
+        assert (got[:, :, 5:] == 0).all()
+
+
+@pytest.mark.parametrize("residual,clips", [(False, True), (True, False)])
+def test_kernel_without_residual_or_clips(residual, clips):
+    extra = {} if clips else {"cell_clip": None, "proj_clip": None}
+    model = random_bilm(residual=residual, **extra)
+    tokens, lengths = batch(4, 6, model.cfg.projection_dim)
+    assert (fast(model, tokens, lengths) - plain(model, tokens, lengths)).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("weights", ["fp32", "int8"])
+def test_a_sentence_gets_the_same_vectors_alone_and_in_any_batch(monkeypatch, weights):
+    monkeypatch.setattr(packed, "INT8_MIN_ELEMENTS", 0)  # int8 on the tiny model's matrices
+    model = random_bilm()
+    tokens, lengths = batch(6, 8, model.cfg.projection_dim)
+    together = fast(model, tokens, lengths, weights)
+    for r in range(6):
+        alone = fast(model, tokens[r : r + 1, : lengths[r]], lengths[r : r + 1], weights)
+        assert (alone[:, 0] - together[:, r, : lengths[r]]).abs().max() <= TOL
+    rev = torch.arange(5, -1, -1)
+    shuffled = fast(model, tokens[rev], lengths[rev], weights)
+    assert (shuffled - together[:, rev]).abs().max() <= TOL
+
+
+def test_int8_error_is_bounded_and_int8_really_ran(monkeypatch):
+    monkeypatch.setattr(packed, "INT8_MIN_ELEMENTS", 0)
+    model = random_bilm()
+    tokens, lengths = batch(5, 10, model.cfg.projection_dim)
+    ref, q = fast(model, tokens, lengths), fast(model, tokens, lengths, "int8")
+    kernel = model.lstm_kernel("int8")
+    assert all(w.is_int8 for layer in kernel.w_hh + kernel.w_proj for w in layer)
+    lstm_ref, lstm_q = ref[1:], q[1:]
+    rel = float((lstm_q - lstm_ref).norm() / lstm_ref.norm())
+    assert 1e-4 < rel < 0.03, rel  # quantized, and close
+    cos = F.cosine_similarity(lstm_q.flatten(), lstm_ref.flatten(), dim=0)
+    assert cos > 0.9995, cos
+    assert torch.equal(q[0], ref[0])  # layer 0 (token vectors) is untouched
+
+
+def test_int8_linear_error_is_the_weights_alone(monkeypatch):
+    """The input rides at ~13 bits: the result is that of the int8-rounded weights."""
+    monkeypatch.setattr(packed, "INT8_MIN_ELEMENTS", 0)
+    g = torch.Generator().manual_seed(7)
+    w, b = torch.randn(256, 64, generator=g), torch.randn(256, generator=g)
+    x = torch.randn(5, 64, generator=g) * torch.tensor([[1e-3], [1.0], [30.0], [0.2], [5.0]])
+    step = w.abs().amax(1, keepdim=True) / 127
+    rounded = F.linear(x, (w / step).round() * step, b)
+    got = PackedLinear(w, b, int8=True)(x)
+    exact = F.linear(x, w, b)
+    assert ((got - rounded).norm(dim=1) / (exact - b).norm(dim=1)).max() < 2e-3
+    assert (got - exact).abs().max() > 1e-4  # the weights really are int8
+    # rows do not see each other
+    assert (PackedLinear(w, b, int8=True)(x[2:3]) - got[2:3]).abs().max() <= TOL
+
+
+def test_int8_leaves_small_matrices_in_fp32():
+    model = random_bilm()
+    tokens, lengths = batch(3, 5, model.cfg.projection_dim)
+    assert torch.equal(fast(model, tokens, lengths, "int8"), fast(model, tokens, lengths))
+
+
+def test_weight_updates_and_loads_invalidate_the_packed_weights():
+    model = random_bilm()
+    tokens, lengths = batch(3, 6, model.cfg.projection_dim)
+    before = fast(model, tokens, lengths)
+    with torch.no_grad():  # an optimizer step: in place
+        model.backward_layers[1].w_hh.weight.mul_(0.5)
+    after = fast(model, tokens, lengths)
+    assert (after - before).abs().max() > 1e-3
+    assert (after - plain(model, tokens, lengths)).abs().max() <= TOL
+    model.load_state_dict(random_bilm(seed=5).state_dict())  # a hot swap into the same module
+    assert (fast(model, tokens, lengths) - plain(model, tokens, lengths)).abs().max() <= TOL
+    copied = copy.deepcopy(model)  # a copy starts with an empty cache and agrees
+    assert not copied.__dict__.get("_kernel_cache")
+    assert (fast(copied, tokens, lengths) - fast(model, tokens, lengths)).abs().max() == 0
+
+
+def test_training_still_takes_the_autograd_path():
+    model = random_bilm().train()
+    model.dropout.p = 0.0
+    tokens, lengths = batch(3, 5, model.cfg.projection_dim)
+    out = model.contextualize(tokens, lengths)
+    assert out.requires_grad
+    out.sum().backward()
+    assert model.forward_layers[0].w_hh.weight.grad is not None
+    with pytest.raises(ConfigError) as e:
+        model.contextualize(tokens, lengths, weights="int8")
+    assert e.value.field == "weights"
+
+
+def test_character_cnn_packed_path_equals_linear():
+    model = random_bilm()
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, 262, (11, model.cfg.max_chars_per_token), generator=g)
+    enc = model.token_encoder
+    with torch.inference_mode():
+        got = enc(ids)
+        x = enc._filters_lookup(ids)
+        for hw in enc.highways:
+            transform, carry = F.linear(x, hw.weight, hw.bias).chunk(2, dim=-1)
+            gate = torch.sigmoid(carry)
+            x = gate * F.relu(transform) + (1.0 - gate) * x
+        want = F.linear(x, enc.projection.weight, enc.projection.bias)
+    assert (got - want).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("n,k", [(64, 16), (16, 64), (1024, 1024)])  # wide, tall, oneDNN-sized
+@pytest.mark.parametrize("m", [1, 5])
+def test_packed_linear_equals_f_linear(n, k, m):
+    g = torch.Generator().manual_seed(n + k + m)
+    w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    x, add = torch.randn(m, k, generator=g), torch.randn(m, n, generator=g)
+    scale = 1e-5 * (k**0.5)  # fp32 summation-order differences grow with K
+    for bias in (None, b):
+        given_wt = PackedLinear(w, bias)
+        given_wt.use_transposed(w.t().contiguous())
+        # lazily packed; packed now without the fp32 copy, with and without W^T
+        for lin in (PackedLinear(w, bias), PackedLinear(w, bias).pack_now(), given_wt.pack_now()):
+            want = F.linear(x, w, bias)
+            assert (lin(x) - want).abs().max() <= scale
+            assert (lin(x, add=add) - (want + add)).abs().max() <= scale
+
+
+def test_embedder_weights_option(tmp_path):
+    art = tiny_artifact(tmp_path / "m")
+    fp32 = Embedder.load(art, threads=1)
+    int8 = Embedder.load(art, threads=1, weights="int8")
+    assert int8.cache_key_prefix == fp32.cache_key_prefix + ":w-int8"
+    a, b = fp32.embed(["the bank of the river"]), int8.embed(["the bank of the river"])
+    assert np.abs(a[0].layers - b[0].layers).max() <= TOL  # tiny matrices stay fp32
+    for kwargs in ({"weights": "int4"}, {"weights": "int8", "precision": "bf16"}):
+        with pytest.raises(ConfigError) as e:
+            Embedder.load(art, threads=1, **kwargs)
+        assert e.value.field == "weights"

@@ -1,0 +1,115 @@
+import argparse
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from elmo_service.artifact import default_model_dir
+from elmo_service.cli import build_parser, main
+from elmo_service.embedder import Embedder
+from tests.support.core_fixtures import tiny_artifact
+
+LINES = ["The bank of the river .", "Boats sail", "Rivers bend", "The bank of the river ."]
+
+
+def test_embed_file_writes_allennlp_layout(tmp_path):
+    model = tiny_artifact(tmp_path / "m")
+    inp = tmp_path / "in.txt"
+    inp.write_text("\n".join(LINES) + "\n")
+    out = tmp_path / "out.hdf5"
+    assert (
+        main(["embed-file", str(inp), str(out), "--model", str(model), "--quiet", "--threads", "1"])
+        == 0
+    )
+    emb = Embedder.load(model, threads=1)
+    with h5py.File(out) as f:
+        assert sorted(k for k in f if k != "sentence_to_index") == ["0", "1", "2", "3"]
+        index = json.loads(f["sentence_to_index"][0])
+        assert index == {LINES[0]: "3", LINES[1]: "1", LINES[2]: "2"}
+        for i, line in enumerate(LINES):
+            want = emb.embed([line])[0].layers
+            assert f[str(i)].shape == want.shape
+            np.testing.assert_allclose(f[str(i)][()], want, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_embed_file_top_and_average(tmp_path):
+    model = tiny_artifact(tmp_path / "m")
+    inp = tmp_path / "in.txt"
+    inp.write_text("a b c\n")
+    emb = Embedder.load(model, threads=1)
+    layers = emb.embed(["a b c"])[0].layers
+    for flag, want in (("--top", layers[-1]), ("--average", layers.mean(0))):
+        out = tmp_path / f"{flag}.hdf5"
+        assert main(["embed-file", str(inp), str(out), "--model", str(model), flag, "--quiet"]) == 0
+        with h5py.File(out) as f:
+            np.testing.assert_allclose(f["0"][()], want, atol=1e-5)
+
+
+def test_unknown_task_is_a_clear_error(tmp_path, capsys):
+    model = tiny_artifact(tmp_path / "m")
+    inp = tmp_path / "in.txt"
+    inp.write_text("a\n")
+    rc = main(
+        [
+            "embed-file",
+            str(inp),
+            str(tmp_path / "o.h5"),
+            "--model",
+            str(model),
+            "--task",
+            "pos",
+            "--quiet",
+        ]
+    )
+    assert rc == 2
+    assert "no task 'pos'" in capsys.readouterr().err
+    assert not (tmp_path / "o.h5").exists()
+
+
+def test_info_prints_version(tmp_path, capsys):
+    model = tiny_artifact(tmp_path / "m")
+    assert main(["info", str(model)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert len(info["version"]) == 16 and info["tokenizer"] == "word"
+
+
+def test_embed_file_refuses_blank_lines_like_allennlp(tmp_path, capsys):
+    model = tiny_artifact(tmp_path / "m")
+    inp = tmp_path / "in.txt"
+    inp.write_text("a b\n\nc d\n   \ne f\n")
+    out = tmp_path / "o.h5"
+    assert main(["embed-file", str(inp), str(out), "--model", str(model), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "blank lines (2, 4)" in err and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
+def test_embed_file_defaults_to_the_model_serve_serves(tmp_path, monkeypatch, capsys):
+    for var in ("ELMO_MODEL_PATH", "ELMO_MODELS_DIR", "ELMO_MODEL"):
+        monkeypatch.delenv(var, raising=False)
+    bundled = Path(__file__).resolve().parents[2] / "models" / "default"
+    assert default_model_dir() == bundled and (bundled / "manifest.json").is_file()
+    model = tiny_artifact(tmp_path / "models" / "mine")
+    monkeypatch.setenv("ELMO_MODELS_DIR", str(tmp_path / "models"))
+    monkeypatch.setenv("ELMO_MODEL", "mine")
+    assert default_model_dir() == model
+    inp = tmp_path / "in.txt"
+    inp.write_text("a b c\n")
+    out = tmp_path / "o.h5"
+    assert main(["embed-file", str(inp), str(out), "--quiet", "--threads", "1"]) == 0
+    assert f"model {model}" in capsys.readouterr().err
+    with h5py.File(out) as f:
+        want = Embedder.load(model, threads=1).embed(["a b c"])[0].layers
+        np.testing.assert_allclose(f["0"][()], want, atol=1e-5)
+    monkeypatch.setenv("ELMO_MODEL_PATH", str(tmp_path / "elsewhere"))
+    assert default_model_dir() == tmp_path / "elsewhere"
+
+
+def test_embed_file_arguments_all_have_help():
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    parser = sub.choices["embed-file"]
+    missing = [a.dest for a in parser._actions if a.dest != "help" and not a.help]
+    assert not missing, missing

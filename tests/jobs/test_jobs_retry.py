@@ -1,0 +1,112 @@
+"""A job whose trainer alone is killed by a signal (what the kernel's OOM killer does) is
+retried from its checkpoint like a lost worker: bounded by ELMO_JOBS_MAX_ATTEMPTS, with
+the reason in the record."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from api.jobs.runner import requeue
+from api.jobs.state import FileJobStore, JobRecord
+from api.main import create_app
+from tests.jobs.test_jobs import (
+    ADMIN,
+    TINY_CONFIG,
+    dirs,
+    http_get,
+    job_body,
+    settings_for,
+    step_at_least,
+    wait_job,
+)
+
+torch.set_num_threads(1)
+
+
+def trainer_pids(run_dir: str) -> list[int]:
+    """Pids of ``python -m pretrain.cli train`` processes working in ``run_dir``."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            argv = (p / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (
+            b"pretrain.cli" in argv
+            and b"train" in argv
+            and any(run_dir.encode() in a for a in argv)
+        ):
+            out.append(int(p.name))
+    return out
+
+
+@pytest.mark.slow
+def test_trainer_killed_by_sigkill_is_retried_from_its_checkpoint(tiny_model_dir, tmp_path):
+    d = dirs(tmp_path)
+    body = job_body(steps=120)
+    body["config"] = {**TINY_CONFIG, "checkpoint": {"every_steps": 10, "every_minutes": 0}}
+    with TestClient(create_app(settings_for(tiny_model_dir, d))) as c:
+        job_id = c.post("/v1/jobs", json=body, headers=ADMIN).json()["id"]
+        rec = wait_job(http_get(c), job_id, step_at_least(25), 60, "training")
+        assert rec["progress"]["checkpoint"] is not None
+        worker = rec["runner"]["pid"]
+        deadline = time.monotonic() + 10
+        while not (pids := trainer_pids(rec["run_dir"])) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (pid,) = pids
+        os.kill(pid, signal.SIGKILL)  # the trainer alone, as the OOM killer would
+        rec = wait_job(http_get(c), job_id, lambda j: j["state"] == "succeeded", 90, "done")
+    assert rec["attempt"] == 2 and rec["losses"] == 1, rec["events"]
+    assert "train process" in rec["last_loss"] and "SIGKILL" in rec["last_loss"]
+    events = " | ".join(e["event"] for e in rec["events"])
+    assert "re-queued as attempt 2: its train process" in events
+    assert rec["runner"] is None or rec["runner"]["pid"] == worker  # same worker ran attempt 2
+    log = (Path(rec["run_dir"]) / "job.log").read_text()
+    assert "resumed from step-" in log and "killed by SIGKILL" in log
+    assert rec["progress"]["step"] == rec["progress"]["total_steps"] == 120
+
+
+def _running(store: FileJobStore, job_id: str) -> None:
+    def fn(r: JobRecord) -> bool:
+        r.state = "running"
+        return True
+
+    store.update(job_id, fn)
+
+
+def test_signal_retries_are_bounded_and_the_reason_is_kept(tmp_path):
+    store = FileJobStore(tmp_path)
+    rec = JobRecord(
+        id="j0123456789ab", name="x", backend="local", spec={}, train_config={}, run_dir="/r"
+    )
+    store.create(rec)
+    backend = SimpleNamespace(store=store, settings=SimpleNamespace(jobs_max_attempts=2))
+    why = "its train process (pid 42) was killed by SIGKILL (out of memory?)"
+    _running(store, rec.id)
+    got = requeue(backend, rec.id, 1, why, lost=True)
+    assert got.state == "queued" and got.attempt == 2 and got.losses == 1
+    assert got.last_loss == why and got.events[-1].event == f"re-queued as attempt 2: {why}"
+    assert requeue(backend, rec.id, 1, why, lost=True) is None  # a stale attempt changes nothing
+    _running(store, rec.id)
+    got = requeue(backend, rec.id, 2, why, lost=True)
+    assert got.state == "failed" and got.losses == 2
+    assert got.error == f"lost 2 times (worker died or trainer killed); last: {why}"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])
+def test_signal_names_in_the_reason(sig):
+    from api.jobs.runner import _signame
+
+    name = _signame(int(sig))
+    assert name.startswith(signal.Signals(sig).name)
+    assert ("out of memory" in name) == (sig == signal.SIGKILL)
