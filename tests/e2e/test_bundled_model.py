@@ -32,10 +32,16 @@ MODEL = ROOT / "models" / "default"
 def config_diff(recorded: dict, want, ignore) -> dict:
     """Keys where a recorded training config differs from ``want``: {key: (recorded, want)}."""
     got = flatten(TrainConfig.from_dict(recorded).to_dict())  # options added later: defaults
+
+    def same(k: str, v) -> bool:
+        if k == "train.precision" and v == "auto":  # auto is what the machine makes of it
+            return got.get(k) in ("auto", "bf16", "fp32")
+        return got.get(k) == (list(v) if isinstance(v, tuple) else v)
+
     return {
         k: (got.get(k), v)
         for k, v in flatten(want.to_dict()).items()
-        if got.get(k) != (list(v) if isinstance(v, tuple) else v) and k not in ignore
+        if not same(k, v) and k not in ignore
     }
 
 
