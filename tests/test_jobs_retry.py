@@ -14,9 +14,9 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from api.jobs.runner import requeue
-from api.jobs.state import FileJobStore, JobRecord
 from api.main import create_app
+from jobs.lifecycle import requeue
+from jobs.state import FileJobStore, JobRecord
 from tests.test_jobs import (
     ADMIN,
     TINY_CONFIG,
@@ -104,7 +104,7 @@ def test_signal_retries_are_bounded_and_the_reason_is_kept(tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])
 def test_signal_names_in_the_reason(sig):
-    from api.jobs.runner import _signame
+    from jobs.runner import _signame
 
     name = _signame(int(sig))
     assert name.startswith(signal.Signals(sig).name)

@@ -22,7 +22,8 @@ from pretrain import checkpoint as ckpt
 from pretrain.cli import main
 from pretrain.config import TrainConfig, apply_overrides, config_hash, load_config
 from pretrain.data import BucketBatcher, Corpus
-from pretrain.evaluate import evaluate, export, load_run
+from pretrain.evaluate import evaluate, load_run
+from pretrain.export import export
 from pretrain.prepare import PrepareOptions, prepare
 from pretrain.softmax import LinearSoftmax
 from pretrain.synthetic import write_corpus
