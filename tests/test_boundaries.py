@@ -308,3 +308,35 @@ def test_every_third_party_import_is_a_declared_dependency():
                 continue
             bad.append(f"{m}:{i.line} imports {top} (distribution {sorted(names)})")
     assert not bad, "undeclared (or unguarded optional) imports: " + "; ".join(sorted(set(bad)))
+
+
+def _renames(tree: ast.AST) -> list[int]:
+    """Lines renaming a file: ``os.replace``/``os.rename``, or ``Path.replace``/``.rename``
+    (one positional argument; ``str.replace`` takes two)."""
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        f = node.func
+        if f.attr not in ("replace", "rename"):
+            continue
+        on_os = isinstance(f.value, ast.Name) and f.value.id == "os"
+        one_arg = len(node.args) == 1 and not node.keywords
+        if on_os or (one_arg and not isinstance(node.args[0], ast.Starred)):
+            found.append(node.lineno)
+    return found
+
+
+def test_files_are_renamed_into_place_only_by_the_atomic_helper():
+    """Temp-file-then-rename is ``elmo_service/atomic.py``'s (it fsyncs file and folder)."""
+    assert _renames(ast.parse("import os\nos.replace(a, b)\np.rename(q)\ns.replace('a', 'b')")) == [
+        2,
+        3,
+    ]
+    bad = [
+        f"{m}:{line}"
+        for m, path in modules().items()
+        if m != "elmo_service.atomic"
+        for line in _renames(ast.parse(path.read_text(encoding="utf-8")))
+    ]
+    assert not bad, "use elmo_service.atomic instead of renaming by hand: " + "; ".join(bad)
