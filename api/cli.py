@@ -24,9 +24,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from api.worker import main as worker_main
+    from api.settings import load_settings
+    from jobs import run_worker
 
-    return worker_main(burst=args.burst) or 0
+    return run_worker(load_settings(), burst=args.burst) or 0
 
 
 def parser() -> argparse.ArgumentParser:

@@ -12,8 +12,9 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.errors import ApiError
+from api.holder import ModelHolder
 from api.metrics import Metrics
-from api.service import ModelHolder, ServedModel
+from api.served import ServedModel
 from api.settings import Settings
 
 bearer = HTTPBearer(auto_error=False, description="API key: `Authorization: Bearer <key>`")

@@ -24,13 +24,14 @@ from fastapi_offline import FastAPIOffline
 from api.cache import CacheBackend, LocalCache, NullCache, RedisCache
 from api.encoding import JSONBytesResponse
 from api.errors import install_error_handlers
-from api.jobs import JobService
+from api.holder import ModelHolder
+from api.loading import load_served_model
 from api.metrics import Metrics, MetricsMiddleware
 from api.middleware import AnnounceMiddleware, RequestGuardMiddleware
 from api.routers import embed, health, jobs, models, openai, tasks
-from api.service import ModelHolder, load_served_model
 from api.settings import Settings, load_settings
 from elmo_service.errors import ElmoServiceError
+from jobs import JobService
 
 log = logging.getLogger("api")
 

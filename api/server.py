@@ -22,8 +22,8 @@ def build(model_dir: str | Path | None = None, *, preload: bool = True, **overri
     weights), before uvicorn starts: a broken model is one ArtifactError line
     from the CLI, never a lifespan traceback. The lifespan serves this artifact.
     """
+    from api.loading import check_model_dir
     from api.main import create_app
-    from api.service import check_model_dir
 
     if model_dir is not None:
         overrides["model_path"] = Path(model_dir)

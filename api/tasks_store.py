@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from elmo_service.artifact import TASKS, read_task
+from elmo_service.atomic import write_json
 from elmo_service.errors import ConfigError, ElmoServiceError
 from elmo_service.scalar_mix import MixSpec
 
@@ -68,9 +69,7 @@ class FileTaskStore(TaskStore):
 
     def _write(self, data: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(self.path.suffix + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, self.path)
+        write_json(self.path, data, sort_keys=True)
 
     def all(self) -> dict[str, dict[str, Any]]:
         with self._lock:

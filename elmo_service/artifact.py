@@ -18,8 +18,6 @@ import hashlib
 import json
 import math
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +27,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from elmo_service import atomic
 from elmo_service.config import BiLMConfig
 from elmo_service.errors import ArtifactError, ConfigError
 from elmo_service.model import BiLM
@@ -92,16 +91,8 @@ def atomic_dir(directory: str | Path, overwrite: bool = False) -> Iterator[Path]
         raise ArtifactError(
             f"{directory} exists and is not empty (pass overwrite=True)", field="out"
         )
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    try:
+    with atomic.atomic_dir(directory) as tmp:
         yield tmp
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.replace(tmp, directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def save_artifact(
@@ -139,9 +130,7 @@ def save_artifact(
 def write_task(directory: str | Path, name: str, spec: MixSpec) -> Path:
     path = Path(directory) / TASKS / f"{check_task_name(name)}.json"
     path.parent.mkdir(exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(spec.to_dict(), indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    atomic.write_json(path, spec.to_dict(), sort_keys=True)
     return path
 
 
@@ -164,6 +153,47 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
 
 def read_config(directory: str | Path) -> dict[str, Any]:
     return _read_json(Path(directory) / CONFIG)
+
+
+@dataclass(frozen=True)
+class ArtifactHeader:
+    """What an artifact folder says about itself, read without its weights."""
+
+    path: Path
+    manifest: dict[str, Any]
+    config: BiLMConfig
+    tokenizer: dict[str, Any]  # config.json's tokenizer section
+    provenance: dict[str, Any]
+
+    @property
+    def version(self) -> str | None:
+        """The manifest's version (not checked against the files: load_artifact does that)."""
+        return self.manifest.get("version")
+
+
+def read_header(directory: str | Path) -> ArtifactHeader:
+    """Manifest and model config, validated as :func:`load_artifact` does; ArtifactError."""
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    config = read_config(directory)
+    if config.get("schema_version") != SCHEMA_VERSION:
+        raise ArtifactError(
+            f"{CONFIG} has schema_version {config.get('schema_version')!r}, expected {SCHEMA_VERSION}",
+            field="schema_version",
+        )
+    try:
+        cfg = BiLMConfig.from_dict(config["model"])
+    except KeyError as e:
+        raise ArtifactError(f"{CONFIG} lacks 'model'", field="model") from e
+    except ConfigError as e:
+        raise ArtifactError(f"{CONFIG}: {e.message}", field=e.field) from e
+    return ArtifactHeader(
+        path=directory,
+        manifest=manifest,
+        config=cfg,
+        tokenizer=config.get("tokenizer", {}),
+        provenance=config.get("provenance", {}),
+    )
 
 
 def verify_files(directory: Path, manifest: dict[str, Any]) -> str:
@@ -235,19 +265,9 @@ def load_artifact(directory: str | Path, device: str | torch.device = "cpu") -> 
         raise ArtifactError(f"model directory {directory} does not exist", field="model")
     manifest = read_manifest(directory)
     version = verify_files(directory, manifest)
-    config = read_config(directory)
-    if config.get("schema_version") != SCHEMA_VERSION:
-        raise ArtifactError(
-            f"{CONFIG} has schema_version {config.get('schema_version')!r}, expected {SCHEMA_VERSION}",
-            field="schema_version",
-        )
-    try:
-        cfg = BiLMConfig.from_dict(config["model"])
-    except KeyError as e:
-        raise ArtifactError(f"{CONFIG} lacks 'model'", field="model") from e
-    except ConfigError as e:
-        raise ArtifactError(f"{CONFIG}: {e.message}", field=e.field) from e
-    tokenizer = load_tokenizer(config.get("tokenizer", {}), directory)
+    header = read_header(directory)
+    cfg = header.config
+    tokenizer = load_tokenizer(header.tokenizer, directory)
     try:
         state = load_file(str(directory / WEIGHTS))
     except (SafetensorError, OSError) as e:
@@ -262,6 +282,6 @@ def load_artifact(directory: str | Path, device: str | torch.device = "cpu") -> 
         tokenizer=tokenizer,
         model=model,
         version=version,
-        provenance=config.get("provenance", {}),
+        provenance=header.provenance,
         tasks=load_tasks(directory, cfg.n_output_layers),
     )

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from elmo_service.atomic import atomic_path
 from elmo_service.config import PRECISIONS, WEIGHT_MODES
 from elmo_service.errors import ElmoServiceError
 
@@ -86,41 +87,36 @@ def cmd_embed_file(args: argparse.Namespace) -> int:
 
     sentence_to_index: dict[str, str] = {}
     out = Path(args.output)
-    tmp = out.with_name(out.name + ".partial")
-    try:
-        with (
-            in_path.open(encoding="utf-8", errors="replace") as fin,
-            h5py.File(tmp, "w") as fout,
-            tqdm(total=total, unit="sent", disable=args.quiet) as bar,
-        ):
-            index = 0
-            for chunk in _chunks(fin, args.chunk_lines):
-                inputs = [line.split() for line in chunk] if args.whitespace else chunk
-                for line, sent, res in zip(chunk, inputs, emb.embed(inputs), strict=True):
-                    layers = res.layers
-                    if args.granularity == "word":
-                        _, layers = words_of(res.tokens, layers, None if args.whitespace else sent)
-                    if args.top:
-                        data = layers[-1]
-                    elif spec is not None:
-                        data = apply_mix(layers, spec)
-                    else:
-                        data = layers
-                    if not np.isfinite(data).all():  # never write a NaN a reader would trust
-                        raise ElmoServiceError(
-                            f"line {index + 1} of {in_path}: the model produced non-finite values",
-                            field="input",
-                        )
-                    fout.create_dataset(str(index), data=data, dtype="float32")
-                    sentence_to_index[line] = str(index)
-                    index += 1
-                bar.update(len(chunk))
-            ds = fout.create_dataset("sentence_to_index", (1,), dtype=h5py.string_dtype())
-            ds[0] = json.dumps(sentence_to_index)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    tmp.replace(out)  # a crash never leaves a half-written OUT behind
+    with (
+        atomic_path(out) as tmp,  # a crash never leaves a half-written OUT behind
+        in_path.open(encoding="utf-8", errors="replace") as fin,
+        h5py.File(tmp, "w") as fout,
+        tqdm(total=total, unit="sent", disable=args.quiet) as bar,
+    ):
+        index = 0
+        for chunk in _chunks(fin, args.chunk_lines):
+            inputs = [line.split() for line in chunk] if args.whitespace else chunk
+            for line, sent, res in zip(chunk, inputs, emb.embed(inputs), strict=True):
+                layers = res.layers
+                if args.granularity == "word":
+                    _, layers = words_of(res.tokens, layers, None if args.whitespace else sent)
+                if args.top:
+                    data = layers[-1]
+                elif spec is not None:
+                    data = apply_mix(layers, spec)
+                else:
+                    data = layers
+                if not np.isfinite(data).all():  # never write a NaN a reader would trust
+                    raise ElmoServiceError(
+                        f"line {index + 1} of {in_path}: the model produced non-finite values",
+                        field="input",
+                    )
+                fout.create_dataset(str(index), data=data, dtype="float32")
+                sentence_to_index[line] = str(index)
+                index += 1
+            bar.update(len(chunk))
+        ds = fout.create_dataset("sentence_to_index", (1,), dtype=h5py.string_dtype())
+        ds[0] = json.dumps(sentence_to_index)
     print(f"wrote {index} sentences to {out} (model {model})", file=sys.stderr)
     return 0
 

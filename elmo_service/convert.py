@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from elmo_service.artifact import load_artifact, save_artifact, sha256_file
+from elmo_service.atomic import atomic_path, write_json
 from elmo_service.config import BiLMConfig
 from elmo_service.errors import ArtifactError, ConfigError
 from elmo_service.model import N_CHAR_IDS, BiLM
@@ -405,18 +406,10 @@ def export_bilm(
     options_out, weights_out = Path(options_out), Path(weights_out)
     for path in (options_out, weights_out):
         path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = weights_out.with_name(weights_out.name + ".tmp")
-    try:
-        with h5py.File(tmp, "w") as fout:
-            for ds, arr in arrays.items():
-                fout.create_dataset(ds, data=arr, dtype="float32")
-        tmp.replace(weights_out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    tmp_opt = options_out.with_name(options_out.name + ".tmp")
-    tmp_opt.write_text(json.dumps(options, indent=2) + "\n")
-    tmp_opt.replace(options_out)
+    with atomic_path(weights_out) as tmp, h5py.File(tmp, "w") as fout:
+        for ds, arr in arrays.items():
+            fout.create_dataset(ds, data=arr, dtype="float32")
+    write_json(options_out, options)
 
 
 __all__ = [

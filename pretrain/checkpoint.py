@@ -8,9 +8,10 @@ classes): model and optimizer state dicts, the step, the data position
 (epoch, batch index), per-rank RNG states and counters.
 
 **Writing.** The payload goes to a temporary file in the same folder through
-a hashing writer (sha256 of exactly the bytes written), is fsync'ed, then:
-the sidecar ``<name>.sha256`` is written the same way (temp file, fsync,
-``os.replace``) *before* the checkpoint is renamed into its name. So a
+a hashing writer (sha256 of exactly the bytes written); the sidecar
+``<name>.sha256`` is written atomically (:mod:`elmo_service.atomic`: temp file,
+fsync, ``os.replace``, fsync of the folder) *before* the checkpoint is fsync'ed
+and renamed into its name. So a
 checkpoint file under its final name always has its hash next to it; a crash
 mid-write leaves at most a stray ``.tmp`` file or a sidecar without a
 checkpoint (both removed by the next save). The sidecar is in ``sha256sum``
@@ -41,15 +42,15 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 import torch
 
+from elmo_service.atomic import atomic_open, write_text
 from elmo_service.errors import ElmoServiceError
+from pretrain.run_dir import CHECKPOINTS_DIR
 
 log = logging.getLogger("pretrain.checkpoint")
 
@@ -72,7 +73,7 @@ class CorruptCheckpoint(CheckpointError):
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
+    return Path(run_dir) / CHECKPOINTS_DIR
 
 
 def sidecar(path: str | Path) -> Path:
@@ -181,47 +182,23 @@ def checkpoint_status(path: str | Path) -> Status:
 # ------------------------------------------------------------------ writing
 
 
-def _write_atomic(path: Path, write) -> None:
-    """``write(f)`` into a temp file next to ``path``, fsync, rename into place."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def save_checkpoint(run_dir: str | Path, step: int, state: dict[str, Any], keep: int = 3) -> Path:
     """Write ``state`` as ``step-<step>.pt`` with its hash, then prune. Returns the path."""
     d = checkpoint_dir(run_dir)
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"step-{step:08d}.pt"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=d)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            w = _HashingWriter(f)
-            torch.save(state, w)
-            f.flush()
-            os.fsync(f.fileno())
-        digest = w.sha.hexdigest()
-        # the hash lands first: a checkpoint under its final name always has one
-        _write_atomic(sidecar(path), lambda f: f.write(f"{digest}  {path.name}\n".encode()))
-        os.replace(tmp, path)
-        _fsync_dir(d)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path, "wb") as f:
+        w = _HashingWriter(f)
+        torch.save(state, w)
+        # the hash lands first (the checkpoint is renamed when this block ends): a
+        # checkpoint under its final name always has one
+        write_text(sidecar(path), f"{w.sha.hexdigest()}  {path.name}\n", encoding="ascii")
     key = _stat_key(path)
     if key is not None:
         _verdicts[key] = "verified"
     prune(run_dir, keep)
     for stray in d.glob(".step-*.tmp"):  # left by an earlier crash
-        if stray.name != Path(tmp).name:
-            stray.unlink(missing_ok=True)
+        stray.unlink(missing_ok=True)
     return path
 
 
@@ -248,17 +225,6 @@ def prune(run_dir: str | Path, keep: int) -> list[Path]:
     for k in [k for k in _verdicts if not Path(k[0]).exists()]:
         del _verdicts[k]
     return doomed
-
-
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ------------------------------------------------------------------ reading

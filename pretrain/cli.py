@@ -283,7 +283,7 @@ def cmd_eval(a) -> int:
 
 
 def cmd_export(a) -> int:
-    from pretrain.evaluate import export, export_lm
+    from pretrain.export import export, export_lm
 
     if a.lm:
         from elmo_service.runtime import set_threads

@@ -1,4 +1,4 @@
-"""`elmo-pretrain eval` and `export`: exact perplexity, and the serving artifact.
+"""`elmo-pretrain eval`: exact perplexity of a run (or an exported LM) at a checkpoint.
 
 Perplexity is exact whatever softmax trained the model: the full softmax (or
 the adaptive softmax's full log-probabilities) over the whole vocabulary, in
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from pretrain.checkpoint import list_checkpoints, load_checkpoint
 from pretrain.config import TrainConfig
 from pretrain.data import Corpus, eval_batches, stream_eval_batches, to_device
 from pretrain.lm import LanguageModel
+from pretrain.run_dir import LM_WEIGHTS, RUN_FILE, run_info_path
 
 
 def perplexity(
@@ -101,22 +101,19 @@ def _ppl_record(model, n_sent: int, n: int, nf: float, nb: float, protocol: str)
     return out
 
 
-LM_WEIGHTS = "lm.safetensors"
-
-
 def load_run(
     run_dir: str | Path, checkpoint: str | Path | None = None, data_path: str | None = None
 ) -> tuple[TrainConfig, Corpus, LanguageModel, dict[str, Any]]:
     """Config, corpus and model of a run at a checkpoint (default: the newest)."""
     run_dir = Path(run_dir)
-    info_path = run_dir / "run.json"
+    info_path = run_info_path(run_dir)
     if not info_path.is_file():
-        raise ConfigError(f"{run_dir} is not a training run (no run.json)", field="run_dir")
+        raise ConfigError(f"{run_dir} is not a training run (no {RUN_FILE})", field="run_dir")
     cfg = TrainConfig.from_dict(json.loads(info_path.read_text())["config"])
     if data_path:
         cfg.data.path = data_path
     lm_file = run_dir / LM_WEIGHTS
-    if lm_file.is_file() and checkpoint is None:  # an exported LM (see export_lm)
+    if lm_file.is_file() and checkpoint is None:  # an exported LM (see export.export_lm)
         from safetensors.torch import load_file
 
         if not data_path:
@@ -179,111 +176,3 @@ def evaluate(
     model.to(device)
     res = (stream_perplexity if stream else perplexity)(model, corpus, sents, device)
     return {"source": source, **meta, **res}
-
-
-def _portable(path: str | Path) -> str:
-    """A path as committed provenance should show it: relative to the working
-    directory when below it, else just its name (no machine-specific prefixes)."""
-    rel = os.path.relpath(path, Path.cwd())
-    return rel if not rel.startswith("..") else Path(path).name
-
-
-def _source_manifest(inputs: list[str]) -> dict[str, Any] | None:
-    """The ``fetch-corpus`` manifest (sources, licences, sha256) next to the inputs, if any."""
-    for folder in sorted({Path(p).parent for p in inputs}):
-        m = folder / "manifest.json"
-        if m.is_file():
-            try:
-                return json.loads(m.read_text())
-            except (OSError, ValueError):
-                return None
-    return None
-
-
-def export(
-    run_dir: str | Path,
-    out: str | Path,
-    *,
-    checkpoint: str | None = None,
-    data_path: str | None = None,
-    evaluate_heldout: bool = True,
-    threads: int | None = None,
-    overwrite: bool = False,
-) -> dict[str, Any]:
-    """Write a serving artifact (BiLM + tokenizer; no softmax, no optimizer state) with provenance."""
-    from elmo_service.artifact import save_artifact
-
-    set_threads(threads)
-    cfg, corpus, model, meta = load_run(run_dir, checkpoint, data_path)
-    inputs = [i["path"] for i in corpus.manifest.get("inputs", {}).get("train", [])]
-    provenance: dict[str, Any] = {
-        "trainer": "elmo-pretrain",
-        "run": _portable(run_dir),
-        **meta,
-        "directions": cfg.train.directions,
-        "training_config": cfg.to_dict(),
-        "corpus": {
-            "params_hash": corpus.manifest.get("params_hash"),
-            "summary": corpus.manifest.get("summary"),
-            "inputs": [_portable(p) for p in inputs],
-            "sources": _source_manifest(inputs),
-            "tokenizer": corpus.manifest.get("tokenizer"),
-            "vocab_size": corpus.manifest["vocab"]["softmax_size"],
-        },
-    }
-    if evaluate_heldout and len(corpus.split("heldout")):
-        data = corpus.split("heldout")
-        sents = [np.asarray(data.sentence(i)) for i in range(len(data))]
-        provenance["heldout"] = perplexity(model, corpus, sents, torch.device("cpu"))
-    if cfg.train.directions == "forward":
-        provenance["warning"] = "forward-only LM: the backward LSTM layers were never trained"
-    version = save_artifact(
-        model.bilm, corpus.load_tokenizer(), out, provenance=provenance, overwrite=overwrite
-    )
-    return {
-        "out": str(out),
-        "version": version,
-        **meta,
-        "heldout": provenance.get("heldout"),
-        "warning": provenance.get("warning"),
-    }
-
-
-def export_lm(
-    run_dir: str | Path,
-    out: str | Path,
-    *,
-    checkpoint: str | None = None,
-    data_path: str | None = None,
-    overwrite: bool = False,
-) -> dict[str, Any]:
-    """The whole language model, softmax included, for re-evaluation anywhere.
-
-    ``out/lm.safetensors`` (biLM + softmax), ``out/run.json`` (the training
-    config, pointing at ``out/corpus``) and ``out/corpus/`` (the prepared
-    corpus's manifest, vocabulary and tokenizer, without its shards), so that
-    ``elmo-pretrain eval OUT --file test.txt`` works without the run folder.
-    """
-    import shutil
-
-    from safetensors.torch import save_file
-
-    from elmo_service.artifact import atomic_dir
-
-    cfg, corpus, model, meta = load_run(run_dir, checkpoint, data_path)
-    out = Path(out)
-    with atomic_dir(out, overwrite) as tmp:
-        state = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}
-        save_file(state, str(tmp / LM_WEIGHTS), metadata={"format": "elmo-pretrain-lm"})
-        (tmp / "corpus").mkdir()
-        manifest = dict(corpus.manifest, shards={}, inputs={})
-        (tmp / "corpus" / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-        for name in (corpus.manifest["vocab"]["file"], "tokenizer.model"):
-            if (corpus.path / name).is_file():
-                shutil.copy(corpus.path / name, tmp / "corpus" / name)
-        config = cfg.to_dict()
-        config["data"]["path"] = "corpus"
-        info = {"format": "elmo-pretrain-lm", "config": config, "lm": meta}
-        (tmp / "run.json").write_text(json.dumps(info, indent=2) + "\n")
-    size = (out / LM_WEIGHTS).stat().st_size
-    return {"out": str(out), "bytes": size, **meta}

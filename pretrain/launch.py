@@ -10,13 +10,12 @@ without its ``--set`` flags resumes the same run (``train.resolve_config``).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from elmo_service.atomic import write_json
 from pretrain.config import parse_override
-
-LAUNCH_FILE = "launch.json"
+from pretrain.run_dir import LAUNCH_FILE
 
 
 def read_launch(run_dir: Path) -> dict[str, Any] | None:
@@ -34,9 +33,7 @@ def write_launch(run_dir: Path, config_path: str | None, overrides: list[str]) -
     """Atomic (other DDP ranks may be reading it); the caller writes on rank 0 only."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / f".{LAUNCH_FILE}.tmp"
-    tmp.write_text(json.dumps({"config": config_path, "overrides": overrides}, indent=2) + "\n")
-    os.replace(tmp, run_dir / LAUNCH_FILE)
+    write_json(run_dir / LAUNCH_FILE, {"config": config_path, "overrides": overrides})
 
 
 def override_keys(overrides: list[str]) -> set[str]:

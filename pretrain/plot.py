@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from elmo_service.errors import ConfigError, InputError
-
-METRICS_FILE = "metrics.jsonl"
+from pretrain.run_dir import METRICS_FILE
 
 
 def read_metrics(source: str | Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -24,9 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -36,6 +33,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from elmo_service.atomic import atomic_dir
 from elmo_service.errors import InputError
 from pretrain import text as T
 
@@ -209,13 +207,8 @@ def prepare(
         log(f"{out} already holds this preparation (params hash {params_hash}); nothing to do")
         return json.loads((out / "manifest.json").read_text())
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would survive the rename
     t0 = time.time()
-    try:
+    with atomic_dir(out) as tmp:  # built beside, swapped in whole (an old one moved aside)
         manifest = _prepare_into(tmp, train_files, heldout_files, opts, progress, log)
         manifest.update(
             format=FORMAT,
@@ -226,14 +219,6 @@ def prepare(
             seconds=round(time.time() - t0, 1),
         )
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-        if out.exists():
-            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, trash / "old")
-            shutil.rmtree(trash, ignore_errors=True)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log(format_summary(manifest))
     return manifest
 

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from elmo_service.artifact import Artifact, default_model_dir, load_artifact, write_task
+from elmo_service.atomic import atomic_open
 from elmo_service.config import PRECISIONS, WEIGHT_MODES
 from elmo_service.embedder import Embedder, words_of
 from elmo_service.errors import InputError
@@ -120,9 +121,8 @@ def cached(path: Path, make: Callable[[], np.ndarray]) -> np.ndarray:
         return np.load(path, mmap_mode="r")
     path.parent.mkdir(parents=True, exist_ok=True)
     arr = make()
-    tmp = path.with_suffix(".tmp.npy")
-    np.save(tmp, arr)
-    tmp.replace(path)
+    with atomic_open(path, "wb") as f:
+        np.save(f, arr)
     return np.load(path, mmap_mode="r")
 
 

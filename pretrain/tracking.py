@@ -1,7 +1,8 @@
 """Where the trainer's metrics go: ``metrics.jsonl``, and TensorBoard when it is installed.
 
 The trainer writes one JSON record a line (training windows, held-out
-evaluations). :class:`MetricsLog` is that file, and also mirrors each
+evaluations), and ends each training segment (a run, or one resume of it) with a
+stop record, :func:`stop_record`: why it stopped, as data for the job runner. :class:`MetricsLog` is that file, and also mirrors each
 record's numbers as TensorBoard scalars under ``RUN_DIR/tensorboard/``
 (``tensorboard --logdir runs/``) when the ``tensorboard`` package is there
 (``pip install 'elmo-service[tensorboard]'``); without it, or with
@@ -16,8 +17,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-METRICS_FILE = "metrics.jsonl"
-TB_DIR = "tensorboard"
+from pretrain.run_dir import METRICS_FILE, TB_DIR
+
+STOP_EVENT = "stop"
+# why a training segment ended: train.steps reached; the caller's stop_after steps;
+# train.max_minutes; SIGTERM/SIGINT (here or on another DDP rank); an exception
+STOP_REASONS = ("finished", "stop_after", "max_minutes", "signal", "error")
 
 # metrics.jsonl key -> TensorBoard tag (training windows)
 TRAIN_TAGS = {
@@ -29,6 +34,26 @@ TRAIN_TAGS = {
     "tok_s": "train/tokens_per_s",
     "grad_norm": "train/grad_norm",
 }
+
+
+def stop_record(
+    reason: str, step: int, tokens_seen: int, detail: str, **extra: Any
+) -> dict[str, Any]:
+    """``{"event": "stop", "reason": ..., "step": ..., ...}``; ``detail`` is the log line's words."""
+    if reason not in STOP_REASONS:
+        raise ValueError(f"stop reason {reason!r} is not one of {STOP_REASONS}")
+    return {
+        "event": STOP_EVENT,
+        "reason": reason,
+        "step": step,
+        "tokens_seen": tokens_seen,
+        "detail": detail,
+        **extra,
+    }
+
+
+def is_stop(rec: Any) -> bool:
+    return isinstance(rec, dict) and rec.get("event") == STOP_EVENT
 
 
 def summary_writer(log_dir: Path, purge_step: int | None = None) -> Any | None:
@@ -62,7 +87,7 @@ class MetricsLog:
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+            if isinstance(rec, dict) and isinstance(rec.get("step"), int) and not is_stop(rec):
                 self._scalars(rec)
         return n
 
@@ -81,6 +106,11 @@ class MetricsLog:
         for key, value in (rec.get("heldout") or {}).items():
             if key.endswith(("_ppl", "_nll")) and isinstance(value, int | float):
                 self.tb.add_scalar(f"heldout/{key}", value, step)
+
+    def record(self, rec: dict[str, Any]) -> None:
+        """One record, flushed (a reader follows the file while training runs)."""
+        self.write(json.dumps(rec) + "\n")
+        self.flush()
 
     def flush(self) -> None:
         self.file.flush()

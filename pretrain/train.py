@@ -33,6 +33,7 @@ import torch._dynamo
 import torch.distributed as dist
 from tqdm import tqdm
 
+from elmo_service.atomic import write_json, write_text
 from elmo_service.errors import ConfigError
 from elmo_service.lstm import compile_training_kernels
 from elmo_service.runtime import autocast, pick_device, resolve_precision, set_threads
@@ -48,10 +49,8 @@ from pretrain.config import (
 )
 from pretrain.data import BucketBatcher, Corpus, StreamBatcher, to_device
 from pretrain.lm import LanguageModel
-from pretrain.tracking import MetricsLog
-
-RUN_FILE = "run.json"
-
+from pretrain.run_dir import CONFIG_FILE, LAUNCH_FILE, RUN_FILE, RUN_STATE
+from pretrain.tracking import MetricsLog, stop_record
 
 # ---------------------------------------------------------------- setup
 
@@ -107,7 +106,6 @@ def check_run_dir(run_dir: Path, cfg: TrainConfig, resume: bool, force: bool) ->
     """Decide what to do with ``run_dir``: "new", "resume" or "restart". Raises if unsafe."""
     h = config_hash(cfg)
     info = run_dir / RUN_FILE
-    from pretrain.launch import LAUNCH_FILE
 
     # a launch record alone is what a start that failed early leaves behind
     if not run_dir.exists() or not any(p.name != LAUNCH_FILE for p in run_dir.iterdir()):
@@ -318,7 +316,7 @@ class Trainer:
     def _init_run_dir(self) -> None:
         d = self.run_dir
         if self.mode == "restart":
-            for p in (d / "checkpoints", d / "metrics.jsonl", d / RUN_FILE, d / "config.yaml"):
+            for p in (d / name for name in RUN_STATE):
                 if p.is_dir():
                     shutil.rmtree(p)
                 else:
@@ -333,10 +331,8 @@ class Trainer:
             },
             "world_size": self.world,
         }
-        tmp = d / f".{RUN_FILE}.tmp"
-        tmp.write_text(json.dumps(info, indent=2) + "\n")
-        os.replace(tmp, d / RUN_FILE)
-        (d / "config.yaml").write_text(dump_config(self.cfg))
+        write_json(d / RUN_FILE, info)
+        write_text(d / CONFIG_FILE, dump_config(self.cfg))
 
     def _barrier(self) -> None:
         if self.ddp:
@@ -546,7 +542,7 @@ class Trainer:
         # since the last log line: NLL fwd, NLL bwd, predictions, tokens
         window = torch.zeros(4, dtype=torch.float64)
         t_window = time.time()
-        stop_reason = "done"
+        stop_reason, stop_kind = "done", "finished"
         steps_here = 0
         self.model.train()
         try:
@@ -637,12 +633,17 @@ class Trainer:
                         if self._stop_signal
                         else "time limit"
                     )
+                    stop_kind = "signal" if self._stop_signal else "max_minutes"
                     if self._stop_signal is None and tc.max_minutes <= 0:
-                        stop_reason = "signal on another rank"
+                        stop_reason, stop_kind = "signal on another rank", "signal"
                     break
                 if hit_limit:
-                    stop_reason = f"stop after {stop_after} steps"
+                    stop_reason, stop_kind = f"stop after {stop_after} steps", "stop_after"
                     break
+        except Exception as e:  # the reason, as data, for whoever follows metrics.jsonl
+            if metrics:
+                metrics.record(stop_record("error", self.step, self.tokens_seen, f"{e!r}"[:500]))
+            raise
         finally:
             bar.close()
             for s, h in old_handlers.items():
@@ -659,6 +660,7 @@ class Trainer:
             if ev:
                 result["heldout"] = ev
         if metrics:
+            metrics.record(stop_record(stop_kind, self.step, self.tokens_seen, stop_reason))
             metrics.close()
         if self.rank == 0:
             self.log(

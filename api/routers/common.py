@@ -13,7 +13,7 @@ from starlette.requests import Request
 from api.batcher import BatcherClosed, QueueFull
 from api.errors import ApiError
 from api.middleware import TICKET_KEY
-from api.service import ServedModel
+from api.served import ServedModel
 from api.settings import Settings
 from elmo_service.tokenizers import Token
 

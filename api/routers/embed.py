@@ -15,7 +15,7 @@ from api.encoding import JSONBytesResponse, dumps
 from api.errors import ApiError
 from api.routers.common import ClientGone, check_request_limits, embed_layers, tokenize
 from api.schemas import ERROR_RESPONSES, EmbedRequest, EmbedResponse
-from api.service import ServedModel
+from api.served import ServedModel
 from api.tasks_store import StoreUnavailable
 from elmo_service.errors import ConfigError
 from elmo_service.scalar_mix import MixSpec

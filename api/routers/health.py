@@ -12,9 +12,9 @@ from api.cache import RedisCache
 from api.deps import get_holder, get_metrics
 from api.encoding import JSONBytesResponse
 from api.errors import error_body
+from api.holder import ModelHolder
 from api.metrics import Metrics
 from api.schemas import Health, NotReady, Ready
-from api.service import ModelHolder
 
 router = APIRouter(tags=["health"])
 

@@ -1,6 +1,6 @@
 """Pretraining jobs (admin key required): submit, list, read, cancel.
 
-The router only translates HTTP to :class:`api.jobs.JobService` calls (run off
+The router only translates HTTP to :class:`jobs.JobService` calls (run off
 the event loop) and its exceptions to ``{code, message, field}`` errors.
 """
 
@@ -17,8 +17,8 @@ from starlette.responses import Response
 from api.deps import require_admin
 from api.encoding import JSONBytesResponse
 from api.errors import ApiError
-from api.jobs import JobConflict, JobIn, JobNotFound, JobRecord, JobService, StoreUnavailable
 from api.schemas import ERROR_RESPONSES
+from jobs import JobConflict, JobIn, JobNotFound, JobRecord, JobService, StoreUnavailable
 
 router = APIRouter(prefix="/v1", tags=["jobs"], dependencies=[Depends(require_admin)])
 

@@ -13,10 +13,13 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Path, Request
 
+from api.activation import activate_model
+from api.artifacts import list_artifacts
 from api.deps import get_holder, get_model, get_settings, require_admin, require_key
 from api.errors import ApiError
+from api.holder import ModelHolder
 from api.schemas import ERROR_RESPONSES, Activated, ModelInfo, ModelList
-from api.service import ModelHolder, ServedModel, activate_model, list_artifacts
+from api.served import ServedModel
 from api.settings import Settings
 from elmo_service.errors import ArtifactError
 

@@ -18,7 +18,7 @@ from api.encoding import JSONBytesResponse, dumps
 from api.errors import ApiError
 from api.routers.common import ClientGone, check_request_limits, embed_layers, tokenize
 from api.schemas import ERROR_RESPONSES, EmbeddingsRequest, EmbeddingsResponse
-from api.service import ServedModel
+from api.served import ServedModel
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 

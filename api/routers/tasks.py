@@ -19,7 +19,7 @@ from api.deps import get_model, require_admin, require_key
 from api.encoding import JSONBytesResponse
 from api.errors import ApiError
 from api.schemas import ERROR_RESPONSES, TaskDeleted, TaskIn, TaskList, TaskOut
-from api.service import ServedModel
+from api.served import ServedModel
 from api.tasks_store import StoreUnavailable
 from elmo_service.scalar_mix import MixSpec, check_task_name
 

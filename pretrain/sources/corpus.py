@@ -37,28 +37,23 @@ long as the registries serve the same (pinned) package versions. The one
 machine-dependent field is the gensim wheel's file name and sha256 (pip picks
 the wheel built for the running Python); the text taken from it is the same.
 
-The R data of janeaustenr is read by a small reader of R's serialisation format
-(XDR, version 2/3) kept in this module, so no R and no extra Python package is
-needed; the SWORD module is read directly too (zlib blocks + index files), so
-neither libsword nor ``mod2imp`` is needed.
+The file formats have their own readers: R's serialisation (janeaustenr's data,
+:mod:`.rdata`), SWORD zText modules and OSIS (:mod:`.sword`) and MediaWiki
+exports (:mod:`.wikitext`); :mod:`.paragraphs` is the output form they share.
 """
 
 from __future__ import annotations
 
 import bz2
-import gzip
-import html
 import json
 import re
 import sqlite3
-import struct
 import tempfile
-import unicodedata
-import xml.etree.ElementTree as ET
-import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from elmo_service.atomic import write_bytes
 
 from .fetch import (
     FetchError,
@@ -72,46 +67,14 @@ from .fetch import (
     sha256_bytes,
     sha256_file,
 )
+from .paragraphs import concat, join_paragraphs, split_blocks
+from .rdata import read_r_lazyload
+from .sword import osis_to_text, read_ztext
+from .wikitext import wiki_dump_to_text
 
 __all__ = ["SOURCES", "fetch_corpus", "write_manifest"]
 
 MANIFEST = "manifest.json"
-
-
-# --------------------------------------------------------------------------- shared helpers
-
-
-def _norm_ws(text: str) -> str:
-    return re.sub(r"\s+", " ", text).strip()
-
-
-def join_paragraphs(paragraphs: Iterable[str]) -> str:
-    """Canonical output form: whitespace collapsed inside each paragraph, empty
-    paragraphs dropped, blank line between paragraphs, NFC, final newline."""
-    out = []
-    for p in paragraphs:
-        p = _norm_ws(unicodedata.normalize("NFC", p))
-        if p:
-            out.append(p)
-    return "\n\n".join(out) + "\n" if out else ""
-
-
-def concat(texts: Iterable[str]) -> str:
-    """Join already-cleaned texts (documents) with a blank line between them."""
-    parts = [t.strip("\n") for t in texts]
-    parts = [t for t in parts if t.strip()]
-    return "\n\n".join(parts) + "\n" if parts else ""
-
-
-def split_blocks(text: str) -> list[list[str]]:
-    """Blank-line separated blocks, each a list of its stripped non-empty lines."""
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
-    blocks = []
-    for block in re.split(r"\n[ \t]*\n", text):
-        lines = [ln.strip() for ln in block.split("\n") if ln.strip()]
-        if lines:
-            blocks.append(lines)
-    return blocks
 
 
 # --------------------------------------------------------------------------- State of the Union
@@ -256,145 +219,6 @@ def build_kjv(pkg: Path) -> str:
 # --------------------------------------------------------------------------- R data (Jane Austen)
 
 
-class _RReader:
-    """Minimal reader of R's XDR serialisation (``saveRDS``/lazy-load DB entries).
-
-    Handles what R data packages hold: vectors (logical, integer, double,
-    complex, character, list, raw), pairlists/attributes, symbols, environments
-    and references. Values come back as plain Python: vectors as lists, with
-    their attributes dropped except for a list's ``names`` (returned as dict).
-    """
-
-    _NIL = (254, 242, 241, 253, 251, 252, 250)
-
-    def __init__(self, data: bytes):
-        self.d, self.p, self.refs = data, 0, []
-        if data[:2] != b"X\n":
-            raise ValueError("not an XDR R serialisation")
-        self.p = 2
-        version = self._int()
-        self._int(), self._int()  # writer and minimal reader R versions
-        if version == 3:
-            n = self._int()  # length of the native encoding name that follows
-            self.p += n
-
-    def _int(self) -> int:
-        (v,) = struct.unpack_from(">i", self.d, self.p)
-        self.p += 4
-        return v
-
-    def _len(self) -> int:
-        n = self._int()
-        if n == -1:  # long vector
-            hi, lo = self._int(), self._int()
-            n = (hi << 32) + lo
-        return n
-
-    def read(self):
-        flags = self._int()
-        kind = flags & 0xFF
-        has_attr, has_tag = flags & (1 << 9), flags & (1 << 10)
-        if kind in self._NIL:
-            return None
-        if kind == 255:  # reference to an earlier symbol/environment
-            idx = flags >> 8 or self._int()
-            return self.refs[idx - 1]
-        if kind in (247, 248, 249):  # persistent name / package / namespace
-            self._int()
-            val = [self.read() for _ in range(self._int())]
-            self.refs.append(val)
-            return val
-        if kind == 1:  # symbol
-            val = self.read()
-            self.refs.append(val)
-            return val
-        if kind in (2, 3, 5, 6, 17, 239, 240):  # pairlist-like: read as [(tag, value)]
-            items = []
-            while True:
-                if has_attr:
-                    self.read()
-                tag = self.read() if has_tag else None
-                items.append((tag, self.read()))
-                flags = self._int()
-                kind = flags & 0xFF
-                has_attr, has_tag = flags & (1 << 9), flags & (1 << 10)
-                if kind == 254:
-                    return items
-                if kind != 2:  # improper tail
-                    self.p -= 4
-                    items.append((None, self.read()))
-                    return items
-        if kind == 4:  # environment
-            self._int()
-            env: dict = {}
-            self.refs.append(env)
-            env["enclos"], env["frame"], env["hashtab"], env["attr"] = (
-                self.read(),
-                self.read(),
-                self.read(),
-                self.read(),
-            )
-            return env
-        if kind == 9:  # CHARSXP
-            n = self._int()
-            if n == -1:
-                return None  # NA_character_
-            raw = self.d[self.p : self.p + n]
-            self.p += n
-            return raw.decode("latin-1" if (flags >> 12) & 4 else "utf-8")
-        if kind in (10, 13):
-            n = self._len()
-            val = list(struct.unpack_from(f">{n}i", self.d, self.p))
-            self.p += 4 * n
-        elif kind == 14:
-            n = self._len()
-            val = list(struct.unpack_from(f">{n}d", self.d, self.p))
-            self.p += 8 * n
-        elif kind == 15:
-            n = self._len()
-            val = list(struct.unpack_from(f">{2 * n}d", self.d, self.p))
-            self.p += 16 * n
-        elif kind in (16, 19, 20):
-            val = [self.read() for _ in range(self._len())]
-        elif kind == 24:
-            n = self._len()
-            val = self.d[self.p : self.p + n]
-            self.p += n
-        else:
-            raise ValueError(f"unsupported R object type {kind}")
-        if has_attr:
-            attrs = dict(self.read() or [])
-            names = attrs.get("names")
-            if kind == 19 and isinstance(names, list) and len(names) == len(val):
-                return dict(zip(names, val, strict=True))
-        return val
-
-
-def r_unserialize(data: bytes):
-    """Parse one R-serialised object (gzip/zlib already removed)."""
-    return _RReader(data).read()
-
-
-def read_r_lazyload(rdx: bytes, rdb: bytes) -> dict:
-    """Objects of an R lazy-load database (``Rdata.rdx`` + ``Rdata.rdb``), by name.
-
-    The .rdx is a serialised list ``variables -> name -> c(offset, length)``
-    (gzip-wrapped); each .rdb entry is a 4-byte big-endian length and a zlib
-    stream (R's default ``compress = TRUE``).
-    """
-    if rdx[:2] == b"\x1f\x8b":
-        index = r_unserialize(gzip.decompress(rdx))
-    else:
-        index = r_unserialize(zlib.decompress(rdx[4:]))
-    if index.get("compressed", [1])[0] not in (1, True):
-        raise ValueError("only zlib-compressed lazy-load databases are supported")
-    out = {}
-    for name, (offset, length) in index["variables"].items():
-        blob = rdb[offset : offset + length]
-        out[name] = r_unserialize(zlib.decompress(blob[4:]))
-    return out
-
-
 # Publication order; the R package holds them as character vectors of lines.
 AUSTEN_NOVELS = [
     "sensesensibility",
@@ -448,66 +272,6 @@ def build_austen(pkg: Path) -> str:
 # --------------------------------------------------------------------------- World English Bible
 
 
-def read_ztext(files: dict[str, bytes]) -> list[str]:
-    """Entries of a SWORD zText module in canonical order (Old then New Testament).
-
-    ``files`` maps ``ot.bzs``/``ot.bzv``/``ot.bzz`` (and ``nt.*``) to bytes:
-    ``.bzz`` is a run of zlib blocks, ``.bzs`` their (offset, size, raw size)
-    as little-endian uint32, ``.bzv`` one (block, offset, size) = (u32, u32, u16)
-    per versification slot (book/chapter intros included).
-    """
-    out = []
-    for t in ("ot", "nt"):
-        if f"{t}.bzv" not in files:
-            continue
-        bzs, bzz, bzv = files[f"{t}.bzs"], files[f"{t}.bzz"], files[f"{t}.bzv"]
-        blocks = [struct.unpack_from("<III", bzs, i) for i in range(0, len(bzs) - 11, 12)]
-        cache: dict[int, bytes] = {}
-        seen = set()
-        for i in range(0, len(bzv) - 9, 10):
-            block, offset, size = struct.unpack_from("<IIH", bzv, i)
-            if size == 0 or (block, offset) in seen:  # empty slot / linked verse
-                continue
-            seen.add((block, offset))
-            if block not in cache:
-                boff, bsize, _ = blocks[block]
-                cache[block] = zlib.decompress(bzz[boff : boff + bsize])
-            out.append(cache[block][offset : offset + size].decode("utf-8"))
-    return out
-
-
-_PARA = "\x00"  # paragraph-break sentinel while stripping markup
-
-
-def osis_to_text(osis: str) -> str:
-    """OSIS fragments to running text: notes replaced by a space; titles,
-    speaker labels, front matter/introductions/glossary removed; paragraph
-    breaks at paragraph, line-group, chapter and book markers."""
-    # whole milestone-delimited sections that are not scripture text
-    osis = re.sub(
-        r'<div [^>]*sID="([^"]+)"[^>]*type="(?:front|introduction|glossary)"[^>]*/>.*?'
-        r'<div [^>]*eID="\1"[^>]*/>',
-        " ",
-        osis,
-        flags=re.DOTALL,
-    )
-    osis = re.sub(r"<note\b.*?</note>", " ", osis, flags=re.DOTALL)
-    for tag in ("title", "speaker", "catchWord"):
-        osis = re.sub(rf"<{tag}\b[^>]*>.*?</{tag}>", " ", osis, flags=re.DOTALL)
-    osis = re.sub(
-        r'<(?:chapter\b|lg\b|/lg>|p\b|/p>|list\b|/list>|div [^>]*type="(?:x-p|paragraph|book|'
-        r'psalm|section|majorSection)")[^>]*>',
-        _PARA,
-        osis,
-    )
-    # structural tags separate words; inline ones (<w>, <q>, <seg>, ...) wrap
-    # parts of words and punctuation, so they vanish without a space
-    osis = re.sub(r"<(?:l|lb|milestone|div|item|/item)\b[^>]*>", " ", osis)
-    osis = re.sub(r"<[^>]+>", "", osis)
-    osis = html.unescape(osis)
-    return join_paragraphs(osis.split(_PARA))
-
-
 def build_web(pkg: Path) -> str:
     files = {
         name.rsplit("/", 1)[-1]: read()
@@ -520,149 +284,6 @@ def build_web(pkg: Path) -> str:
 
 
 # --------------------------------------------------------------------------- Wikipedia sample
-
-_WIKI_DROP_SECTIONS = re.compile(
-    r"^(?:references|external links|see also|further reading|notes|bibliography|sources|"
-    r"footnotes|citations|works cited|notes and references|primary sources|"
-    r"secondary sources|gallery)$",
-    re.IGNORECASE,
-)
-_WIKI_NON_ARTICLE_LINK = re.compile(
-    r"^(?:file|image|media|category|wikipedia|wp|template|help|portal|user|"
-    r"wiktionary|wikt|[a-z]{2,3}(?:-[a-z]+)?):",
-    re.IGNORECASE,
-)
-
-
-_WIKI_MEDIA_LINK = re.compile(r"\[\[\s*(?:file|image|media|category)\s*:", re.IGNORECASE)
-
-
-def _strip_nested(text: str, open_: str, close: str) -> str:
-    """Remove balanced ``open_ ... close`` spans (templates, tables), nested too."""
-    out, depth, i, n = [], 0, 0, len(text)
-    lo, lc = len(open_), len(close)
-    start = 0
-    while i < n:
-        if text.startswith(open_, i):
-            if depth == 0:
-                out.append(text[start:i])
-            depth += 1
-            i += lo
-        elif depth and text.startswith(close, i):
-            depth -= 1
-            i += lc
-            if depth == 0:
-                start = i
-        else:
-            i += 1
-    if depth == 0:
-        out.append(text[start:])
-    return "".join(out)
-
-
-def _strip_media_links(text: str) -> str:
-    """Remove ``[[File:...]]``/``[[Image:...]]``/``[[Category:...]]`` whole. Their
-    captions may hold links and single brackets, so brackets are counted one
-    by one until the opening ``[[`` is closed."""
-    out, pos = [], 0
-    for m in _WIKI_MEDIA_LINK.finditer(text):
-        if m.start() < pos:
-            continue  # inside a span already removed
-        out.append(text[pos : m.start()])
-        depth, i = 0, m.start()
-        while i < len(text):
-            depth += {"[": 1, "]": -1}.get(text[i], 0)
-            i += 1
-            if depth == 0:
-                break
-        pos = i
-    out.append(text[pos:])
-    return "".join(out)
-
-
-def _wiki_link(m: re.Match) -> str:
-    inner = m.group(1)
-    if _WIKI_NON_ARTICLE_LINK.match(inner.lstrip(":")) and not inner.startswith(":"):
-        return " "
-    return inner.split("|")[-1] + m.group(2)  # label (or target) + any "blend" suffix
-
-
-def clean_wiki_markup(markup: str) -> str:
-    """MediaWiki source of one article to plain paragraphs.
-
-    Removes comments, <ref>s and other non-prose tags with their content,
-    templates ``{{...}}``, tables ``{|...|}``, files/categories/interlanguage
-    links, reference-list sections, headings, list markers of bibliography-like
-    lists; keeps link labels, external-link labels and the text of bold/italic.
-    """
-    t = html.unescape(markup)
-    t = re.sub(r"<!--.*?-->", " ", t, flags=re.DOTALL)
-    t = re.sub(r"<ref\b[^>]*/>", " ", t, flags=re.IGNORECASE)
-    t = re.sub(r"<ref\b[^>]*>.*?</ref\s*>", " ", t, flags=re.DOTALL | re.IGNORECASE)
-    t = re.sub(
-        r"<(math|gallery|timeline|syntaxhighlight|source|pre|code|score|imagemap|"
-        r"references|table|chem|hiero|graph)\b[^>]*>.*?</\1\s*>",
-        " ",
-        t,
-        flags=re.DOTALL | re.IGNORECASE,
-    )
-    t = _strip_nested(t, "{{", "}}")
-    t = _strip_nested(t, "{|", "|}")
-    # file/image/category links go whole; their captions may hold [[links]] and [brackets]
-    t = _strip_media_links(t)
-    t = re.sub(r"<br\s*/?>", " ", t, flags=re.IGNORECASE)
-    t = re.sub(r"</?[A-Za-z][^>]*>", "", t)  # remaining tags, keep their text
-    # links, innermost first so captions holding links resolve before the file link
-    link = re.compile(r"\[\[([^\[\]]*)\]\]([a-z]*)")
-    for _ in range(10):
-        t, n = link.subn(_wiki_link, t)
-        if not n:
-            break
-    t = re.sub(r"\[(?:https?:|ftp:)?//[^\s\]]+\s+([^\]]*)\]", r"\1", t)
-    t = re.sub(r"\[(?:https?:|ftp:)?//[^\s\]]*\]", " ", t)
-    t = re.sub(r"'{2,}", "", t)
-    t = re.sub(r"__[A-Z]+__", " ", t)  # __NOTOC__ and friends
-
-    paragraphs, dropping = [], False
-    for line in t.split("\n"):
-        s = line.strip()
-        heading = re.match(r"^(=+)\s*(.*?)\s*\1$", s)
-        if heading:
-            dropping = bool(_WIKI_DROP_SECTIONS.match(heading.group(2)))
-            paragraphs.append("")
-            continue
-        if dropping or not s:
-            paragraphs.append("")
-            continue
-        if s[0] in "*#;:|!":
-            s = s.lstrip("*#;:|! ")
-            # list items: keep sentences, drop fragments like "Smith (2004), p. 12"
-            if len(s.split()) < 8 or not re.search(r"[.!?]$", s):
-                paragraphs.append("")
-                continue
-        paragraphs.append(s)
-    # fix up the gaps removed refs/templates leave behind
-    text = "\n".join(paragraphs)
-    text = re.sub(r"\(\s*[,;]?\s*\)", " ", text)
-    text = re.sub(r"[ \t]+([,.;:!?])", r"\1", text)
-    text = re.sub(r"[ \t]{2,}", " ", text)
-    return join_paragraphs(p for p in text.split("\n") if re.search(r"\w", p))
-
-
-def wiki_dump_to_text(xml_bytes: bytes) -> str:
-    """Articles (namespace 0, not redirects) of a MediaWiki XML export, cleaned, in
-    dump order."""
-    root = ET.fromstring(xml_bytes)
-    ns = root.tag[: root.tag.index("}") + 1] if root.tag.startswith("{") else ""
-    out = []
-    for page in root.iter(f"{ns}page"):
-        if (page.findtext(f"{ns}ns") or "0") != "0" or page.find(f"{ns}redirect") is not None:
-            continue
-        markup = page.findtext(f"{ns}revision/{ns}text") or ""
-        if markup.lstrip().upper().startswith("#REDIRECT"):
-            continue
-        out.append(clean_wiki_markup(markup))
-    return concat(out)
 
 
 def build_wikipedia(pkg: Path) -> str:
@@ -805,9 +426,7 @@ def build_source(src: Source, out_dir: Path, cache_dir: Path) -> dict:
         raise FetchError("cleaning produced no text")
     data = text.encode("utf-8")
     out = out_dir / f"{src.name}.txt"
-    tmp = out.with_suffix(".txt.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(out)
+    write_bytes(out, data)
     return {
         "name": src.name,
         "title": src.title,

@@ -165,7 +165,7 @@ def test_every_route_returns_what_the_document_says(api):
 
 
 def _examples_job() -> list[dict[str, Any]]:
-    from api.jobs import JobIn
+    from jobs import JobIn
 
     return _examples(JobIn)
 

@@ -4,6 +4,7 @@ the reason in the record."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -14,9 +15,9 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from api.jobs.runner import requeue
-from api.jobs.state import FileJobStore, JobRecord
 from api.main import create_app
+from jobs.lifecycle import requeue
+from jobs.state import FileJobStore, JobRecord
 from tests.jobs.test_jobs import (
     ADMIN,
     TINY_CONFIG,
@@ -105,8 +106,34 @@ def test_signal_retries_are_bounded_and_the_reason_is_kept(tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])
 def test_signal_names_in_the_reason(sig):
-    from api.jobs.runner import _signame
+    from jobs.runner import _signame
 
     name = _signame(int(sig))
     assert name.startswith(signal.Signals(sig).name)
     assert ("out of memory" in name) == (sig == signal.SIGKILL)
+
+
+def test_the_runner_reads_why_training_stopped_from_the_metrics_log(tmp_path):
+    """The trainer's stop record (not its log line) tells the runner why it stopped;
+    progress ignores it, and a record from an earlier attempt is told apart."""
+    from jobs.runner import MetricsReader
+    from pretrain.tracking import stop_record
+
+    path = tmp_path / "metrics.jsonl"
+    lines = [
+        {"step": 5, "epoch": 0, "tokens_seen": 50, "loss": 3.0, "ppl": 20.0, "elapsed_s": 1.0},
+        stop_record("signal", 5, 50, "signal SIGTERM"),
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    reader = MetricsReader(path, total_steps=10)
+    p = reader.read()
+    assert reader.stop is not None and reader.stop["reason"] == "signal"
+    assert p.step == 5 and p.loss == 3.0
+    reader.stop = None  # a new attempt: only its own record counts
+    with open(path, "a") as f:
+        f.write(json.dumps(stop_record("finished", 10, 100, "done")) + "\n")
+        f.write('{"step": 11, "lo')  # a line still being written is not read
+    reader.read()
+    assert reader.stop["reason"] == "finished" and reader.stop["step"] == 10
+    with pytest.raises(ValueError):
+        stop_record("bored", 1, 1, "?")

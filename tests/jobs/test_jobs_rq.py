@@ -15,8 +15,8 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from api.jobs.state import RedisJobStore
 from api.main import create_app
+from jobs.state import RedisJobStore
 from tests.jobs.test_jobs import (
     ADMIN,
     Workers,

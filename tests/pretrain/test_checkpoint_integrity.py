@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -145,14 +146,14 @@ def test_a_crash_between_hash_and_rename_leaves_the_previous_checkpoint_usable(
     tmp_path, monkeypatch
 ):
     ckpt.save_checkpoint(tmp_path, 1, state(1))
-    real = ckpt.os.replace
+    real = os.replace  # the atomic writer renames through os.replace
 
     def crash_on_checkpoint(src, dst):
         if str(dst).endswith(".pt"):
             raise OSError("power cut")
         return real(src, dst)
 
-    monkeypatch.setattr(ckpt.os, "replace", crash_on_checkpoint)
+    monkeypatch.setattr(os, "replace", crash_on_checkpoint)
     with pytest.raises(OSError):
         ckpt.save_checkpoint(tmp_path, 2, state(2))
     monkeypatch.undo()

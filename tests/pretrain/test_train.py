@@ -22,7 +22,8 @@ from pretrain import checkpoint as ckpt
 from pretrain.cli import main
 from pretrain.config import TrainConfig, apply_overrides, config_hash, load_config
 from pretrain.data import BucketBatcher, Corpus
-from pretrain.evaluate import evaluate, export, load_run
+from pretrain.evaluate import evaluate, load_run
+from pretrain.export import export
 from pretrain.prepare import PrepareOptions, prepare
 from pretrain.softmax import LinearSoftmax
 from pretrain.sources.synthetic import write_corpus
@@ -59,6 +60,12 @@ def tiny(corpus_dir, *sets: str) -> TrainConfig:
 def losses(run_dir: Path) -> list[float]:
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [r["loss"] for r in recs if "loss" in r]
+
+
+def stops(run_dir: Path) -> list[tuple[str, int]]:
+    """(reason, step) of each stop record: one per training segment, why it ended."""
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["reason"], r["step"]) for r in recs if r.get("event") == "stop"]
 
 
 # ------------------------------------------------------------------ config
@@ -176,7 +183,9 @@ def test_resume_is_exact(corpus_dir, tmp_path):
     two = tmp_path / "two"
     first = run_training(tiny(corpus_dir, *sets), two, stop_after=8, log=quiet)
     assert first["step"] == 8 and first["stopped"].startswith("stop after")
+    assert stops(two) == [("stop_after", 8)]
     run_training(tiny(corpus_dir, *sets), two, resume=True, log=quiet)
+    assert stops(two) == [("stop_after", 8), ("finished", 16)]
     assert losses(one) == losses(two) and len(losses(one)) == 16
     a, b = ckpt.load_latest(one)[1], ckpt.load_latest(two)[1]
     assert a["step"] == b["step"] == 16 and a["data"] == b["data"]
@@ -311,6 +320,9 @@ def test_sigterm_writes_a_checkpoint_and_exits_0(corpus_dir, tmp_path):
             proc.kill()
     assert proc.returncode == 0, out
     assert "signal SIGTERM" in out
+    last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["event"] == "stop" and last["reason"] == "signal", last
+    assert last["detail"] == "signal SIGTERM" and [r for r, _ in stops(run)] == ["signal"]
     (path,) = ckpt.list_checkpoints(run)
     st = ckpt.load_checkpoint(path)
     assert 3 <= st["step"] < 100000 and st["step"] == len(losses(run))

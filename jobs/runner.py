@@ -21,34 +21,33 @@ its trainer and leaves the record alone.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import json
 import logging
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
-from api.jobs.spec import PrepareIn, is_prepared_corpus, resolve_corpus
-from api.jobs.state import ArtifactInfo, JobRecord, Progress, Runner, StoreUnavailable
+from jobs.lifecycle import Backend, requeue
+from jobs.procs import child_setup, runner_info
+from jobs.settings import JobsSettings
+from jobs.spec import PrepareIn, is_prepared_corpus, resolve_corpus
+from jobs.state import ArtifactInfo, JobRecord, Progress, StoreUnavailable
+from pretrain.checkpoint import list_checkpoints
+from pretrain.run_dir import metrics_path
+from pretrain.tracking import is_stop
 
-if TYPE_CHECKING:
-    from api.jobs.backend import JobBackend
-    from api.settings import Settings
-
-log = logging.getLogger("api.jobs")
+log = logging.getLogger("jobs")
 
 LOG_FILE = "job.log"
 TAIL_LINES = 40
-_STOPPED = re.compile(r"stopped at step (\d+) \((.+?)\);")
 
 
 class JobFailed(Exception):
@@ -72,67 +71,6 @@ class _Killed(Exception):
     killer's SIGKILL): the job is retried from its checkpoint, like a lost worker."""
 
 
-# ---------------------------------------------------------------- process helpers
-
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(sig: int = signal.SIGTERM) -> None:
-    """Linux: get ``sig`` when the parent process dies (no orphaned trainers)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-
-
-def _child_setup() -> None:  # runs in the forked child, before exec
-    die_with_parent(signal.SIGTERM)
-
-
-def proc_start(pid: int) -> str | None:
-    """A process's start time (``/proc/<pid>/stat``), None if it is gone or a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        if not Path("/proc/self/stat").exists():  # no procfs: fall back to signal 0
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return None
-            except PermissionError:
-                pass
-            return "?"
-        return None
-    fields = stat[stat.rfind(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return fields[19]  # field 22 of stat: starttime
-
-
-def _pid_namespace() -> str | None:
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return None
-
-
-def runner_info(worker: str | None = None) -> Runner:
-    pid = os.getpid()
-    return Runner(
-        host=socket.gethostname(),
-        pid=pid,
-        pid_start=proc_start(pid),
-        pid_ns=_pid_namespace(),
-        worker=worker,
-    )
-
-
-def runner_alive(r: Runner) -> bool | None:
-    """True/False for a runner whose pids we can see; None when it runs elsewhere."""
-    if r.host != socket.gethostname() or r.pid_ns != _pid_namespace():
-        return None
-    start = proc_start(r.pid)
-    return start is not None and (r.pid_start in (None, "?") or start == r.pid_start)
-
-
 # ---------------------------------------------------------------- reading the run
 
 
@@ -150,7 +88,7 @@ def tail(path: Path, n: int = TAIL_LINES, max_bytes: int = 32_768) -> list[str]:
 
 
 def newest_checkpoint(train_dir: Path) -> str | None:
-    found = sorted((train_dir / "checkpoints").glob("step-*.pt"))
+    found = list_checkpoints(train_dir)
     return found[-1].name if found else None
 
 
@@ -162,11 +100,13 @@ def numeric(d: dict[str, Any]) -> dict[str, float]:
 
 
 class MetricsReader:
-    """Follows ``metrics.jsonl`` (appended across resumes) into a :class:`Progress`."""
+    """Follows ``metrics.jsonl`` (appended across resumes) into a :class:`Progress`;
+    ``stop`` is the last stop record read (why a training segment ended)."""
 
     def __init__(self, path: Path, total_steps: int) -> None:
         self.path, self.pos = path, 0
         self.progress = Progress(total_steps=total_steps)
+        self.stop: dict[str, Any] | None = None
 
     def read(self) -> Progress:
         try:
@@ -183,7 +123,9 @@ class MetricsReader:
                 rec = json.loads(line)
             except ValueError:
                 continue
-            if "heldout" in rec:
+            if is_stop(rec):
+                self.stop = rec
+            elif "heldout" in rec:
                 p.heldout = numeric(rec["heldout"])
             elif "loss" in rec:
                 p.step, p.epoch = int(rec["step"]), rec.get("epoch")
@@ -205,8 +147,8 @@ class MetricsReader:
 class JobRunner:
     def __init__(
         self,
-        backend: JobBackend,
-        settings: Settings,
+        backend: Backend,
+        settings: JobsSettings,
         job_id: str,
         attempt: int,
         worker: str | None = None,
@@ -413,24 +355,27 @@ class JobRunner:
         cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         self._check_memory(cfg, data)
         total = int(cfg["train"]["steps"])
-        self.metrics = MetricsReader(self.train_dir / "metrics.jsonl", total)
-        self._beat(force=True)
+        self.metrics = MetricsReader(metrics_path(self.train_dir), total)
+        self._beat(force=True)  # reads what earlier attempts logged
+        self.metrics.stop = None  # only this attempt's stop record counts
         cmd = ["train", str(cfg_path), "--run-dir", str(self.train_dir), "--resume"]
-        rc, out = self._run_phase(cmd)
+        rc, _ = self._run_phase(cmd)
         if rc != 0:
             raise JobFailed(f"training failed (exit {rc}): {self._last_error()}")
-        m = _STOPPED.findall(out)
-        reason = m[-1][1] if m else "done"
-        if reason.startswith("signal"):  # a SIGTERM we did not send: whoever sent it wants us gone
+        self.metrics.read()
+        stop = self.metrics.stop or {}
+        if (
+            stop.get("reason") == "signal"
+        ):  # a SIGTERM we did not send: whoever sent it wants us gone
             raise _Stopped()
-        self._say(f"training finished ({reason})")
+        self._say(f"training finished ({stop.get('detail', 'done')})")
 
     def _check_memory(self, cfg: dict[str, Any], data: Path) -> None:
         """Checked at submit on the API's machine; again here, with the real vocabulary
         and this worker's memory, so a job too big for it fails with the reason instead
         of being killed (and retried) by the out-of-memory killer."""
-        from api.jobs.memory import check_memory, memory_limit
         from elmo_service.errors import ConfigError
+        from jobs.memory import check_memory, memory_limit
 
         s = self.settings
         try:
@@ -526,7 +471,7 @@ class JobRunner:
                 cwd=self.run_dir,
                 env=env,
                 pass_fds=(self.lock_fd,),
-                preexec_fn=_child_setup,  # noqa: PLW1509 - a prctl, nothing thread-unsafe
+                preexec_fn=child_setup,  # noqa: PLW1509 - a prctl, nothing thread-unsafe
             )
         try:
             while proc.poll() is None:
@@ -561,37 +506,3 @@ def _signame(sig: int) -> str:
         return f"signal {sig}"
     # SIGKILL from nobody we know is most often the kernel's out-of-memory killer
     return f"{name} (out of memory?)" if sig == signal.SIGKILL else name
-
-
-def requeue(
-    backend: JobBackend, job_id: str, attempt: int, reason: str, *, lost: bool
-) -> JobRecord | None:
-    """Move a running job (at ``attempt``) back to the queue as ``attempt + 1``.
-
-    ``lost``: its worker died or its trainer was killed (counts towards
-    ``jobs_max_attempts``; past it the job fails with the reason, which is also kept
-    in ``last_loss``). A job with a pending cancel is cancelled instead.
-    Returns the record if this call changed it (the caller then delivers it).
-    """
-    max_losses = backend.settings.jobs_max_attempts
-
-    def fn(r: JobRecord) -> bool:
-        if r.attempt != attempt or r.state != "running":
-            return False
-        r.runner, r.heartbeat_at = None, None
-        if lost:
-            r.losses += 1
-            r.last_loss = reason
-        if r.cancel_requested:
-            r.finish("cancelled", None)
-        elif lost and r.losses >= max_losses:
-            r.finish(
-                "failed", f"lost {r.losses} times (worker died or trainer killed); last: {reason}"
-            )
-        else:
-            r.state, r.attempt = "queued", r.attempt + 1
-            r.note(f"re-queued as attempt {r.attempt}: {reason}")
-        return True
-
-    rec, written = backend.store.update(job_id, fn)
-    return rec if written else None

@@ -21,6 +21,8 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
+from elmo_service.atomic import write_text
+
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 Phase = Literal["prepare", "train", "export"]
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
@@ -151,9 +153,7 @@ class FileJobStore:
 
     def _write(self, rec: JobRecord) -> None:
         path = self._path(rec.id)
-        tmp = path.with_name(f".job.json.{os.getpid()}.tmp")
-        tmp.write_text(rec.model_dump_json(indent=1))
-        os.replace(tmp, path)
+        write_text(path, rec.model_dump_json(indent=1))
 
     def create(self, rec: JobRecord) -> None:
         (self.root / rec.id).mkdir(parents=True, exist_ok=True)

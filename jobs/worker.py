@@ -5,7 +5,7 @@ Each job runs in rq's work-horse (a fork); the horse gets SIGTERM if this
 process dies, so its trainer checkpoints and the job is re-queued. A warm
 shutdown (SIGTERM/SIGINT, e.g. ``docker stop``) does the same instead of
 waiting hours for the job to end. On start and between jobs it re-queues jobs
-whose worker is gone (:meth:`api.jobs.backend.JobBackend.reconcile`).
+whose worker is gone (:meth:`jobs.backend.JobBackend.reconcile`).
 
 Without Redis: a local loop over ``<runs_dir>/*/job.json`` that claims the
 oldest queued job and runs it in this process (the trainer is a subprocess).
@@ -20,11 +20,16 @@ import signal
 import socket
 import time
 
-from api.jobs.backend import LocalBackend, RqBackend
-from api.jobs.runner import JobRunner
-from api.settings import Settings, load_settings
+from jobs.backend import LocalBackend, RqBackend
+from jobs.procs import die_with_parent
+from jobs.runner import JobRunner
+from jobs.settings import JobsSettings
 
-log = logging.getLogger("api.worker")
+log = logging.getLogger("jobs.worker")
+
+# The settings of this worker process, for the job function below: rq forks each
+# work-horse from this process, so the horse sees what run_rq_worker set here.
+_settings: JobsSettings | None = None
 
 
 def _make_rq_worker_class():
@@ -58,7 +63,27 @@ def _make_rq_worker_class():
     return JobWorker
 
 
-def run_rq_worker(settings: Settings, burst: bool = False) -> int:
+def rq_entry(job_id: str, attempt: int) -> str:
+    """The rq job function: runs in the rq work-horse (a fork of the worker)."""
+    die_with_parent(signal.SIGTERM)  # the worker died: stop the trainer with a checkpoint
+    settings = _settings
+    if settings is None:
+        raise RuntimeError(
+            "pretraining jobs run under `elmo-service worker`, not a plain rq worker"
+        )
+    backend = RqBackend(settings)
+    runner = JobRunner(backend, settings, job_id, attempt, worker=os.environ.get("RQ_WORKER_ID"))
+    old = signal.signal(signal.SIGTERM, lambda *_: runner.request_stop())
+    try:
+        return runner.run()
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        backend.close()
+
+
+def run_rq_worker(settings: JobsSettings, burst: bool = False) -> int:
+    global _settings
+    _settings = settings
     backend = RqBackend(settings)
     cls = _make_rq_worker_class()
     worker = cls(
@@ -77,7 +102,7 @@ def run_rq_worker(settings: Settings, burst: bool = False) -> int:
 class LocalWorker:
     """The no-Redis worker: one job at a time, in this process."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: JobsSettings) -> None:
         self.settings = settings
         self.backend = LocalBackend(settings)
         self.name = f"local-{socket.gethostname()}-{os.getpid()}"
@@ -122,13 +147,9 @@ class LocalWorker:
         return 0
 
 
-def main(burst: bool = False) -> int:
+def run_worker(settings: JobsSettings, burst: bool = False) -> int:
+    """``elmo-service worker``: an rq worker with ``REDIS_URL``, else the local one."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    settings = load_settings()
     if settings.redis_url:
         return run_rq_worker(settings, burst)
     return LocalWorker(settings).work(burst)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,11 +1,12 @@
 """How jobs reach a worker: rq on Redis, or a local worker process without Redis.
 
-Both backends share the job-state model (:mod:`api.jobs.state`) and differ in
+Both backends share the job-state model (:mod:`jobs.state`) and differ in
 delivery only:
 
 * :class:`RqBackend`: records in Redis; each attempt is an rq job
   (``<id>-a<attempt>``) on queue ``ELMO_JOBS_QUEUE``, run by ``elmo-service
-  worker`` (:class:`api.worker.JobWorker`, an ``rq.Worker``).
+  worker`` (:class:`jobs.worker.JobWorker`, an ``rq.Worker``; the job function is
+  :func:`jobs.worker.rq_entry`).
 * :class:`LocalBackend`: records in ``<runs_dir>/<id>/job.json``; a local
   worker process (``elmo-service worker`` without REDIS_URL, or the one the API
   starts itself) claims the oldest queued record.
@@ -15,7 +16,7 @@ job whose runner is gone (its process is dead on this host, rq failed its
 execution, or its heartbeat stopped) goes back to the queue as the next
 attempt and resumes from its checkpoint (or fails, with the reason, after
 ``ELMO_JOBS_MAX_ATTEMPTS`` losses; a trainer killed by a signal under a live
-runner counts the same way, :mod:`api.jobs.runner`); a queued job whose delivery vanished is
+runner counts the same way, :mod:`jobs.runner`); a queued job whose delivery vanished is
 delivered again. Workers run it at start and between jobs; the API runs it
 when jobs are listed or read.
 """
@@ -33,11 +34,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from api.jobs.runner import JobRunner, die_with_parent, requeue, runner_alive
-from api.jobs.state import FileJobStore, JobRecord, JobStore, RedisJobStore
-from api.settings import Settings
+from jobs.lifecycle import requeue
+from jobs.procs import runner_alive
+from jobs.settings import JobsSettings
+from jobs.state import FileJobStore, JobRecord, JobStore, RedisJobStore
 
-log = logging.getLogger("api.jobs")
+log = logging.getLogger("jobs")
 
 QUEUED_GRACE = 30.0  # a queued record younger than this may still be being enqueued
 
@@ -46,7 +48,7 @@ class JobBackend:
     kind: str = ""
     store: JobStore
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: JobsSettings) -> None:
         self.settings = settings
         self._reconciled = 0.0
         self._reconcile_lock = threading.Lock()
@@ -128,7 +130,7 @@ def rq_job_id(rec: JobRecord) -> str:
 class RqBackend(JobBackend):
     kind = "rq"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: JobsSettings) -> None:
         import redis
         from rq import Queue
 
@@ -142,7 +144,7 @@ class RqBackend(JobBackend):
 
     def deliver(self, rec: JobRecord) -> None:
         self.queue.enqueue(
-            "api.jobs.backend.rq_entry",
+            "jobs.worker.rq_entry",  # by name: rq imports it in the work-horse
             rec.id,
             rec.attempt,
             job_id=rq_job_id(rec),
@@ -192,22 +194,6 @@ class RqBackend(JobBackend):
             self.redis.close()
 
 
-def rq_entry(job_id: str, attempt: int) -> str:
-    """The rq job function: runs in the rq work-horse (a fork of the worker)."""
-    from api.settings import load_settings
-
-    die_with_parent(signal.SIGTERM)  # the worker died: stop the trainer with a checkpoint
-    settings = load_settings()
-    backend = RqBackend(settings)
-    runner = JobRunner(backend, settings, job_id, attempt, worker=os.environ.get("RQ_WORKER_ID"))
-    old = signal.signal(signal.SIGTERM, lambda *_: runner.request_stop())
-    try:
-        return runner.run()
-    finally:
-        signal.signal(signal.SIGTERM, old)
-        backend.close()
-
-
 # ---------------------------------------------------------------- local
 
 
@@ -216,7 +202,7 @@ class LocalBackend(JobBackend):
 
     kind = "local"
 
-    def __init__(self, settings: Settings, embedded: bool = False) -> None:
+    def __init__(self, settings: JobsSettings, embedded: bool = False) -> None:
         super().__init__(settings)
         self.store = FileJobStore(Path(settings.runs_dir))
         self.embedded = embedded
@@ -291,7 +277,7 @@ class LocalBackend(JobBackend):
                 log.warning("local job worker %d still stopping; leaving it to finish", p.pid)
 
 
-def make_backend(settings: Settings, embedded: bool = False) -> JobBackend:
+def make_backend(settings: JobsSettings, embedded: bool = False) -> JobBackend:
     if settings.redis_url:
         return RqBackend(settings)
     return LocalBackend(settings, embedded=embedded and settings.jobs_embedded_worker)

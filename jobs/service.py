@@ -8,13 +8,13 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from api.jobs.backend import JobBackend, make_backend
-from api.jobs.memory import check_memory, memory_limit
-from api.jobs.spec import JobIn, resolve_corpus, resolve_train_config, softmax_size
-from api.jobs.state import JobRecord, new_job_id
-from api.settings import Settings
+from jobs.backend import JobBackend, make_backend
+from jobs.memory import check_memory, memory_limit
+from jobs.settings import JobsSettings
+from jobs.spec import JobIn, resolve_corpus, resolve_train_config, softmax_size
+from jobs.state import JobRecord, new_job_id
 
-log = logging.getLogger("api.jobs")
+log = logging.getLogger("jobs")
 
 RECONCILE_EVERY = 2.0  # seconds; reads of the job list re-check lost jobs at most this often
 
@@ -30,7 +30,7 @@ class JobConflict(Exception):
 
 
 class JobService:
-    def __init__(self, settings: Settings, backend: JobBackend | None = None) -> None:
+    def __init__(self, settings: JobsSettings, backend: JobBackend | None = None) -> None:
         self.settings = settings
         self.backend = backend or make_backend(settings, embedded=True)
 

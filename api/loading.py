@@ -1,0 +1,118 @@
+"""Building a :class:`~api.served.ServedModel` from the settings and an artifact folder:
+the embedder, its runner (batcher or direct), the cache view and the task stores."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from api.batcher import Batcher, DirectRunner
+from api.cache import CacheBackend, SentenceCache
+from api.metrics import Metrics
+from api.served import ServedModel
+from api.settings import Settings
+from api.tasks_store import (
+    ArtifactTasks,
+    FileTaskStore,
+    RedisTaskStore,
+    TaskRegistry,
+    TaskStore,
+)
+from elmo_service.errors import ArtifactError
+
+
+def make_task_store(settings: Settings, namespace: str) -> TaskStore:
+    if settings.redis_url:
+        return RedisTaskStore(
+            settings.redis_url,
+            namespace,
+            prefix=settings.redis_prefix,
+            timeout=max(settings.redis_timeout, 0.5),
+        )
+    return FileTaskStore(settings.resolved_tasks_file, namespace)
+
+
+def check_model_dir(path: Path) -> Path:
+    if not path.is_dir():
+        raise ArtifactError(
+            f"model directory {path} does not exist: set ELMO_MODEL_PATH, or ELMO_MODELS_DIR and "
+            "ELMO_MODEL (default models/default), or pass --model",
+            field="model",
+        )
+    return path
+
+
+def load_served_model(
+    settings: Settings,
+    backend: CacheBackend,
+    io: ThreadPoolExecutor,
+    metrics: Metrics | None = None,
+    model_path: Path | None = None,
+    artifact: Any = None,
+) -> ServedModel:
+    """Load the artifact (or serve ``artifact``, already loaded from that path) and build
+    its runner. Blocking: call it off the event loop."""
+    from elmo_service.artifact import load_artifact
+    from elmo_service.embedder import Embedder
+    from elmo_service.runtime import set_threads
+
+    path = check_model_dir(Path(model_path or settings.resolved_model_path))
+    set_threads(settings.threads)
+    if artifact is None or Path(artifact.path).resolve() != path.resolve():
+        artifact = load_artifact(path, device="cpu")
+    embedder = Embedder(
+        artifact,
+        device=settings.device,
+        precision=settings.precision,
+        token_cache_size=settings.token_cache_size,
+        batch_tokens=settings.batch_tokens,
+        max_batch_sentences=settings.max_batch_sentences,
+        weights=settings.weights,
+    )
+    # requests are refused above the smaller of the service limit and the model's own
+    embedder.max_sentence_tokens = min(
+        settings.max_tokens_per_sentence, embedder.cfg.max_sentence_tokens
+    )
+    name = path.name
+    runner: Batcher | DirectRunner
+    if settings.batching:
+        runner = Batcher(
+            embedder.embed_batch,  # the batcher plans; the embedder runs what it is handed
+            batch_tokens=settings.batch_tokens,
+            max_batch_sentences=settings.max_batch_sentences,
+            max_queue=settings.max_queue,
+            max_fill_wait=settings.batch_fill_wait_ms / 1000.0,
+            metrics=metrics,
+            name=f"batcher-{name}",
+        )
+    else:
+        runner = DirectRunner(embedder.embed_tokens, max_queue=settings.max_queue, metrics=metrics)
+    cache = SentenceCache(
+        backend,
+        key_prefix=settings.redis_prefix,
+        model_prefix=embedder.cache_key_prefix,
+        version=embedder.version,
+        dtype=settings.cache_dtype,
+        ttl=settings.cache_ttl,
+        n_layers=embedder.n_layers,
+        dim=embedder.dim,
+        metrics=metrics,
+    )
+    shipped = ArtifactTasks(path, embedder.n_layers, embedder.artifact.tasks)
+    tasks = TaskRegistry(make_task_store(settings, name), shipped, embedder.n_layers)
+    served = ServedModel(
+        name=name,
+        path=path,
+        embedder=embedder,
+        runner=runner,
+        cache=cache,
+        tasks=tasks,
+        io=io,
+        request_timeout=settings.request_timeout,
+        max_tokens_per_sentence=embedder.max_sentence_tokens,
+        metrics=metrics,
+    )
+    if metrics is not None:
+        metrics.model_info.labels(name, embedder.version).set(1)
+    return served

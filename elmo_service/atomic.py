@@ -1,0 +1,143 @@
+"""Atomic file and folder writes: readers see the old content or the new, never half.
+
+Every write goes to a temporary sibling (``.<name>.<random>.tmp``, same folder, so
+the rename cannot cross file systems), is flushed and fsync'ed, renamed over the
+target with :func:`os.replace`, and the folder is fsync'ed so the rename itself
+survives a power cut. A failure removes the temporary and leaves the target as it
+was. Temporaries are created with the process umask (not ``mkstemp``'s 0600), so
+the result has the permissions a plain ``open()`` would give it.
+
+* :func:`write_bytes`, :func:`write_text`, :func:`write_json`: whole contents at once;
+* :func:`atomic_open`: a file object, for writers that stream (``torch.save``, ``np.save``);
+* :func:`atomic_path`: a temporary path, for writers that want a file name
+  (h5py, safetensors' ``save_file``);
+* :func:`atomic_dir`: a whole folder, built in a temporary sibling and swapped in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+
+def fsync_dir(directory: str | Path) -> None:
+    """Make a rename (or a new entry) in ``directory`` durable; best effort off POSIX."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems refuse fsync on a folder
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sibling(path: Path, make) -> Path:
+    """A new temporary sibling of ``path``, created by ``make(tmp)`` (which fails if it exists)."""
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            make(tmp)
+            return tmp
+        except FileExistsError:
+            continue
+
+
+def _new_file(tmp: Path) -> None:
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path next to ``path`` (an empty file) for a writer that wants a
+    name; on success it is fsync'ed and renamed over ``path``, on failure removed."""
+    path = Path(path)
+    tmp = _sibling(path, _new_file)
+    try:
+        yield tmp
+        _fsync_file(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
+    """``open(path, mode)``, atomically: ``mode`` is ``"w"`` (text) or ``"wb"``."""
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_open writes whole files: mode 'w' or 'wb', not {mode!r}")
+    with atomic_path(path) as tmp:
+        kw = {"encoding": encoding} if mode == "w" else {}
+        with open(tmp, mode, **kw) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def write_bytes(path: str | Path, data: bytes) -> None:
+    with atomic_open(path, "wb") as f:
+        f.write(data)
+
+
+def write_text(path: str | Path, text: str, encoding: str = "utf-8") -> None:
+    with atomic_open(path, "w", encoding) as f:
+        f.write(text)
+
+
+def write_json(path: str | Path, obj: Any, **dumps: Any) -> None:
+    """``json.dumps(obj, **dumps)`` plus a final newline (``indent=2`` unless given)."""
+    dumps.setdefault("indent", 2)
+    write_text(path, json.dumps(obj, **dumps) + "\n")
+
+
+def _fsync_tree(root: Path) -> None:
+    for folder, _, files in os.walk(root):
+        for name in files:
+            _fsync_file(Path(folder) / name)
+        fsync_dir(folder)
+
+
+@contextlib.contextmanager
+def atomic_dir(directory: str | Path) -> Iterator[Path]:
+    """Yield a new temporary folder next to ``directory``; on success its files are
+    fsync'ed and it replaces ``directory`` (an old one is moved aside first, then
+    deleted, so it is never seen half-deleted); on failure it is removed."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _sibling(directory, lambda p: os.mkdir(p, 0o777))
+    old: Path | None = None
+    try:
+        yield tmp
+        _fsync_tree(tmp)
+        if directory.exists():
+            old = _sibling(directory, lambda p: os.mkdir(p, 0o700))
+            os.replace(directory, old / "old")
+        os.replace(tmp, directory)
+    except BaseException:
+        if old is not None and (old / "old").exists() and not directory.exists():
+            os.replace(old / "old", directory)  # put the previous one back
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        raise
+    fsync_dir(directory.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
