@@ -10,12 +10,12 @@ import torch.nn.functional as F
 import elmo_service.bilstm as bilstm
 import elmo_service.model as model_mod
 import elmo_service.packed as packed
-from elmo_service.config import small_test_config
 from elmo_service.embedder import Embedder
 from elmo_service.errors import ConfigError
 from elmo_service.model import BiLM
 from elmo_service.packed import PackedLinear
 from tests.core_fixtures import tiny_artifact
+from tests.support.configs import small_test_config
 
 torch.set_num_threads(1)
 TOL = 1e-5
