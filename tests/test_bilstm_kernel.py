@@ -25,8 +25,7 @@ def random_bilm(seed: int = 0, **overrides) -> BiLM:
     """A tiny model with weights at a scale where gates are not saturated and clips bite."""
     torch.manual_seed(seed)
     cfg = small_test_config(lstm_dim=32, projection_dim=16, cell_clip=0.8, proj_clip=0.5)
-    for k, v in overrides.items():
-        setattr(cfg, k, v)
+    cfg = cfg.replace(**overrides)  # BiLMConfig is immutable
     model = BiLM(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():
