@@ -1,4 +1,4 @@
-"""The biLM's shape, as one dataclass.
+"""The biLM's shape, as one strict model (:mod:`elmo_service.settings_base`).
 
 Field names follow bilm-tf's ``options.json`` where one exists, so that
 ``BiLMConfig.from_bilm_options`` is a plain mapping.
@@ -6,11 +6,12 @@ Field names follow bilm-tf's ``options.json`` where one exists, so that
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, model_validator
 
 from elmo_service.errors import ConfigError
+from elmo_service.settings_base import StrictModel, Tuple, need
 
 # compute precisions of the embedder and the trainer; "auto" resolves per device
 # (elmo_service.runtime.resolve_precision). Here, not there, so CLIs list them without torch.
@@ -24,8 +25,7 @@ ELMO_FILTERS: tuple[tuple[int, int], ...] = (
 )  # fmt: skip
 
 
-@dataclass
-class BiLMConfig:
+class BiLMConfig(StrictModel):
     """Everything needed to build a :class:`elmo_service.model.BiLM`.
 
     The token encoder is a character CNN (``char_dim``, ``filters``,
@@ -33,32 +33,50 @@ class BiLMConfig:
     highway layers and a linear projection to ``projection_dim``. The
     contextual encoder is ``n_layers`` LSTM layers per direction with
     ``lstm_dim`` cells projected back to ``projection_dim``.
+
+    Immutable: ``cfg.replace(lstm_dim=512)`` gives a validated copy. Errors name
+    the bare field (``lstm_dim``); inside a training config, ``model.lstm_dim``.
     """
 
-    # character CNN
-    char_dim: int = 16
-    filters: tuple[tuple[int, int], ...] = ELMO_FILTERS
-    n_highway: int = 1
-    activation: str = "relu"
-    max_chars_per_token: int = 50
-    # shared width of the token vector and of each LSTM layer's output
-    projection_dim: int = 128
-    # LSTM
-    lstm_dim: int = 1024
-    n_layers: int = 2
-    cell_clip: float | None = 3.0
-    proj_clip: float | None = 3.0
-    residual: bool = True  # bilm-tf's use_skip_connections: layers >= 2 add their input
-    dropout: float = 0.1  # training only: on each LSTM layer's input and the top output
-    # training only: also drop out the token vectors into layer 1 (bilm-tf does; Kim et al. 2016
-    # apply dropout between layers and before the softmax only)
-    dropout_tokens: bool = True
-    # guard for the embedder: longer sentences are refused, not truncated
-    max_sentence_tokens: int = 512
+    model_config = ConfigDict(frozen=True)
 
-    def __post_init__(self) -> None:
-        self.filters = tuple((int(w), int(n)) for w, n in self.filters)
-        self.validate()
+    # character CNN
+    char_dim: int = Field(16, gt=0, description="width of each byte's embedding")
+    filters: Annotated[tuple[tuple[int, int], ...], Tuple] = Field(
+        ELMO_FILTERS, description="[width, count] pairs of the character convolutions"
+    )
+    n_highway: int = Field(1, ge=0, description="highway layers after the convolutions")
+    activation: Literal["relu", "tanh"] = Field("relu", description="of the convolutions")
+    max_chars_per_token: int = Field(50, ge=3, description="bytes read per token, markers included")
+    projection_dim: int = Field(
+        128, gt=0, description="shared width of the token vector and of each LSTM layer's output"
+    )
+    # LSTM
+    lstm_dim: int = Field(1024, gt=0, description="LSTM cells per layer and direction")
+    n_layers: int = Field(2, ge=1, description="LSTM layers per direction")
+    cell_clip: float | None = Field(3.0, gt=0, description="cell state clip; null: none")
+    proj_clip: float | None = Field(3.0, gt=0, description="projected output clip; null: none")
+    residual: bool = Field(
+        True, description="bilm-tf's use_skip_connections: layers >= 2 add their input"
+    )
+    dropout: float = Field(
+        0.1, ge=0, lt=1, description="training only: on each LSTM layer's input and the top output"
+    )
+    dropout_tokens: bool = Field(
+        True,
+        description="training only: also drop out the token vectors into layer 1 (bilm-tf "
+        "does; Kim et al. 2016 apply dropout between layers and before the softmax only)",
+    )
+    max_sentence_tokens: int = Field(
+        512, ge=1, description="guard for the embedder: longer sentences are refused, not truncated"
+    )
+
+    @model_validator(mode="after")
+    def _check_filters(self) -> BiLMConfig:
+        need(len(self.filters) > 0, "filters", "need at least one [width, count] pair")
+        for w, n in self.filters:
+            need(0 < w <= self.max_chars_per_token and n > 0, "filters", f"bad filter [{w}, {n}]")
+        return self
 
     @property
     def n_filters(self) -> int:
@@ -72,46 +90,6 @@ class BiLMConfig:
     @property
     def n_output_layers(self) -> int:
         return self.n_layers + 1
-
-    def validate(self) -> None:
-        def need(cond: bool, name: str, msg: str) -> None:
-            if not cond:
-                raise ConfigError(f"{name}: {msg}", field=name)
-
-        need(self.char_dim > 0, "char_dim", "must be positive")
-        need(len(self.filters) > 0, "filters", "need at least one [width, count] pair")
-        for w, n in self.filters:
-            need(0 < w <= self.max_chars_per_token and n > 0, "filters", f"bad filter [{w}, {n}]")
-        need(self.activation in ("relu", "tanh"), "activation", "must be 'relu' or 'tanh'")
-        need(self.n_highway >= 0, "n_highway", "must be >= 0")
-        need(self.max_chars_per_token >= 3, "max_chars_per_token", "must be >= 3")
-        need(self.projection_dim > 0, "projection_dim", "must be positive")
-        need(self.lstm_dim > 0, "lstm_dim", "must be positive")
-        need(self.n_layers >= 1, "n_layers", "must be >= 1")
-        need(0.0 <= self.dropout < 1.0, "dropout", "must be in [0, 1)")
-        need(self.max_sentence_tokens >= 1, "max_sentence_tokens", "must be >= 1")
-        for name in ("cell_clip", "proj_clip"):
-            v = getattr(self, name)
-            need(v is None or v > 0, name, "must be positive or null")
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["filters"] = [list(f) for f in self.filters]
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> BiLMConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"unknown model config keys: {unknown}", field=unknown[0])
-        try:
-            return cls(**d)
-        except TypeError as e:
-            raise ConfigError(f"bad model config: {e}") from e
-
-    def replace(self, **changes: Any) -> BiLMConfig:
-        return dataclasses.replace(self, **changes)
 
     @classmethod
     def from_bilm_options(cls, options: dict[str, Any]) -> BiLMConfig:
@@ -136,19 +114,4 @@ class BiLMConfig:
             raise ConfigError(f"options.json lacks {e.args[0]!r}", field=str(e.args[0])) from e
 
 
-def small_test_config(**overrides: Any) -> BiLMConfig:
-    """A tiny model for tests: builds and runs in milliseconds."""
-    base = dict(
-        char_dim=4,
-        filters=((1, 4), (2, 8), (3, 8)),
-        n_highway=1,
-        projection_dim=8,
-        lstm_dim=16,
-        n_layers=2,
-        max_sentence_tokens=64,
-    )
-    base.update(overrides)
-    return BiLMConfig(**base)
-
-
-__all__ = ["BiLMConfig", "ELMO_FILTERS", "PRECISIONS", "WEIGHT_MODES", "small_test_config"]
+__all__ = ["BiLMConfig", "ELMO_FILTERS", "PRECISIONS", "WEIGHT_MODES"]

@@ -3,68 +3,54 @@
 Every rejection names the field: ``corpus`` for a path that is missing or
 leaves the data folder, ``config.<section>.<key>`` for a training-config error
 (the trainer's own validation, :func:`pretrain.config.TrainConfig.from_dict`),
-``budget.*`` / ``prepare.*`` / ``name`` through pydantic.
+``budget.*`` / ``prepare.*`` / ``name`` through pydantic. ``prepare`` takes the fields of
+the CLI's :class:`pretrain.prepare.PrepareOptions` that a job may set.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
-import dataclasses
 import json
 import os
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field, create_model
 
-from elmo_service.config import BiLMConfig
 from elmo_service.errors import ConfigError, InputError
 from elmo_service.names import MODEL_NAME
+from elmo_service.settings_base import StrictModel, to_argv
+from pretrain.prepare import FORMAT as PREPARED_FORMAT
+from pretrain.prepare import JOB_FIELDS, PrepareOptions
 
 NAME_PATTERN = f"^{MODEL_NAME.pattern}$"  # the artifact's folder: one rule for every model name
-PREPARED_FORMAT = "elmo-pretrain-corpus"
 # directory corpora are walked to find symlinks that leave the data folder; bounded
 MAX_CORPUS_ENTRIES = 100_000
-_BILM_FIELDS = {f.name for f in dataclasses.fields(BiLMConfig)}
 
 
-class PrepareIn(BaseModel):
-    """Options of ``elmo-pretrain prepare`` (used when the corpus is raw text)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)  # no coercion: "5" is not 5
-
-    tokenizer: Literal["sentencepiece", "word"] = "sentencepiece"
-    vocab_size: int = Field(16000, ge=4, le=2_000_000)
-    sp_model_type: Literal["unigram", "bpe", "char", "word"] = "unigram"
-    byte_fallback: bool = True
-    character_coverage: float = Field(0.9995, gt=0, le=1)
-    split: Literal["paragraphs", "lines", "none"] = "paragraphs"
-    pretokenized: bool = False
-    lowercase: bool = False
-    dedupe: bool = True
-    heldout_fraction: float = Field(0.01, ge=0, lt=0.5)
-    max_sentence_words: int = Field(250, ge=1)
+class _PrepareBase(StrictModel):
+    """What :data:`PrepareIn` adds to its fields (taken from :class:`PrepareOptions`)."""
 
     def cli_args(self) -> list[str]:
-        a = ["--tokenizer", self.tokenizer, "--vocab-size", str(self.vocab_size)]
-        a += ["--sp-model-type", self.sp_model_type, "--split", self.split]
-        a += ["--character-coverage", repr(self.character_coverage)]
-        a += ["--heldout-fraction", repr(self.heldout_fraction)]
-        a += ["--max-sentence-words", str(self.max_sentence_words)]
-        flags = {
-            "--no-byte-fallback": not self.byte_fallback,
-            "--pretokenized": self.pretokenized,
-            "--lowercase": self.lowercase,
-            "--no-dedupe": not self.dedupe,
-        }
-        return a + [f for f, on in flags.items() if on]
+        """The ``elmo-pretrain prepare`` flags that set these options."""
+        return to_argv(self)
 
 
-class BudgetIn(BaseModel):
+# A job's ``prepare``: the job-settable fields of the CLI's own PrepareOptions, declared
+# there once (type, default, bounds, description); no paths, nothing about the worker.
+PrepareIn = create_model(
+    "PrepareIn",
+    __base__=_PrepareBase,
+    __doc__="Options of ``elmo-pretrain prepare`` (used when the corpus is raw text).",
+    **{
+        n: (PrepareOptions.model_fields[n].annotation, PrepareOptions.model_fields[n])
+        for n in JOB_FIELDS
+    },  # type: ignore[call-overload]
+)
+
+
+class BudgetIn(StrictModel):
     """How long to train: ``train.steps`` and/or ``train.max_minutes`` (wins over ``config``)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)  # no coercion: "5" is not 5
 
     steps: int | None = Field(None, ge=1, description="Optimizer steps in total.")
     max_minutes: float | None = Field(
@@ -72,10 +58,8 @@ class BudgetIn(BaseModel):
     )
 
 
-class JobIn(BaseModel):
+class JobIn(StrictModel):
     model_config = ConfigDict(
-        extra="forbid",
-        strict=True,
         json_schema_extra={
             "examples": [
                 {
@@ -106,7 +90,8 @@ class JobIn(BaseModel):
     config: dict[str, Any] = Field(
         default_factory=dict,
         description="Training config (as configs/*.yaml: model, data, softmax, optim, train, "
-        "checkpoint) over the trainer's defaults. data.path is set by the job.",
+        "checkpoint) over the trainer's defaults, checked by the trainer's own model "
+        "(pretrain.config.TrainConfig). data.path is set by the job.",
     )
     budget: BudgetIn = Field(default_factory=BudgetIn)
     prepare: PrepareIn = Field(default_factory=PrepareIn)
@@ -171,39 +156,22 @@ def softmax_size(corpus: Path, job: JobIn) -> tuple[int, str]:
 
 
 def resolve_train_config(job: JobIn) -> dict[str, Any]:
-    """The job's training config, validated by the trainer's own loader (no data yet).
+    """The job's training config, validated by the trainer's own model (no data yet).
 
-    ConfigError names ``config.<section>.<key>`` (the trainer's field, prefixed).
+    ConfigError names ``config.<section>.<key>`` (the trainer's dotted field, prefixed).
     """
     from pretrain.config import TrainConfig
 
-    raw = copy.deepcopy(job.config)
-    data = raw.get("data")
-    if isinstance(data, dict) and "path" in data:
+    raw = dict(job.config)
+    if isinstance(raw.get("data"), dict) and "path" in raw["data"]:
         raise ConfigError(
             "config.data.path: set by the job (the corpus is given as 'corpus')",
             field="config.data.path",
         )
-    train = raw.get("train")
-    if job.budget.steps is not None or job.budget.max_minutes is not None:
-        if train is None:
-            train = raw["train"] = {}
-        if isinstance(train, dict):
-            if job.budget.steps is not None:
-                train["steps"] = job.budget.steps
-            if job.budget.max_minutes is not None:
-                train["max_minutes"] = job.budget.max_minutes
-    if isinstance(raw.get("data", {}), dict):
-        raw.setdefault("data", {})["path"] = "<prepared corpus>"
-    try:
-        cfg = TrainConfig.from_dict(raw)
-    except ConfigError as e:
-        key = e.field or ""
-        msg = e.message.removeprefix(f"{key}: ") if key else e.message
-        if key in _BILM_FIELDS:  # the network's own checks name the bare key
-            key = f"model.{key}"
-        field = f"config.{key}" if key else "config"
-        raise ConfigError(f"{field}: {msg}", field=field) from e
-    out = cfg.to_dict()
-    out["train"]["progress"] = False  # no tqdm bar in a log file
-    return out
+    budget = job.budget.model_dump(exclude_none=True)  # wins over config's train.*
+    if budget and isinstance(raw.setdefault("train", {}), dict):
+        raw["train"] = {**raw["train"], **budget}
+    cfg = TrainConfig.from_dict(raw, prefix="config.")
+    cfg.data.path = "<prepared corpus>"
+    cfg.train.progress = False  # no tqdm bar in a log file
+    return cfg.to_dict()

@@ -2,6 +2,6 @@
 
 Modules: text (reading/cleaning/splitting), prepare (corpus folder), data
 (memory-mapped shards, length-bucketed batches), softmax (full / sampled /
-adaptive), lm (the training-time model), config (YAML -> dataclasses), train
+adaptive), lm (the training-time model), config (YAML -> strict models), train
 (the loop, DDP, checkpoints), checkpoint, evaluate (exact perplexity, export).
 """

@@ -24,6 +24,8 @@ import sys
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from elmo_service.errors import ElmoServiceError  # noqa: E402
+from elmo_service.settings_base import add_arguments, from_args  # noqa: E402
+from pretrain.prepare import CLI_FIELDS, PrepareOptions  # noqa: E402
 from pretrain.probe import add_probe_commands  # noqa: E402
 from pretrain.sources.cli import add_source_commands  # noqa: E402
 
@@ -40,55 +42,8 @@ def _add_prepare(sub) -> None:
     p.add_argument(
         "--out", required=True, help="output folder (refused if it holds a different preparation)"
     )
-    p.add_argument("--tokenizer", choices=["sentencepiece", "word"], default="sentencepiece")
-    p.add_argument(
-        "--vocab-size",
-        type=int,
-        default=16000,
-        help="softmax size incl. <S>, </S>, <unk> (default 16000)",
-    )
-    p.add_argument("--sp-model-type", choices=["unigram", "bpe", "char", "word"], default="unigram")
-    p.add_argument(
-        "--no-byte-fallback",
-        action="store_true",
-        help="sentencepiece: rare characters become <unk>",
-    )
-    p.add_argument("--character-coverage", type=float, default=0.9995)
-    p.add_argument(
-        "--split",
-        choices=["paragraphs", "lines", "none"],
-        default="paragraphs",
-        help="paragraphs: blank-line separated running text; lines: each line is running text; none: one sentence a line",
-    )
-    p.add_argument(
-        "--pretokenized",
-        action="store_true",
-        help="word tokenizer: split on whitespace only (e.g. PTB)",
-    )
-    p.add_argument("--lowercase", action="store_true")
-    p.add_argument(
-        "--no-dedupe", action="store_true", help="keep duplicate sentences (benchmarks such as PTB)"
-    )
-    p.add_argument("--heldout-fraction", type=float, default=0.01)
-    p.add_argument(
-        "--heldout",
-        nargs="+",
-        default=[],
-        metavar="FILE",
-        help="held-out files instead of a random fraction",
-    )
-    p.add_argument(
-        "--encoding-errors",
-        choices=["replace", "skip"],
-        default="replace",
-        help="invalid UTF-8: replace bytes or skip the line",
-    )
-    p.add_argument(
-        "--max-line-chars", type=int, default=1_000_000, help="longer lines are skipped and counted"
-    )
-    p.add_argument("--max-sentence-words", type=int, default=250)
-    p.add_argument("--shard-tokens", type=int, default=50_000_000)
-    p.add_argument("--threads", type=int, default=2)
+    # every preparation option is a flag derived from PrepareOptions (name, type, default, help)
+    add_arguments(p, PrepareOptions, CLI_FIELDS)
     p.add_argument(
         "--force", action="store_true", help="replace an existing, different preparation in --out"
     )
@@ -208,26 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_prepare(a) -> int:
-    from pretrain.prepare import PrepareOptions, prepare
+    from pretrain.prepare import prepare
 
-    opts = PrepareOptions(
-        tokenizer=a.tokenizer,
-        vocab_size=a.vocab_size,
-        sp_model_type=a.sp_model_type,
-        byte_fallback=not a.no_byte_fallback,
-        character_coverage=a.character_coverage,
-        split=a.split,
-        pretokenized=a.pretokenized,
-        lowercase=a.lowercase,
-        dedupe=not a.no_dedupe,
-        heldout_fraction=a.heldout_fraction,
-        heldout_files=a.heldout,
-        encoding_errors=a.encoding_errors,
-        max_line_chars=a.max_line_chars,
-        max_sentence_words=a.max_sentence_words,
-        shard_tokens=a.shard_tokens,
-        threads=a.threads,
-    )
+    opts = from_args(PrepareOptions, a)
     prepare(a.inputs, a.out, opts, force=a.force, progress=not a.no_progress)
     return 0
 

@@ -26,15 +26,16 @@ import hashlib
 import json
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
+from pydantic import Field
 from tqdm import tqdm
 
 from elmo_service.atomic import atomic_dir
-from elmo_service.errors import InputError
+from elmo_service.errors import ElmoServiceError, InputError
+from elmo_service.settings_base import Cli, StrictModel
 from pretrain import text as T
 
 FORMAT = "elmo-pretrain-corpus"
@@ -44,57 +45,83 @@ SPECIALS = (BOS, EOS, UNK)
 BOS_ID, EOS_ID, UNK_ID = 0, 1, 2
 
 
-@dataclass
-class PrepareOptions:
-    tokenizer: str = "sentencepiece"  # sentencepiece | word
-    vocab_size: int = 16000  # softmax size including <S>, </S>, <unk>
-    sp_model_type: str = "unigram"  # unigram | bpe | char | word
-    byte_fallback: bool = True  # rare characters -> byte pieces instead of <unk>
-    character_coverage: float = 0.9995
-    sp_input_sentences: int = 2_000_000  # sentencepiece trains on a sample this large
-    split: str = "paragraphs"  # paragraphs | lines | none (one sentence a line)
-    pretokenized: bool = False  # word tokenizer: split on whitespace only (PTB)
-    lowercase: bool = False
-    dedupe: bool = True
-    heldout_fraction: float = 0.01
-    heldout_files: list[str] = field(default_factory=list)
-    encoding_errors: str = "replace"  # replace | skip
-    max_line_chars: int = (
-        1_000_000  # longer lines are skipped (whole speeches on one line are ~200k)
+class PrepareOptions(StrictModel):
+    """Options of ``elmo-pretrain prepare`` (its flags are derived from these fields).
+
+    A job's ``prepare`` section is the subset :data:`JOB_FIELDS` of them. Every
+    option is part of the preparation's identity (``params_hash``).
+    """
+
+    error_class: ClassVar[type[ElmoServiceError]] = InputError
+
+    tokenizer: Literal["sentencepiece", "word"] = Field(
+        "sentencepiece", description="subword pieces, or whitespace/punctuation words"
     )
-    max_sentence_words: int = 250
-    shard_tokens: int = 50_000_000
-    seed: int = 1234
-    threads: int = 2
+    vocab_size: int = Field(
+        16000, ge=4, le=2_000_000, description="softmax size incl. <S>, </S>, <unk>"
+    )
+    sp_model_type: Literal["unigram", "bpe", "char", "word"] = Field(
+        "unigram", description="sentencepiece's model type"
+    )
+    byte_fallback: bool = Field(
+        True, description="sentencepiece: rare characters become byte pieces instead of <unk>"
+    )
+    character_coverage: float = Field(
+        0.9995, gt=0, le=1, description="sentencepiece: share of characters kept as pieces"
+    )
+    sp_input_sentences: int = Field(
+        2_000_000, ge=1, description="sentencepiece trains on a sample this large"
+    )
+    split: Literal["paragraphs", "lines", "none"] = Field(
+        "paragraphs",
+        description="paragraphs: blank-line separated running text; lines: each line is "
+        "running text; none: one sentence a line",
+    )
+    pretokenized: bool = Field(
+        False, description="word tokenizer: split on whitespace only (e.g. PTB)"
+    )
+    lowercase: bool = Field(False, description="lowercase all text")
+    dedupe: bool = Field(
+        True, description="drop duplicate sentences (keep them for benchmarks such as PTB)"
+    )
+    heldout_fraction: float = Field(
+        0.01, ge=0, lt=0.5, description="share of sentences held out (by hash, stable)"
+    )
+    heldout_files: Annotated[list[str], Cli(flag="--heldout", metavar="FILE")] = Field(
+        default_factory=list, description="held-out files instead of a random fraction"
+    )
+    encoding_errors: Literal["replace", "skip"] = Field(
+        "replace", description="invalid UTF-8: replace bytes or skip the line"
+    )
+    max_line_chars: int = Field(
+        1_000_000,
+        ge=100,
+        description="longer lines are skipped and counted (whole speeches on one line are ~200k)",
+    )
+    max_sentence_words: int = Field(250, ge=1, description="longer sentences are skipped")
+    shard_tokens: int = Field(50_000_000, ge=1000, description="tokens per shard file")
+    seed: int = Field(1234, description="sentencepiece sampling seed")
+    threads: int = Field(2, description="sentencepiece training threads")
 
-    def validate(self) -> None:
-        def need(cond: bool, msg: str, fld: str) -> None:
-            if not cond:
-                raise InputError(msg, field=fld)
 
-        need(
-            self.tokenizer in ("sentencepiece", "word"),
-            "tokenizer must be sentencepiece or word",
-            "tokenizer",
-        )
-        need(self.vocab_size >= 4, "vocab size must be >= 4", "vocab_size")
-        need(
-            self.split in ("paragraphs", "lines", "none"),
-            "split must be paragraphs, lines or none",
-            "split",
-        )
-        need(
-            0.0 <= self.heldout_fraction < 0.5,
-            "held-out fraction must be in [0, 0.5)",
-            "heldout_fraction",
-        )
-        need(
-            self.encoding_errors in ("replace", "skip"),
-            "encoding errors: replace or skip",
-            "encoding_errors",
-        )
-        need(self.max_line_chars >= 100, "max line chars must be >= 100", "max_line_chars")
-        need(self.shard_tokens >= 1000, "shard tokens must be >= 1000", "shard_tokens")
+# the options `elmo-pretrain prepare` shows as flags (seed and sample size are not)
+CLI_FIELDS = tuple(
+    n for n in PrepareOptions.model_fields if n not in ("sp_input_sentences", "seed")
+)
+# the options a pretraining job may set: no paths, nothing about the worker's machine
+JOB_FIELDS = (
+    "tokenizer",
+    "vocab_size",
+    "sp_model_type",
+    "byte_fallback",
+    "character_coverage",
+    "split",
+    "pretokenized",
+    "lowercase",
+    "dedupe",
+    "heldout_fraction",
+    "max_sentence_words",
+)
 
 
 def _inputs_fingerprint(files: list[Path]) -> list[dict[str, Any]]:
@@ -106,7 +133,9 @@ def _inputs_fingerprint(files: list[Path]) -> list[dict[str, Any]]:
 
 
 def _params_hash(opts: PrepareOptions, train: list[dict], heldout: list[dict]) -> str:
-    blob = json.dumps({"options": asdict(opts), "train": train, "heldout": heldout}, sort_keys=True)
+    blob = json.dumps(
+        {"options": opts.model_dump(), "train": train, "heldout": heldout}, sort_keys=True
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -194,8 +223,7 @@ def prepare(
     log=print,
 ) -> dict[str, Any]:
     """Run the whole preparation; returns the manifest. Raises InputError on bad input."""
-    opts = opts or PrepareOptions()
-    opts.validate()
+    opts = opts or PrepareOptions()  # validated when built
     out = Path(out)
     if not inputs:
         raise InputError("no input files given", field="inputs")
@@ -214,7 +242,7 @@ def prepare(
             format=FORMAT,
             format_version=FORMAT_VERSION,
             params_hash=params_hash,
-            options=asdict(opts),
+            options=opts.model_dump(),
             inputs={"train": train_fp, "heldout": heldout_fp},
             seconds=round(time.time() - t0, 1),
         )

@@ -70,10 +70,10 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
 
     from elmo_service.artifact import save_artifact
-    from elmo_service.config import small_test_config
     from elmo_service.model import BiLM
     from elmo_service.scalar_mix import MixSpec
     from elmo_service.tokenizers import WordTokenizer
+    from tests.support.configs import small_test_config
 
     torch.manual_seed(1234)
     model = BiLM(small_test_config()).eval()

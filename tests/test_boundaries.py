@@ -44,9 +44,6 @@ ALLOWED = {
 }
 # import name -> distribution, where packages_distributions() cannot tell (not installed)
 DIST_OF = {"yaml": "pyyaml", "google": "protobuf", "uvicorn": "uvicorn"}
-# known, owned elsewhere in issue #17: probe --service talks HTTP through httpx, which only
-# the test extra installs (the probe's rework declares or replaces it); remove when it lands
-KNOWN_UNDECLARED = {("pretrain.probe", "httpx")}
 
 
 @dataclass(frozen=True)
@@ -297,7 +294,7 @@ def test_every_third_party_import_is_a_declared_dependency():
         guarded = {i.target.split(".")[0] for i in imps if i.guarded}
         for i in imps:
             top = i.target.split(".")[0]
-            if not top or top in stdlib or top in PACKAGES or (m, top) in KNOWN_UNDECLARED:
+            if not top or top in stdlib or top in PACKAGES:
                 continue
             names = {_canonical(d) for d in dists.get(top, [])} | {
                 _canonical(DIST_OF.get(top, top))

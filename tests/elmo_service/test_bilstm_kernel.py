@@ -10,11 +10,11 @@ import torch.nn.functional as F
 import elmo_service.bilstm as bilstm
 import elmo_service.model as model_mod
 import elmo_service.packed as packed
-from elmo_service.config import small_test_config
 from elmo_service.embedder import Embedder
 from elmo_service.errors import ConfigError
 from elmo_service.model import BiLM
 from elmo_service.packed import PackedLinear
+from tests.support.configs import small_test_config
 from tests.support.core_fixtures import tiny_artifact
 
 torch.set_num_threads(1)
@@ -25,8 +25,7 @@ def random_bilm(seed: int = 0, **overrides) -> BiLM:
     """A tiny model with weights at a scale where gates are not saturated and clips bite."""
     torch.manual_seed(seed)
     cfg = small_test_config(lstm_dim=32, projection_dim=16, cell_clip=0.8, proj_clip=0.5)
-    for k, v in overrides.items():
-        setattr(cfg, k, v)
+    cfg = cfg.replace(**overrides)  # BiLMConfig is immutable
     model = BiLM(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():

@@ -19,10 +19,11 @@ import torch.nn.functional as F
 
 from elmo_service.artifact import Artifact
 from elmo_service.char_ids import batch_ids, sentence_ids
-from elmo_service.config import BiLMConfig, small_test_config
+from elmo_service.config import BiLMConfig
 from elmo_service.embedder import Embedder
 from elmo_service.model import N_CHAR_IDS, BiLM
 from elmo_service.tokenizers import WordTokenizer
+from tests.support.configs import small_test_config
 
 torch.set_num_threads(1)
 

@@ -2,9 +2,9 @@
 
 import torch
 
-from elmo_service.config import small_test_config
 from elmo_service.lstm import LstmLayer, LstmpFunction
 from elmo_service.model import BiLM
+from tests.support.configs import small_test_config
 
 
 def ref_layer(x_gates, w_hh_t, w_proj_t, h, c, keep, clip):

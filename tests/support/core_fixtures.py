@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 
 from elmo_service.artifact import save_artifact
-from elmo_service.config import small_test_config
 from elmo_service.model import BiLM
 from elmo_service.tokenizers import SentencePieceTokenizer, Tokenizer, WordTokenizer
+from tests.support.configs import small_test_config
 
 WORDS = [
     "the",

@@ -1,0 +1,60 @@
+"""Learn a task's scalar mix on labelled data, and measure what context buys.
+
+ELMo's recipe (Peters et al. 2018, §3.3): freeze the biLM, learn the task's
+softmax-normalised layer weights ``s`` and scale ``γ`` together with the
+downstream model. Here the downstream model is linear, so the numbers are a
+probe of what each layer encodes (Liu et al. 2019):
+
+* token tasks (``pos``: Brown with 12 universal tags; ``tagging``: your own
+  tags): word vectors ``[L+1, D]`` → mix → linear → tags;
+* sentence tasks (``polarity``: movie reviews; ``classification``: your own
+  labels): layers mean-pooled over tokens → mix → logistic regression.
+
+One module per concern:
+
+* :mod:`~pretrain.probe.options`: :class:`ProbeConfig` (training) and the command's options;
+* :mod:`~pretrain.probe.tasks`: built-in and user task data, checked line by line;
+* :mod:`~pretrain.probe.features`: the frozen model's features, cached per model version;
+* :mod:`~pretrain.probe.learn`: the mix + linear probe and the per-layer runs;
+* :mod:`~pretrain.probe.report`: the results table;
+* :mod:`~pretrain.probe.service`: storing the task with the model or in a running service;
+* :mod:`~pretrain.probe.cli`: ``elmo-pretrain probe``.
+
+"""
+
+from pretrain.probe.cli import add_probe_commands
+from pretrain.probe.features import pooled_features, word_features
+from pretrain.probe.learn import (
+    MixProbe,
+    ProbeResult,
+    best_mix,
+    polarity_probe,
+    pos_probe,
+    random_artifact,
+    run_probe,
+    train_probe,
+)
+from pretrain.probe.options import TASK_DEFAULTS, ProbeConfig, ProbeOptions
+from pretrain.probe.report import results_table, write_report
+from pretrain.probe.service import check_service, save_task
+
+__all__ = [
+    "TASK_DEFAULTS",
+    "MixProbe",
+    "ProbeConfig",
+    "ProbeOptions",
+    "ProbeResult",
+    "add_probe_commands",
+    "best_mix",
+    "check_service",
+    "polarity_probe",
+    "pooled_features",
+    "pos_probe",
+    "random_artifact",
+    "results_table",
+    "run_probe",
+    "save_task",
+    "train_probe",
+    "word_features",
+    "write_report",
+]

@@ -1,0 +1,86 @@
+"""``elmo-pretrain probe TASK``: its flags (derived from the option models) and its handler."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from elmo_service.errors import InputError
+from elmo_service.settings_base import add_arguments, from_args
+from pretrain.probe.options import (
+    CLI_CONFIG_FIELDS,
+    PER_KIND,
+    TASK_DEFAULTS,
+    ProbeConfig,
+    ProbeOptions,
+    probe_config,
+)
+from pretrain.probe.tasks import task_file, task_kind
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from elmo_service.artifact import default_model_dir
+    from elmo_service.runtime import set_threads
+    from elmo_service.scalar_mix import check_task_name
+    from pretrain.probe.learn import polarity_probe, pos_probe
+    from pretrain.probe.report import results_table, write_report
+    from pretrain.probe.service import check_service, save_task
+    from pretrain.probe.tasks import label_set, load_task_data
+
+    o = from_args(ProbeOptions, args)
+    task, kind = o.task, task_kind(o.task)
+    cfg = probe_config(kind, **{k: getattr(args, k) for k in CLI_CONFIG_FIELDS})
+    name = o.task_name or (task if task in ("pos", "polarity") else None)
+    if name is None:
+        raise InputError(
+            f"probe {task} needs --task-name (what to call the task)", field="task_name"
+        )
+    check_task_name(name)
+    if o.service:
+        check_service(o.service, o.admin_key)
+    set_threads(o.threads)
+    model_dir = Path(o.model) if o.model else default_model_dir()
+    data_dir = Path(o.data or f"data/{task_file(task) or task}")
+    data = load_task_data(task, data_dir, o.fetch)
+    if o.max_train:
+        data["train"] = data["train"][: o.max_train]
+    classes = label_set(task, data)
+    cache = Path(o.cache) / name
+    if kind == "tokens":
+        results, spec = pos_probe(model_dir, data, classes, cache, cfg, task=name)
+    else:
+        index = {c: i for i, c in enumerate(classes)}
+        data = {s: [(t, index[y]) for t, y in rows] for s, rows in data.items()}
+        results, spec = polarity_probe(model_dir, data, cache, cfg, task=name, classes=classes)
+    print(results_table(results))
+    argv = getattr(args, "argv", None) or sys.argv[1:]
+    command = "elmo-pretrain " + " ".join(shlex.quote(a) for a in argv)
+    if o.report:
+        write_report(Path(o.report), f"{name} probe of {model_dir.name}", results, command)
+    stored = save_task(
+        spec,
+        name,
+        model_dir=model_dir if o.store else None,
+        service=o.service,
+        admin_key=o.admin_key,
+        fallback=cache / f"{name}.task.json",
+    )
+    for where in stored:
+        print(f"task stored: {where}")
+    return 0
+
+
+def add_probe_commands(sub) -> None:
+    p = sub.add_parser(
+        "probe", help="learn a task's scalar mix on labelled data and report per-layer accuracy"
+    )
+    add_arguments(p, ProbeOptions)
+    tok, sent = TASK_DEFAULTS["tokens"], TASK_DEFAULTS["sentences"]
+    per_kind = {
+        k: f"{getattr(tok, k)} for token tasks, {getattr(sent, k)} for sentence tasks"
+        for k in PER_KIND
+    }
+    add_arguments(p, ProbeConfig, CLI_CONFIG_FIELDS, deferred=per_kind)
+    p.set_defaults(func=cmd_probe)

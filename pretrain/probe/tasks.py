@@ -1,0 +1,144 @@
+"""The probe's labelled data: built-in tasks (fetched) and a user's own JSONL splits.
+
+Every line is checked before any embedding; dev/test may only use classes seen
+in training.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from elmo_service.errors import InputError
+
+# task -> (file prefix, kind). Built-in tasks read data/<prefix>.<split>.jsonl
+# (fetched with --fetch); a user's own task reads <split>.jsonl from --data.
+TASKS = {
+    "pos": ("brown", "tokens"),
+    "polarity": ("polarity", "sentences"),
+    "tagging": (None, "tokens"),
+    "classification": (None, "sentences"),
+}
+SPLITS = ("train", "dev", "test")
+ROW_FORMAT = {
+    "tokens": '{"words": ["The", "dog"], "tags": ["DET", "NOUN"]}',
+    "sentences": '{"text": "A fine film .", "label": "positive"}',
+}
+
+
+def task_file(task: str) -> str | None:
+    return TASKS[task][0]
+
+
+def task_kind(task: str) -> str:
+    """``tokens`` (a tag per word) or ``sentences`` (a label per sentence)."""
+    return TASKS[task][1]
+
+
+def split_path(task: str, data_dir: Path, split: str) -> Path:
+    prefix = task_file(task)
+    return data_dir / (f"{prefix}.{split}.jsonl" if prefix else f"{split}.jsonl")
+
+
+def _bad_row(where: str, kind: str, why: str) -> InputError:
+    return InputError(f"{where}: {why}; each line is {ROW_FORMAT[kind]}", field="data")
+
+
+def read_examples(path: Path, kind: str) -> list[tuple]:
+    """One split's JSONL: (words, tags) or (text, label) per line, checked line by line."""
+    rows: list[tuple] = []
+    with open(path, encoding="utf-8", errors="strict") as f:
+        try:
+            lines = list(f)
+        except UnicodeDecodeError as e:
+            raise InputError(f"{path}: not UTF-8 ({e.reason})", field="data") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise _bad_row(where, kind, f"not JSON ({e.msg})") from None
+        if not isinstance(r, dict):
+            raise _bad_row(where, kind, "not a JSON object")
+        if kind == "tokens":
+            words, tags = r.get("words"), r.get("tags")
+            if not isinstance(words, list) or not words or not isinstance(tags, list):
+                raise _bad_row(where, kind, "'words' and 'tags' must be non-empty lists")
+            if len(words) != len(tags):
+                raise _bad_row(where, kind, f"{len(words)} words but {len(tags)} tags")
+            if not all(isinstance(w, str) and w and not any(c.isspace() for c in w) for w in words):
+                raise _bad_row(where, kind, "every word is a non-empty string without spaces")
+            if not all(isinstance(t, str | int) and not isinstance(t, bool) for t in tags):
+                raise _bad_row(where, kind, "every tag is a string or an integer")
+            rows.append((words, [str(t) for t in tags]))
+        else:
+            text, label = r.get("text"), r.get("label")
+            if not isinstance(text, str) or not text.strip():
+                raise _bad_row(where, kind, "'text' must be a non-empty string")
+            if not isinstance(label, str | int) or isinstance(label, bool):
+                raise _bad_row(where, kind, "'label' must be a string or an integer")
+            rows.append((text, label))
+    if not rows:
+        raise InputError(f"{path}: no examples", field="data")
+    return rows
+
+
+def load_task_data(task: str, data_dir: Path, fetch: bool) -> dict[str, list[tuple]]:
+    """The three splits of a built-in (fetched if asked) or user task."""
+    files = {s: split_path(task, data_dir, s) for s in SPLITS}
+    missing = [p.name for p in files.values() if not p.is_file()]
+    if missing and task in ("pos", "polarity"):
+        if not fetch:
+            raise InputError(
+                f"{data_dir} lacks {task} data; add --fetch to download it", field="data"
+            )
+        if task == "pos":
+            from pretrain.sources.brown import write_brown
+
+            write_brown(data_dir)
+        else:
+            from pretrain.sources.polarity import write_polarity
+
+            write_polarity(data_dir)
+    elif missing:
+        kind = task_kind(task)
+        raise InputError(
+            f"{data_dir} lacks {', '.join(missing)}: a {task} task reads train.jsonl, "
+            f"dev.jsonl and test.jsonl there, each line {ROW_FORMAT[kind]}",
+            field="data",
+        )
+    return {s: read_examples(p, task_kind(task)) for s, p in files.items()}
+
+
+def label_set(task: str, data: dict[str, list[tuple]]) -> list:
+    """The classes, in index order; dev/test may only use classes seen in training."""
+    kind = task_kind(task)
+    if task == "pos":
+        from pretrain.sources.brown import UNIVERSAL_TAGS
+
+        classes: list = list(UNIVERSAL_TAGS)
+    elif task == "polarity":
+        classes = [0, 1]
+    elif kind == "tokens":
+        classes = sorted({t for _, tags in data["train"] for t in tags})
+    else:
+        classes = sorted({y for _, y in data["train"]}, key=lambda y: (isinstance(y, str), y))
+    if len(classes) < 2:
+        raise InputError("the training data has fewer than 2 classes", field="data")
+    known = set(classes)
+    for split in SPLITS:
+        seen = (
+            {t for _, tags in data[split] for t in tags}
+            if kind == "tokens"
+            else {y for _, y in data[split]}
+        )
+        if seen - known:
+            what = "tags" if task == "tagging" else "classes"
+            raise InputError(
+                f"{split}: {what} {sorted(map(str, seen - known))} are not in the "
+                f"{'task' if task in ('pos', 'polarity') else 'training data'}'s {what} {list(map(str, classes))}",
+                field="data",
+            )
+    return classes
