@@ -22,6 +22,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from api.batcher import DEFAULT_FILL_WAIT_MS, DEFAULT_MAX_QUEUE
 from elmo_service.batching import DEFAULT_BATCH_TOKENS, DEFAULT_MAX_BATCH_SENTENCES
+from elmo_service.config import DEFAULT_TOKEN_CACHE_SIZE
 from elmo_service.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -71,7 +72,9 @@ class Settings(BaseSettings):
         ),
     )
     token_cache_size: int = Field(
-        100_000, ge=0, description="Embedder's per-token CNN vector cache (entries)."
+        DEFAULT_TOKEN_CACHE_SIZE,
+        ge=0,
+        description="Embedder's per-token CNN vector cache (entries).",
     )
     warmup: bool = True
 

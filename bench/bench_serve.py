@@ -508,6 +508,72 @@ def in_process(
     }
 
 
+def interleaved_targets(
+    model_dir: Path, threads: int | None, inproc_threads: int | None, clients: int,
+    rounds: int, seconds: float, extra: dict, tmp: Path, **overrides,
+) -> dict:  # fmt: skip
+    """The serving-speed targets, robust to a machine whose speed drifts between phases:
+    ``rounds`` x (HTTP with ``clients`` cold clients; in-process ``embed_tokens`` in batches
+    of ``clients`` on the sentences HTTP just served; HTTP with 1 cold client; in-process
+    batch 1 on its sentences). The server idles while the in-process side runs and the
+    other way round. Ratios are per round; the medians are reported."""
+    import statistics
+
+    from elmo_service.embedder import Embedder
+
+    emb = Embedder.load(model_dir, threads=inproc_threads)
+    srv = Server(model_dir, threads, tmp, max_queue=100_000, **overrides)
+    per_round: list[dict] = []
+    try:
+        srv.wait_ready()
+        warm = make_sentences(64, seed=99)
+        asyncio.run(load_phase(srv.port, 4, 2.0, warm, 1, extra, replay=True))
+        emb.embed_tokens(warm)
+        for r in range(rounds):
+            many = make_sentences(20_000, seed=1000 + r)
+            before = batch_stats(srv.metrics())
+            http = asyncio.run(load_phase(srv.port, clients, seconds, many, 1, extra, False))
+            after = batch_stats(srv.metrics())
+            n = after[1] - before[1]
+            served = http.pop("served")
+            start, done, toks = time.perf_counter(), 0, 0
+            while time.perf_counter() - start < seconds:
+                part = served[done % len(served) :][:clients] or served[:clients]
+                emb.embed_tokens(part)
+                done += len(part)
+                toks += sum(map(len, part))
+            inproc_tps = toks / (time.perf_counter() - start)
+            one = make_sentences(5_000, seed=2000 + r)
+            http1 = asyncio.run(load_phase(srv.port, 1, seconds, one, 1, extra, False))
+            lat = []
+            for sent in http1.pop("served")[:200]:
+                t = time.perf_counter()
+                emb.embed_tokens([sent])
+                lat.append(time.perf_counter() - t)
+            inproc_p50 = pct(lat, 50) * 1e3
+            per_round.append(
+                {
+                    "http_tokens_per_s": http["tokens_per_s"],
+                    "http_mean_batch": (after[0] - before[0]) / n if n else float("nan"),
+                    "in_process_tokens_per_s": inproc_tps,
+                    "throughput_fraction": http["tokens_per_s"] / inproc_tps,
+                    "http_1_client_p50_ms": http1["p50_ms"],
+                    "in_process_batch_1_p50_ms": inproc_p50,
+                    "latency_gap_ms": http1["p50_ms"] - inproc_p50,
+                }
+            )
+            print(
+                f"  round {r + 1}: {clients} clients {http['tokens_per_s']:.0f} tok/s "
+                f"(batch {per_round[-1]['http_mean_batch']:.1f}) vs in-process batch {clients} "
+                f"{inproc_tps:.0f} -> {100 * per_round[-1]['throughput_fraction']:.0f}%; "
+                f"1 client p50 {http1['p50_ms']:.1f} ms vs in-process batch 1 {inproc_p50:.1f} ms"
+            )
+    finally:
+        srv.stop()
+    med = {k: statistics.median(r[k] for r in per_round) for k in per_round[0]}
+    return {"rounds": per_round, "median": med}
+
+
 def batch_stats(metrics: str) -> tuple[float, float]:
     """(sum, count) of elmo_batch_sentences."""
     total = count = 0.0
@@ -562,6 +628,20 @@ def main(argv: list[str] | None = None) -> int:
         "--redis", action="store_true", help="cache in a local redis-server instead of in-process"
     )
     ap.add_argument("--skip-naive", action="store_true")
+    ap.add_argument(
+        "--targets",
+        type=int,
+        metavar="ROUNDS",
+        help="only the serving-speed targets (N clients >= 70%% of in-process batches of N; "
+        "1 client p50 within 3 ms of in-process batch 1), interleaved in ROUNDS rounds",
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="a server setting for the --targets server (e.g. batch_fill_wait_ms=20)",
+    )
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args(argv)
     inproc_threads = args.in_process_threads or args.threads
@@ -574,6 +654,23 @@ def main(argv: list[str] | None = None) -> int:
         else:
             model_dir, model_desc = build_model(tmp)
         extra = {"output": args.output, "encoding": args.encoding}
+        if args.targets:
+            overrides = dict(kv.split("=", 1) for kv in args.set)
+            print(f"model: {model_desc}; serving targets, {args.targets} rounds of "
+                  f"{args.duration:g}s phases, threads {args.threads or 'default'}, {overrides or 'default settings'}")  # fmt: skip
+            res = interleaved_targets(
+                model_dir, args.threads, inproc_threads, args.clients, args.targets,
+                args.duration, extra, tmp, **overrides,
+            )  # fmt: skip
+            m = res["median"]
+            frac, gap = m["throughput_fraction"], m["latency_gap_ms"]
+            print(f"  {'PASS' if frac >= 0.70 else 'MISS'}  {args.clients} clients >= 70% of in-process "
+                  f"batches of {args.clients}: {100 * frac:.0f}% (median; mean batch {m['http_mean_batch']:.1f})")  # fmt: skip
+            print(f"  {'PASS' if gap <= 3.0 else 'MISS'}  1 client p50 <= in-process batch 1 + 3 ms: "
+                  f"{m['http_1_client_p50_ms']:.1f} vs {m['in_process_batch_1_p50_ms']:.1f} ms (+{gap:.1f}, median)")  # fmt: skip
+            if args.json:
+                args.json.write_text(json.dumps({"model": model_desc, **res}, indent=2) + "\n")
+            return 0
         common = {"batch_tokens": args.batch_tokens, "max_queue": 100_000}
         results: dict = {"model": model_desc, "clients": args.clients, "per_request": args.per_request,
                          "threads": args.threads, "request": extra}  # fmt: skip

@@ -18,6 +18,8 @@ from elmo_service.settings_base import StrictModel, Tuple, need
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 # inference weight modes (elmo_service.packed): int8 quantizes the big matmuls' weights
 WEIGHT_MODES: tuple[str, ...] = ("fp32", "int8")
+# the embedder's token-vector cache: distinct tokens whose CNN vectors are kept
+DEFAULT_TOKEN_CACHE_SIZE = 100_000
 
 # AllenNLP-small / bilm-tf default character CNN: 2048 filters.
 ELMO_FILTERS: tuple[tuple[int, int], ...] = (
@@ -114,4 +116,4 @@ class BiLMConfig(StrictModel):
             raise ConfigError(f"options.json lacks {e.args[0]!r}", field=str(e.args[0])) from e
 
 
-__all__ = ["BiLMConfig", "ELMO_FILTERS", "PRECISIONS", "WEIGHT_MODES"]
+__all__ = ["DEFAULT_TOKEN_CACHE_SIZE", "BiLMConfig", "ELMO_FILTERS", "PRECISIONS", "WEIGHT_MODES"]

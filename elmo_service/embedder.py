@@ -39,6 +39,7 @@ from elmo_service.batching import (
     plan_batches,
 )
 from elmo_service.char_ids import bos_ids, eos_ids, token_ids
+from elmo_service.config import DEFAULT_TOKEN_CACHE_SIZE
 from elmo_service.errors import ConfigError, InputError, LimitError
 from elmo_service.packed import check_weights_mode
 from elmo_service.runtime import autocast, pick_device, resolve_precision, set_threads
@@ -125,7 +126,7 @@ class Embedder:
         *,
         device: str = "auto",
         precision: str = "fp32",
-        token_cache_size: int = 100_000,
+        token_cache_size: int = DEFAULT_TOKEN_CACHE_SIZE,
         batch_tokens: int = DEFAULT_BATCH_TOKENS,
         max_batch_sentences: int = DEFAULT_MAX_BATCH_SENTENCES,
         max_sentence_tokens: int | None = None,
