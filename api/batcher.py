@@ -75,7 +75,7 @@ log = logging.getLogger("api.batcher")
 EmbedFn = Callable[[Sequence[Sequence[str]]], list[np.ndarray]]
 
 # the server's defaults (api/settings.py reads these; the budget's are elmo_service's)
-DEFAULT_FILL_WAIT_MS = 5.0
+DEFAULT_FILL_WAIT_MS = 10.0
 DEFAULT_MAX_QUEUE = 4096
 
 
