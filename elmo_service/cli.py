@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from elmo_service.atomic import atomic_path
+from elmo_service.batching import DEFAULT_BATCH_TOKENS
 from elmo_service.config import PRECISIONS, WEIGHT_MODES
 from elmo_service.errors import ElmoServiceError
 
@@ -198,7 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="lines are pre-tokenized: split on whitespace, not by the model's tokenizer",
     )
     e.add_argument(
-        "--batch-tokens", type=int, default=4096, help="tokens per model batch (default 4096)"
+        "--batch-tokens",
+        type=int,
+        default=DEFAULT_BATCH_TOKENS,
+        help=f"padded tokens per model batch (default {DEFAULT_BATCH_TOKENS})",
     )
     e.add_argument(
         "--chunk-lines", type=int, default=1024, help="lines read per step (bounds memory)"

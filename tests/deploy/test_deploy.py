@@ -410,6 +410,17 @@ def test_dockerfile_contract(dockerfile):
         if k == "RUN" and "--constraint" in v and "pip install" in v
     )
     assert torch_run < first_src < project_run
+    # every product package in pyproject reaches the image, before the project install
+    import tomllib
+
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    packages = {p.rstrip("*") for p in find["find"]["include"]}
+    copied = {
+        v.split()[0].rstrip("/"): i
+        for i, (k, v) in enumerate(ins)
+        if k == "COPY" and i < project_run
+    }
+    assert packages and packages <= set(copied), f"not copied: {packages - set(copied)}"
     # Runtime stage: bundled model, non-root numeric user, health check, entry point.
     runtime = ins[max(i for i, k in enumerate(kinds) if k == "FROM") :]
     assert ("COPY", "--chown=elmo:elmo models/default/ /models/default/") in runtime
