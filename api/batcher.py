@@ -212,8 +212,6 @@ class Batcher:
     ) -> None:
         self.embed_fn = embed_fn
         self.budget = BatchBudget(batch_tokens, max_batch_sentences)
-        self.batch_tokens = batch_tokens
-        self.max_batch_sentences = max_batch_sentences
         self.max_queue = max_queue
         self.metrics = metrics
         self.take_tokens = batch_tokens * take_batches
@@ -404,8 +402,8 @@ class Batcher:
     def _fill_wait(self, deadline: float) -> None:
         while (self._incoming > 0 or self._returning > 0) and not self._closed:
             if (
-                sum(it.cost for it in self._queue) >= self.batch_tokens
-                or len(self._queue) >= self.max_batch_sentences
+                sum(it.cost for it in self._queue) >= self.budget.tokens
+                or len(self._queue) >= self.budget.sentences
             ):
                 return
             left = deadline - time.perf_counter()

@@ -58,6 +58,7 @@ sys.path.insert(0, str(REPO))
 
 from pretrain.sources.synthetic import sentence, write_corpus  # noqa: E402
 from tests.support.ports import free_port  # noqa: E402
+from tests.support.procs import pids_of  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
 
 ADMIN = {"authorization": "Bearer chaos-admin"}
@@ -192,21 +193,6 @@ def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 180) -> bool:
             pass
         time.sleep(0.3)
     return False
-
-
-def pids_of(*needles: str) -> list[int]:
-    """Processes whose command line holds every needle (to find a job's trainer)."""
-    out = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            argv = (p / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if all(any(n.encode() in a for a in argv) for n in needles):
-            out.append(int(p.name))
-    return out
 
 
 # ---------------------------------------------------------------- models and references
@@ -514,7 +500,7 @@ async def run_job_attack(ctx: Ctx, row: Row, kill) -> None:
 
 async def attack_trainer_kill(ctx: Ctx, row: Row) -> None:
     def kill(rec: dict[str, Any]) -> str:
-        pids = pids_of("pretrain.cli", "train", rec["run_dir"])
+        pids = pids_of("pretrain.cli", "train", containing=rec["run_dir"])
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         return f"SIGKILL to trainer pid {pids}"

@@ -28,27 +28,14 @@ from tests.jobs.test_jobs import (
     step_at_least,
     wait_job,
 )
+from tests.support.procs import pids_of
 
 torch.set_num_threads(1)
 
 
 def trainer_pids(run_dir: str) -> list[int]:
     """Pids of ``python -m pretrain.cli train`` processes working in ``run_dir``."""
-    out = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            argv = (p / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if (
-            b"pretrain.cli" in argv
-            and b"train" in argv
-            and any(run_dir.encode() in a for a in argv)
-        ):
-            out.append(int(p.name))
-    return out
+    return pids_of("pretrain.cli", "train", containing=run_dir)
 
 
 @pytest.mark.slow

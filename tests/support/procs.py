@@ -1,0 +1,24 @@
+"""Finding processes by command line (a job's trainer, to kill it in fault tests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def pids_of(*args: str, containing: str = "") -> list[int]:
+    """Pids of processes whose command line has each of ``args`` as a whole argument and
+    ``containing`` inside some argument (e.g. ``pids_of("pretrain.cli", "train",
+    containing=run_dir)``: the trainers of one run, not its ``prepare``)."""
+    want = [a.encode() for a in args]
+    part = containing.encode()
+    out = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            argv = (p / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if all(a in argv for a in want) and any(part in a for a in argv):
+            out.append(int(p.name))
+    return out
