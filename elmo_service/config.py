@@ -56,6 +56,11 @@ class BiLMConfig(StrictModel):
     # LSTM
     lstm_dim: int = Field(1024, gt=0, description="LSTM cells per layer and direction")
     n_layers: int = Field(2, ge=1, description="LSTM layers per direction")
+    lstm_projection: bool = Field(
+        True,
+        description="false: h = o * tanh(c), a plain LSTM (Kim et al. 2016), kept as a frozen "
+        "identity projection so artifacts keep bilm-tf's layout; needs lstm_dim == projection_dim",
+    )
     cell_clip: float | None = Field(3.0, gt=0, description="cell state clip; null: none")
     proj_clip: float | None = Field(3.0, gt=0, description="projected output clip; null: none")
     residual: bool = Field(
@@ -78,6 +83,11 @@ class BiLMConfig(StrictModel):
         need(len(self.filters) > 0, "filters", "need at least one [width, count] pair")
         for w, n in self.filters:
             need(0 < w <= self.max_chars_per_token and n > 0, "filters", f"bad filter [{w}, {n}]")
+        need(
+            self.lstm_projection or self.lstm_dim == self.projection_dim,
+            "lstm_projection",
+            f"false needs lstm_dim == projection_dim (got {self.lstm_dim} and {self.projection_dim})",
+        )
         return self
 
     @property

@@ -187,7 +187,8 @@ class LstmLayer(nn.Module):
     ``forward(x [B, T, in], state=None) -> (h [B, T, P], (h_T [B, P], c_T [B, C]))``,
     reading left to right; callers run the backward direction on reversed input.
     Parameters: ``w_ih`` (carries the gate bias), ``w_hh``, ``w_proj``; gates
-    packed (i, f, o, g).
+    packed (i, f, o, g). With ``cfg.lstm_projection`` off, ``w_proj`` is a frozen
+    identity: a plain LSTM run by the same kernels.
     """
 
     def __init__(self, in_dim: int, cfg: BiLMConfig) -> None:
@@ -198,13 +199,19 @@ class LstmLayer(nn.Module):
         self.w_ih = nn.Linear(in_dim, 4 * c)
         self.w_hh = nn.Linear(p, 4 * c, bias=False)
         self.w_proj = nn.Linear(c, p, bias=False)
+        self.projected = cfg.lstm_projection
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         c = self.cell_dim
         for w in (self.w_ih.weight, self.w_hh.weight):
             nn.init.uniform_(w, -1 / math.sqrt(c), 1 / math.sqrt(c))
-        nn.init.xavier_uniform_(self.w_proj.weight)
+        if self.projected:
+            nn.init.xavier_uniform_(self.w_proj.weight)
+        else:  # a plain LSTM: the projection is the identity, never trained
+            with torch.no_grad():
+                self.w_proj.weight.copy_(torch.eye(c))
+            self.w_proj.weight.requires_grad_(False)
         with torch.no_grad():
             self.w_ih.bias.zero_()
             self.w_ih.bias[c : 2 * c] = 1.0  # forget gate starts open

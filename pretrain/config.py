@@ -125,6 +125,12 @@ class OptimConfig(StrictModel):
         "row's steps and averaged over rows, the PTB literature's convention that its SGD "
         "learning rates assume",
     )
+    init_range: float = Field(
+        0.0,
+        ge=0,
+        description="r > 0: every parameter starts uniform in [-r, r] (Zaremba et al. 2014, Kim "
+        "et al. 2016: 0.05); 0: each module's own initialisation",
+    )
     warmup_steps: int = Field(0, ge=0, description="linear warm-up from 0")
     decay: Literal[DECAYS] = Field("cosine", description="learning-rate schedule after warm-up")  # type: ignore[valid-type]
     min_lr_ratio: float = Field(
@@ -230,7 +236,9 @@ _LATER_DEFAULTS = {
     "optim.plateau_factor": 0.5,
     "optim.plateau_threshold": 1.0,
     "optim.loss_reduction": "mean",
+    "optim.init_range": 0.0,
     "model.dropout_tokens": True,
+    "model.lstm_projection": True,
 }
 
 

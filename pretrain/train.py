@@ -89,6 +89,13 @@ def build_model(cfg: TrainConfig, corpus: Corpus) -> LanguageModel:
     table = corpus.char_table(cfg.model.max_chars_per_token)
     lm = LanguageModel(cfg.model, cfg.softmax, corpus.softmax_size, table, cfg.train.directions)
     lm.loss_reduction = cfg.optim.loss_reduction
+    if cfg.optim.init_range > 0:
+        # the PTB literature's init: one small uniform range for every weight and bias, which
+        # keeps SGD at lr 1 stable where the modules' own (wider) initialisations diverge
+        with torch.no_grad():
+            for p in lm.parameters():
+                if p.requires_grad:  # not a frozen identity projection (model.lstm_projection)
+                    p.uniform_(-cfg.optim.init_range, cfg.optim.init_range)
     return lm
 
 

@@ -36,7 +36,7 @@ from pretrain.probe.options import (
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
 
-# models/ptb's training config as its run recorded it (before data.mode, data.rows,
+# the first models/ptb's training config (configs/ptb-sentences.yaml) as its run recorded it (before data.mode, data.rows,
 # optim.loss_reduction, model.dropout_tokens... existed); hash computed on main before
 # the configs became pydantic models
 PTB_RUN_CONFIG = {
@@ -56,6 +56,7 @@ PTB_RUN_CONFIG = {
     "checkpoint": {"every_steps": 0, "every_minutes": 15.0, "keep": 3},
 }  # fmt: skip
 PTB_HASH = "f6abcdceb94bf910"
+STREAM_PTB_HASH = "c6b3af45c61e759e"  # the run folder of configs/ptb.yaml recorded it
 DEFAULTS_HASH = "fd6f03ca7a2ff614"  # TrainConfig() on main
 
 
@@ -67,9 +68,12 @@ def test_an_old_run_config_hashes_as_before_and_round_trips():
     assert config_hash(cfg) == PTB_HASH
     assert config_hash(TrainConfig.from_dict(cfg.to_dict())) == PTB_HASH  # the saved form
     assert config_hash(TrainConfig()) == DEFAULTS_HASH
-    # the run's own file still says the same
+    # the config file behind that run still says the same
+    assert config_hash(load_config(ROOT / "configs" / "ptb-sentences.yaml")) == PTB_HASH
+    # the bundled stream run began before optim.init_range and model.lstm_projection existed:
+    # its recorded hash stands, so it resumes
     saved = json.loads((ROOT / "models" / "ptb" / "run.json").read_text())["config"]
-    assert config_hash(TrainConfig.from_dict(saved)) == PTB_HASH
+    assert config_hash(TrainConfig.from_dict(saved)) == STREAM_PTB_HASH
     # tuples in the model, lists in the saved form
     assert cfg.model.filters[0] == (1, 25) and cfg.to_dict()["model"]["filters"][0] == [1, 25]
     # a change that matters changes the hash; run length does not
@@ -80,7 +84,8 @@ def test_an_old_run_config_hashes_as_before_and_round_trips():
 def test_the_bundled_models_config_loads_unchanged():
     raw = json.loads((ROOT / "models" / "default" / "config.json").read_text())
     cfg = BiLMConfig.from_dict(raw["model"])
-    assert cfg.to_dict() == {**raw["model"], "dropout_tokens": True}  # added later: default
+    added_later = {"dropout_tokens": True, "lstm_projection": True}  # at their defaults
+    assert cfg.to_dict() == {**raw["model"], **added_later}
     prov = TrainConfig.from_dict(raw["provenance"]["training_config"])
     assert config_hash(prov) == "a510e91b97b3cc29"  # on main
 

@@ -369,6 +369,56 @@ def test_distinct_token_cnn_gives_the_same_loss_and_gradients(corpus_dir):
         assert torch.allclose(p.grad, g1[n], atol=1e-6), n
 
 
+def test_init_range_draws_every_parameter_from_one_uniform_range(corpus_dir):
+    """optim.init_range r: every weight and bias in [-r, r] and spread over it (the PTB
+    literature's init); 0 keeps the modules' own, some of which reach beyond r."""
+    corpus = Corpus(corpus_dir)
+    torch.manual_seed(0)
+    lm = build_model(tiny(corpus_dir, "optim.init_range=0.05"), corpus)
+    for name, p in lm.named_parameters():
+        top = float(p.detach().abs().max())
+        assert top <= 0.05, name
+        if p.numel() >= 100:
+            assert top > 0.04 and abs(float(p.detach().mean())) < 0.01, name
+    torch.manual_seed(0)
+    own = build_model(tiny(corpus_dir), corpus)
+    # some of the modules' own inits reach beyond r, e.g. the char embedding's N(0, 1)
+    assert max(float(p.detach().abs().max()) for p in own.parameters()) > 0.5
+    # an old run's config hash is the same with the option at its default
+    assert config_hash(tiny(corpus_dir)) == config_hash(tiny(corpus_dir, "optim.init_range=0"))
+    assert config_hash(tiny(corpus_dir)) != config_hash(tiny(corpus_dir, "optim.init_range=0.05"))
+    with pytest.raises(ConfigError, match="optim.init_range"):
+        tiny(corpus_dir, "optim.init_range=-1")
+
+
+def test_plain_lstm_keeps_an_identity_projection_through_training(corpus_dir, tmp_path):
+    """model.lstm_projection false: h = o * tanh(c) (Kim et al.), stored as a frozen identity
+    W_proj, so training, export and serving run the one LSTMP kernel unchanged."""
+    with pytest.raises(ConfigError, match="model.lstm_projection"):
+        tiny(corpus_dir, "model.lstm_projection=false")  # lstm_dim 32 != projection_dim 16
+    cfg = tiny(
+        corpus_dir,
+        "model.lstm_projection=false",
+        "model.lstm_dim=16",
+        "optim.init_range=0.1",
+        "train.steps=4",
+    )
+    run = tmp_path / "run"
+    run_training(cfg, run, log=quiet)
+    state = ckpt.load_latest(run)[1]["model"]
+    projs = [k for k in state if k.endswith("w_proj.weight")]
+    assert len(projs) == 2 * cfg.model.n_layers
+    for k in projs:
+        assert torch.equal(state[k], torch.eye(16)), k
+    assert state["bilm.forward_layers.0.w_hh.weight"].abs().max() <= 0.1 + 0.05  # trained a bit
+    # the hidden state of a plain LSTM stays in [-1, 1]
+    _, _, lm, _ = load_run(run)
+    lm.eval()
+    x = torch.randn(3, 7, 16) * 10
+    h, _ = lm.bilm.forward_layers[0](x)
+    assert h.abs().max() <= 1.0
+
+
 @pytest.mark.slow
 def test_eval_perplexity_is_exact(corpus_dir, tmp_path):
     """`eval` vs a direct computation: elmo_service's BiLM.forward + full log-softmax, one sentence at a time."""
