@@ -531,18 +531,23 @@ def interleaved_targets(
         emb.embed_tokens(warm)
         for r in range(rounds):
             many = make_sentences(20_000, seed=1000 + r)
-            before = batch_stats(srv.metrics())
+            m0 = srv.metrics()
             http = asyncio.run(load_phase(srv.port, clients, seconds, many, 1, extra, False))
-            after = batch_stats(srv.metrics())
+            m1 = srv.metrics()
+            before, after = batch_stats(m0), batch_stats(m1)
             n = after[1] - before[1]
+            # where the gap goes: how busy the model thread was, and how long its batches took
+            busy = batch_stats(m1, BATCH_SECONDS)[0] - batch_stats(m0, BATCH_SECONDS)[0]
             served = http.pop("served")
-            start, done, toks = time.perf_counter(), 0, 0
+            start, done, toks, calls = time.perf_counter(), 0, 0, 0
             while time.perf_counter() - start < seconds:
                 part = served[done % len(served) :][:clients] or served[:clients]
                 emb.embed_tokens(part)
                 done += len(part)
                 toks += sum(map(len, part))
-            inproc_tps = toks / (time.perf_counter() - start)
+                calls += 1
+            inproc_s = time.perf_counter() - start
+            inproc_tps = toks / inproc_s
             one = make_sentences(5_000, seed=2000 + r)
             http1 = asyncio.run(load_phase(srv.port, 1, seconds, one, 1, extra, False))
             lat = []
@@ -555,6 +560,9 @@ def interleaved_targets(
                 {
                     "http_tokens_per_s": http["tokens_per_s"],
                     "http_mean_batch": (after[0] - before[0]) / n if n else float("nan"),
+                    "model_busy_fraction": busy / http["seconds"],
+                    "server_batch_ms": 1e3 * busy / n if n else float("nan"),
+                    "in_process_call_ms": 1e3 * inproc_s / calls,
                     "in_process_tokens_per_s": inproc_tps,
                     "throughput_fraction": http["tokens_per_s"] / inproc_tps,
                     "http_1_client_p50_ms": http1["p50_ms"],
@@ -565,7 +573,10 @@ def interleaved_targets(
             print(
                 f"  round {r + 1}: {clients} clients {http['tokens_per_s']:.0f} tok/s "
                 f"(batch {per_round[-1]['http_mean_batch']:.1f}) vs in-process batch {clients} "
-                f"{inproc_tps:.0f} -> {100 * per_round[-1]['throughput_fraction']:.0f}%; "
+                f"{inproc_tps:.0f} -> {100 * per_round[-1]['throughput_fraction']:.0f}% "
+                f"(model busy {100 * per_round[-1]['model_busy_fraction']:.0f}%, "
+                f"{per_round[-1]['server_batch_ms']:.1f} ms a batch vs "
+                f"{per_round[-1]['in_process_call_ms']:.1f} in-process); "
                 f"1 client p50 {http1['p50_ms']:.1f} ms vs in-process batch 1 {inproc_p50:.1f} ms"
             )
     finally:
@@ -574,13 +585,16 @@ def interleaved_targets(
     return {"rounds": per_round, "median": med}
 
 
-def batch_stats(metrics: str) -> tuple[float, float]:
-    """(sum, count) of elmo_batch_sentences."""
+BATCH_SECONDS = "elmo_batch_duration_seconds"
+
+
+def batch_stats(metrics: str, name: str = "elmo_batch_sentences") -> tuple[float, float]:
+    """(sum, count) of the histogram ``name`` (default: sentences per batch)."""
     total = count = 0.0
     for line in metrics.splitlines():
-        if line.startswith("elmo_batch_sentences_sum"):
+        if line.startswith(f"{name}_sum"):
             total = float(line.split()[-1])
-        elif line.startswith("elmo_batch_sentences_count"):
+        elif line.startswith(f"{name}_count"):
             count = float(line.split()[-1])
     return total, count
 
