@@ -5,7 +5,7 @@ One run measures, against real uvicorn servers in subprocesses:
   (a) cold cache  -- the batching server, every request carries sentences it has never seen;
   (b) warm cache  -- the same server, replaying sentences served in (a);
   (c) naive       -- a server with ELMO_BATCHING=false and no cache: one forward pass per request;
-  (d) in-process  -- ``Embedder.embed_tokens`` on the same sentences, big sorted batches, no HTTP;
+  (d) in-process  -- ``Embedder.embed_tokens`` on the same sentences (as the server tokenizes them), big sorted batches, no HTTP;
 
 and reports throughput and p50/p95/p99 latency for each, plus the targets:
 (a) >= 3x (c) at 16 clients, warm p50 <= 5 ms, (a) >= 70% of (d) in tokens/s
@@ -268,6 +268,13 @@ def make_sentences(n: int, seed: int, lo: int = 8, hi: int = 24) -> list[list[st
     return out
 
 
+def model_tokens(emb, sentences: list[list[str]]) -> list[list[str]]:
+    """The token sequences the server runs for these sentences: its tokenizer's pieces (a
+    sentencepiece model splits some words and the final "."), so that the in-process side
+    does the same model work the server does and counts tokens as its ``usage`` does."""
+    return [[t.text for t in toks] for toks in emb.tokenize(sentences)]
+
+
 # -- a minimal keep-alive HTTP/1.1 client ------------------------------------------------------
 
 
@@ -466,6 +473,7 @@ def in_process_latency(
     from elmo_service.embedder import Embedder
 
     emb = Embedder.load(model_dir, threads=threads)
+    sentences = model_tokens(emb, sentences)
     emb.embed_tokens(sentences[:64])  # warm the token cache and allocator
     lat: list[float] = []
     start = time.perf_counter()
@@ -489,6 +497,7 @@ def in_process(
     from elmo_service.embedder import Embedder
 
     emb = Embedder.load(model_dir, threads=threads, batch_tokens=batch_tokens)
+    sentences = model_tokens(emb, sentences)
     emb.embed_tokens(sentences[:64])  # warm the token cache and allocator
     done = tokens = 0
     start = time.perf_counter()
@@ -528,7 +537,7 @@ def interleaved_targets(
         srv.wait_ready()
         warm = make_sentences(64, seed=99)
         asyncio.run(load_phase(srv.port, 4, 2.0, warm, 1, extra, replay=True))
-        emb.embed_tokens(warm)
+        emb.embed_tokens(model_tokens(emb, warm))
         for r in range(rounds):
             many = make_sentences(20_000, seed=1000 + r)
             m0 = srv.metrics()
@@ -538,7 +547,7 @@ def interleaved_targets(
             n = after[1] - before[1]
             # where the gap goes: how busy the model thread was, and how long its batches took
             busy = batch_stats(m1, BATCH_SECONDS)[0] - batch_stats(m0, BATCH_SECONDS)[0]
-            served = http.pop("served")
+            served = model_tokens(emb, http.pop("served"))
             start, done, toks, calls = time.perf_counter(), 0, 0, 0
             while time.perf_counter() - start < seconds:
                 part = served[done % len(served) :][:clients] or served[:clients]
@@ -551,7 +560,7 @@ def interleaved_targets(
             one = make_sentences(5_000, seed=2000 + r)
             http1 = asyncio.run(load_phase(srv.port, 1, seconds, one, 1, extra, False))
             lat = []
-            for sent in http1.pop("served")[:200]:
+            for sent in model_tokens(emb, http1.pop("served")[:200]):
                 t = time.perf_counter()
                 emb.embed_tokens([sent])
                 lat.append(time.perf_counter() - t)
