@@ -417,6 +417,15 @@ def test_plain_lstm_keeps_an_identity_projection_through_training(corpus_dir, tm
     x = torch.randn(3, 7, 16) * 10
     h, _ = lm.bilm.forward_layers[0](x)
     assert h.abs().max() <= 1.0
+    # the served artifact keeps the option and the identity, and serves it
+    from elmo_service.embedder import Embedder
+
+    export(run, tmp_path / "model", evaluate_heldout=False, threads=1)
+    emb = Embedder.load(tmp_path / "model", threads=1)
+    assert emb.cfg.lstm_projection is False
+    assert torch.equal(emb.model.backward_layers[1].w_proj.weight, torch.eye(16))
+    (vecs,) = emb.embed_tokens([["a", "b", "c"]])
+    assert vecs.shape == (3, 3, 32) and np.isfinite(vecs).all()
 
 
 @pytest.mark.slow
