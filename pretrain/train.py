@@ -96,6 +96,9 @@ def build_model(cfg: TrainConfig, corpus: Corpus) -> LanguageModel:
             for p in lm.parameters():
                 if p.requires_grad:  # not a frozen identity projection (model.lstm_projection)
                     p.uniform_(-cfg.optim.init_range, cfg.optim.init_range)
+            for m in lm.modules():  # an embedding's padding row stays zero, as it is built
+                if isinstance(m, torch.nn.Embedding) and m.padding_idx is not None:
+                    m.weight[m.padding_idx].zero_()
     return lm
 
 

@@ -375,6 +375,7 @@ def test_init_range_draws_every_parameter_from_one_uniform_range(corpus_dir):
     corpus = Corpus(corpus_dir)
     torch.manual_seed(0)
     lm = build_model(tiny(corpus_dir, "optim.init_range=0.05"), corpus)
+    assert not lm.bilm.token_encoder.char_embed.weight[0].any()  # the padding row stays zero
     for name, p in lm.named_parameters():
         top = float(p.detach().abs().max())
         assert top <= 0.05, name
