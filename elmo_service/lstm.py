@@ -161,11 +161,17 @@ class LstmpFunction(torch.autograd.Function):
             )
             if keep_f is not None:  # a reset cut the path to the previous step
                 dh, dc = dh * keep_f[:, s], dc * keep_f[:, s]
-        # weight gradients: one matmul each over all B*T rows
+        # weight gradients: one matmul each over all B*T rows, for the weights that train
+        # (a plain LSTM's identity projection does not: model.lstm_projection)
         dt = w_hh_t.dtype
-        m = (acts[:, :, 2 * n : 3 * n].float() * torch.tanh(cs)).reshape(-1, n)
-        d_w_hh_t = (h_prev.reshape(-1, p).to(dt).t() @ d_gates.reshape(-1, 4 * n).to(dt)).float()
-        d_w_proj_t = (m.to(dt).t() @ d_pres.reshape(-1, p).to(dt)).float()
+        d_w_hh_t = d_w_proj_t = None
+        if ctx.needs_input_grad[1]:
+            d_w_hh_t = (
+                h_prev.reshape(-1, p).to(dt).t() @ d_gates.reshape(-1, 4 * n).to(dt)
+            ).float()
+        if ctx.needs_input_grad[2]:
+            m = (acts[:, :, 2 * n : 3 * n].float() * torch.tanh(cs)).reshape(-1, n)
+            d_w_proj_t = (m.to(dt).t() @ d_pres.reshape(-1, p).to(dt)).float()
         return (
             d_gates.to(dt),
             d_w_hh_t,

@@ -46,6 +46,15 @@ def test_fused_kernel_matches_autograd_with_state_and_resets():
         ref_grads = torch.autograd.grad((ref * g).sum(), inputs)
         for a, r in zip(grads, ref_grads, strict=True):
             assert torch.allclose(a, r, atol=1e-5), (a - r).abs().max()
+    # a frozen projection (a plain LSTM's identity) gets no gradient; the rest are unchanged
+    eye = torch.eye(c, p)
+    out, _ = LstmpFunction.apply(x_gates, w_hh, eye, h0, c0, keep, clip, clip)
+    ref, _ = ref_layer(x_gates, w_hh, eye, h0, c0, keep, clip)
+    inputs = (x_gates, w_hh, h0, c0)
+    grads = torch.autograd.grad(out.sum(), inputs)
+    ref_grads = torch.autograd.grad(ref.sum(), inputs)
+    for a, r in zip(grads, ref_grads, strict=True):
+        assert torch.allclose(a, r, atol=1e-5), (a - r).abs().max()
     # a reset at step 0 cuts row 2 off its initial state entirely
     out, _ = LstmpFunction.apply(x_gates, w_hh, w_proj, h0, c0, keep, clip, clip)
     (gh0,) = torch.autograd.grad(out.sum(), h0)
