@@ -131,6 +131,12 @@ class OptimConfig(StrictModel):
         description="r > 0: every parameter starts uniform in [-r, r] (Zaremba et al. 2014, Kim "
         "et al. 2016: 0.05); 0: each module's own initialisation",
     )
+    highway_gate_bias: float | None = Field(
+        None,
+        description="added to the highway gates' initial bias, after init_range (bilm-tf "
+        "and Kim et al. 2016: -2, so each layer starts out carrying its input); null: the "
+        "module's own initialisation",
+    )
     warmup_steps: int = Field(0, ge=0, description="linear warm-up from 0")
     decay: Literal[DECAYS] = Field("cosine", description="learning-rate schedule after warm-up")  # type: ignore[valid-type]
     min_lr_ratio: float = Field(
@@ -237,6 +243,7 @@ _LATER_DEFAULTS = {
     "optim.plateau_threshold": 1.0,
     "optim.loss_reduction": "mean",
     "optim.init_range": 0.0,
+    "optim.highway_gate_bias": None,
     "model.dropout_tokens": True,
     "model.lstm_projection": True,
 }

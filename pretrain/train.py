@@ -99,6 +99,12 @@ def build_model(cfg: TrainConfig, corpus: Corpus) -> LanguageModel:
             for m in lm.modules():  # an embedding's padding row stays zero, as it is built
                 if isinstance(m, torch.nn.Embedding) and m.padding_idx is not None:
                     m.weight[m.padding_idx].zero_()
+    if cfg.optim.highway_gate_bias is not None:
+        with torch.no_grad():
+            for hw in lm.bilm.token_encoder.highways:
+                # rows [transform ; gate]: the gate's half (Kim et al. add -2 as a constant;
+                # with a trained bias that is the same function, started at -2)
+                hw.bias[hw.out_features // 2 :] += cfg.optim.highway_gate_bias
     return lm
 
 

@@ -392,6 +392,40 @@ def test_init_range_draws_every_parameter_from_one_uniform_range(corpus_dir):
         tiny(corpus_dir, "optim.init_range=-1")
 
 
+def test_highway_gate_bias_starts_each_highway_layer_carrying_its_input(corpus_dir):
+    """optim.highway_gate_bias -2 (bilm-tf, Kim et al.): the gate half of each highway bias
+    starts near -2, so the layer's output starts close to its input; the transform half and
+    every other parameter are drawn as without it."""
+    corpus = Corpus(corpus_dir)
+    torch.manual_seed(0)
+    base = build_model(tiny(corpus_dir, "optim.init_range=0.05", "model.n_highway=2"), corpus)
+    torch.manual_seed(0)
+    cfg = tiny(
+        corpus_dir, "optim.init_range=0.05", "model.n_highway=2", "optim.highway_gate_bias=-2"
+    )
+    lm = build_model(cfg, corpus)
+    enc, enc0 = lm.bilm.token_encoder, base.bilm.token_encoder
+    for hw, hw0 in zip(enc.highways, enc0.highways, strict=True):
+        half = hw.out_features // 2
+        assert torch.equal(hw.bias[:half], hw0.bias[:half])  # transform: untouched
+        assert torch.allclose(hw.bias[half:], hw0.bias[half:] - 2.0)
+        assert torch.equal(hw.weight, hw0.weight)
+    # with the gate near sigmoid(-2) = 0.12, a highway layer moves its input much less
+    x = torch.rand(64, cfg.model.n_filters)
+    with torch.no_grad():
+
+        def moved(h):
+            t, g = h(x).chunk(2, dim=-1)
+            y = torch.sigmoid(g) * torch.relu(t) + (1 - torch.sigmoid(g)) * x
+            return float((y - x).abs().mean())
+
+        assert moved(enc.highways[0]) < 0.3 * moved(enc0.highways[0])
+    assert config_hash(tiny(corpus_dir)) == config_hash(
+        tiny(corpus_dir, "optim.highway_gate_bias=null")
+    )
+    assert config_hash(tiny(corpus_dir)) != config_hash(cfg)
+
+
 def test_plain_lstm_keeps_an_identity_projection_through_training(corpus_dir, tmp_path):
     """model.lstm_projection false: h = o * tanh(c) (Kim et al.), stored as a frozen identity
     W_proj, so training, export and serving run the one LSTMP kernel unchanged."""
