@@ -131,9 +131,10 @@ def test_prepare_train_export_embed(corpus_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_exported_lm_re_evaluates_without_the_run(corpus_dir, tmp_path, capsys):
+@pytest.mark.parametrize("kind", ["sampled", "full"])
+def test_exported_lm_re_evaluates_without_the_run(corpus_dir, tmp_path, capsys, kind):
     run = tmp_path / "run"
-    run_training(tiny(corpus_dir, "train.steps=10"), run, log=quiet)
+    run_training(tiny(corpus_dir, "train.steps=10", f"softmax.kind={kind}"), run, log=quiet)
     test_file = tmp_path / "test.txt"
     test_file.write_text("The old dog sees a cat.\nAnna watches the ships near the river!\n")
     want = evaluate(run, file=str(test_file))
