@@ -333,14 +333,15 @@ def latency_table(args, emit) -> None:
 
 # -- kernels --------------------------------------------------------------------------
 def kernel_table(emit) -> None:
-    """MKL (both layouts) vs pre-packed oneDNN vs int8 for the model's matmul shapes."""
+    """MKL (both layouts) vs pre-packed oneDNN vs MKL's own packed GEMM vs int8 for the
+    model's matmul shapes."""
     emit(f"torch {torch.__version__}, {torch.get_num_threads()} threads; best of 7 x 5 calls")
     emit()
     emit(
-        "| weight [N, K] | rows M | MKL x @ W^T | MKL x @ W | oneDNN packed | "
+        "| weight [N, K] | rows M | MKL x @ W^T | MKL x @ W | oneDNN packed | MKL packed | "
         "int8 mode (fbgemm, 2 passes) |"
     )
-    emit("|---|---|---|---|---|---|")
+    emit("|---|---|---|---|---|---|---|")
     shapes = [(4096, 128, "small W_hh"), (128, 1024, "small W_proj"),
               (16384, 512, "original W_hh"), (512, 4096, "original W_proj"),
               (4096, 2048, "highway (2048 filters)")]  # fmt: skip
@@ -352,13 +353,16 @@ def kernel_table(emit) -> None:
 
 
 def time_kernels(w: torch.Tensor, x: torch.Tensor) -> list[float]:
-    """Best seconds per call: MKL on W^T and on W, oneDNN pre-packed, and the int8 mode
+    """Best seconds per call: MKL on W^T and on W, oneDNN pre-packed, MKL's packed GEMM
+    (``_mkl_reorder_linear_weight`` for this row count, as inductor uses it), and the int8 mode
     as shipped (``PackedLinear(int8=True)``: two 7-bit passes of fbgemm, forced on
     every size here)."""
     import elmo_service.packed as packed_mod
 
     wt = w.t().contiguous()
     packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+    m = x.shape[0]
+    mkl_packed = torch.ops.mkl._mkl_reorder_linear_weight(w, m)
     threshold, packed_mod.INT8_MIN_ELEMENTS = packed_mod.INT8_MIN_ELEMENTS, 0
     try:
         q = packed_mod.PackedLinear(w, int8=True)
@@ -368,6 +372,7 @@ def time_kernels(w: torch.Tensor, x: torch.Tensor) -> list[float]:
         lambda: torch.mm(x, wt),
         lambda: torch.mm(x, w.t()),
         lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""),
+        lambda: torch.ops.mkl._mkl_linear(x, mkl_packed, w, None, m),
         lambda: q(x),
     ]
     best = [float("inf")] * len(fns)
