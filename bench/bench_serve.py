@@ -385,6 +385,8 @@ async def load_phase(
 
 # -- servers ------------------------------------------------------------------------------
 
+SERVER_ENV: dict[str, str] = {}  # --server-env: for the server processes, not the in-process side
+
 
 class Server:
     """``api.server.run`` in a subprocess; ``overrides`` are Settings fields."""
@@ -399,6 +401,7 @@ class Server:
         else:  # the server's own default, as `make serve` runs it
             for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "ELMO_THREADS"):
                 env.pop(var, None)
+        env.update(SERVER_ENV)
         code = (
             "import api.server as s; "
             f"s.run('127.0.0.1', {self.port}, {str(model_dir)!r}, **{kwargs!r})"
@@ -665,8 +668,16 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FIELD=VALUE",
         help="a server setting for the --targets server (e.g. batch_fill_wait_ms=20)",
     )
+    ap.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="VAR=VALUE",
+        help="an environment variable for the server processes only (e.g. GOMP_SPINCOUNT=10000)",
+    )
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args(argv)
+    SERVER_ENV.update(kv.split("=", 1) for kv in args.server_env)
     inproc_threads = args.in_process_threads or args.threads
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-serve-"))
@@ -680,7 +691,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.targets:
             overrides = dict(kv.split("=", 1) for kv in args.set)
             print(f"model: {model_desc}; serving targets, {args.targets} rounds of "
-                  f"{args.duration:g}s phases, threads {args.threads or 'default'}, {overrides or 'default settings'}")  # fmt: skip
+                  f"{args.duration:g}s phases, threads {args.threads or 'default'}, {overrides or 'default settings'}"
+                  f"{', server env ' + str(SERVER_ENV) if SERVER_ENV else ''}")  # fmt: skip
             res = interleaved_targets(
                 model_dir, args.threads, inproc_threads, args.clients, args.targets,
                 args.duration, extra, tmp, **overrides,
