@@ -551,9 +551,11 @@ def interleaved_targets(
             # where the gap goes: how busy the model thread was, and how long its batches took
             busy = batch_stats(m1, BATCH_SECONDS)[0] - batch_stats(m0, BATCH_SECONDS)[0]
             served = model_tokens(emb, http.pop("served"))
+            # each served sentence once, in the server's order: a replayed sentence would
+            # find all its tokens in the embedder's token cache, which the server never gets
             start, done, toks, calls = time.perf_counter(), 0, 0, 0
-            while time.perf_counter() - start < seconds:
-                part = served[done % len(served) :][:clients] or served[:clients]
+            while done < len(served) and time.perf_counter() - start < seconds:
+                part = served[done : done + clients]
                 emb.embed_tokens(part)
                 done += len(part)
                 toks += sum(map(len, part))
