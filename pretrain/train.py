@@ -382,6 +382,7 @@ class Trainer:
             "elapsed": self.elapsed,
             "world_size": self.world,
             "config_hash": config_hash(self.cfg),
+            "precision": self.precision,
         }
         if self.device.type == "cuda":
             st["rng"]["cuda"] = torch.cuda.get_rng_state(self.device)
@@ -423,6 +424,26 @@ class Trainer:
     def _lr(self, step: int) -> float:
         return lr_at(step, self.cfg.optim, self.cfg.train.steps) * self.lr_scale
 
+    def _keep_precision(self, saved: str | None) -> None:
+        """``precision: auto`` on resume: a run that trained in fp32 stays in fp32, even where
+        auto now picks bf16 (a faster machine), so its arithmetic does not change mid-run. A
+        reduced-precision run moved to a machine without it continues in fp32 (more exact,
+        and bf16 emulated on an AVX2 CPU would be many times slower)."""
+        if self.cfg.train.precision != "auto" or saved is None or saved == self.precision:
+            return
+        if saved == "fp32":
+            if self.rank == 0:
+                self.log(
+                    f"precision auto: this run trained in fp32, so it goes on in fp32 "
+                    f"(auto picks {self.precision} on this machine for new runs)"
+                )
+            self.precision = "fp32"
+            self.scaler = None
+        elif self.rank == 0:
+            self.log(
+                f"precision auto: this run trained in {saved}; here it goes on in {self.precision}"
+            )
+
     def _restore(self) -> None:
         found = load_latest(self.run_dir, log=self.log if self.rank == 0 else lambda *_: None)
         if found is None:
@@ -430,6 +451,7 @@ class Trainer:
                 self.log(f"--resume: no checkpoint in {self.run_dir}; starting from step 0")
             return
         path, st = found
+        self._keep_precision(st.get("precision"))
         self.model.load_state_dict(st["model"])
         self.optimizer.load_state_dict(st["optimizer"])
         self.step, self.tokens_seen, self.elapsed = (

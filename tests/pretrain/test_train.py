@@ -610,3 +610,34 @@ def test_plot_without_matplotlib_says_how_to_get_it(tmp_path, monkeypatch, capsy
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and "elmo-service[plot]" in err
     assert not (tmp_path / "c.png").exists()
+
+
+def test_resume_keeps_a_fp32_run_in_fp32_where_auto_would_pick_bf16(
+    corpus_dir, tmp_path, monkeypatch
+):
+    """precision auto resolves per machine; a run that trained in fp32 and is resumed on a
+    machine with native bf16 goes on in fp32 (its arithmetic does not change mid-run), while
+    a bf16 run moved to a machine without native bf16 goes on in fp32 (not emulated bf16)."""
+    import pretrain.train as train_mod
+
+    run = tmp_path / "run"
+    sets = ("train.steps=4", "train.precision=auto", "checkpoint.every_steps=2")
+    # auto as an AVX2 CPU resolves it, then as a machine with native bf16
+    monkeypatch.setattr(train_mod, "resolve_precision", lambda device, p: "fp32")
+    run_training(tiny(corpus_dir, *sets), run, stop_after=2, log=quiet)
+    assert ckpt.load_latest(run)[1]["precision"] == "fp32"
+    lines: list[str] = []
+    monkeypatch.setattr(train_mod, "resolve_precision", lambda device, p: "bf16")
+    run_training(tiny(corpus_dir, *sets), run, resume=True, log=lines.append)
+    assert any("trained in fp32, so it goes on in fp32" in x for x in lines), lines
+    assert ckpt.load_latest(run)[1]["precision"] == "fp32"
+
+    # the other way: a checkpoint written in bf16, resumed where auto picks fp32
+    other = tmp_path / "other"
+    run_training(tiny(corpus_dir, *sets), other, stop_after=2, log=quiet)  # bf16 (patched)
+    assert ckpt.load_latest(other)[1]["precision"] == "bf16"
+    monkeypatch.setattr(train_mod, "resolve_precision", lambda device, p: "fp32")
+    lines.clear()
+    run_training(tiny(corpus_dir, *sets), other, resume=True, log=lines.append)
+    assert any("trained in bf16; here it goes on in fp32" in x for x in lines), lines
+    assert ckpt.load_latest(other)[1]["precision"] == "fp32"
