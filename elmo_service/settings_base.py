@@ -76,13 +76,16 @@ class Cli:
 
 
 class StrictModel(BaseModel):
-    """Unknown keys are errors; no coercion ("5" is not 5, but an int is a float).
+    """Unknown keys are errors; no coercion ("5" is not 5, but an int is a float); no
+    infinite or NaN float (``lr: .inf`` would only fail steps later, as a NaN loss).
 
     Construction, :meth:`from_dict` and assignment raise ``error_class`` naming the
     dotted field, never pydantic's ValidationError.
     """
 
-    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+    model_config = ConfigDict(
+        extra="forbid", strict=True, validate_assignment=True, allow_inf_nan=False
+    )
     error_class: ClassVar[type[ElmoServiceError]] = ConfigError
 
     def __init__(self, **data: Any) -> None:

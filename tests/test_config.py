@@ -158,6 +158,11 @@ def test_type_and_range_errors_name_the_field():
         (["model.filters=[[60, 4]]"], "model.filters", "bad filter [60, 4]"),
         (["data.tokens_per_batch=8"], "data.tokens_per_batch", "must be >= data.max_tokens"),
         (["model=3"], "model", "expected a mapping"),
+        # YAML's .inf / .nan would pass a range check and only fail as a NaN loss later
+        (["optim.lr=.inf"], "optim.lr", "finite"),
+        (["optim.weight_decay=.nan"], "optim.weight_decay", "finite"),
+        (["optim.highway_gate_bias=-.inf"], "optim.highway_gate_bias", "finite"),
+        (["model.cell_clip=.inf"], "model.cell_clip", "finite"),
     ]
     for sets, field, words in cases:
         with pytest.raises(ConfigError) as e:
