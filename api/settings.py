@@ -47,6 +47,7 @@ class Settings(BaseSettings):
         extra="ignore",
         validate_default=True,
         populate_by_name=True,
+        allow_inf_nan=False,  # ELMO_REQUEST_TIMEOUT=inf would pass gt=0 and break timers later
     )
 
     # -- the model -------------------------------------------------------------

@@ -255,6 +255,8 @@ def test_writes_refused_without_admin_keys(client):
         ({"ELMO_MAX_SENTENCES": "lots"}, "ELMO_MAX_SENTENCES"),
         ({"REDIS_URL": "http://localhost"}, "REDIS_URL"),
         ({"ELMO_REQUEST_TIMEOUT": "-1"}, "ELMO_REQUEST_TIMEOUT"),
+        ({"ELMO_REQUEST_TIMEOUT": "inf"}, "ELMO_REQUEST_TIMEOUT"),  # passes gt=0, not finite
+        ({"ELMO_BATCH_FILL_WAIT_MS": "nan"}, "ELMO_BATCH_FILL_WAIT_MS"),
         ({"ELMO_MAX_SENTENCES": "100", "ELMO_MAX_QUEUE": "10"}, "ELMO_MAX_QUEUE"),
     ],
 )
