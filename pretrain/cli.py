@@ -299,6 +299,10 @@ def main(argv: list[str] | None = None) -> int:
     except ElmoServiceError as e:
         print(f"elmo-pretrain {args.command}: error: {e.message}", file=sys.stderr)
         return 2
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
+        # a path the user gave that is not there or not readable: one line, not a traceback
+        print(f"elmo-pretrain {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -143,6 +143,8 @@ class Corpus:
 
         opts = self.manifest.get("options", {})
         lower = bool(opts.get("lowercase"))
+        if not Path(path).is_file():
+            raise InputError(f"{path}: not a file (missing, or a folder)", field="file")
         lines = [
             clean(line, lower)
             for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines()

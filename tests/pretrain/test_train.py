@@ -641,3 +641,20 @@ def test_resume_keeps_a_fp32_run_in_fp32_where_auto_would_pick_bf16(
     run_training(tiny(corpus_dir, *sets), other, resume=True, log=lines.append)
     assert any("trained in bf16; here it goes on in fp32" in x for x in lines), lines
     assert ckpt.load_latest(other)[1]["precision"] == "fp32"
+
+
+def test_eval_of_a_missing_or_empty_file_is_one_line_naming_it(tmp_path, capsys):
+    """A --file that is missing, a folder or empty: exit 2 and one line, never a traceback."""
+    bundled = ROOT / "models" / "ptb"
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    for given, words in [
+        (tmp_path / "missing.txt", "not a file"),
+        (tmp_path, "not a file"),
+        (empty, "no sentences"),
+    ]:
+        capsys.readouterr()
+        assert main(["eval", str(bundled), "--file", str(given)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("elmo-pretrain eval: error: ") and words in err, err
+        assert "Traceback" not in err and err.count("\n") == 1, err
