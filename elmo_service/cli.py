@@ -55,6 +55,13 @@ def cmd_embed_file(args: argparse.Namespace) -> int:
     from elmo_service.scalar_mix import MixSpec
 
     in_path = Path(args.input)
+    if not in_path.is_file():
+        raise ElmoServiceError(f"{in_path}: not a file (missing, or a folder)", field="input")
+    if not Path(args.output).resolve().parent.is_dir():
+        raise ElmoServiceError(
+            f"{args.output}: its folder {Path(args.output).resolve().parent} does not exist",
+            field="output",
+        )
     total, blank = _scan_lines(in_path)  # before loading the model: fail fast
     if blank:
         shown = ", ".join(map(str, blank[:5])) + (
@@ -238,7 +245,7 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     except ElmoServiceError as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2
-    except FileNotFoundError as e:
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -87,6 +87,24 @@ def test_embed_file_refuses_blank_lines_like_allennlp(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_embed_file_names_a_bad_input_or_output_path_in_one_line(tmp_path, capsys):
+    """Checked before the model loads: a missing input, a folder as input, an output in a
+    folder that does not exist. Exit 2, one line, nothing written."""
+    model = tiny_artifact(tmp_path / "m")
+    good = tmp_path / "in.txt"
+    good.write_text("a b\n")
+    for inp, out, words in [
+        (tmp_path / "missing.txt", tmp_path / "o.h5", "not a file"),
+        (tmp_path, tmp_path / "o.h5", "not a file"),
+        (good, tmp_path / "nowhere" / "o.h5", "does not exist"),
+    ]:
+        capsys.readouterr()
+        assert main(["embed-file", str(inp), str(out), "--model", str(model), "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and words in err and len(err.splitlines()) == 1, err
+        assert not out.exists()
+
+
 def test_embed_file_defaults_to_the_model_serve_serves(tmp_path, monkeypatch, capsys):
     for var in ("ELMO_MODEL_PATH", "ELMO_MODELS_DIR", "ELMO_MODEL"):
         monkeypatch.delenv(var, raising=False)
