@@ -109,7 +109,8 @@ def load_run(
     info_path = run_info_path(run_dir)
     if not info_path.is_file():
         raise ConfigError(f"{run_dir} is not a training run (no {RUN_FILE})", field="run_dir")
-    cfg = TrainConfig.from_dict(json.loads(info_path.read_text())["config"])
+    run_info = json.loads(info_path.read_text())
+    cfg = TrainConfig.from_dict(run_info["config"])
     if data_path:
         cfg.data.path = data_path
     lm_file = run_dir / LM_WEIGHTS
@@ -118,10 +119,15 @@ def load_run(
 
         if not data_path:
             cfg.data.path = str(run_dir / cfg.data.path)
-        info = json.loads(info_path.read_text())["lm"]
+        info = run_info["lm"]
         st = {"model": load_file(str(lm_file)), **info}
         checkpoint = lm_file
     else:
+        recorded = run_info.get("corpus", {}).get("path")
+        if not data_path and recorded and not (Path(cfg.data.path) / "manifest.json").is_file():
+            # a relative data.path read from another working directory: the corpus the run
+            # recorded (absolute) when it started
+            cfg.data.path = recorded
         if checkpoint is None:
             found = list_checkpoints(run_dir)
             if not found:
@@ -157,8 +163,17 @@ def evaluate(
     max_sentences: int = 0,
     stream: bool = False,
 ) -> dict[str, Any]:
+    if max_sentences < 0:
+        raise InputError("max_sentences must be >= 0 (0: all)", field="max_sentences")
     set_threads(threads)
     cfg, corpus, model, meta = load_run(run_dir, checkpoint, data_path)
+    exported = checkpoint is None and (Path(run_dir) / LM_WEIGHTS).is_file()
+    if not file and exported and split not in corpus.manifest.get("shards", {}):
+        raise InputError(
+            f"{run_dir} is an exported LM: it keeps the vocabulary, not the corpus's text; "
+            "give --file FILE to score",
+            field="file",
+        )
     if file:
         sents, extra = corpus.encode_file(file)
         if extra:

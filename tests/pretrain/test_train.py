@@ -658,3 +658,28 @@ def test_eval_of_a_missing_or_empty_file_is_one_line_naming_it(tmp_path, capsys)
         err = capsys.readouterr().err
         assert err.startswith("elmo-pretrain eval: error: ") and words in err, err
         assert "Traceback" not in err and err.count("\n") == 1, err
+
+
+@pytest.mark.slow
+def test_eval_finds_a_relative_corpus_from_another_folder_and_checks_its_arguments(
+    corpus_dir, tmp_path, monkeypatch
+):
+    """A run made with a relative data.path is scored from any working directory (the corpus
+    path it recorded when it started); a negative --max-sentences and an exported LM without
+    --file are refused naming the argument."""
+    from elmo_service.errors import InputError
+
+    monkeypatch.chdir(corpus_dir.parent)
+    run = tmp_path / "run"
+    run_training(tiny(corpus_dir, f"data.path={corpus_dir.name}", "train.steps=2"), run, log=quiet)
+    here = evaluate(run, max_sentences=20)
+    monkeypatch.chdir(tmp_path)  # the relative path now points nowhere
+    assert evaluate(run, max_sentences=20)["forward_ppl"] == pytest.approx(here["forward_ppl"])
+    with pytest.raises(InputError) as e:
+        evaluate(run, max_sentences=-1)
+    assert e.value.field == "max_sentences"
+    lm = tmp_path / "lm"
+    assert main(["export", str(run), str(lm), "--lm"]) == 0
+    with pytest.raises(InputError) as e:
+        evaluate(lm)
+    assert e.value.field == "file" and "--file" in e.value.message
