@@ -148,6 +148,8 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def read_manifest(directory: str | Path) -> dict[str, Any]:
     """The manifest (version and file hashes) without loading weights."""
+    if not Path(directory).is_dir():
+        raise ArtifactError(f"model directory {directory} does not exist", field="model")
     return _read_json(Path(directory) / MANIFEST)
 
 

@@ -21,7 +21,7 @@ from pretrain.probe.tasks import task_file, task_kind
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from elmo_service.artifact import default_model_dir
+    from elmo_service.artifact import default_model_dir, read_header
     from elmo_service.runtime import set_threads
     from elmo_service.scalar_mix import check_task_name
     from pretrain.probe.learn import polarity_probe, pos_probe
@@ -42,6 +42,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         check_service(o.service, o.admin_key)
     set_threads(o.threads)
     model_dir = Path(o.model) if o.model else default_model_dir()
+    read_header(model_dir)  # a wrong --model fails here, before any data is read or fetched
     data_dir = Path(o.data or f"data/{task_file(task) or task}")
     data = load_task_data(task, data_dir, o.fetch)
     if o.max_train:

@@ -151,6 +151,20 @@ def test_probe_command_without_data_says_how_to_fetch(tmp_path, capsys):
     assert "--fetch" in capsys.readouterr().err
 
 
+def test_probe_command_checks_the_model_before_the_data(tmp_path, capsys, monkeypatch):
+    """A wrong --model is named at once: no data is read or fetched first."""
+    import pretrain.probe.tasks as tasks
+    from pretrain.cli import main
+
+    def no_fetch(*a, **k):
+        raise AssertionError("data read before the model was checked")
+
+    monkeypatch.setattr(tasks, "load_task_data", no_fetch)
+    rc = main(["probe", "pos", "--model", str(tmp_path / "nope"), "--fetch"])
+    assert rc == 2
+    assert "model directory" in capsys.readouterr().err
+
+
 def _write_jsonl(path, rows):
     import json
 
