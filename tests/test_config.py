@@ -143,6 +143,10 @@ def test_unknown_keys_in_a_job_spec():
     with pytest.raises(ConfigError) as e:
         JobIn(corpus="c.txt", prepare={"vocab_sise": 300})
     assert e.value.field == "prepare.vocab_sise" and "did you mean 'vocab_size'" in e.value.message
+    # JSON bodies may carry Infinity / NaN (Python's json reads them): refused, named
+    with pytest.raises(ConfigError) as e:
+        resolve_train_config(JobIn(corpus="c.txt", config={"optim": {"lr": float("inf")}}))
+    assert e.value.field == "config.optim.lr" and "finite" in e.value.message
 
 
 def test_type_and_range_errors_name_the_field():
