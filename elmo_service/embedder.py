@@ -112,6 +112,24 @@ def _mix_module(
     return ScalarMix.from_spec(spec, n_layers).requires_grad_(False)
 
 
+def _check_words_kept(words: Sequence[str], toks: list[Token], i: int) -> None:
+    """Pre-tokenized input: every word must keep at least one token, or the output would
+    silently hold fewer words than the caller gave (and misalign with their labels)."""
+    kept = {t.word for t in toks}
+    for j, w in enumerate(words):
+        if not w.strip():
+            raise InputError(
+                f"sentence {i}, word {j} is empty or only whitespace: a pre-tokenized word "
+                "needs a character to embed",
+                field=f"sentences[{i}][{j}]",
+            )
+        if j not in kept:
+            raise InputError(
+                f"sentence {i}, word {j} ({w!r}) has no character the tokenizer keeps",
+                field=f"sentences[{i}][{j}]",
+            )
+
+
 class Embedder:
     """Load once, embed many times. Thread-safe: one forward pass at a time.
 
@@ -211,6 +229,8 @@ class Embedder:
                     f"sentence {i} must be a string or a list of strings", field=f"sentences[{i}]"
                 )
             toks = self.tokenizer(s)
+            if not isinstance(s, str):
+                _check_words_kept(s, toks, i)
             if len(toks) > self.max_sentence_tokens:
                 raise LimitError(
                     f"sentence {i} has {len(toks)} tokens; the limit is {self.max_sentence_tokens}",

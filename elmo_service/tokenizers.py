@@ -17,6 +17,7 @@ import bisect
 import hashlib
 import itertools
 import re
+import unicodedata
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -103,6 +104,14 @@ class WordTokenizer(Tokenizer):
         return {"type": "word", "lowercase": self.lowercase}
 
 
+def _has_removable(text: str) -> bool:
+    """Whether ``text`` holds a format or control character (U+200B, U+00AD, ...), which
+    sentencepiece's normalisation may remove."""
+    if text.isascii() and text.isprintable():
+        return False
+    return any(unicodedata.category(c) in ("Cf", "Cc") for c in text)
+
+
 class SentencePieceTokenizer(Tokenizer):
     kind = "sentencepiece"
     FILE = "tokenizer.model"
@@ -147,21 +156,30 @@ class SentencePieceTokenizer(Tokenizer):
 
     def tokenize_words(self, words: Sequence[str]) -> list[Token]:
         joined = " ".join(words)
-        # (sentencepiece reads a literal U+2581 as a space: such words go one by one)
-        if all(words) and len(joined.split()) == len(words) and SP_SPACE not in joined:
+        # (sentencepiece reads a literal U+2581 as a space, and its normalisation removes
+        # format and control characters, shifting offsets: such words go one by one)
+        if (
+            all(words)
+            and len(joined.split()) == len(words)
+            and SP_SPACE not in joined
+            and not _has_removable(joined)
+        ):
             # pieces never cross whitespace, so one encode of the joined words is
             # encoding each word alone, at a fraction of the per-call cost
             starts = list(itertools.accumulate((len(w) + 1 for w in words[:-1]), initial=0))
-            return [
+            toks = [
                 Token(t.text, t.start, t.end, bisect.bisect_right(starts, t.start) - 1)
                 for t in self.tokenize(joined)
             ]
-        out: list[Token] = []  # a word holds whitespace (or is empty): one encode per word
+            if len({t.word for t in toks}) == len(words):  # else some word lost its pieces
+                return toks
+        # a word holds whitespace, is empty or lost a character: one encode per word
+        out: list[Token] = []
         pos = 0
         for i, w in enumerate(words):
-            toks, _ = self._pieces(w, pos, i)
+            pieces, _ = self._pieces(w, pos, i)
             # a word is one word, whatever pieces say
-            out.extend(Token(t.text, t.start, t.end, i) for t in toks)
+            out.extend(Token(t.text, t.start, t.end, i) for t in pieces)
             pos += len(w) + 1
         return out
 

@@ -95,6 +95,15 @@ def test_pretokenized_equals_string(client):
     assert (toks[1]["start"], toks[1]["end"]) == (3, 6)  # offsets into the words joined by spaces
 
 
+@pytest.mark.parametrize("words, bad", [(["a", ""], 1), ([" ", "b"], 0), (["a", "\t\n"], 1)])
+def test_a_pretokenized_word_that_yields_no_token_is_refused_naming_it(client, words, bad):
+    """Dropping it would return fewer word vectors than words given, misaligned with the
+    caller's labels; a 422 names the word instead."""
+    r = client.post("/v1/embed", json={"sentences": [["ok"], words], "granularity": "word"})
+    assert r.status_code == 422, r.text
+    assert r.json()["field"] == f"sentences[1][{bad}]"
+
+
 @pytest.mark.parametrize(
     "body_mix, spec",
     [

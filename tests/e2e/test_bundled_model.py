@@ -98,6 +98,21 @@ PTB = ROOT / "models" / "ptb"
 PTB_CONFIG = "ptb.yaml"
 
 
+def test_a_pretokenized_word_the_sentencepiece_model_drops_is_refused(bundled):
+    """sentencepiece normalises some characters away (a zero-width space): such a word
+    would leave no token, and the output would hold fewer words than given."""
+    from elmo_service.errors import InputError
+
+    emb = Embedder(bundled)
+    assert len(emb.tokenize([["New York", "city"]])[0]) >= 2  # a word with a space is fine
+    with pytest.raises(InputError) as e:
+        emb.tokenize([["a", "b"], ["a", "\u200b", "c"]])
+    assert e.value.field == "sentences[1][1]" and "no character" in e.value.message
+    with pytest.raises(InputError) as e:
+        emb.embed([["x", "  "]])
+    assert e.value.field == "sentences[0][1]"
+
+
 def test_bundled_ptb_lm_is_the_finished_committed_config():
     import json
 
