@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 from elmo_service.atomic import atomic_path
 from elmo_service.batching import DEFAULT_BATCH_TOKENS
 from elmo_service.config import PRECISIONS, WEIGHT_MODES
-from elmo_service.errors import ElmoServiceError
+from elmo_service.errors import ElmoServiceError, InputError
 
 
 def _chunks(lines: Iterator[str], n: int) -> Iterator[list[str]]:
@@ -37,6 +38,18 @@ def _scan_lines(path: Path) -> tuple[int, list[int]]:
             if not line.strip():
                 blank.append(n)
     return n, blank
+
+
+def _line_message(e: InputError, path: Path, first: int) -> str:
+    """An embedder error about "sentence k[, word j]" of a chunk, told as the file's line
+    ``first + k + 1`` (and word ``j + 1``)."""
+    m = re.search(r"sentence (\d+)(, word (\d+))?", e.message)
+    if m is None:
+        return f"{path}: {e.message}"
+    where = f"line {first + int(m.group(1)) + 1} of {path}"
+    if m.group(3) is not None:
+        where += f", word {int(m.group(3)) + 1}"
+    return e.message[: m.start()] + where + e.message[m.end() :]
 
 
 def cmd_embed_file(args: argparse.Namespace) -> int:
@@ -104,7 +117,17 @@ def cmd_embed_file(args: argparse.Namespace) -> int:
         index = 0
         for chunk in _chunks(fin, args.chunk_lines):
             inputs = [line.split() for line in chunk] if args.whitespace else chunk
-            for line, sent, res in zip(chunk, inputs, emb.embed(inputs), strict=True):
+            try:
+                results = emb.embed(inputs)
+            except InputError as e:  # name the file's line, not the chunk's sentence index
+                raise InputError(_line_message(e, in_path, index), field="input") from e
+            for line, sent, res in zip(chunk, inputs, results, strict=True):
+                if not res.tokens:  # e.g. a line of characters the tokenizer removes (U+200B)
+                    raise InputError(
+                        f"line {index + 1} of {in_path} has no tokens for this model's "
+                        "tokenizer: nothing to store under its index",
+                        field="input",
+                    )
                 layers = res.layers
                 if args.granularity == "word":
                     _, layers = words_of(res.tokens, layers, None if args.whitespace else sent)

@@ -105,6 +105,26 @@ def test_embed_file_names_a_bad_input_or_output_path_in_one_line(tmp_path, capsy
         assert not out.exists()
 
 
+def test_embed_file_names_the_line_a_sentence_fails_on(tmp_path, capsys):
+    """Errors about a sentence name its line in the file (not its index in a chunk); a line
+    the tokenizer leaves empty (only a zero-width space) is refused, not stored as [L+1, 0, D]."""
+    model = default_model_dir()  # sentencepiece: normalisation removes U+200B
+    inp = tmp_path / "in.txt"
+    cases = [
+        ("ok here\nfine\n\u200b\n", [], "line 3 of"),
+        ("a b\nc \u200b d\n", ["--whitespace"], "line 2 of"),
+    ]
+    for text, flags, words in cases:
+        inp.write_text(text)
+        out = tmp_path / "o.h5"
+        argv = ["embed-file", str(inp), str(out), "--model", str(model), "--quiet", *flags]
+        assert main([*argv, "--chunk-lines", "1"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert words in err and len(err.splitlines()) == 1, err
+        assert not out.exists()
+    assert ", word 2 " in err  # the --whitespace case names the word, counted from 1
+
+
 def test_embed_file_defaults_to_the_model_serve_serves(tmp_path, monkeypatch, capsys):
     for var in ("ELMO_MODEL_PATH", "ELMO_MODELS_DIR", "ELMO_MODEL"):
         monkeypatch.delenv(var, raising=False)
