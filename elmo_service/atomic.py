@@ -26,6 +26,19 @@ from pathlib import Path
 from typing import IO, Any
 
 
+def process_umask() -> int:
+    """This process's umask, read without changing it (Linux); else the thread-unsafe way."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def fsync_dir(directory: str | Path) -> None:
     """Make a rename (or a new entry) in ``directory`` durable; best effort off POSIX."""
     try:

@@ -65,6 +65,24 @@ def test_permissions_follow_the_umask_not_mkstemp(tmp_path):
     assert stat.S_IMODE((tmp_path / "d").stat().st_mode) == 0o755
 
 
+@pytest.mark.parametrize("mask", [0o022, 0o027])
+def test_every_file_of_an_artifact_follows_the_umask(tmp_path, mask):
+    """safetensors writes its file 0600; the artifact's weights must be as readable as its
+    config (an API container reading what a worker, another user, exported)."""
+    from tests.support.core_fixtures import tiny_artifact
+
+    old = os.umask(mask)
+    try:
+        assert atomic.process_umask() == mask
+        art = tiny_artifact(tmp_path / "m")
+    finally:
+        os.umask(old)
+    files = [p for p in art.rglob("*") if p.is_file()]
+    assert any(p.name == "weights.safetensors" for p in files)
+    for p in files:
+        assert stat.S_IMODE(p.stat().st_mode) == 0o666 & ~mask, p.name
+
+
 def test_atomic_dir_swaps_a_folder_in_whole_and_keeps_the_old_one_on_failure(tmp_path):
     out = tmp_path / "corpus"
     with atomic.atomic_dir(out) as d:
