@@ -95,7 +95,10 @@ def _add_eval(sub) -> None:
         "--split", default="heldout", help="a split of the prepared corpus (default heldout)"
     )
     g.add_argument("--file", help="a text file, one sentence a line, tokenized like the corpus")
-    p.add_argument("--checkpoint", help="a checkpoint file (default: the newest)")
+    p.add_argument(
+        "--checkpoint",
+        help="a checkpoint file, its name in the run folder, or a step (default: the newest)",
+    )
     p.add_argument("--data", help="prepared corpus folder (default: the run's)")
     p.add_argument("--max-sentences", type=int, default=0)
     p.add_argument(
@@ -112,7 +115,10 @@ def _add_export(sub) -> None:
     p = sub.add_parser("export", help="write a serving artifact (no softmax, no optimizer state)")
     p.add_argument("run_dir")
     p.add_argument("out")
-    p.add_argument("--checkpoint")
+    p.add_argument(
+        "--checkpoint",
+        help="a checkpoint file, its name in the run folder, or a step (default: the newest)",
+    )
     p.add_argument("--data")
     p.add_argument(
         "--no-eval", action="store_true", help="skip the held-out perplexity in the provenance"

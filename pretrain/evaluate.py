@@ -101,6 +101,11 @@ def _ppl_record(model, n_sent: int, n: int, nf: float, nb: float, protocol: str)
     return out
 
 
+def _step_of(path: Path) -> str:
+    """``step-00034700.pt`` -> "34700"."""
+    return path.name.split("-", 1)[-1].split(".", 1)[0].lstrip("0") or "0"
+
+
 def load_run(
     run_dir: str | Path, checkpoint: str | Path | None = None, data_path: str | None = None
 ) -> tuple[TrainConfig, Corpus, LanguageModel, dict[str, Any]]:
@@ -128,11 +133,22 @@ def load_run(
             # a relative data.path read from another working directory: the corpus the run
             # recorded (absolute) when it started
             cfg.data.path = recorded
+        found = list_checkpoints(run_dir)
         if checkpoint is None:
-            found = list_checkpoints(run_dir)
             if not found:
                 raise ConfigError(f"{run_dir} has no checkpoint yet", field="checkpoint")
             checkpoint = found[-1]
+        elif not Path(checkpoint).is_file():
+            # a step number, or a checkpoint's name in the run folder
+            named = [p for p in found if p.name == str(checkpoint) or _step_of(p) == checkpoint]
+            if not named:
+                have = ", ".join(p.name for p in found) or "none"
+                raise ConfigError(
+                    f"no checkpoint {checkpoint!r} in {run_dir} (give a file, a name or a "
+                    f"step; the run has: {have})",
+                    field="checkpoint",
+                )
+            checkpoint = named[0]
         st = load_checkpoint(checkpoint)
     corpus = Corpus(cfg.data.path)
     model = LanguageModel(

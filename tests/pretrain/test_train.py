@@ -678,6 +678,13 @@ def test_eval_finds_a_relative_corpus_from_another_folder_and_checks_its_argumen
     with pytest.raises(InputError) as e:
         evaluate(run, max_sentences=-1)
     assert e.value.field == "max_sentences"
+    # --checkpoint: a file, a checkpoint's name or a step number
+    by_step = evaluate(run, checkpoint="2", max_sentences=20)
+    assert by_step["checkpoint"] == "step-00000002.pt"
+    assert by_step["forward_ppl"] == pytest.approx(here["forward_ppl"])
+    with pytest.raises(ConfigError) as e:
+        evaluate(run, checkpoint="7")
+    assert e.value.field == "checkpoint" and "step-00000002.pt" in e.value.message
     lm = tmp_path / "lm"
     assert main(["export", str(run), str(lm), "--lm"]) == 0
     with pytest.raises(InputError) as e:
