@@ -95,14 +95,6 @@ def atomic_dir(directory: str | Path, overwrite: bool = False) -> Iterator[Path]
         yield tmp
 
 
-def save_weights(state: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
-    """safetensors' ``save_file``, leaving the file with the mode a plain ``open()`` gives
-    (safetensors writes 0600, which another user -- the API container reading what the
-    worker exported -- could not read)."""
-    save_file(state, str(path), metadata=metadata)
-    os.chmod(path, 0o666 & ~atomic.process_umask())
-
-
 def save_artifact(
     model: BiLM,
     tokenizer: Tokenizer,
@@ -117,7 +109,7 @@ def save_artifact(
             k: v.detach().to("cpu", torch.float32).contiguous()
             for k, v in model.state_dict().items()
         }
-        save_weights(state, tmp / WEIGHTS, {"format": FORMAT})
+        save_file(state, str(tmp / WEIGHTS), metadata={"format": FORMAT})
         config = {
             "schema_version": SCHEMA_VERSION,
             "format": FORMAT,

@@ -4,8 +4,9 @@ Every write goes to a temporary sibling (``.<name>.<random>.tmp``, same folder, 
 the rename cannot cross file systems), is flushed and fsync'ed, renamed over the
 target with :func:`os.replace`, and the folder is fsync'ed so the rename itself
 survives a power cut. A failure removes the temporary and leaves the target as it
-was. Temporaries are created with the process umask (not ``mkstemp``'s 0600), so
-the result has the permissions a plain ``open()`` would give it.
+was. Every file committed gets the permissions a plain ``open()`` would give it
+(0666 less the umask), whoever wrote it: ``mkstemp`` and some writers (safetensors'
+``save_file``) make their files 0600, which another user could not read.
 
 * :func:`write_bytes`, :func:`write_text`, :func:`write_json`: whole contents at once;
 * :func:`atomic_open`: a file object, for writers that stream (``torch.save``, ``np.save``);
@@ -84,7 +85,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     tmp = _sibling(path, _new_file)
     try:
         yield tmp
-        _fsync_file(tmp)
+        _settle_file(tmp, _plain_mode())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -121,17 +122,28 @@ def write_json(path: str | Path, obj: Any, **dumps: Any) -> None:
     write_text(path, json.dumps(obj, **dumps) + "\n")
 
 
-def _fsync_tree(root: Path) -> None:
+def _plain_mode() -> int:
+    return 0o666 & ~process_umask()
+
+
+def _settle_file(path: Path, mode: int) -> None:
+    """Give ``path`` a plain ``open()``'s mode and make its content durable."""
+    os.chmod(path, mode)
+    _fsync_file(path)
+
+
+def _settle_tree(root: Path) -> None:
+    mode = _plain_mode()
     for folder, _, files in os.walk(root):
         for name in files:
-            _fsync_file(Path(folder) / name)
+            _settle_file(Path(folder) / name, mode)
         fsync_dir(folder)
 
 
 @contextlib.contextmanager
 def atomic_dir(directory: str | Path) -> Iterator[Path]:
-    """Yield a new temporary folder next to ``directory``; on success its files are
-    fsync'ed and it replaces ``directory`` (an old one is moved aside first, then
+    """Yield a new temporary folder next to ``directory``; on success its files get a
+    plain ``open()``'s mode and are fsync'ed, and it replaces ``directory`` (an old one is moved aside first, then
     deleted, so it is never seen half-deleted); on failure it is removed."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -139,7 +151,7 @@ def atomic_dir(directory: str | Path) -> Iterator[Path]:
     old: Path | None = None
     try:
         yield tmp
-        _fsync_tree(tmp)
+        _settle_tree(tmp)
         if directory.exists():
             old = _sibling(directory, lambda p: os.mkdir(p, 0o700))
             os.replace(directory, old / "old")

@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import save_file
 
-from elmo_service.artifact import atomic_dir, save_artifact, save_weights
+from elmo_service.artifact import atomic_dir, save_artifact
 from elmo_service.runtime import set_threads
 from pretrain.evaluate import load_run, perplexity
 from pretrain.run_dir import LM_WEIGHTS, RUN_FILE
@@ -109,7 +110,7 @@ def export_lm(
     out = Path(out)
     with atomic_dir(out, overwrite) as tmp:
         state = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}
-        save_weights(state, tmp / LM_WEIGHTS, {"format": "elmo-pretrain-lm"})
+        save_file(state, str(tmp / LM_WEIGHTS), metadata={"format": "elmo-pretrain-lm"})
         (tmp / "corpus").mkdir()
         manifest = dict(corpus.manifest, shards={}, inputs={})
         (tmp / "corpus" / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")

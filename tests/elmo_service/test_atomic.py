@@ -59,9 +59,14 @@ def test_permissions_follow_the_umask_not_mkstemp(tmp_path):
         atomic.write_text(tmp_path / "f", "x")
         with atomic.atomic_dir(tmp_path / "d") as d:
             (d / "inner").write_text("y")
+        # a writer that replaces the file it was handed with its own 0600 one
+        with atomic.atomic_path(tmp_path / "g") as t:
+            t.unlink()
+            os.close(os.open(t, os.O_WRONLY | os.O_CREAT, 0o600))
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "f").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "g").stat().st_mode) == 0o644
     assert stat.S_IMODE((tmp_path / "d").stat().st_mode) == 0o755
 
 
