@@ -16,7 +16,7 @@ from pathlib import Path
 from elmo_service.atomic import atomic_path
 from elmo_service.batching import DEFAULT_BATCH_TOKENS
 from elmo_service.config import PRECISIONS, WEIGHT_MODES
-from elmo_service.errors import ElmoServiceError, InputError
+from elmo_service.errors import PATH_ERRORS, ElmoServiceError, InputError
 
 
 def _chunks(lines: Iterator[str], n: int) -> Iterator[list[str]]:
@@ -268,7 +268,7 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     except ElmoServiceError as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
+    except PATH_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

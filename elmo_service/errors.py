@@ -38,3 +38,7 @@ class ArtifactError(ElmoServiceError):
     """A model artifact is missing, corrupt or inconsistent."""
 
     code = "bad_artifact"
+
+
+# a path the user gave that is missing or unreadable: the CLIs report these in one line
+PATH_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)

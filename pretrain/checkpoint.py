@@ -81,12 +81,18 @@ def sidecar(path: str | Path) -> Path:
     return p.with_name(p.name + HASH_SUFFIX)
 
 
+def checkpoint_step(path: str | Path) -> int | None:
+    """``step-00034700.pt`` -> 34700; None for any other name."""
+    m = _NAME.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
     """Checkpoint files under their final names, oldest first (verified or not)."""
     d = checkpoint_dir(run_dir)
     if not d.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in d.iterdir() if (m := _NAME.match(p.name))]
+    found = [(step, p) for p in d.iterdir() if (step := checkpoint_step(p)) is not None]
     return [p for _, p in sorted(found)]
 
 

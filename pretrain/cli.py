@@ -23,7 +23,7 @@ import sys
 # explicit OMP_WAIT_POLICY in the environment wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from elmo_service.errors import ElmoServiceError  # noqa: E402
+from elmo_service.errors import PATH_ERRORS, ElmoServiceError  # noqa: E402
 from elmo_service.settings_base import add_arguments, from_args  # noqa: E402
 from pretrain.prepare import CLI_FIELDS, PrepareOptions  # noqa: E402
 from pretrain.probe import add_probe_commands  # noqa: E402
@@ -305,8 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     except ElmoServiceError as e:
         print(f"elmo-pretrain {args.command}: error: {e.message}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
-        # a path the user gave that is not there or not readable: one line, not a traceback
+    except PATH_ERRORS as e:  # one line, not a traceback
         print(f"elmo-pretrain {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -101,6 +101,12 @@ class Corpus:
         return self.manifest["tokenizer"]["type"]
 
     def split(self, name: str) -> Split:
+        if not self.manifest["shards"]:  # an exported LM's corpus: vocabulary, no text
+            raise InputError(
+                f"{self.path} keeps the vocabulary but no text (an exported LM's corpus): "
+                "give --file FILE to score",
+                field="file",
+            )
         if name not in self.manifest["shards"]:
             raise InputError(
                 f"unknown split {name!r}; have {sorted(self.manifest['shards'])}", field="split"

@@ -29,7 +29,7 @@ import torch
 
 from elmo_service.errors import ConfigError, InputError
 from elmo_service.runtime import autocast, pick_device, set_threads
-from pretrain.checkpoint import list_checkpoints, load_checkpoint
+from pretrain.checkpoint import checkpoint_step, list_checkpoints, load_checkpoint
 from pretrain.config import TrainConfig
 from pretrain.data import Corpus, eval_batches, stream_eval_batches, to_device
 from pretrain.lm import LanguageModel
@@ -101,11 +101,6 @@ def _ppl_record(model, n_sent: int, n: int, nf: float, nb: float, protocol: str)
     return out
 
 
-def _step_of(path: Path) -> str:
-    """``step-00034700.pt`` -> "34700"."""
-    return path.name.split("-", 1)[-1].split(".", 1)[0].lstrip("0") or "0"
-
-
 def load_run(
     run_dir: str | Path, checkpoint: str | Path | None = None, data_path: str | None = None
 ) -> tuple[TrainConfig, Corpus, LanguageModel, dict[str, Any]]:
@@ -140,7 +135,8 @@ def load_run(
             checkpoint = found[-1]
         elif not Path(checkpoint).is_file():
             # a step number, or a checkpoint's name in the run folder
-            named = [p for p in found if p.name == str(checkpoint) or _step_of(p) == checkpoint]
+            step = int(checkpoint) if str(checkpoint).isdigit() else None
+            named = [p for p in found if p.name == str(checkpoint) or checkpoint_step(p) == step]
             if not named:
                 have = ", ".join(p.name for p in found) or "none"
                 raise ConfigError(
@@ -183,13 +179,6 @@ def evaluate(
         raise InputError("max_sentences must be >= 0 (0: all)", field="max_sentences")
     set_threads(threads)
     cfg, corpus, model, meta = load_run(run_dir, checkpoint, data_path)
-    exported = checkpoint is None and (Path(run_dir) / LM_WEIGHTS).is_file()
-    if not file and exported and split not in corpus.manifest.get("shards", {}):
-        raise InputError(
-            f"{run_dir} is an exported LM: it keeps the vocabulary, not the corpus's text; "
-            "give --file FILE to score",
-            field="file",
-        )
     if file:
         sents, extra = corpus.encode_file(file)
         if extra:
