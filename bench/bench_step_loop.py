@@ -1,0 +1,117 @@
+"""Is the single-sentence biLSTM loop worth splitting across the cores by direction?
+
+    OMP_NUM_THREADS=2 .venv/bin/python bench/bench_step_loop.py     # ~1 min
+
+At batch 1 ``BiLstmKernel._layer_single`` runs both directions in one step
+loop: one batched matmul per step over stacked weights, each op on both
+directions' values. The two directions are independent for every layer, so
+each core could run one direction's whole stack with no synchronisation per
+step. This measures, on the AllenNLP-small shape (LSTM 1024/128, 2 layers, 22
+steps: a 20-word sentence with its boundary tokens), side by side:
+
+* ``stacked``: the kernel as shipped;
+* ``one direction``: one direction's stack alone, the same ops per step on
+  one direction's weights; the best a two-core split could do with torch ops;
+* ``threads``: that loop for each direction, one of them on a second Python
+  thread (torch releases the GIL inside each op, not between them).
+
+A split by direction gains only if ``threads`` beats ``stacked``; the gap
+between ``one direction`` and ``stacked`` is its ceiling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from elmo_service.bilstm import BiLstmKernel, _cell  # noqa: E402
+from elmo_service.config import BiLMConfig  # noqa: E402
+from elmo_service.lstm import LstmLayer  # noqa: E402
+
+
+def one_direction(kernel: BiLstmKernel, d: int, x: torch.Tensor) -> list[torch.Tensor]:
+    """Direction ``d``'s layers for one sentence ``x [T, P]`` -> per layer ``[T, P]``:
+    ``_layer_single``'s ops on that direction's weights alone."""
+    c, cc2, pc = kernel.cell_dim, 2.0 * kernel.cell_clip, kernel.proj_clip
+    outs = []
+    for layer, (w_hh_t, w_proj) in enumerate(kernel.single):
+        xg = kernel.w_ih[layer][d](x)  # [T, 4C]
+        w_p = w_proj[d].t()
+        out = x.new_empty(x.shape)
+        h = x.new_zeros(1, x.shape[1])
+        c2 = x.new_zeros(1, c)
+        for s in range(x.shape[0]):
+            m = _cell(torch.addmm(xg[s : s + 1], h, w_hh_t[d]), c2, c, cc2)
+            h = torch.mm(m, w_p)
+            if pc:
+                h.clamp_(-pc, pc)
+            out[s] = h[0]
+        if kernel.residual and layer > 0:
+            out.add_(x)
+        outs.append(out)
+        x = out
+    return outs
+
+
+def timed(fn, calls: int, rounds: int) -> float:
+    """Median over ``rounds`` of the mean ms per call."""
+    for _ in range(calls // 10 + 1):
+        fn()
+    per_round = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per_round.append((time.perf_counter() - t0) / calls * 1e3)
+    return statistics.median(per_round)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=2, help="torch threads")
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    cfg = BiLMConfig(lstm_dim=1024, projection_dim=128, n_layers=2, cell_clip=3.0, proj_clip=3.0)
+    kernel = BiLstmKernel(
+        [(LstmLayer(128, cfg), LstmLayer(128, cfg)) for _ in range(2)], residual=True
+    )
+    steps = 22
+    x = torch.randn(2, steps, 1, 128)
+    pool = ThreadPoolExecutor(1)
+
+    def threads() -> list[list[torch.Tensor]]:
+        other = pool.submit(one_direction, kernel, 1, x[1, :, 0])
+        return [one_direction(kernel, 0, x[0, :, 0]), other.result()]
+
+    with torch.no_grad():
+        ref = kernel(x, [1] * steps)
+        split = threads()
+        diff = max(
+            (ref[layer][d, :, 0] - split[d][layer]).abs().max().item()
+            for layer in range(2)
+            for d in (0, 1)
+        )
+        sides = {
+            "stacked": lambda: kernel(x, [1] * steps),
+            "one direction": lambda: one_direction(kernel, 0, x[0, :, 0]),
+            "threads": threads,
+        }
+        ms = {name: timed(fn, args.calls, args.rounds) for name, fn in sides.items()}
+    print(f"torch threads {args.threads}; max |split - stacked| {diff:.1e}")
+    for name, t in ms.items():
+        print(f"{name:14s} {t:6.2f} ms  ({t / ms['stacked']:.2f}x stacked)")
+
+
+if __name__ == "__main__":
+    main()
