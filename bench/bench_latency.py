@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_latency.py                 # the table (~5 min)
     .venv/bin/python bench/bench_latency.py --rounds 3      # quicker, noisier
+    .venv/bin/python bench/bench_latency.py --shapes small  # one shape
     .venv/bin/python bench/bench_latency.py --kernels       # the matmul kernels behind elmo_service/packed.py
 
 Cells: the AllenNLP-small shape (LSTM 1024/128, 2048 filters, 1 highway) at
@@ -231,6 +232,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--kernels", action="store_true", help="only the matmul kernel table")
     ap.add_argument("--out", help="also write the markdown to this file")
+    ap.add_argument(
+        "--shapes", nargs="+", choices=("small", "original"), default=["small", "original"]
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -277,7 +281,7 @@ def latency_table(args, emit) -> None:
     emit("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     offset = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for shape in ("small", "original"):
+        for shape in args.shapes:
             sides, cached, cfg = build(shape, Path(tmp), warm)
             for cell_shape, batch in CELLS:
                 if cell_shape != shape:

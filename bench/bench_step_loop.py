@@ -1,13 +1,20 @@
-"""Is the single-sentence biLSTM loop worth splitting across the cores by direction?
+"""Is the biLSTM loop worth splitting across the cores by direction?
 
-    OMP_NUM_THREADS=2 .venv/bin/python bench/bench_step_loop.py     # ~1 min
+    OMP_NUM_THREADS=2 .venv/bin/python bench/bench_step_loop.py     # ~2 min
+
+The two directions are independent for every layer, so each core can run
+one direction's whole stack with no synchronisation per step. Measured on the
+AllenNLP-small shape (LSTM 1024/128, 2 layers, 22 steps: a 20-word sentence
+with its boundary tokens), side by side.
+
+With several rows (``--batch``, default 2 8 32; sentences of equal length):
+``joint``, both directions on the calling thread with all torch threads per
+op, against ``split``, each direction on its own worker thread with half of
+them (``BiLstmKernel`` as shipped; ``SPLIT_MIN_ROWS``).
 
 At batch 1 ``BiLstmKernel._layer_single`` runs both directions in one step
 loop: one batched matmul per step over stacked weights, each op on both
-directions' values. The two directions are independent for every layer, so
-each core could run one direction's whole stack with no synchronisation per
-step. This measures, on the AllenNLP-small shape (LSTM 1024/128, 2 layers, 22
-steps: a 20-word sentence with its boundary tokens), side by side:
+directions' values. Sides:
 
 * ``stacked``: the kernel as shipped;
 * ``one direction``: one direction's stack alone, the same ops per step on
@@ -32,6 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import elmo_service.bilstm as bilstm  # noqa: E402
 from elmo_service.bilstm import BiLstmKernel, _cell  # noqa: E402
 from elmo_service.config import BiLMConfig  # noqa: E402
 from elmo_service.lstm import LstmLayer  # noqa: E402
@@ -79,6 +87,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--batch", type=int, nargs="*", default=[2, 8, 32], help="rows (besides 1)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -108,9 +117,29 @@ def main() -> None:
             "threads": threads,
         }
         ms = {name: timed(fn, args.calls, args.rounds) for name, fn in sides.items()}
-    print(f"torch threads {args.threads}; max |split - stacked| {diff:.1e}")
+    print(f"torch threads {args.threads}; batch 1; max |threads - stacked| {diff:.1e}")
     for name, t in ms.items():
-        print(f"{name:14s} {t:6.2f} ms  ({t / ms['stacked']:.2f}x stacked)")
+        print(f"  {name:14s} {t:6.2f} ms  ({t / ms['stacked']:.2f}x stacked)")
+    for b in args.batch:
+        xb = torch.randn(2, steps, b, 128)
+        active = [b] * steps
+
+        def joint() -> list[torch.Tensor]:
+            split_at = bilstm.SPLIT_MIN_ROWS
+            bilstm.SPLIT_MIN_ROWS = 1 << 30
+            try:
+                return kernel(xb, active)
+            finally:
+                bilstm.SPLIT_MIN_ROWS = split_at
+
+        with torch.no_grad():
+            diff = max((a - b).abs().max().item() for a, b in zip(joint(), kernel(xb, active)))
+            t_joint = timed(joint, max(args.calls // b, 10), args.rounds)
+            t_split = timed(lambda: kernel(xb, active), max(args.calls // b, 10), args.rounds)
+        print(
+            f"batch {b:3d}: joint {t_joint:7.2f} ms, split {t_split:7.2f} ms "
+            f"({t_joint / t_split:.2f}x faster); max |split - joint| {diff:.1e}"
+        )
 
 
 if __name__ == "__main__":

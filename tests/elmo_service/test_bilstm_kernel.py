@@ -1,6 +1,7 @@
 """The serving kernels (elmo_service/bilstm.py, packed.py) give the numbers of the plain path."""
 
 import copy
+import threading
 
 import numpy as np
 import pytest
@@ -90,8 +91,83 @@ def test_kernel_without_residual_or_clips(residual, clips):
     assert (fast(model, tokens, lengths) - plain(model, tokens, lengths)).abs().max() <= TOL
 
 
+@pytest.fixture
+def two_threads():
+    """Two torch threads, as a 2-core server runs: several rows split by direction."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def spy_directions(monkeypatch, counts: list[int] | None = None) -> list[str]:
+    """The names of the threads that run a direction's stack of layers (and, in
+    ``counts``, the torch thread count each of them runs with)."""
+    seen: list[str] = []
+    real = bilstm.BiLstmKernel._direction_stack
+
+    def spy(self, *args):
+        seen.append(threading.current_thread().name)
+        if counts is not None:
+            counts.append(torch.get_num_threads())
+        return real(self, *args)
+
+    monkeypatch.setattr(bilstm.BiLstmKernel, "_direction_stack", spy)
+    return seen
+
+
+@pytest.mark.parametrize("mode", ["inference", "no_grad"])
+@pytest.mark.parametrize("b", [2, 5])
+def test_directions_on_two_threads_give_the_joint_loops_numbers(two_threads, monkeypatch, mode, b):
+    model = random_bilm()
+    tokens, lengths = batch(b, 9, model.cfg.projection_dim)
+    lengths[-1] = 0  # an empty row too
+    counts: list[int] = []
+    seen = spy_directions(monkeypatch, counts)
+    guard = torch.inference_mode if mode == "inference" else torch.no_grad
+    with guard():
+        split = model.contextualize(tokens, lengths)
+    # one task per direction on the pool (a tiny model's first may end before the second starts)
+    assert len(seen) == 2 and all(name.startswith("elmo-bilstm") for name in seen)
+    assert counts == [1, 1]  # half each: two threads in all, not two OpenMP teams
+    monkeypatch.setattr(bilstm, "SPLIT_MIN_ROWS", 1 << 30)
+    joint = fast(model, tokens, lengths)
+    assert len(seen) == 2  # the joint loop ran on this thread
+    assert (split - joint).abs().max() <= 1e-6
+    assert (split - plain(model, tokens, lengths)).abs().max() <= TOL
+    assert (split[:, -1] == 0).all()
+    # the workers' own thread count does not leak into the caller or into threads started later
+    assert torch.get_num_threads() == 2
+    later: list[int] = []
+    thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    assert later == [2]
+
+
+def test_one_sentence_and_one_thread_keep_the_joint_loop(monkeypatch, two_threads):
+    model = random_bilm()
+    seen = spy_directions(monkeypatch)
+    tokens, lengths = batch(1, 6, model.cfg.projection_dim)
+    fast(model, tokens, lengths)
+    torch.set_num_threads(1)
+    tokens, lengths = batch(4, 6, model.cfg.projection_dim)
+    fast(model, tokens, lengths)
+    assert seen == []
+
+
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("weights", ["fp32", "int8"])
-def test_a_sentence_gets_the_same_vectors_alone_and_in_any_batch(monkeypatch, weights):
+def test_a_sentence_gets_the_same_vectors_alone_and_in_any_batch(monkeypatch, weights, threads):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _same_alone_and_in_any_batch(monkeypatch, weights)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _same_alone_and_in_any_batch(monkeypatch, weights):
     monkeypatch.setattr(packed, "INT8_MIN_ELEMENTS", 0)  # int8 on the tiny model's matrices
     model = random_bilm()
     tokens, lengths = batch(6, 8, model.cfg.projection_dim)
