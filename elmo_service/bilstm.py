@@ -23,7 +23,7 @@ With two or more torch threads and two or more rows, the two directions run
 on two worker threads instead, each with half the threads and its
 direction's whole stack of layers (the directions never meet before the
 output, so nothing synchronises per step): each core runs its own matmuls
-without OpenMP's fork and join around every op. Measured 1.2-1.45x faster
+without OpenMP's fork and join around every op. Measured 1.25-1.42x faster
 for 2-32 rows (``bench/bench_step_loop.py --batch``). At one row the ~10
 Python-level ops per step would fight over the GIL (1.5x slower), so a single
 sentence keeps the joint loop.
