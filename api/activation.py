@@ -35,7 +35,12 @@ async def activate_model(
         and (await asyncio.to_thread(read_manifest, path)).get("version") == cur.version
     ):
         return cur, None  # already served
-    served = await asyncio.to_thread(load_served_model, settings, backend, io, metrics, path)
+    from elmo_service.runtime import in_transient_thread_async
+
+    # on a thread that ends: see elmo_service.runtime.in_transient_thread
+    served = await in_transient_thread_async(
+        load_served_model, settings, backend, io, metrics, path
+    )
     try:
         old = await holder.swap(served)
     except BaseException:

@@ -90,8 +90,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     holder: ModelHolder = app.state.holder
     # the artifact `elmo-service serve` already loaded and verified before uvicorn started
     artifact, app.state.preloaded_artifact = app.state.preloaded_artifact, None
+    from elmo_service.runtime import in_transient_thread_async
+
     try:
-        served = await asyncio.to_thread(
+        # on a thread that ends: see elmo_service.runtime.in_transient_thread
+        served = await in_transient_thread_async(
             load_served_model, settings, backend, io, metrics, None, artifact
         )
     except ElmoServiceError as e:

@@ -32,10 +32,11 @@ def build(model_dir: str | Path | None = None, *, preload: bool = True, **overri
     app = create_app(settings)
     if preload:
         from elmo_service.artifact import load_artifact
-        from elmo_service.runtime import set_threads
+        from elmo_service.runtime import in_transient_thread, set_threads
 
         set_threads(settings.threads)
-        app.state.preloaded_artifact = load_artifact(path, device="cpu")
+        # not on this thread, which lives on: the model's OpenMP threads are the batcher's
+        app.state.preloaded_artifact = in_transient_thread(load_artifact, path, device="cpu")
     return app, settings
 
 

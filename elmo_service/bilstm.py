@@ -19,8 +19,8 @@ run for each direction and layer, with fewer, larger operations per step:
   these are the same numbers as the textbook formulas up to summation order;
 * torch's CPU ``tanh`` is ~4x slower than ``sigmoid``; none is used.
 
-With two or more torch threads and two or more rows, the two directions run
-on two worker threads instead, each with half the threads and its
+With two (or three) torch threads and two or more rows, the two directions run
+on two worker threads instead, each with one thread and its
 direction's whole stack of layers (the directions never meet before the
 output, so nothing synchronises per step): each core runs its own matmuls
 without OpenMP's fork and join around every op. Measured 1.25-1.42x faster
@@ -253,24 +253,26 @@ class BiLstmKernel:
 # at this many rows and more, the directions run on two threads (see the module docstring)
 SPLIT_MIN_ROWS = 2
 
-_pools: dict[int, ThreadPoolExecutor] = {}
-_pools_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
 
 
 def direction_pool() -> ThreadPoolExecutor | None:
-    """Two worker threads with half of the caller's torch threads each; None below 2 threads.
+    """Two worker threads with one torch thread each, for a caller with 2 or 3; else None.
 
-    Made once per thread count. A worker's count is its own (OpenMP and MKL keep
-    it per thread); torch also records the last count set as the default for
+    With more, each worker would start an OpenMP team of its own beside the
+    caller's, and once a process holds more OpenMP threads than cores libgomp
+    stops spin-waiting (see ``elmo_service.runtime.in_transient_thread``); only
+    2 cores were measured. A worker's count is its own (OpenMP and MKL keep it
+    per thread); torch also records the last count set as the default for
     threads started later, so the caller's count is set again afterwards.
     """
+    global _pool
     n = torch.get_num_threads()
-    if n < 2:
+    if n // 2 != 1:
         return None
-    half = n // 2
-    with _pools_lock:
-        pool = _pools.get(half)
-        if pool is None:
+    with _pool_lock:
+        if _pool is None:
             pool = ThreadPoolExecutor(2, thread_name_prefix="elmo-bilstm")
             both = threading.Barrier(2, timeout=60)  # two tasks held at once: two threads
 
@@ -278,23 +280,22 @@ def direction_pool() -> ThreadPoolExecutor | None:
                 # torch sets a thread's count from its default on the thread's first
                 # parallel op; take that first, or it would undo the count set here
                 torch.get_num_threads()
-                torch.set_num_threads(half)
+                torch.set_num_threads(1)
                 both.wait()
 
             for f in [pool.submit(pin) for _ in range(2)]:
                 f.result()
             torch.set_num_threads(n)
-            _pools[half] = pool
-    return pool
+            _pool = pool
+    return _pool
 
 
-def _forget_pools() -> None:  # a forked child has the dicts but not the threads
-    global _pools_lock
-    _pools.clear()
-    _pools_lock = threading.Lock()
+def _forget_pool() -> None:  # a forked child has the object but not the threads
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
 
 
-os.register_at_fork(after_in_child=_forget_pools)
+os.register_at_fork(after_in_child=_forget_pool)
 
 
 # below this many cell values per direction (rows x C), a layer's element-wise ops run

@@ -145,14 +145,15 @@ def test_directions_on_two_threads_give_the_joint_loops_numbers(two_threads, mon
     assert later == [2]
 
 
-def test_one_sentence_and_one_thread_keep_the_joint_loop(monkeypatch, two_threads):
+def test_one_sentence_and_other_thread_counts_keep_the_joint_loop(monkeypatch, two_threads):
     model = random_bilm()
     seen = spy_directions(monkeypatch)
     tokens, lengths = batch(1, 6, model.cfg.projection_dim)
     fast(model, tokens, lengths)
-    torch.set_num_threads(1)
-    tokens, lengths = batch(4, 6, model.cfg.projection_dim)
-    fast(model, tokens, lengths)
+    for threads in (1, 4):  # one: nothing to split; four: two OpenMP teams beside the caller's
+        torch.set_num_threads(threads)
+        tokens, lengths = batch(4, 6, model.cfg.projection_dim)
+        fast(model, tokens, lengths)
     assert seen == []
 
 

@@ -1,6 +1,9 @@
-"""Precision choice: ``auto`` follows the hardware, explicit choices are kept."""
+"""Precision choice: ``auto`` follows the hardware, explicit choices are kept; model loads
+run on threads that end."""
 
+import asyncio
 import logging
+import threading
 
 import pytest
 import torch
@@ -46,3 +49,19 @@ def test_fp16_needs_cuda_and_autocast_needs_a_resolved_precision():
         runtime.resolve_precision(CPU, "fp16")
     with pytest.raises(ConfigError, match="resolve"):
         runtime.autocast(CPU, "auto")
+
+
+def test_in_transient_thread_returns_and_raises_on_the_caller():
+    names: list[str] = []
+
+    def work(x, *, y):
+        names.append(threading.current_thread().name)
+        return x + y
+
+    assert runtime.in_transient_thread(work, 1, y=2) == 3
+    assert names == ["elmo-load"]
+    with pytest.raises(ZeroDivisionError):
+        runtime.in_transient_thread(lambda: 1 / 0)
+    assert asyncio.run(runtime.in_transient_thread_async(work, 2, y=3)) == 5
+    with pytest.raises(KeyError):
+        asyncio.run(runtime.in_transient_thread_async({}.__getitem__, "k"))
