@@ -6,9 +6,15 @@ import argparse
 import os
 import sys
 
-# Before torch loads OpenMP: spinning worker threads collapse when another
-# process shares the cores. An explicit OMP_WAIT_POLICY in the environment wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from api.openmp import openmp_env_for_serving  # imports no torch: it must run before torch loads
+
+# Before torch loads OpenMP: `serve` spins briefly (api/openmp.py); the other commands do not
+# spin, since spinning threads collapse when another process shares the cores. An explicit
+# OMP_WAIT_POLICY in the environment wins.
+if sys.argv[1:2] == ["serve"]:
+    openmp_env_for_serving()
+else:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from elmo_service.cli import build_parser, run  # noqa: E402
 
