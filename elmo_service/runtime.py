@@ -60,35 +60,31 @@ def in_transient_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T
     sleep and a wake-up (measured on 2 cores: batch-1 calls 10.1 -> 12.0 ms,
     ~170 context switches a call). A thread that ends takes its pool with it.
     """
-    box: list[Any] = []
-
-    def run() -> None:
-        try:
-            box.append((True, fn(*args, **kwargs)))
-        except BaseException as e:  # re-raised on the caller's thread
-            box.append((False, e))
-
-    thread = threading.Thread(target=run, name="elmo-load", daemon=True)
-    thread.start()
+    thread, done = _start_transient(fn, args, kwargs)
     thread.join()
-    ok, value = box[0]
-    if not ok:
-        raise value
-    return value
+    return done.result()
 
 
 async def in_transient_thread_async(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     """:func:`in_transient_thread` for an event loop: awaits the thread instead of joining it."""
+    _, done = _start_transient(fn, args, kwargs)
+    return await asyncio.wrap_future(done)
+
+
+def _start_transient(
+    fn: Callable[..., T], args: tuple, kwargs: dict
+) -> tuple[threading.Thread, concurrent.futures.Future[T]]:
     done: concurrent.futures.Future[T] = concurrent.futures.Future()
 
     def run() -> None:
         try:
             done.set_result(fn(*args, **kwargs))
-        except BaseException as e:
+        except BaseException as e:  # re-raised on the caller's side
             done.set_exception(e)
 
-    threading.Thread(target=run, name="elmo-load", daemon=True).start()
-    return await asyncio.wrap_future(done)
+    thread = threading.Thread(target=run, name="elmo-load", daemon=True)
+    thread.start()
+    return thread, done
 
 
 def native_bf16(device: torch.device) -> bool:
