@@ -40,33 +40,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import elmo_service.bilstm as bilstm  # noqa: E402
-from elmo_service.bilstm import BiLstmKernel, _cell  # noqa: E402
+from elmo_service.bilstm import BiLstmKernel  # noqa: E402
 from elmo_service.config import BiLMConfig  # noqa: E402
 from elmo_service.lstm import LstmLayer  # noqa: E402
 
 
 def one_direction(kernel: BiLstmKernel, d: int, x: torch.Tensor) -> list[torch.Tensor]:
     """Direction ``d``'s layers for one sentence ``x [T, P]`` -> per layer ``[T, P]``:
-    ``_layer_single``'s ops on that direction's weights alone."""
-    c, cc2, pc = kernel.cell_dim, 2.0 * kernel.cell_clip, kernel.proj_clip
-    outs = []
-    for layer, (w_hh_t, w_proj) in enumerate(kernel.single):
-        xg = kernel.w_ih[layer][d](x)  # [T, 4C]
-        w_p = w_proj[d].t()
-        out = x.new_empty(x.shape)
-        h = x.new_zeros(1, x.shape[1])
-        c2 = x.new_zeros(1, c)
-        for s in range(x.shape[0]):
-            m = _cell(torch.addmm(xg[s : s + 1], h, w_hh_t[d]), c2, c, cc2)
-            h = torch.mm(m, w_p)
-            if pc:
-                h.clamp_(-pc, pc)
-            out[s] = h[0]
-        if kernel.residual and layer > 0:
-            out.add_(x)
-        outs.append(out)
-        x = out
-    return outs
+    the kernel's per-direction loop (what a split runs on each worker) at one row."""
+    t = x.shape[0]
+    outs = [x.new_zeros(2, t, 1, x.shape[1]) for _ in kernel.w_ih]
+    kernel._direction_stack(d, x[:, None], [1] * t, list(range(t + 1)), None, outs, False)
+    return [out[d, :, 0] for out in outs]
 
 
 def timed(fn, calls: int, rounds: int) -> float:

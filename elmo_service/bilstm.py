@@ -178,8 +178,7 @@ class BiLstmKernel:
         t, b, p = x.shape
         c = self.cell_dim
         w_hh, w_proj = self.w_hh[layer][d], self.w_proj[layer][d]
-        xd = x.reshape(t * b, p)
-        xg = self.w_ih[layer][d](xd if rows is None else xd.index_select(0, rows))
+        xg = self._input_gates(layer, d, x, rows)
         h = x.new_zeros(b, p)
         c2 = x.new_zeros(b, c)  # 2 * cell state
         cc2, pc = 2.0 * self.cell_clip, self.proj_clip
@@ -195,6 +194,12 @@ class BiLstmKernel:
                 h.clamp_(-pc, pc)
             out[s, :n] = h
 
+    def _input_gates(self, layer: int, d: int, x: Tensor, rows: Tensor | None) -> Tensor:
+        """Direction ``d``'s input matmul, hoisted over all steps: ``x [T, B, P]`` -> the
+        gates of the real rows ``[R, 4C]`` (time-major, as ``rows`` packs them)."""
+        xd = x.reshape(-1, x.shape[-1])
+        return self.w_ih[layer][d](xd if rows is None else xd.index_select(0, rows))
+
     def _layer(
         self, layer: int, x: Tensor, active: list[int], offset: list[int], rows: Tensor | None
     ) -> Tensor:
@@ -208,10 +213,7 @@ class BiLstmKernel:
             return out
         # few rows: one element-wise op for both directions beats one per direction
         w_hh, w_proj = self.w_hh[layer], self.w_proj[layer]
-        xg = []  # per direction: input gates of all real rows [R, 4C]
-        for d, w in enumerate(self.w_ih[layer]):
-            xd = x[d].reshape(t * b, p)
-            xg.append(w(xd if rows is None else xd.index_select(0, rows)))
+        xg = [self._input_gates(layer, d, x[d], rows) for d in (0, 1)]
         h = x.new_zeros(2, b, p)
         c2 = x.new_zeros(2, b, c)  # 2 * cell state
         cc2, pc = 2.0 * self.cell_clip, self.proj_clip
@@ -271,6 +273,8 @@ def direction_pool() -> ThreadPoolExecutor | None:
     n = torch.get_num_threads()
     if n // 2 != 1:
         return None
+    if _pool is not None:  # every batch asks: no lock once it exists
+        return _pool
     with _pool_lock:
         if _pool is None:
             pool = ThreadPoolExecutor(2, thread_name_prefix="elmo-bilstm")
