@@ -165,7 +165,10 @@ class ServedModel:
         return out, hits, len(miss)  # type: ignore[return-value]
 
     async def warm_up(self) -> None:
-        await self.runner.embed(WARMUP_SENTENCES, timeout=max(self.request_timeout, 120.0))
+        timeout = max(self.request_timeout, 120.0)
+        await self.runner.embed(WARMUP_SENTENCES, timeout=timeout)
+        # one sentence alone takes another kernel (numba, compiled on first use)
+        await self.runner.embed(WARMUP_SENTENCES[:1], timeout=timeout)
         self.warmed = True
 
     def info(self) -> dict[str, Any]:

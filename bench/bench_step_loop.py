@@ -1,29 +1,27 @@
 """Is the biLSTM loop worth splitting across the cores by direction?
 
-    OMP_NUM_THREADS=2 .venv/bin/python bench/bench_step_loop.py     # ~2 min
+    OMP_NUM_THREADS=2 .venv/bin/python bench/bench_step_loop.py                   # ~2 min
+    OMP_NUM_THREADS=2 .venv/bin/python bench/bench_step_loop.py --shape original --batch
 
 The two directions are independent for every layer, so each core can run
 one direction's whole stack with no synchronisation per step. Measured on the
-AllenNLP-small shape (LSTM 1024/128, 2 layers, 22 steps: a 20-word sentence
-with its boundary tokens), side by side.
+AllenNLP-small shape (LSTM 1024/128, 2 layers; ``--shape original``: 4096/512),
+22 steps (a 20-word sentence with its boundary tokens), side by side.
+
+At batch 1 (one sentence), sides:
+
+* ``torch, stacked``: the loop that served one sentence before the native
+  one, kept here as the baseline: both directions in one loop of torch ops,
+  one batched matmul per step over stacked weights;
+* ``native, 1 thread``: ``elmo_service/native_step.py`` (numba, GIL
+  released), the two directions one after the other on this thread;
+* ``native, split``: ``BiLstmKernel`` as shipped: the native loop of each
+  direction on its own worker thread (``direction_pool``), at once.
 
 With several rows (``--batch``, default 2 8 32; sentences of equal length):
 ``joint``, both directions on the calling thread with all torch threads per
 op, against ``split``, each direction on its own worker thread with half of
 them (``BiLstmKernel`` as shipped; ``SPLIT_MIN_ROWS``).
-
-At batch 1 ``BiLstmKernel._layer_single`` runs both directions in one step
-loop: one batched matmul per step over stacked weights, each op on both
-directions' values. Sides:
-
-* ``stacked``: the kernel as shipped;
-* ``one direction``: one direction's stack alone, the same ops per step on
-  one direction's weights; the best a two-core split could do with torch ops;
-* ``threads``: that loop for each direction, one of them on a second Python
-  thread (torch releases the GIL inside each op, not between them).
-
-A split by direction gains only if ``threads`` beats ``stacked``; the gap
-between ``one direction`` and ``stacked`` is its ceiling.
 """
 
 from __future__ import annotations
@@ -32,7 +30,6 @@ import argparse
 import statistics
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -45,13 +42,37 @@ from elmo_service.config import BiLMConfig  # noqa: E402
 from elmo_service.lstm import LstmLayer  # noqa: E402
 
 
-def one_direction(kernel: BiLstmKernel, d: int, x: torch.Tensor) -> list[torch.Tensor]:
-    """Direction ``d``'s layers for one sentence ``x [T, P]`` -> per layer ``[T, P]``:
-    the kernel's per-direction loop (what a split runs on each worker) at one row."""
-    t = x.shape[0]
-    outs = [x.new_zeros(2, t, 1, x.shape[1]) for _ in kernel.w_ih]
-    kernel._direction_stack(d, x[:, None], [1] * t, list(range(t + 1)), None, outs, False)
-    return [out[d, :, 0] for out in outs]
+def torch_stacked(kernel: BiLstmKernel, x: torch.Tensor) -> list[torch.Tensor]:
+    """The torch loop that served one sentence before the native one: ``x [2, T, 1, P]``
+    -> per layer ``[2, T, 1, P]``, both directions per op, stacked recurrent weights."""
+    _, t, _, p = x.shape
+    c = kernel.cell_dim
+    outs = []
+    for layer, w_ih in enumerate(kernel.w_ih):
+        w_hh_t, w_proj_t = (torch.from_numpy(w) for w in kernel.single[layer])
+        xg = torch.stack([w(x[d].reshape(t, p)) for d, w in enumerate(w_ih)])
+        out = x.new_zeros(2, t, 1, p)
+        h = x.new_zeros(2, 1, p)
+        c2 = x.new_zeros(2, 1, c)
+        for s in range(t):
+            m = bilstm._cell(
+                torch.baddbmm(xg[:, s : s + 1], h, w_hh_t), c2, c, 2 * kernel.cell_clip
+            )
+            h = torch.bmm(m, w_proj_t).clamp_(-kernel.proj_clip, kernel.proj_clip)
+            out[:, s] = h
+        if kernel.residual and layer > 0:
+            out.add_(x)
+        outs.append(out)
+        x = out
+    return outs
+
+
+def native_one_thread(kernel: BiLstmKernel, x: torch.Tensor) -> list[torch.Tensor]:
+    """The native loop of both directions, one after the other, on this thread."""
+    outs = [x.new_zeros(x.shape) for _ in kernel.w_ih]
+    for d in (0, 1):
+        kernel._native_stack(d, x[d, :, 0], outs, False)
+    return outs
 
 
 def timed(fn, calls: int, rounds: int) -> float:
@@ -73,40 +94,38 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batch", type=int, nargs="*", default=[2, 8, 32], help="rows (besides 1)")
+    ap.add_argument("--shape", choices=["small", "original"], default="small")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    cfg = BiLMConfig(lstm_dim=1024, projection_dim=128, n_layers=2, cell_clip=3.0, proj_clip=3.0)
+    lstm, proj = (1024, 128) if args.shape == "small" else (4096, 512)
+    cfg = BiLMConfig(lstm_dim=lstm, projection_dim=proj, n_layers=2, cell_clip=3.0, proj_clip=3.0)
     kernel = BiLstmKernel(
-        [(LstmLayer(128, cfg), LstmLayer(128, cfg)) for _ in range(2)], residual=True
+        [(LstmLayer(proj, cfg), LstmLayer(proj, cfg)) for _ in range(2)], residual=True
     )
     steps = 22
-    x = torch.randn(2, steps, 1, 128)
-    pool = ThreadPoolExecutor(1)
-
-    def threads() -> list[list[torch.Tensor]]:
-        other = pool.submit(one_direction, kernel, 1, x[1, :, 0])
-        return [one_direction(kernel, 0, x[0, :, 0]), other.result()]
-
+    x = torch.randn(2, steps, 1, proj)
     with torch.no_grad():
-        ref = kernel(x, [1] * steps)
-        split = threads()
-        diff = max(
-            (ref[layer][d, :, 0] - split[d][layer]).abs().max().item()
-            for layer in range(2)
-            for d in (0, 1)
-        )
         sides = {
-            "stacked": lambda: kernel(x, [1] * steps),
-            "one direction": lambda: one_direction(kernel, 0, x[0, :, 0]),
-            "threads": threads,
+            "torch, stacked": lambda: torch_stacked(kernel, x),
+            "native, 1 thread": lambda: native_one_thread(kernel, x),
+            "native, split": lambda: kernel(x, [1] * steps),
         }
-        ms = {name: timed(fn, args.calls, args.rounds) for name, fn in sides.items()}
-    print(f"torch threads {args.threads}; batch 1; max |threads - stacked| {diff:.1e}")
+        ref = sides["torch, stacked"]()
+        diff = {
+            name: max((a - b).abs().max().item() for a, b in zip(ref, fn(), strict=True))
+            for name, fn in sides.items()
+        }
+        calls = args.calls if args.shape == "small" else max(args.calls // 20, 5)
+        ms = {name: timed(fn, calls, args.rounds) for name, fn in sides.items()}
+    print(f"shape {args.shape}, torch threads {args.threads}; batch 1, {steps} steps")
     for name, t in ms.items():
-        print(f"  {name:14s} {t:6.2f} ms  ({t / ms['stacked']:.2f}x stacked)")
+        print(
+            f"  {name:17s} {t:7.2f} ms  ({ms['torch, stacked'] / t:.2f}x faster than torch, "
+            f"stacked; max diff {diff[name]:.1e})"
+        )
     for rows in args.batch:
-        joint_ms, split_ms, diff = joint_vs_split(kernel, rows, steps, args.calls, args.rounds)
+        joint_ms, split_ms, diff = joint_vs_split(kernel, rows, steps, calls, args.rounds)
         print(
             f"batch {rows:3d}: joint {joint_ms:7.2f} ms, split {split_ms:7.2f} ms "
             f"({joint_ms / split_ms:.2f}x faster); max |split - joint| {diff:.1e}"
@@ -118,7 +137,7 @@ def joint_vs_split(
 ) -> tuple[float, float, float]:
     """ms per call with the directions on the calling thread and on two workers, and the
     largest difference between their outputs."""
-    x = torch.randn(2, steps, rows, 128)
+    x = torch.randn(2, steps, rows, kernel.proj_dim)
     active = [rows] * steps
 
     def split() -> list[torch.Tensor]:

@@ -26,7 +26,10 @@ output, so nothing synchronises per step): each core runs its own matmuls
 without OpenMP's fork and join around every op. Measured 1.25-1.42x faster
 for 2-32 rows (``bench/bench_step_loop.py --batch``). At one row the ~10
 Python-level ops per step would fight over the GIL (1.5x slower), so a single
-sentence keeps the joint loop.
+sentence runs each direction's step loop in native code instead
+(``elmo_service/native_step.py``, numba, GIL released), on the two workers
+when there are (else one direction after the other): 1.6x faster than the
+torch loop on the small shape.
 
 Layers run one after the other, each input matmul hoisted over all steps
 and computed for real rows only. Running layer l+1 one step behind layer l
@@ -43,10 +46,12 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from elmo_service.lstm import LstmLayer
+from elmo_service.native_step import lstmp_row
 from elmo_service.packed import PackedLinear
 
 
@@ -76,9 +81,10 @@ class BiLstmKernel:
         int8 = weights == "int8"
         c = self.cell_dim
         self.w_ih, self.w_hh, self.w_proj = [], [], []
-        # both directions' recurrent weights stacked, W_hh^T [2, P, 4C] and W_proj
-        # [2, P, C], for the single-sentence loop (the per-direction kernels share them)
-        self.single: list[tuple[Tensor, Tensor] | None] = []
+        # both directions' recurrent weights, W_hh^T [2, P, 4C] and 2 W_proj^T [2, C, P],
+        # as numpy views for the single-sentence native loop (W_hh^T is shared with
+        # the per-direction kernels)
+        self.single: list[tuple[np.ndarray, np.ndarray] | None] = []
         for pair in layers:
             scale = _gate_scale(c, pair[0].w_ih.weight)
             # the input matmuls always have several rows (all steps): oneDNN only
@@ -103,15 +109,21 @@ class BiLstmKernel:
             self.w_hh.append(hh)
             self.w_proj.append(proj)
             # the single-sentence loop is fp32 only: a sentence gets the same numbers alone
-            self.single.append(
-                (w_hh_t, w_proj) if w_hh_t is not None and not proj[0].is_int8 else None
-            )
+            single = None
+            if w_hh_t is not None and not proj[0].is_int8:
+                single = (
+                    w_hh_t.detach().numpy(),
+                    w_proj.transpose(1, 2).contiguous().detach().numpy(),
+                )
+            self.single.append(single)
 
     def __call__(self, x: Tensor, active: list[int]) -> list[Tensor]:
         """``x [2, T, B, P]`` (time-major; row b of direction 1 is sentence b reversed
         within its length) -> each layer's output ``[2, T, B, P]``, zero past each
         row's length. ``active[t]``: rows still inside their sentence at step t."""
         t, b = x.shape[1], x.shape[2]
+        if b == 1 and self.single[0] is not None:
+            return self._single(x, active.count(1))
         # the input matmuls read only real rows: step s's rows are packed at
         # offset[s] (time-major, longest first, as a PackedSequence)
         offset = [0]
@@ -135,15 +147,46 @@ class BiLstmKernel:
             return outs
         outs = []
         for layer in range(len(self.w_ih)):
-            if b == 1 and self.single[layer] is not None:
-                y = self._layer_single(layer, x, offset[-1])
-            else:
-                y = self._layer(layer, x, active, offset, rows)
+            y = self._layer(layer, x, active, offset, rows)
             if self.residual and layer > 0:
                 y.add_(x)
             outs.append(y)
             x = y
         return outs
+
+    def _single(self, x: Tensor, length: int) -> list[Tensor]:
+        """One sentence, ``x [2, T, 1, P]`` with ``length`` real steps -> per layer
+        ``[2, T, 1, P]``: each direction's layers in the native loop, the two
+        directions on the two worker threads when there are (else one after the other)."""
+        outs = [x.new_zeros(x.shape) for _ in self.w_ih]
+        if length == 0:
+            return outs
+        inference = torch.is_inference_mode_enabled()  # thread-local: carried over
+        pool = direction_pool()
+        if pool is None:
+            for d in (0, 1):
+                self._native_stack(d, x[d, :length, 0], outs, inference)
+            return outs
+        done = [
+            pool.submit(self._native_stack, d, x[d, :length, 0], outs, inference) for d in (0, 1)
+        ]
+        for f in done:
+            f.result()
+        return outs
+
+    def _native_stack(self, d: int, x: Tensor, outs: list[Tensor], inference: bool) -> None:
+        """Direction ``d``'s layers for one sentence, ``x [L, P]`` -> ``outs[l][d, :L, 0]``."""
+        n = x.shape[0]
+        cc2, pc = 2.0 * self.cell_clip, self.proj_clip
+        with torch.inference_mode(inference), torch.no_grad():
+            for layer, out in enumerate(outs):
+                y = out[d, :n, 0]  # [L, P], contiguous
+                xg = self.w_ih[layer][d](x)  # the input gates of all steps, one matmul
+                w_hh_t, w_proj_t = self.single[layer]
+                lstmp_row(xg.numpy(), w_hh_t[d], w_proj_t[d], cc2, pc, y.numpy())
+                if self.residual and layer > 0:
+                    y.add_(x)
+                x = y
 
     def _direction_stack(
         self,
@@ -230,25 +273,6 @@ class BiLstmKernel:
             if pc:
                 h.clamp_(-pc, pc)
             out[:, s, :n] = h
-        return out
-
-    def _layer_single(self, layer: int, x: Tensor, length: int) -> Tensor:
-        """:meth:`_layer` for one sentence (``x [2, T, 1, P]``, ``length`` real steps):
-        each step's matmuls cover both directions in one batched call over stacked weights."""
-        _, t, _, p = x.shape
-        c = self.cell_dim
-        w_hh_t, w_proj = self.single[layer]
-        xg = torch.stack([w(x[d].reshape(t, p)) for d, w in enumerate(self.w_ih[layer])])
-        out = x.new_zeros(2, t, 1, p)
-        h = x.new_zeros(2, 1, p)
-        c2 = x.new_zeros(2, 1, c)
-        cc2, pc = 2.0 * self.cell_clip, self.proj_clip
-        for s in range(length):
-            m = _cell(torch.baddbmm(xg[:, s : s + 1], h, w_hh_t), c2, c, cc2)
-            h = torch.bmm(m, w_proj.transpose(1, 2))
-            if pc:
-                h.clamp_(-pc, pc)
-            out[:, s] = h
         return out
 
 

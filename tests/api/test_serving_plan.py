@@ -119,3 +119,22 @@ def test_bad_weights_setting_fails_at_startup_naming_it(monkeypatch):
     monkeypatch.setenv("ELMO_WEIGHTS", "int4")
     with pytest.raises(ConfigError, match="ELMO_WEIGHTS"):
         load_settings()
+
+
+def test_warm_up_runs_one_sentence_alone_too(tiny_model_dir, tmp_path, monkeypatch):
+    """A single sentence takes the native step loop (numba compiles it on first use):
+    the warm-up pays that before /readyz, not the first one-sentence request."""
+    import elmo_service.bilstm as bilstm
+
+    rows: list[int] = []
+    real = bilstm.BiLstmKernel.__call__
+
+    def spy(self, x, active):
+        rows.append(x.shape[2])
+        return real(self, x, active)
+
+    monkeypatch.setattr(bilstm.BiLstmKernel, "__call__", spy)
+    s = load_settings(model_path=tiny_model_dir, threads=1, data_dir=tmp_path)
+    with TestClient(create_app(s)) as c:
+        assert c.get("/readyz").status_code == 200
+        assert 1 in rows and any(n > 1 for n in rows)

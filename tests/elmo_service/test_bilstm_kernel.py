@@ -145,16 +145,64 @@ def test_directions_on_two_threads_give_the_joint_loops_numbers(two_threads, mon
     assert later == [2]
 
 
-def test_one_sentence_and_other_thread_counts_keep_the_joint_loop(monkeypatch, two_threads):
+def spy_native(monkeypatch) -> list[str]:
+    """The names of the threads that run the native single-sentence loop, one per layer
+    and direction."""
+    seen: list[str] = []
+    real = bilstm.lstmp_row
+
+    def spy(*args):
+        seen.append(threading.current_thread().name)
+        return real(*args)
+
+    monkeypatch.setattr(bilstm, "lstmp_row", spy)
+    return seen
+
+
+def test_other_thread_counts_keep_the_joint_loop(monkeypatch, two_threads):
     model = random_bilm()
-    seen = spy_directions(monkeypatch)
-    tokens, lengths = batch(1, 6, model.cfg.projection_dim)
-    fast(model, tokens, lengths)
+    seen, native = spy_directions(monkeypatch), spy_native(monkeypatch)
     for threads in (1, 4):  # one: nothing to split; four: two OpenMP teams beside the caller's
         torch.set_num_threads(threads)
         tokens, lengths = batch(4, 6, model.cfg.projection_dim)
         fast(model, tokens, lengths)
-    assert seen == []
+    assert seen == [] and native == []
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_sentence_runs_the_native_loop(monkeypatch, threads):
+    """Each direction's layers in numba (GIL released): on the two workers with two
+    threads, on the caller with one. Same numbers as the plain path, every call alike."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        model = random_bilm()
+        native = spy_native(monkeypatch)
+        tokens, lengths = batch(1, 9, model.cfg.projection_dim)
+        got = fast(model, tokens, lengths)
+        n_layers = model.cfg.n_layers
+        assert len(native) == 2 * n_layers
+        if threads == 2:
+            # (a tiny model's first direction may end before the second starts, on the same worker)
+            assert all(name.startswith("elmo-bilstm") for name in native)
+        else:
+            assert set(native) == {threading.current_thread().name}
+        want = plain(model, tokens, lengths)
+        assert (want[1].abs() >= model.cfg.proj_clip - 1e-6).any()  # the clip was exercised
+        assert (got - want).abs().max() <= TOL
+        assert torch.equal(fast(model, tokens, lengths), got)
+        assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_native_loop_on_an_empty_sentence_and_without_residual_or_clips():
+    model = random_bilm()
+    tokens = torch.randn(1, 5, model.cfg.projection_dim)
+    assert (fast(model, tokens, torch.tensor([0])) == 0).all()
+    model = random_bilm(residual=False, cell_clip=None, proj_clip=None)
+    tokens, lengths = batch(1, 7, model.cfg.projection_dim)
+    assert (fast(model, tokens, lengths) - plain(model, tokens, lengths)).abs().max() <= TOL
 
 
 @pytest.mark.parametrize("threads", [1, 2])
