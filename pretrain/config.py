@@ -291,6 +291,26 @@ def apply_overrides(d: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     return d
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: str, line: int) -> None:
+        super().__init__(f"key {key!r} appears twice (again on line {line})")
+        self.key = key
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a repeated key: plain YAML keeps the last one silently,
+    so a pasted second ``optim:`` section would drop the first without a word."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise _DuplicateKey(str(key), key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
     """YAML file (or defaults when ``path`` is None) plus ``--set`` overrides."""
     raw: dict[str, Any] = {}
@@ -299,7 +319,9 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         if not p.is_file():
             raise ConfigError(f"config file {p} not found", field="config")
         try:
-            raw = yaml.safe_load(p.read_text()) or {}
+            raw = yaml.load(p.read_text(), Loader=_UniqueKeyLoader) or {}  # noqa: S506 (safe)
+        except _DuplicateKey as e:
+            raise ConfigError(f"{p}: {e}", field=e.key) from e
         except yaml.YAMLError as e:
             raise ConfigError(f"{p}: not valid YAML: {e}", field="config") from e
         if not isinstance(raw, dict):

@@ -108,7 +108,7 @@ def test_a_preparations_params_hash_is_as_before():
 
 def test_unknown_keys_name_the_dotted_field_with_a_hint_in_yaml(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text(TINY.read_text() + "\noptim:\n  lrr: 0.1\n")
+    bad.write_text(TINY.read_text().replace("\noptim:\n", "\noptim:\n  lrr: 0.1\n", 1))
     with pytest.raises(ConfigError) as e:
         load_config(bad)
     assert e.value.field == "optim.lrr"
@@ -117,6 +117,20 @@ def test_unknown_keys_name_the_dotted_field_with_a_hint_in_yaml(tmp_path):
     with pytest.raises(ConfigError, match=r"'trainer' \(did you mean 'train'\?\)") as e:
         load_config(bad)
     assert e.value.field == "trainer"
+
+
+def test_a_key_given_twice_is_refused_naming_it(tmp_path):
+    """Plain YAML keeps the last of two equal keys: a second section would silently
+    replace the first."""
+    bad = tmp_path / "twice.yaml"
+    bad.write_text(TINY.read_text() + "\noptim:\n  lr: 0.1\n")
+    with pytest.raises(ConfigError, match=r"key 'optim' appears twice \(again on line \d+\)") as e:
+        load_config(bad)
+    assert e.value.field == "optim"
+    bad.write_text("optim:\n  lr: 0.1\n  lr: 0.2\n")
+    with pytest.raises(ConfigError, match="'lr' appears twice") as e:
+        load_config(bad)
+    assert e.value.field == "lr"
 
 
 def test_unknown_keys_in_set_overrides(tmp_path, capsys):
