@@ -4,6 +4,7 @@
     .venv/bin/python bench/bench_latency.py --rounds 3      # quicker, noisier
     .venv/bin/python bench/bench_latency.py --shapes small  # one shape
     .venv/bin/python bench/bench_latency.py --kernels       # the matmul kernels behind elmo_service/packed.py
+    .venv/bin/python bench/bench_latency.py --phases        # where our time goes, per cell
 
 Cells: the AllenNLP-small shape (LSTM 1024/128, 2048 filters, 1 highway) at
 batch 1 and 32, and the original ELMo shape (LSTM 4096/512, 2048 filters, 2
@@ -231,6 +232,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--kernels", action="store_true", help="only the matmul kernel table")
+    ap.add_argument(
+        "--phases", action="store_true", help="only our side's time per phase (CNN, biLSTM, rest)"
+    )
     ap.add_argument("--out", help="also write the markdown to this file")
     ap.add_argument(
         "--shapes", nargs="+", choices=("small", "original"), default=["small", "original"]
@@ -246,6 +250,8 @@ def main() -> None:
 
     if args.kernels:
         kernel_table(emit)
+    elif args.phases:
+        phase_table(args, emit)
     else:
         latency_table(args, emit)
     if args.out:
@@ -333,6 +339,68 @@ def latency_table(args, emit) -> None:
     load1 = os.getloadavg()
     emit()
     emit(f"load average at end {load1[0]:.2f} (1 min) / {load1[1]:.2f} (5 min)")
+
+
+def phase_table(args, emit) -> None:
+    """Our fp32 side (no token cache) per request: the character CNN (``_token_vectors``),
+    the biLSTM (``BiLstmKernel``) and the rest of ``embed_tokens``, median over rounds."""
+    import elmo_service.bilstm as bilstm
+    from elmo_service.embedder import Embedder as Emb
+
+    spent: dict[str, float] = {}
+
+    def timed_method(cls, name: str, label: str):
+        real = getattr(cls, name)
+
+        def wrapper(*a, **k):
+            t = time.perf_counter()
+            try:
+                return real(*a, **k)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.perf_counter() - t
+
+        setattr(cls, name, wrapper)
+        return real
+
+    sents = sentences_of((16, 24))[WARM:]
+    emit(f"torch {torch.__version__}, {args.threads} threads; ms per request, median of "
+         f"{args.rounds} rounds")  # fmt: skip
+    emit()
+    emit("| shape | batch | whole call | character CNN | biLSTM | rest |")
+    emit("|---|---|---|---|---|---|")
+    saved = [
+        (Emb, "_token_vectors", timed_method(Emb, "_token_vectors", "cnn")),
+        (bilstm.BiLstmKernel, "__call__", timed_method(bilstm.BiLstmKernel, "__call__", "lstm")),
+    ]
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for shape in args.shapes:
+                sides, _, _ = build(shape, Path(tmp), [])
+                ours = sides["ours"]
+                for cell_shape, batch in CELLS:
+                    if cell_shape != shape:
+                        continue
+                    n_req = max(1, (8 if shape == "small" else 2) // batch)
+                    requests = [sents[k * batch : (k + 1) * batch] for k in range(n_req)]
+                    ours(requests[0])
+                    per_round: dict[str, list[float]] = {"all": [], "cnn": [], "lstm": []}
+                    for _ in range(args.rounds):
+                        spent.clear()
+                        t = time.perf_counter()
+                        for r in requests:
+                            ours(r)
+                        per_round["all"].append((time.perf_counter() - t) / n_req * 1e3)
+                        for k in ("cnn", "lstm"):
+                            per_round[k].append(spent.get(k, 0.0) / n_req * 1e3)
+                    med = {k: statistics.median(v) for k, v in per_round.items()}
+                    rest = med["all"] - med["cnn"] - med["lstm"]
+                    emit(
+                        f"| {shape} | {batch} | {med['all']:.1f} | {med['cnn']:.1f} | "
+                        f"{med['lstm']:.1f} | {rest:.1f} |"
+                    )
+    finally:
+        for cls, name, real in saved:
+            setattr(cls, name, real)
 
 
 # -- kernels --------------------------------------------------------------------------
