@@ -18,10 +18,11 @@ every call. They differ from the torch loop's (other summation order) by a
 few float32 ulps, as the batched loops differ from each other.
 
 numba compiles on first use (~2.5 s here) and keeps the machine code on disk
-(``cache=True``: next to this file, or in numba's per-user cache when that is
-not writable; ~0.2 s to load), so only a process's first single-sentence call
-pays; the server's warm-up makes that call, and the Docker image is built
-with the cache filled (:func:`compile_now`).
+(next to this file, or in numba's per-user cache when that is not writable;
+~0.2 s to load), so only a process's first single-sentence call pays; the
+server's warm-up makes that call, and the Docker image is built with the
+cache filled (:func:`compile_now`). Where no folder is writable (a read-only
+container without a home), each process compiles once instead of failing.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import numba
 import numpy as np
 
 
-@numba.njit(nogil=True, cache=True, boundscheck=False)
+@numba.njit(nogil=True, boundscheck=False)
 def lstmp_row(
     xg: np.ndarray,
     w_hh_t: np.ndarray,
@@ -85,6 +86,12 @@ def lstmp_row(
                 h[k] = min(max(h[k], -proj_clip), proj_clip)
         for k in range(p):
             out[s, k] = h[k]
+
+
+try:  # the decorator's cache=True, except that no writable folder is not an import error
+    lstmp_row.enable_caching()
+except RuntimeError:  # numba found no writable cache folder: compile once per process
+    pass
 
 
 def compile_now() -> None:
