@@ -27,6 +27,7 @@ container without a home), each process compiles once instead of failing.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numba
@@ -88,10 +89,10 @@ def lstmp_row(
             out[s, k] = h[k]
 
 
-try:  # the decorator's cache=True, except that no writable folder is not an import error
+# the decorator's cache=True, except that numba finding no writable cache folder (it
+# raises RuntimeError) means compiling once per process, not failing the import
+with contextlib.suppress(RuntimeError):
     lstmp_row.enable_caching()
-except RuntimeError:  # numba found no writable cache folder: compile once per process
-    pass
 
 
 def compile_now() -> None:
