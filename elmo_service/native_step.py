@@ -6,18 +6,19 @@ At one row each step of a layer is a matrix-vector product that streams the
 recurrent weights (2.5 MB for a 1024/128 layer) plus ~10 element-wise ops on
 4C values. Written as torch calls, that is ~12 Python-level calls a step,
 which hold the GIL between them: the two directions cannot run on the two
-cores at once (``bench/bench_step_loop.py``: 1.5x *slower* on two Python
-threads). Compiled by numba with ``nogil=True``, the whole loop of a layer
+cores at once (measured 1.5x *slower* on two Python threads than on one;
+``docs/bench-embedder.md``). Compiled by numba with ``nogil=True``, the whole loop of a layer
 is one call that releases the GIL, so :class:`~elmo_service.bilstm.BiLstmKernel`
 runs each direction on its own core.
 
 The math is ``BiLstmKernel``'s, on its pre-scaled weights (g-gate rows doubled,
 the cell kept doubled, ``W_proj`` doubled: see ``elmo_service/bilstm.py``),
-in float32, each dot product summed in a fixed order: the same numbers on
-every call. They differ from the torch loop's (other summation order) by a
-few float32 ulps, as the batched loops differ from each other.
+products summed in float32 in a fixed order, the gate functions evaluated
+in float64 and stored as float32: the same numbers on every call. They
+differ from the torch loop's by a few float32 ulps (3-5e-7 on the bench
+shapes), as the batched loops differ from each other.
 
-numba compiles on first use (~2.5 s here) and keeps the machine code on disk
+numba compiles on first use (~1-2.5 s here) and keeps the machine code on disk
 (next to this file, or in numba's per-user cache when that is not writable;
 ~0.2 s to load), so only a process's first single-sentence call pays; the
 server's warm-up makes that call, and the Docker image is built with the
