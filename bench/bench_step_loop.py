@@ -58,7 +58,9 @@ def torch_stacked(kernel: BiLstmKernel, x: torch.Tensor) -> list[torch.Tensor]:
             m = bilstm._cell(
                 torch.baddbmm(xg[:, s : s + 1], h, w_hh_t), c2, c, 2 * kernel.cell_clip
             )
-            h = torch.bmm(m, w_proj_t).clamp_(-kernel.proj_clip, kernel.proj_clip)
+            h = torch.bmm(m, w_proj_t)
+            if kernel.proj_clip:
+                h.clamp_(-kernel.proj_clip, kernel.proj_clip)
             out[:, s] = h
         if kernel.residual and layer > 0:
             out.add_(x)
