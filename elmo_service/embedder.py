@@ -302,11 +302,13 @@ class Embedder:
     # -- internals --------------------------------------------------------
     def _token_vectors(self, keys: list[str]) -> torch.Tensor:
         """``[U, P]`` layer-0 vectors for distinct token keys, cache first."""
-        w = self.cfg.max_chars_per_token
+        if self._cache is None:  # every key computed, in order: nothing to merge
+            self.cache_misses += len(keys)
+            return self._encode_keys(keys)
         vecs: list[torch.Tensor | None] = [None] * len(keys)
         missing: list[int] = []
         for i, k in enumerate(keys):
-            v = self._cache.get(k) if self._cache is not None else None
+            v = self._cache.get(k)
             if v is None:
                 missing.append(i)
             else:
@@ -314,24 +316,23 @@ class Embedder:
         self.cache_hits += len(keys) - len(missing)
         self.cache_misses += len(missing)
         if missing:
-            ids = np.stack(
-                [
-                    bos_ids(w)
-                    if keys[i] == _BOS
-                    else eos_ids(w)
-                    if keys[i] == _EOS
-                    else token_ids(keys[i], w)
-                    for i in missing
-                ]
-            )
-            ids_t = torch.from_numpy(ids).to(self.device)
-            with autocast(self.device, self.precision):
-                computed = self._encode(ids_t).float()
+            computed = self._encode_keys([keys[i] for i in missing])
             for j, i in enumerate(missing):
                 vecs[i] = computed[j]
-                if self._cache is not None:
-                    self._cache[keys[i]] = computed[j].clone()
+                self._cache[keys[i]] = computed[j].clone()
         return torch.stack(vecs)  # type: ignore[arg-type]
+
+    def _encode_keys(self, keys: list[str]) -> torch.Tensor:
+        """Token keys (``<S>``/``</S>`` markers included) -> ``[N, P]`` through the CNN."""
+        w = self.cfg.max_chars_per_token
+        ids = np.stack(
+            [
+                bos_ids(w) if k == _BOS else eos_ids(w) if k == _EOS else token_ids(k, w)
+                for k in keys
+            ]
+        )
+        with autocast(self.device, self.precision):
+            return self._encode(torch.from_numpy(ids).to(self.device)).float()
 
     def _run_batch(self, sentences: list[Sequence[str]]) -> list[np.ndarray]:
         lengths = [len(s) + 2 for s in sentences]

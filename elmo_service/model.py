@@ -252,6 +252,12 @@ class BiLM(nn.Module):
         )
 
     def _contextualize_fast(self, tokens: Tensor, lengths: Tensor, weights: str) -> Tensor:
+        if tokens.shape[0] == 1 and int(lengths[0]) == tokens.shape[1]:
+            return self._contextualize_one(tokens[0], weights)
+        return self._contextualize_sorted(tokens, lengths, weights)
+
+    def _contextualize_sorted(self, tokens: Tensor, lengths: Tensor, weights: str) -> Tensor:
+        """Rows sorted longest first, so that the kernel drops finished rows; undone at the end."""
         t = tokens.shape[1]
         lengths, order = lengths.to(tokens.device).sort(descending=True, stable=True)
         tokens = tokens[order]
@@ -266,6 +272,15 @@ class BiLM(nn.Module):
             y = y.transpose(1, 2)  # [2, B, T, P]
             layers.append(torch.cat([y[0], reverse_padded(y[1], lengths)], dim=-1) * mask)
         return torch.stack(layers, dim=0)[:, torch.argsort(order)]
+
+    def _contextualize_one(self, tokens: Tensor, weights: str) -> Tensor:
+        """:meth:`_contextualize_fast` for one unpadded sentence ``[T, P]``: no sorting,
+        masking or gathers (a single-sentence request pays ~25 small ops less)."""
+        x = torch.stack([tokens, tokens.flip(0)]).unsqueeze(2)  # [2, T, 1, P]
+        layers = [torch.cat([tokens, tokens], dim=-1)]
+        for y in self.lstm_kernel(weights)(x, [1] * tokens.shape[0]):
+            layers.append(torch.cat([y[0, :, 0], y[1, :, 0].flip(0)], dim=-1))
+        return torch.stack(layers).unsqueeze(1)  # [L+1, 1, T, 2P]
 
     def run_direction(
         self,
