@@ -73,7 +73,7 @@ def native_one_thread(kernel: BiLstmKernel, x: torch.Tensor) -> list[torch.Tenso
     """The native loop of both directions, one after the other, on this thread."""
     outs = [x.new_zeros(x.shape) for _ in kernel.w_ih]
     for d in (0, 1):
-        kernel._native_stack(d, x[d, :, 0], outs, False)
+        kernel._native_stack(d, x[d, :, 0], outs)
     return outs
 
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -137,13 +138,9 @@ class BiLstmKernel:
         pool = direction_pool() if b >= SPLIT_MIN_ROWS else None
         if pool is not None:
             outs = [x.new_zeros(2, t, b, x.shape[3]) for _ in self.w_ih]
-            inference = torch.is_inference_mode_enabled()  # thread-local: carried over
-            done = [
-                pool.submit(self._direction_stack, d, x[d], active, offset, rows, outs, inference)
-                for d in (0, 1)
-            ]
-            for f in done:
-                f.result()
+            _each_direction(
+                pool, lambda d: self._direction_stack(d, x[d], active, offset, rows, outs)
+            )
             return outs
         outs = []
         for layer in range(len(self.w_ih)):
@@ -159,34 +156,24 @@ class BiLstmKernel:
         ``[2, T, 1, P]``: each direction's layers in the native loop, the two
         directions on the two worker threads when there are (else one after the other)."""
         outs = [x.new_zeros(x.shape) for _ in self.w_ih]
-        if length == 0:
-            return outs
-        inference = torch.is_inference_mode_enabled()  # thread-local: carried over
-        pool = direction_pool()
-        if pool is None:
-            for d in (0, 1):
-                self._native_stack(d, x[d, :length, 0], outs, inference)
-            return outs
-        done = [
-            pool.submit(self._native_stack, d, x[d, :length, 0], outs, inference) for d in (0, 1)
-        ]
-        for f in done:
-            f.result()
+        if length > 0:
+            _each_direction(
+                direction_pool(), lambda d: self._native_stack(d, x[d, :length, 0], outs)
+            )
         return outs
 
-    def _native_stack(self, d: int, x: Tensor, outs: list[Tensor], inference: bool) -> None:
+    def _native_stack(self, d: int, x: Tensor, outs: list[Tensor]) -> None:
         """Direction ``d``'s layers for one sentence, ``x [L, P]`` -> ``outs[l][d, :L, 0]``."""
         n = x.shape[0]
         cc2, pc = 2.0 * self.cell_clip, self.proj_clip
-        with torch.inference_mode(inference), torch.no_grad():
-            for layer, out in enumerate(outs):
-                y = out[d, :n, 0]  # [L, P], contiguous
-                xg = self.w_ih[layer][d](x)  # the input gates of all steps, one matmul
-                w_hh_t, w_proj_t = self.single[layer]
-                lstmp_row(xg.numpy(), w_hh_t[d], w_proj_t[d], cc2, pc, y.numpy())
-                if self.residual and layer > 0:
-                    y.add_(x)
-                x = y
+        for layer, out in enumerate(outs):
+            y = out[d, :n, 0]  # [L, P], contiguous
+            xg = self.w_ih[layer][d](x)  # the input gates of all steps, one matmul
+            w_hh_t, w_proj_t = self.single[layer]
+            lstmp_row(xg.numpy(), w_hh_t[d], w_proj_t[d], cc2, pc, y.numpy())
+            if self.residual and layer > 0:
+                y.add_(x)
+            x = y
 
     def _direction_stack(
         self,
@@ -196,15 +183,13 @@ class BiLstmKernel:
         offset: list[int],
         rows: Tensor | None,
         outs: list[Tensor],
-        inference: bool,
     ) -> None:
         """Direction ``d``'s layers on a worker thread: ``x [T, B, P]`` -> ``outs[l][d]``."""
-        with torch.inference_mode(inference), torch.no_grad():
-            for layer, out in enumerate(outs):
-                self._direction(layer, d, x, active, offset, rows, out[d])
-                if self.residual and layer > 0:
-                    out[d].add_(x)
-                x = out[d]
+        for layer, out in enumerate(outs):
+            self._direction(layer, d, x, active, offset, rows, out[d])
+            if self.residual and layer > 0:
+                out[d].add_(x)
+            x = out[d]
 
     def _direction(
         self,
@@ -316,6 +301,23 @@ def direction_pool() -> ThreadPoolExecutor | None:
             torch.set_num_threads(n)
             _pool = pool
     return _pool
+
+
+def _each_direction(pool: ThreadPoolExecutor | None, task: Callable[[int], None]) -> None:
+    """``task(0)`` and ``task(1)``: on the two workers of ``pool`` at once, under the
+    caller's inference mode and no-grad (both thread-local), or one after the other here."""
+    if pool is None:
+        for d in (0, 1):
+            task(d)
+        return
+    inference = torch.is_inference_mode_enabled()
+
+    def run(d: int) -> None:
+        with torch.inference_mode(inference), torch.no_grad():
+            task(d)
+
+    for f in [pool.submit(run, d) for d in (0, 1)]:
+        f.result()
 
 
 def _forget_pool() -> None:  # a forked child has the object but not the threads
