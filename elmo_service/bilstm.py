@@ -46,6 +46,7 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -118,10 +119,18 @@ class BiLstmKernel:
                 )
             self.single.append(single)
 
-    def __call__(self, x: Tensor, active: list[int]) -> list[Tensor]:
+    def __call__(
+        self, x: Tensor, active: list[int], distinct: tuple[Tensor, Tensor] | None = None
+    ) -> list[Tensor]:
         """``x [2, T, B, P]`` (time-major; row b of direction 1 is sentence b reversed
         within its length) -> each layer's output ``[2, T, B, P]``, zero past each
-        row's length. ``active[t]``: rows still inside their sentence at step t."""
+        row's length. ``active[t]``: rows still inside their sentence at step t.
+
+        ``distinct``: optionally ``(table [U, P], index [2, T, B])`` with ``x ==
+        table[index]`` at the real rows. Where that saves enough rows, the first
+        layer's input matmul runs on the table and its gates are gathered (a batch
+        of natural sentences repeats its frequent words and its boundary tokens).
+        """
         t, b = x.shape[1], x.shape[2]
         if b == 1 and self.single[0] is not None:
             return self._single(x, active.count(1))
@@ -135,16 +144,21 @@ class BiLstmKernel:
             steps = torch.tensor(active, device=x.device)
             valid = torch.arange(b, device=x.device).unsqueeze(0) < steps.unsqueeze(1)  # [T, B]
             rows = valid.flatten().nonzero().squeeze(1)
+        gather = None  # per direction, the real rows' index into the table
+        if distinct is not None and distinct[0].shape[0] <= DISTINCT_AT_MOST * offset[-1]:
+            table, index = distinct
+            flat = index.reshape(2, -1)
+            gather = (table, flat if rows is None else flat[:, rows])
         pool = direction_pool() if b >= SPLIT_MIN_ROWS else None
         if pool is not None:
             outs = [x.new_zeros(2, t, b, x.shape[3]) for _ in self.w_ih]
             _each_direction(
-                pool, lambda d: self._direction_stack(d, x[d], active, offset, rows, outs)
+                pool, lambda d: self._direction_stack(d, x[d], active, offset, rows, outs, gather)
             )
             return outs
         outs = []
         for layer in range(len(self.w_ih)):
-            y = self._layer(layer, x, active, offset, rows)
+            y = self._layer(layer, x, active, offset, rows, gather)
             if self.residual and layer > 0:
                 y.add_(x)
             outs.append(y)
@@ -183,10 +197,11 @@ class BiLstmKernel:
         offset: list[int],
         rows: Tensor | None,
         outs: list[Tensor],
+        gather: tuple[Tensor, Tensor] | None = None,
     ) -> None:
         """Direction ``d``'s layers on a worker thread: ``x [T, B, P]`` -> ``outs[l][d]``."""
         for layer, out in enumerate(outs):
-            self._direction(layer, d, x, active, offset, rows, out[d])
+            self._direction(layer, d, x, active, offset, rows, out[d], gather)
             if self.residual and layer > 0:
                 out[d].add_(x)
             x = out[d]
@@ -200,13 +215,14 @@ class BiLstmKernel:
         offset: list[int],
         rows: Tensor | None,
         out: Tensor,
+        gather: tuple[Tensor, Tensor] | None = None,
     ) -> None:
         """One direction of :meth:`_layer`: ``x [T, B, P]`` -> ``out [T, B, P]`` (zeros
         past each row's length, as allocated)."""
         t, b, p = x.shape
         c = self.cell_dim
         w_hh, w_proj = self.w_hh[layer][d], self.w_proj[layer][d]
-        xg = self._input_gates(layer, d, x, rows)
+        xg = self._input_gates(layer, d, x, rows, gather)
         h = x.new_zeros(b, p)
         c2 = x.new_zeros(b, c)  # 2 * cell state
         cc2, pc = 2.0 * self.cell_clip, self.proj_clip
@@ -216,20 +232,37 @@ class BiLstmKernel:
                 break
             if n < h.shape[0]:  # rows sorted longest first: finished rows drop off the end
                 h, c2 = h[:n], c2[:n]
-            m = _cell(w_hh(h, add=xg[offset[s] : offset[s] + n]), c2, c, cc2)
+            m = _cell(w_hh(h, add=xg.step(offset[s], n)), c2, c, cc2)
             h = w_proj(m)
             if pc:
                 h.clamp_(-pc, pc)
             out[s, :n] = h
 
-    def _input_gates(self, layer: int, d: int, x: Tensor, rows: Tensor | None) -> Tensor:
+    def _input_gates(
+        self,
+        layer: int,
+        d: int,
+        x: Tensor,
+        rows: Tensor | None,
+        gather: tuple[Tensor, Tensor] | None = None,
+    ) -> _Gates:
         """Direction ``d``'s input matmul, hoisted over all steps: ``x [T, B, P]`` -> the
-        gates of the real rows ``[R, 4C]`` (time-major, as ``rows`` packs them)."""
+        gates of the real rows (time-major, as ``rows`` packs them). ``gather``: (table,
+        ``[2, R]`` index of the real rows): the first layer's matmul runs on the table."""
+        if layer == 0 and gather is not None:
+            table, index = gather
+            return _Gates(self.w_ih[0][d](table), index[d])
         xd = x.reshape(-1, x.shape[-1])
-        return self.w_ih[layer][d](xd if rows is None else xd.index_select(0, rows))
+        return _Gates(self.w_ih[layer][d](xd if rows is None else xd.index_select(0, rows)))
 
     def _layer(
-        self, layer: int, x: Tensor, active: list[int], offset: list[int], rows: Tensor | None
+        self,
+        layer: int,
+        x: Tensor,
+        active: list[int],
+        offset: list[int],
+        rows: Tensor | None,
+        gather: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
         """Both directions of one layer on this thread: ``x [2, T, B, P]`` -> ``[2, T, B, P]``."""
         _, t, b, p = x.shape
@@ -237,11 +270,11 @@ class BiLstmKernel:
         out = x.new_zeros(2, t, b, p)
         if b * c >= STACK_BELOW:  # many rows: stacking would copy [2, n, 4C] each step
             for d in (0, 1):
-                self._direction(layer, d, x[d], active, offset, rows, out[d])
+                self._direction(layer, d, x[d], active, offset, rows, out[d], gather)
             return out
         # few rows: one element-wise op for both directions beats one per direction
         w_hh, w_proj = self.w_hh[layer], self.w_proj[layer]
-        xg = [self._input_gates(layer, d, x[d], rows) for d in (0, 1)]
+        xg = [self._input_gates(layer, d, x[d], rows, gather) for d in (0, 1)]
         h = x.new_zeros(2, b, p)
         c2 = x.new_zeros(2, b, c)  # 2 * cell state
         cc2, pc = 2.0 * self.cell_clip, self.proj_clip
@@ -251,8 +284,7 @@ class BiLstmKernel:
                 break
             if n < h.shape[1]:  # rows sorted longest first: finished rows drop off the end
                 h, c2 = h[:, :n], c2[:, :n]
-            rs = slice(offset[s], offset[s] + n)
-            gates = torch.stack([w_hh[d](h[d], add=xg[d][rs]) for d in (0, 1)])
+            gates = torch.stack([w_hh[d](h[d], add=xg[d].step(offset[s], n)) for d in (0, 1)])
             m = _cell(gates, c2, c, cc2)
             h = torch.stack([w_proj[d](m[d]) for d in (0, 1)])  # [2, n, P]
             if pc:
@@ -261,8 +293,27 @@ class BiLstmKernel:
         return out
 
 
+class _Gates(NamedTuple):
+    """The input gates of one direction's real rows, ``[R, 4C]``; or, with ``index [R]``,
+    those of a table of distinct inputs ``[U, 4C]`` and each real row's entry in it."""
+
+    gates: Tensor
+    index: Tensor | None = None
+
+    def step(self, start: int, n: int) -> Tensor:
+        """``[n, 4C]``: the gates of rows ``start .. start + n`` (one step's rows). A gather
+        per step reads the table from cache and writes one step's rows; gathering all
+        rows at once would write and re-read ``[R, 4C]`` through memory."""
+        if self.index is None:
+            return self.gates[start : start + n]
+        return self.gates.index_select(0, self.index[start : start + n])
+
+
 # at this many rows and more, the directions run on two threads (see the module docstring)
 SPLIT_MIN_ROWS = 2
+# the first layer's input matmul runs on the distinct tokens when they are at most this
+# share of the real rows (below, the gather costs less than the rows it saves)
+DISTINCT_AT_MOST = 0.75
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()

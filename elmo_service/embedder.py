@@ -349,12 +349,16 @@ class Embedder:
         with self._lock, torch.inference_mode():
             table = self._token_vectors(list(keys))
             table = torch.cat([table.new_zeros(1, table.shape[1]), table])
-            tokens = table[torch.from_numpy(index).to(self.device)]
+            index_t = torch.from_numpy(index).to(self.device)
+            tokens = table[index_t]
             lens = torch.tensor(lengths + [0] * (b_pad - b), device=self.device)
             if self._compiled:  # one graph per length bucket, whatever the batch size
                 torch._dynamo.mark_dynamic(tokens, 0)
                 torch._dynamo.mark_dynamic(lens, 0)
             with autocast(self.device, self.precision):
-                layers = self._contextualize(tokens, lens)
+                if self._compiled:
+                    layers = self._contextualize(tokens, lens)
+                else:  # the first layer's input matmul can then run once per distinct token
+                    layers = self._contextualize(tokens, lens, distinct=(table, index_t))
             layers = layers.float().cpu().numpy()
         return [np.ascontiguousarray(layers[:, r, 1 : lengths[r] - 1]) for r in range(b)]

@@ -199,7 +199,14 @@ class BiLM(nn.Module):
         tokens = self.token_encoder(char_ids.reshape(b * t, w), weights=weights)
         return self.contextualize(tokens.reshape(b, t, -1), lengths, weights=weights)
 
-    def contextualize(self, tokens: Tensor, lengths: Tensor, *, weights: str = "fp32") -> Tensor:
+    def contextualize(
+        self,
+        tokens: Tensor,
+        lengths: Tensor,
+        *,
+        weights: str = "fp32",
+        distinct: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
         """Token vectors ``[B, T, P]`` -> layers ``[L+1, B, T, 2P]``.
 
         The biLSTM half of :meth:`forward`, separate so that callers can supply
@@ -208,13 +215,17 @@ class BiLM(nn.Module):
         step, packed weights); ``weights="int8"`` (opt-in) quantizes its
         recurrent and projection matmuls. Otherwise each direction runs
         :meth:`run_direction`, the code training runs.
+
+        ``distinct``: optionally ``(table [U, P], index [B, T])`` with ``tokens ==
+        table[index]`` at the real positions (the embedder's distinct tokens): the
+        kernel then computes layer 1's input matmul once per distinct token.
         """
         check_weights_mode(weights)
         no_grad = not torch.is_grad_enabled() or not (
             tokens.requires_grad or any(p.requires_grad for p in self.parameters())
         )
         if no_grad and _fast_path_ok(tokens):
-            return self._contextualize_fast(tokens, lengths, weights)
+            return self._contextualize_fast(tokens, lengths, weights, distinct)
         if weights != "fp32":
             raise ConfigError(
                 "weights='int8' needs fp32 inference on the CPU without autograd", field="weights"
@@ -251,12 +262,24 @@ class BiLM(nn.Module):
             lambda: BiLstmKernel(pairs, self.cfg.residual, weights),
         )
 
-    def _contextualize_fast(self, tokens: Tensor, lengths: Tensor, weights: str) -> Tensor:
+    def _contextualize_fast(
+        self,
+        tokens: Tensor,
+        lengths: Tensor,
+        weights: str,
+        distinct: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
         if tokens.shape[0] == 1 and int(lengths[0]) == tokens.shape[1]:
             return self._contextualize_one(tokens[0], weights)
-        return self._contextualize_sorted(tokens, lengths, weights)
+        return self._contextualize_sorted(tokens, lengths, weights, distinct)
 
-    def _contextualize_sorted(self, tokens: Tensor, lengths: Tensor, weights: str) -> Tensor:
+    def _contextualize_sorted(
+        self,
+        tokens: Tensor,
+        lengths: Tensor,
+        weights: str,
+        distinct: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
         """Rows sorted longest first, so that the kernel drops finished rows; undone at the end."""
         t = tokens.shape[1]
         lengths, order = lengths.to(tokens.device).sort(descending=True, stable=True)
@@ -267,8 +290,14 @@ class BiLM(nn.Module):
         tokens = tokens * mask
         # [2, T, B, P]: time-major, so a step's rows are contiguous
         x = torch.stack([tokens, reverse_padded(tokens, lengths)]).transpose(1, 2).contiguous()
+        kernel_distinct = None
+        if distinct is not None:  # the same reordering for the index: [2, T, B]
+            table, index = distinct
+            index = index[order].unsqueeze(-1)
+            index = torch.stack([index, reverse_padded(index, lengths)]).squeeze(-1)
+            kernel_distinct = (table, index.transpose(1, 2).contiguous())
         layers = [torch.cat([tokens, tokens], dim=-1)]
-        for y in self.lstm_kernel(weights)(x, active):
+        for y in self.lstm_kernel(weights)(x, active, kernel_distinct):
             y = y.transpose(1, 2)  # [2, B, T, P]
             layers.append(torch.cat([y[0], reverse_padded(y[1], lengths)], dim=-1) * mask)
         return torch.stack(layers, dim=0)[:, torch.argsort(order)]

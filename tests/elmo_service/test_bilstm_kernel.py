@@ -229,6 +229,71 @@ def _same_alone_and_in_any_batch(monkeypatch, weights):
     assert (shuffled - together[:, rev]).abs().max() <= TOL
 
 
+def spy_gathers(monkeypatch) -> list[tuple[int, int]]:
+    """(table rows, real rows) of every step-loop input that came from a table."""
+    seen: list[tuple[int, int]] = []
+    real = bilstm.BiLstmKernel._input_gates
+
+    def spy(self, layer, d, x, rows, gather=None):
+        out = real(self, layer, d, x, rows, gather)
+        if out.index is not None:
+            seen.append((out.gates.shape[0], out.index.shape[0]))
+        return out
+
+    monkeypatch.setattr(bilstm.BiLstmKernel, "_input_gates", spy)
+    return seen
+
+
+@pytest.mark.parametrize("threads", [1, 2])  # the joint loop and the two direction workers
+@pytest.mark.parametrize("weights", ["fp32", "int8"])
+def test_first_layer_gates_from_the_distinct_tokens(monkeypatch, threads, weights):
+    """A batch that repeats its tokens: the first layer's input matmul runs on the table,
+    and every layer gets the numbers of the tokens written out row by row."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        monkeypatch.setattr(packed, "INT8_MIN_ELEMENTS", 0)
+        model = random_bilm()
+        p = model.cfg.projection_dim
+        g = torch.Generator().manual_seed(3)
+        table = torch.cat([torch.zeros(1, p), torch.randn(4, p, generator=g)])  # row 0: padding
+        lengths = torch.tensor([6, 9, 2, 9, 5])
+        index = torch.randint(1, 5, (5, 9), generator=g)
+        index[~model_mod.length_mask(lengths, 9)] = 0
+        tokens = table[index]
+        seen = spy_gathers(monkeypatch)
+        with torch.inference_mode():
+            got = model.contextualize(tokens, lengths, weights=weights, distinct=(table, index))
+        assert seen == [(5, int(lengths.sum()))] * 2  # layer 1, both directions
+        want = fast(model, tokens, lengths, weights)
+        assert len(seen) == 2  # without the table: rows as before
+        assert (got - want).abs().max() <= 1e-6
+        assert (got - plain(model, tokens, lengths)).abs().max() <= (
+            TOL if weights == "fp32" else 1
+        )
+        for r, n in enumerate(lengths.tolist()):
+            assert (got[:, r, n:] == 0).all()
+        # a table nearly as long as the rows saves nothing: the rows' own matmul runs
+        many = torch.cat([table, torch.randn(40, p, generator=g)])
+        with torch.inference_mode():
+            model.contextualize(tokens, lengths, weights=weights, distinct=(many, index))
+        assert len(seen) == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_embedder_passes_its_distinct_tokens(monkeypatch, tmp_path):
+    emb = Embedder.load(tiny_artifact(tmp_path / "m"), threads=1, token_cache_size=0)
+    seen = spy_gathers(monkeypatch)
+    sentences = [["the", "cat", "the", "dog"], ["the", "the", "cat"], ["dog", "the"]]
+    together = emb.embed_tokens(sentences)
+    # <S>, </S>, the, cat, dog and the padding row, for 15 real rows
+    assert seen and all(s == (6, 15) for s in seen)
+    for sent, got in zip(sentences, together, strict=True):
+        (alone,) = emb.embed_tokens([sent])
+        assert np.abs(alone - got).max() <= TOL
+
+
 def test_int8_error_is_bounded_and_int8_really_ran(monkeypatch):
     monkeypatch.setattr(packed, "INT8_MIN_ELEMENTS", 0)
     model = random_bilm()
