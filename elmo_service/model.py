@@ -22,17 +22,21 @@ both aligned to the token positions. Positions past a sentence's length
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from elmo_service.bilstm import BiLstmKernel
+from elmo_service.bilstm import BiLstmKernel, direction_pool
 from elmo_service.config import BiLMConfig
 from elmo_service.errors import ConfigError
 from elmo_service.lstm import LstmLayer, LstmState
+from elmo_service.native_filters import char_filters
 from elmo_service.packed import PackedLinear, check_weights_mode, kernel_cache, linear
 
 N_CHAR_IDS = 262  # 256 bytes + 5 markers, shifted by one so that row 0 is "no token"
+# from this many tokens the native filter lookup splits them over the two direction workers
+NATIVE_SPLIT_MIN_TOKENS = 32
 
 
 class CharCNN(nn.Module):
@@ -62,6 +66,8 @@ class CharCNN(nn.Module):
         self.projection = nn.Linear(n_filters, cfg.projection_dim)
         self._act = torch.tanh if cfg.activation == "tanh" else F.relu
         self._tables: tuple[tuple, list[Tensor]] | None = None  # (weight versions, tables)
+        # the same tables as one numpy buffer, widths, sizes, offsets (fp32 on the CPU)
+        self._tables_flat: tuple[np.ndarray, ...] | None = None
 
     def forward(self, char_ids: Tensor, *, weights: str = "fp32") -> Tensor:
         """``[N, W]`` -> ``[N, P]``. Without autograd, in fp32 on the CPU, the highway and
@@ -102,11 +108,19 @@ class CharCNN(nn.Module):
         return torch.cat([self._act(conv(x).amax(dim=-1)) for conv in self.convs], dim=-1)
 
     def _filters_lookup(self, char_ids: Tensor) -> Tensor:
-        """Same function as :meth:`_filters_conv`, by table lookup (inference only)."""
+        """Same function as :meth:`_filters_conv`, by table lookup (inference only).
+
+        fp32 on the CPU, the windows are summed and maxed in native code
+        (``elmo_service/native_filters.py``, the same numbers to the bit), a batch's
+        tokens split over the two direction workers when it has many.
+        """
         n, w_max = char_ids.shape
         if n == 0:
             return self.projection.weight.new_zeros(0, self.cfg.n_filters)
         tables = self._lookup_tables()
+        native = self._tables_flat is not None and char_ids.device.type == "cpu"
+        if native and not torch.compiler.is_compiling():
+            return self._filters_native(char_ids)
         # positions from `tail` on hold one repeated id (padding), so every window
         # starting there has the same value: one of them stands for all
         tail = w_max
@@ -124,11 +138,32 @@ class CharCNN(nn.Module):
             feats.append(self._act(windows.view(n, n_pos, n_out).amax(dim=1) + conv.bias))
         return torch.cat(feats, dim=-1)
 
+    def _filters_native(self, char_ids: Tensor) -> Tensor:
+        """:meth:`_filters_lookup` in native code: ``[N, W]`` -> ``[N, F]``."""
+        ids = char_ids.to(torch.int64).contiguous().numpy()
+        flat, widths, n_out, offsets = self._tables_flat  # type: ignore[misc]
+        maxima = np.empty((ids.shape[0], self.cfg.n_filters), dtype=np.float32)
+
+        def rows(part: int, parts: int) -> None:
+            lo, hi = part * len(ids) // parts, (part + 1) * len(ids) // parts
+            char_filters(ids[lo:hi], flat, widths, n_out, offsets, N_CHAR_IDS, maxima[lo:hi])
+
+        pool = direction_pool() if len(ids) >= NATIVE_SPLIT_MIN_TOKENS else None
+        if pool is None:
+            rows(0, 1)
+        else:  # each worker its own rows: the same numbers as one call
+            for f in [pool.submit(rows, part, 2) for part in (0, 1)]:
+                f.result()
+        bias = torch.cat([conv.bias for conv in self.convs])
+        return self._act(torch.from_numpy(maxima).add_(bias))
+
     def _lookup_tables(self) -> list[Tensor]:
         """Per filter width ``[width * 262, n]``: row ``k * 262 + id`` = ``char_embed[id] @ weight[:, :, k].T``.
 
         Rebuilt when a weight changes (in-place edits bump ``_version``; ``.to()`` and
         loading move ``data_ptr``). Built in the autocast dtype when autocast is on.
+        In fp32 on the CPU the tables are views of one buffer, which the native
+        lookup reads (``_tables_flat``).
         """
         weights = [self.char_embed.weight, *(conv.weight for conv in self.convs)]
         dtype = self.char_embed.weight.dtype
@@ -139,13 +174,22 @@ class CharCNN(nn.Module):
             with torch.no_grad(), torch.autocast(weights[0].device.type, enabled=False):
                 emb = self.char_embed.weight.float()
                 tables = [
-                    torch.einsum("cd,ndk->kcn", emb, conv.weight.float())
-                    .reshape(-1, n)
-                    .to(dtype)
-                    .contiguous()
+                    torch.einsum("cd,ndk->kcn", emb, conv.weight.float()).reshape(-1, n).to(dtype)
                     for (_, n), conv in zip(self.cfg.filters, self.convs, strict=True)
                 ]
+                flat = torch.cat([t.reshape(-1) for t in tables])
+                tables = list(flat.split([t.numel() for t in tables]))
+                tables = [t.view(-1, n) for t, (_, n) in zip(tables, self.cfg.filters, strict=True)]
             self._tables = (key, tables)
+            self._tables_flat = None
+            if dtype == torch.float32 and flat.device.type == "cpu":
+                sizes = [t.numel() for t in tables]
+                self._tables_flat = (
+                    flat.numpy(),
+                    np.array([w for w, _ in self.cfg.filters], dtype=np.int64),
+                    np.array([n for _, n in self.cfg.filters], dtype=np.int64),
+                    np.cumsum([0, *sizes[:-1]], dtype=np.int64),
+                )
         return self._tables[1]
 
 

@@ -50,10 +50,10 @@ _T2, _T3, _T4, _T5, _T6, _T7 = (
 
 # error_model="numpy": a division by zero gives inf instead of a Python exception, so the
 # division needs no branch and the loops vectorize
-_JIT = dict(nogil=True, boundscheck=False, error_model="numpy")
+JIT_OPTIONS = dict(nogil=True, boundscheck=False, error_model="numpy")
 
 
-@numba.njit(**_JIT)
+@numba.njit(**JIT_OPTIONS)
 def _sigmoid(x: np.ndarray, n: int, bits: np.ndarray) -> None:  # pragma: no cover
     """``x[:n] <- 1 / (1 + exp(-x[:n]))`` in float32, in two loops the compiler vectorizes.
 
@@ -76,7 +76,7 @@ def _sigmoid(x: np.ndarray, n: int, bits: np.ndarray) -> None:  # pragma: no cov
         x[j] = _ONE / (_ONE + x[j] * scale[j])
 
 
-@numba.njit(**_JIT)
+@numba.njit(**JIT_OPTIONS)
 def lstmp_row(
     xg: np.ndarray,
     w_hh_t: np.ndarray,
@@ -134,10 +134,14 @@ def lstmp_row(
             out[s, k] = h[k]
 
 
-# the decorator's cache=True, except that numba finding no writable cache folder (it
-# raises RuntimeError) means compiling once per process, not failing the import
-with contextlib.suppress(RuntimeError):
-    lstmp_row.enable_caching()
+def enable_caching(fn) -> None:
+    """The decorator's ``cache=True``, except that numba finding no writable cache folder
+    (it raises RuntimeError) means compiling once per process, not failing the import."""
+    with contextlib.suppress(RuntimeError):
+        fn.enable_caching()
+
+
+enable_caching(lstmp_row)
 
 
 def compile_now() -> None:

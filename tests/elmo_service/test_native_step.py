@@ -1,4 +1,5 @@
-"""The native single-sentence step loop imports and runs where numba can cache nothing."""
+"""The native kernels (the single-sentence step loop, the filter lookup) import and run where
+numba can cache nothing."""
 
 import subprocess
 import sys
@@ -19,10 +20,12 @@ def test_no_writable_cache_folder_is_not_an_import_error(tmp_path):
             raise PermissionError("read-only")
 
         caching._CacheLocator.ensure_cache_path = refuse  # every locator's writability check
-        from elmo_service import native_step
+        from elmo_service import native_filters, native_step
 
         assert native_step.lstmp_row._cache.__class__.__name__ == "NullCache"
+        assert native_filters.char_filters._cache.__class__.__name__ == "NullCache"
         native_step.compile_now()
+        native_filters.compile_now()
         print("ran")
         """
     )
@@ -34,9 +37,10 @@ def test_no_writable_cache_folder_is_not_an_import_error(tmp_path):
 
 
 def test_the_compiled_loop_is_cached_where_a_folder_is_writable():
-    from elmo_service import native_step
+    from elmo_service import native_filters, native_step
 
     assert type(native_step.lstmp_row._cache).__name__ == "FunctionCache"
+    assert type(native_filters.char_filters._cache).__name__ == "FunctionCache"
 
 
 def test_the_vectorized_sigmoid_is_within_1e7_of_float64():
