@@ -5,9 +5,9 @@
 The same function as ``LstmLayer``'s inference kernel (``elmo_service/lstm.py``)
 run for each direction and layer, with fewer, larger operations per step:
 
-* both directions advance together: one set of element-wise ops covers the
-  ``[2, n, 4C]`` gates of both, so a step of a layer is ~12 torch calls
-  instead of ~26;
+* a step is the recurrent matmul (the input gates added in the same call), the
+  element-wise cell in one native call (``native_step.lstm_cell``, numba: ~8
+  torch ops before, ~27 % of a 32-row step), and the projection matmul;
 * weights are packed once per weight version (:class:`PackedLinear`: oneDNN
   reordered for several rows, ``W^T`` for a single row, int8 when asked) and
   pre-scaled so that no step multiplies by a constant: the g-gate rows of
@@ -16,28 +16,28 @@ run for each direction and layer, with fewer, larger operations per step:
   doubled (``c2 = 2c``, exact in floating point), so ``tanh(c) =
   2 sigmoid(c2) - 1``; and ``W_proj`` is doubled so the projection reads
   ``o * (sigmoid(c2) - 1/2) = o * tanh(c) / 2``. Scaling by 2 is exact, so
-  these are the same numbers as the textbook formulas up to summation order;
-* torch's CPU ``tanh`` is ~4x slower than ``sigmoid``; none is used.
+  these are the same numbers as the textbook formulas up to summation order
+  and the sigmoid's last bit;
+* the first layer's input matmul, hoisted over all steps, runs once per
+  distinct token when the caller passes its token table (a batch of natural
+  sentences repeats words and boundary tokens: 659 rows -> 257 at 32 sentences).
 
 With two (or three) torch threads and two or more rows, the two directions run
-on two worker threads instead, each with one thread and its
-direction's whole stack of layers (the directions never meet before the
-output, so nothing synchronises per step): each core runs its own matmuls
-without OpenMP's fork and join around every op. Measured 1.25-1.42x faster
-for 2-32 rows (``bench/bench_step_loop.py --batch``). At one row the ~10
-Python-level ops per step would fight over the GIL (1.5x slower), so a single
-sentence runs each direction's step loop in native code instead
+on two worker threads, each with one thread and its direction's whole stack
+of layers (the directions never meet before the output, so nothing
+synchronises per step): each core runs its own matmuls without OpenMP's fork
+and join around every op (``bench/bench_step_loop.py --batch``: 1.1-1.3x at
+4-32 rows). A single sentence runs each direction's step loop in native code
 (``elmo_service/native_step.py``, numba, GIL released), on the two workers
-when there are (else one direction after the other): 1.6x faster than the
-torch loop on the small shape.
+when there are (else one direction after the other): ~2x faster than a loop
+of torch ops on the small shape.
 
 Layers run one after the other, each input matmul hoisted over all steps
 and computed for real rows only. Running layer l+1 one step behind layer l
 in the same loop ("pipelining") is not done: at batch 1 the two recurrent
-matmuls are ~77 % of a step (the weights stream from cache or memory), the
-element-wise ops that pipelining would merge ~23 %, and pipelining would
-move layer l+1's input matmul into the loop, adding its weights to every
-step's traffic.
+matmuls are most of a step (the weights stream from cache or memory), and
+pipelining would move layer l+1's input matmul into the loop, adding its
+weights to every step's traffic.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ import torch
 from torch import Tensor
 
 from elmo_service.lstm import LstmLayer
-from elmo_service.native_step import lstmp_row
+from elmo_service.native_step import lstm_cell, lstmp_row
 from elmo_service.packed import PackedLinear
 
 
@@ -150,19 +150,10 @@ class BiLstmKernel:
             flat = index.reshape(2, -1)
             gather = (table, flat if rows is None else flat[:, rows])
         pool = direction_pool() if b >= SPLIT_MIN_ROWS else None
-        if pool is not None:
-            outs = [x.new_zeros(2, t, b, x.shape[3]) for _ in self.w_ih]
-            _each_direction(
-                pool, lambda d: self._direction_stack(d, x[d], active, offset, rows, outs, gather)
-            )
-            return outs
-        outs = []
-        for layer in range(len(self.w_ih)):
-            y = self._layer(layer, x, active, offset, rows, gather)
-            if self.residual and layer > 0:
-                y.add_(x)
-            outs.append(y)
-            x = y
+        outs = [x.new_zeros(2, t, b, x.shape[3]) for _ in self.w_ih]
+        _each_direction(
+            pool, lambda d: self._direction_stack(d, x[d], active, offset, rows, outs, gather)
+        )
         return outs
 
     def _single(self, x: Tensor, length: int) -> list[Tensor]:
@@ -232,7 +223,7 @@ class BiLstmKernel:
                 break
             if n < h.shape[0]:  # rows sorted longest first: finished rows drop off the end
                 h, c2 = h[:n], c2[:n]
-            m = _cell(w_hh(h, add=xg.step(offset[s], n)), c2, c, cc2)
+            m = _cell(w_hh(h, add=xg.step(offset[s], n)), c2, cc2)
             h = w_proj(m)
             if pc:
                 h.clamp_(-pc, pc)
@@ -254,43 +245,6 @@ class BiLstmKernel:
             return _Gates(self.w_ih[0][d](table), index[d])
         xd = x.reshape(-1, x.shape[-1])
         return _Gates(self.w_ih[layer][d](xd if rows is None else xd.index_select(0, rows)))
-
-    def _layer(
-        self,
-        layer: int,
-        x: Tensor,
-        active: list[int],
-        offset: list[int],
-        rows: Tensor | None,
-        gather: tuple[Tensor, Tensor] | None = None,
-    ) -> Tensor:
-        """Both directions of one layer on this thread: ``x [2, T, B, P]`` -> ``[2, T, B, P]``."""
-        _, t, b, p = x.shape
-        c = self.cell_dim
-        out = x.new_zeros(2, t, b, p)
-        if b * c >= STACK_BELOW:  # many rows: stacking would copy [2, n, 4C] each step
-            for d in (0, 1):
-                self._direction(layer, d, x[d], active, offset, rows, out[d], gather)
-            return out
-        # few rows: one element-wise op for both directions beats one per direction
-        w_hh, w_proj = self.w_hh[layer], self.w_proj[layer]
-        xg = [self._input_gates(layer, d, x[d], rows, gather) for d in (0, 1)]
-        h = x.new_zeros(2, b, p)
-        c2 = x.new_zeros(2, b, c)  # 2 * cell state
-        cc2, pc = 2.0 * self.cell_clip, self.proj_clip
-        for s in range(t):
-            n = active[s]
-            if n == 0:
-                break
-            if n < h.shape[1]:  # rows sorted longest first: finished rows drop off the end
-                h, c2 = h[:, :n], c2[:, :n]
-            gates = torch.stack([w_hh[d](h[d], add=xg[d].step(offset[s], n)) for d in (0, 1)])
-            m = _cell(gates, c2, c, cc2)
-            h = torch.stack([w_proj[d](m[d]) for d in (0, 1)])  # [2, n, P]
-            if pc:
-                h.clamp_(-pc, pc)
-            out[:, s, :n] = h
-        return out
 
 
 class _Gates(NamedTuple):
@@ -379,18 +333,11 @@ def _forget_pool() -> None:  # a forked child has the object but not the threads
 os.register_at_fork(after_in_child=_forget_pool)
 
 
-# below this many cell values per direction (rows x C), a layer's element-wise ops run
-# on both directions stacked (fewer calls); above, per direction (no copy)
-STACK_BELOW = 8192
-
-
-def _cell(gates: Tensor, c2: Tensor, c: int, cc2: float) -> Tensor:
-    """Gates ``[..., n, 4C]`` (pre-activation, g rows doubled), doubled cell ``c2
-    [..., n, C]`` updated in place -> ``o * tanh(c) / 2 [..., n, C]``."""
-    gates.sigmoid_()  # i, f, o, sigmoid(2g)
-    i, f, o, g = gates.unflatten(-1, (4, c)).unbind(-2)  # views; Tensor.split is slower
-    # 2c' = f * 2c + 2i * tanh(g) = (f * c2 - 2 i) + 4 i sigmoid(2g), in LstmLayer's order
-    c2.mul_(f).sub_(i, alpha=2.0).addcmul_(i, g, value=4.0)
-    if cc2:
-        c2.clamp_(-cc2, cc2)
-    return torch.sigmoid(c2).sub_(0.5).mul_(o)
+def _cell(gates: Tensor, c2: Tensor, cc2: float, out: Tensor | None = None) -> Tensor:
+    """Gates ``[n, 4C]`` (pre-activation, g rows doubled), doubled cell ``c2 [n, C]``
+    updated in place -> ``o * tanh(c) / 2 [n, C]`` (into ``out`` when given), by
+    :func:`~elmo_service.native_step.lstm_cell`: one native call instead of ~8 torch
+    ops over the whole step (the element-wise part was ~27 % of a 32-row step)."""
+    m = gates.new_empty(c2.shape) if out is None else out
+    lstm_cell(gates.numpy(), c2.numpy(), cc2, m.numpy())
+    return m

@@ -129,9 +129,9 @@ def test_warm_up_runs_one_sentence_alone_too(tiny_model_dir, tmp_path, monkeypat
     rows: list[int] = []
     real = bilstm.BiLstmKernel.__call__
 
-    def spy(self, x, active):
+    def spy(self, x, active, *rest):
         rows.append(x.shape[2])
-        return real(self, x, active)
+        return real(self, x, active, *rest)
 
     monkeypatch.setattr(bilstm.BiLstmKernel, "__call__", spy)
     s = load_settings(model_path=tiny_model_dir, threads=1, data_dir=tmp_path)

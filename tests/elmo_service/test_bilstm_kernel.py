@@ -58,10 +58,8 @@ def batch(b: int, t: int, p: int, seed: int = 1):
     return tokens, lengths
 
 
-@pytest.mark.parametrize("stack_below", [0, 1 << 30])  # per-direction / stacked step ops
 @pytest.mark.parametrize("b", [1, 2, 7])
-def test_kernel_equals_plain_path(monkeypatch, stack_below, b):
-    monkeypatch.setattr(bilstm, "STACK_BELOW", stack_below)
+def test_kernel_equals_plain_path(b):
     model = random_bilm()
     tokens, lengths = batch(b, 9, model.cfg.projection_dim)
     want, got = plain(model, tokens, lengths), fast(model, tokens, lengths)
@@ -118,7 +116,7 @@ def spy_directions(monkeypatch, counts: list[int] | None = None) -> list[str]:
 
 @pytest.mark.parametrize("mode", ["inference", "no_grad"])
 @pytest.mark.parametrize("b", [2, 5])
-def test_directions_on_two_threads_give_the_joint_loops_numbers(two_threads, monkeypatch, mode, b):
+def test_directions_on_two_threads_give_one_threads_numbers(two_threads, monkeypatch, mode, b):
     model = random_bilm()
     tokens, lengths = batch(b, 9, model.cfg.projection_dim)
     lengths[-1] = 0  # an empty row too
@@ -131,9 +129,9 @@ def test_directions_on_two_threads_give_the_joint_loops_numbers(two_threads, mon
     assert len(seen) == 2 and all(name.startswith("elmo-bilstm") for name in seen)
     assert counts == [1, 1]  # half each: two threads in all, not two OpenMP teams
     monkeypatch.setattr(bilstm, "SPLIT_MIN_ROWS", 1 << 30)
-    joint = fast(model, tokens, lengths)
-    assert len(seen) == 2  # the joint loop ran on this thread
-    assert (split - joint).abs().max() <= 1e-6
+    caller = fast(model, tokens, lengths)
+    assert seen[2:] == [threading.current_thread().name] * 2  # one direction after the other
+    assert (split - caller).abs().max() <= 1e-6
     assert (split - plain(model, tokens, lengths)).abs().max() <= TOL
     assert (split[:, -1] == 0).all()
     # the workers' own thread count does not leak into the caller or into threads started later
@@ -159,14 +157,14 @@ def spy_native(monkeypatch) -> list[str]:
     return seen
 
 
-def test_other_thread_counts_keep_the_joint_loop(monkeypatch, two_threads):
+def test_other_thread_counts_keep_the_directions_on_the_caller(monkeypatch, two_threads):
     model = random_bilm()
     seen, native = spy_directions(monkeypatch), spy_native(monkeypatch)
     for threads in (1, 4):  # one: nothing to split; four: two OpenMP teams beside the caller's
         torch.set_num_threads(threads)
         tokens, lengths = batch(4, 6, model.cfg.projection_dim)
         fast(model, tokens, lengths)
-    assert seen == [] and native == []
+    assert seen == [threading.current_thread().name] * 4 and native == []
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -244,7 +242,7 @@ def spy_gathers(monkeypatch) -> list[tuple[int, int]]:
     return seen
 
 
-@pytest.mark.parametrize("threads", [1, 2])  # the joint loop and the two direction workers
+@pytest.mark.parametrize("threads", [1, 2])  # the directions on the caller / on the workers
 @pytest.mark.parametrize("weights", ["fp32", "int8"])
 def test_first_layer_gates_from_the_distinct_tokens(monkeypatch, threads, weights):
     """A batch that repeats its tokens: the first layer's input matmul runs on the table,
