@@ -1,8 +1,10 @@
 """elmo-service core: text -> tokens -> char ids -> biLM -> layers -> mix."""
 
+import sys
+
 from elmo_service.config import BiLMConfig
 from elmo_service.errors import ArtifactError, ConfigError, InputError, LimitError
-from elmo_service.scalar_mix import MixSpec, ScalarMix
+from elmo_service.openmp import spin_briefly
 
 __all__ = [
     "ArtifactError",
@@ -17,9 +19,16 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # the embedder pulls in torch and safetensors; import it only when asked
-    if name == "Embedder":
-        from elmo_service.embedder import Embedder
+    # these pull in torch: import them only when asked, after OpenMP's spin is chosen
+    # (it only counts before torch loads libgomp; elmo_service/openmp.py says why)
+    if name in ("Embedder", "MixSpec", "ScalarMix"):
+        if "torch" not in sys.modules:
+            spin_briefly()
+        if name == "Embedder":
+            from elmo_service.embedder import Embedder
 
-        return Embedder
+            return Embedder
+        from elmo_service import scalar_mix
+
+        return getattr(scalar_mix, name)
     raise AttributeError(name)
