@@ -191,8 +191,8 @@ enable_caching(lstm_cell)
 
 
 def compile_now() -> None:
-    """Compile (or load from numba's cache) :func:`lstmp_row` now, e.g. while building
-    an image, rather than on the first single-sentence request."""
+    """Compile (or load from numba's cache) :func:`lstmp_row` and :func:`lstm_cell` now,
+    e.g. while building an image, rather than on the first request."""
     z = np.zeros
     lstmp_row(
         z((1, 8), np.float32),
@@ -202,3 +202,4 @@ def compile_now() -> None:
         0.0,
         z((1, 2), np.float32),
     )
+    lstm_cell(z((1, 8), np.float32), z((1, 2), np.float32), 0.0, z((1, 2), np.float32))

@@ -23,6 +23,7 @@ def test_no_writable_cache_folder_is_not_an_import_error(tmp_path):
         from elmo_service import native_filters, native_step
 
         assert native_step.lstmp_row._cache.__class__.__name__ == "NullCache"
+        assert native_step.lstm_cell._cache.__class__.__name__ == "NullCache"
         assert native_filters.char_filters._cache.__class__.__name__ == "NullCache"
         native_step.compile_now()
         native_filters.compile_now()
@@ -40,6 +41,7 @@ def test_the_compiled_loop_is_cached_where_a_folder_is_writable():
     from elmo_service import native_filters, native_step
 
     assert type(native_step.lstmp_row._cache).__name__ == "FunctionCache"
+    assert type(native_step.lstm_cell._cache).__name__ == "FunctionCache"
     assert type(native_filters.char_filters._cache).__name__ == "FunctionCache"
 
 
