@@ -190,7 +190,8 @@ class BiLstmKernel:
         outs: list[Tensor],
         gather: tuple[Tensor, Tensor] | None = None,
     ) -> None:
-        """Direction ``d``'s layers on a worker thread: ``x [T, B, P]`` -> ``outs[l][d]``."""
+        """Direction ``d``'s layers (on a worker thread, or the caller's): ``x [T, B, P]``
+        -> ``outs[l][d]``."""
         for layer, out in enumerate(outs):
             self._direction(layer, d, x, active, offset, rows, out[d], gather)
             if self.residual and layer > 0:
@@ -208,8 +209,8 @@ class BiLstmKernel:
         out: Tensor,
         gather: tuple[Tensor, Tensor] | None = None,
     ) -> None:
-        """One direction of :meth:`_layer`: ``x [T, B, P]`` -> ``out [T, B, P]`` (zeros
-        past each row's length, as allocated)."""
+        """One direction of one layer: ``x [T, B, P]`` -> ``out [T, B, P]`` (zeros past
+        each row's length, as allocated)."""
         t, b, p = x.shape
         c = self.cell_dim
         w_hh, w_proj = self.w_hh[layer][d], self.w_proj[layer][d]
@@ -333,11 +334,11 @@ def _forget_pool() -> None:  # a forked child has the object but not the threads
 os.register_at_fork(after_in_child=_forget_pool)
 
 
-def _cell(gates: Tensor, c2: Tensor, cc2: float, out: Tensor | None = None) -> Tensor:
+def _cell(gates: Tensor, c2: Tensor, cc2: float) -> Tensor:
     """Gates ``[n, 4C]`` (pre-activation, g rows doubled), doubled cell ``c2 [n, C]``
-    updated in place -> ``o * tanh(c) / 2 [n, C]`` (into ``out`` when given), by
+    updated in place -> ``o * tanh(c) / 2 [n, C]``, by
     :func:`~elmo_service.native_step.lstm_cell`: one native call instead of ~8 torch
     ops over the whole step (the element-wise part was ~27 % of a 32-row step)."""
-    m = gates.new_empty(c2.shape) if out is None else out
+    m = gates.new_empty(c2.shape)
     lstm_cell(gates.numpy(), c2.numpy(), cc2, m.numpy())
     return m

@@ -87,8 +87,10 @@ class CharCNN(nn.Module):
             )
         for hw, pk in zip(self.highways, packed[:-1], strict=True):
             transform, carry = linear(x, pk, hw).chunk(2, dim=-1)
-            gate = torch.sigmoid(carry)
-            x = gate * F.relu(transform) + (1.0 - gate) * x
+            # g * relu(t) + (1 - g) * x in one op (half the element-wise time); under
+            # autocast the matmul is bf16 and x stays fp32, as type promotion kept it
+            gate = torch.sigmoid(carry).to(x.dtype)
+            x = torch.lerp(x, F.relu(transform).to(x.dtype), gate)
         return linear(x, packed[-1], self.projection)
 
     def _packed_linears(self, weights: str) -> list[PackedLinear]:

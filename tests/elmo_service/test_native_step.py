@@ -66,6 +66,9 @@ def test_the_vectorized_sigmoid_is_within_1e7_of_float64():
     _sigmoid(got, len(got), np.empty(len(got), np.int32))
     assert np.isfinite(got).all()
     assert np.abs(got - want).max() < 1e-7
+    nan = np.array([np.nan], np.float32)
+    _sigmoid(nan, 1, np.empty(1, np.int32))
+    assert np.isnan(nan[0])  # not hidden by the clamps
     # only the first n values change
     part = x.copy()
     _sigmoid(part, 10, np.empty(10, np.int32))
