@@ -41,7 +41,7 @@ from elmo_service.batching import (
 from elmo_service.char_ids import bos_ids, eos_ids, token_ids
 from elmo_service.config import DEFAULT_TOKEN_CACHE_SIZE
 from elmo_service.errors import ConfigError, InputError, LimitError
-from elmo_service.packed import check_weights_mode
+from elmo_service.packed import check_weights_mode, kernel_cache
 from elmo_service.runtime import autocast, pick_device, resolve_precision, set_threads
 from elmo_service.scalar_mix import MixSpec, ScalarMix
 from elmo_service.tokenizers import Token
@@ -302,6 +302,8 @@ class Embedder:
     # -- internals --------------------------------------------------------
     def _token_vectors(self, keys: list[str]) -> torch.Tensor:
         """``[U, P]`` layer-0 vectors for distinct token keys, cache first."""
+        if not keys:
+            return torch.zeros(0, self.cfg.projection_dim, device=self.device)
         if self._cache is None:  # every key computed, in order: nothing to merge
             self.cache_misses += len(keys)
             return self._encode_keys(keys)
@@ -322,6 +324,16 @@ class Embedder:
                 self._cache[keys[i]] = computed[j].clone()
         return torch.stack(vecs)  # type: ignore[arg-type]
 
+    def _marker_vectors(self) -> torch.Tensor:
+        """``[2, P]``: the vectors of ``<S>`` and ``</S>``, in every sentence and fixed by the
+        weights, so computed once per weight version (not in every batch's CNN call)."""
+        cnn = self.model.token_encoder
+        return kernel_cache(cnn).get_or_build(
+            ("markers", self.weights, self.precision),
+            list(cnn.parameters()),
+            lambda: self._encode_keys([_BOS, _EOS]),
+        )
+
     def _encode_keys(self, keys: list[str]) -> torch.Tensor:
         """Token keys (``<S>``/``</S>`` markers included) -> ``[N, P]`` through the CNN."""
         w = self.cfg.max_chars_per_token
@@ -341,14 +353,15 @@ class Embedder:
             b_pad, t_pad = max(b, 2), -(-t // 8) * 8
         else:
             b_pad, t_pad = b, t
-        keys: dict[str, int] = {}
+        keys: dict[str, int] = {_BOS: 0, _EOS: 1}  # the markers: rows 1 and 2 of the table
         index = np.zeros((b_pad, t_pad), dtype=np.int64)  # 0 -> the zero row
         for r, sent in enumerate(sentences):
             for c, tok in enumerate((_BOS, *sent, _EOS)):
                 index[r, c] = keys.setdefault(tok, len(keys)) + 1
         with self._lock, torch.inference_mode():
-            table = self._token_vectors(list(keys))
-            table = torch.cat([table.new_zeros(1, table.shape[1]), table])
+            markers = self._marker_vectors()
+            table = self._token_vectors(list(keys)[2:])
+            table = torch.cat([markers.new_zeros(1, markers.shape[1]), markers, table])
             index_t = torch.from_numpy(index).to(self.device)
             tokens = table[index_t]
             lens = torch.tensor(lengths + [0] * (b_pad - b), device=self.device)

@@ -228,6 +228,33 @@ def test_sentence_alone_in_a_batch_and_later_gives_the_same_vectors():
         assert np.abs(a - lt).max(initial=0) <= 1e-5
 
 
+@pytest.mark.parametrize("cache", [0, 1000])
+def test_sentence_markers_go_through_the_cnn_once_per_weight_version(monkeypatch, cache):
+    import elmo_service.embedder as embedder_mod
+
+    model = make_model()
+    emb = make_embedder(model, token_cache_size=cache)
+    asked: list[list[str]] = []
+    real = Embedder._encode_keys
+    monkeypatch.setattr(Embedder, "_encode_keys", lambda self, k: asked.append(k) or real(self, k))
+    markers = [embedder_mod._BOS, embedder_mod._EOS]
+    first = emb.embed_tokens(SENTENCES)
+    assert asked.count(markers) == 1 and sum(k.count(markers[0]) for k in asked) == 1
+    emb.embed_tokens([["new", "words"], []])  # an empty sentence: markers alone
+    assert asked.count(markers) == 1
+    for got, sent in zip(first, SENTENCES, strict=True):
+        assert np.abs(got - ref_bilm(model, sent)[:, 1:-1].detach().numpy()).max(initial=0) <= 1e-5
+    with torch.no_grad():
+        model.token_encoder.char_embed.weight.mul_(1.5)  # a new weight version
+    emb._cache = None if cache == 0 else type(emb._cache)(cache)
+    again = emb.embed_tokens(SENTENCES[:1])[0]
+    assert asked.count(markers) == 2
+    assert (
+        np.abs(again - ref_bilm(model, SENTENCES[0])[:, 1:-1].detach().numpy()).max(initial=0)
+        <= 1e-5
+    )
+
+
 def test_token_cache_does_not_change_vectors():
     model = make_model()
     sents = [s for _ in range(3) for s in SENTENCES]  # repeats: later ones hit the cache
