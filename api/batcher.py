@@ -58,6 +58,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -493,10 +494,13 @@ class Batcher:
 
 
 class DirectRunner:
-    """No batching: each request's sentences are one ``embed_fn`` call in a thread.
+    """No batching: each request's sentences are one ``embed_fn`` call on the model thread.
 
     The naive baseline the benchmark compares against (``ELMO_BATCHING=false``);
-    requests still queue (on the embedder's lock), bounded by ``max_queue``.
+    requests still queue (on the embedder's lock), bounded by ``max_queue``. One
+    persistent thread runs every call, as the batcher's does: on the event loop's
+    default executor each of its threads would keep an OpenMP team of its own, and
+    once a process holds more OpenMP threads than cores libgomp stops spinning.
     """
 
     def __init__(
@@ -515,6 +519,7 @@ class DirectRunner:
         self._pending_cost = 0
         self._lock = threading.Lock()
         self._closed = False
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="elmo-model")
 
     @property
     def depth(self) -> int:
@@ -566,10 +571,17 @@ class DirectRunner:
         self._pending_cost += cost
         try:
             async with asyncio.timeout(timeout):
-                return await asyncio.to_thread(self._call, token_lists)
+                try:
+                    call = asyncio.get_running_loop().run_in_executor(
+                        self._executor, self._call, token_lists
+                    )
+                except RuntimeError as e:  # closed from another thread since the check
+                    raise BatcherClosed("the model is shutting down") from e
+                return await call
         finally:
             self._pending -= len(token_lists)
             self._pending_cost -= cost
 
     def close(self, timeout: float = 10.0) -> None:
         self._closed = True
+        self._executor.shutdown(wait=False)  # a call under way finishes; nothing new starts

@@ -15,7 +15,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from api.batcher import Batcher, DirectRunner, Overloaded, WorkEstimate
+from api.batcher import Batcher, BatcherClosed, DirectRunner, Overloaded, WorkEstimate
 from api.main import create_app
 from api.metrics import Metrics
 from api.settings import load_settings
@@ -124,6 +124,33 @@ def test_direct_runner_admits_the_same_way():
         await first
 
     asyncio.run(main())
+
+
+def test_direct_runner_calls_the_model_on_one_persistent_thread():
+    """Not the event loop's default executor, whose several threads would each keep an
+    OpenMP team (more OpenMP threads than cores: libgomp stops spinning)."""
+    seen: list[threading.Thread] = []
+
+    def model(sentences):
+        seen.append(threading.current_thread())
+        return [np.zeros((1, len(s), 2), np.float32) for s in sentences]
+
+    r = DirectRunner(model)
+
+    async def main():
+        await asyncio.gather(*(r.embed([["a"] * n]) for n in range(1, 9)))
+        await r.embed([["b"]])
+
+    asyncio.run(main())
+    assert len(seen) == 9 and len(set(seen)) == 1 and seen[0].name.startswith("elmo-model")
+    assert seen[0] is not threading.current_thread()
+    r.close()
+
+    async def after():
+        with pytest.raises(BatcherClosed):
+            await r.embed([["c"]])
+
+    asyncio.run(after())
 
 
 def test_http_overload_is_429_with_retry_after_before_any_wait(tiny_model_dir, tmp_path):
