@@ -36,6 +36,7 @@ token cache depends on) is that of real text.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import random
 import re
@@ -334,7 +335,7 @@ def main() -> None:
                 row, hit_rates = {}, []
                 for batch in BATCHES:
                     if emb is not None:
-                        emb.max_batch_sentences = batch
+                        emb.budget = dataclasses.replace(emb.budget, sentences=batch)
                     warmup, wins = plan[batch]
                     run(warmup)  # first-call costs (allocator, tables)
                     row[batch], hit = tokens_per_s(run, wins, batch, emb)
@@ -346,7 +347,7 @@ def main() -> None:
                 emit(f"| {name} | {path} | {prec} | {cells} | {hit} |")
             if do_compile:
                 comp = make_embedder(art, prec, 0, compile=True)
-                comp.max_batch_sentences = 32
+                comp.budget = dataclasses.replace(comp.budget, sentences=32)
                 warmup, wins = plan[32]
                 t = time.perf_counter()
                 comp.embed_tokens(warmup)
