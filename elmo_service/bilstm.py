@@ -151,7 +151,7 @@ class BiLstmKernel:
             gather = (table, flat if rows is None else flat[:, rows])
         pool = direction_pool() if b >= SPLIT_MIN_ROWS else None
         outs = [x.new_zeros(2, t, b, x.shape[3]) for _ in self.w_ih]
-        _each_direction(
+        on_both_workers(
             pool, lambda d: self._direction_stack(d, x[d], active, offset, rows, outs, gather)
         )
         return outs
@@ -162,7 +162,7 @@ class BiLstmKernel:
         directions on the two worker threads when there are (else one after the other)."""
         outs = [x.new_zeros(x.shape) for _ in self.w_ih]
         if length > 0:
-            _each_direction(
+            on_both_workers(
                 direction_pool(), lambda d: self._native_stack(d, x[d, :length, 0], outs)
             )
         return outs
@@ -309,9 +309,10 @@ def direction_pool() -> ThreadPoolExecutor | None:
     return _pool
 
 
-def _each_direction(pool: ThreadPoolExecutor | None, task: Callable[[int], None]) -> None:
-    """``task(0)`` and ``task(1)``: on the two workers of ``pool`` at once, under the
-    caller's inference mode and no-grad (both thread-local), or one after the other here."""
+def on_both_workers(pool: ThreadPoolExecutor | None, task: Callable[[int], None]) -> None:
+    """``task(0)`` and ``task(1)`` (the two directions, or two halves of some work): on
+    the two workers of ``pool`` at once, under the caller's inference mode and no-grad
+    (both thread-local), or one after the other here."""
     if pool is None:
         for d in (0, 1):
             task(d)

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from elmo_service.bilstm import BiLstmKernel, direction_pool
+from elmo_service.bilstm import BiLstmKernel, direction_pool, on_both_workers
 from elmo_service.config import BiLMConfig
 from elmo_service.errors import ConfigError
 from elmo_service.lstm import LstmLayer, LstmState
@@ -146,16 +146,15 @@ class CharCNN(nn.Module):
         flat, widths, n_out, offsets = self._tables_flat  # type: ignore[misc]
         maxima = np.empty((ids.shape[0], self.cfg.n_filters), dtype=np.float32)
 
-        def rows(part: int, parts: int) -> None:
-            lo, hi = part * len(ids) // parts, (part + 1) * len(ids) // parts
+        def rows(lo: int, hi: int) -> None:
             char_filters(ids[lo:hi], flat, widths, n_out, offsets, N_CHAR_IDS, maxima[lo:hi])
 
         pool = direction_pool() if len(ids) >= NATIVE_SPLIT_MIN_TOKENS else None
         if pool is None:
-            rows(0, 1)
-        else:  # each worker its own rows: the same numbers as one call
-            for f in [pool.submit(rows, part, 2) for part in (0, 1)]:
-                f.result()
+            rows(0, len(ids))
+        else:  # each worker its own half of the rows: the same numbers as one call
+            bounds = (0, len(ids) // 2, len(ids))
+            on_both_workers(pool, lambda part: rows(bounds[part], bounds[part + 1]))
         bias = torch.cat([conv.bias for conv in self.convs])
         return self._act(torch.from_numpy(maxima).add_(bias))
 

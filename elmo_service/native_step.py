@@ -98,6 +98,29 @@ def _add_matvec(y: np.ndarray, x: np.ndarray, w: np.ndarray) -> None:  # pragma:
 
 
 @numba.njit(**JIT_OPTIONS)
+def _cell_row(
+    g: np.ndarray, c2: np.ndarray, clip2: np.float32, m: np.ndarray, bits: np.ndarray
+) -> None:  # pragma: no cover
+    """One row's element-wise step, in place: gates ``g [4C]`` (pre-activation, g part
+    doubled) become sigmoids; the doubled cell ``c2 [C]`` is updated (clipped at
+    ``clip2`` when > 0); ``m [C]`` receives ``o * tanh(c) / 2``. ``bits``: ``[>= 4C]``
+    scratch for :func:`_sigmoid`."""
+    c = c2.shape[0]
+    _sigmoid(g, 4 * c, bits)  # i, f, o, sigmoid(2 g): tanh(g) = 2 sigmoid(2 g) - 1
+    for j in range(c):
+        i = g[j]
+        # 2c' = f * 2c + 2 i tanh(g) = (f * c2 - 2 i) + 4 i sg, as LstmLayer orders it
+        v = (g[c + j] * c2[j] - _TWO * i) + _FOUR * i * g[3 * c + j]
+        if clip2 > 0:
+            v = min(max(v, -clip2), clip2)
+        c2[j] = v
+        m[j] = v
+    _sigmoid(m, c, bits)
+    for j in range(c):
+        m[j] = (m[j] - _HALF) * g[2 * c + j]  # o * tanh(c) / 2
+
+
+@numba.njit(**JIT_OPTIONS)
 def lstmp_row(
     xg: np.ndarray,
     w_hh_t: np.ndarray,
@@ -127,18 +150,7 @@ def lstmp_row(
         for j in range(gates):
             g[j] = xg[s, j]
         _add_matvec(g, h, w_hh_t)
-        _sigmoid(g, gates, bits)  # i, f, o, sigmoid(2 g): tanh(g) = 2 sigmoid(2 g) - 1
-        for j in range(c):
-            i = g[j]
-            # 2c' = f * 2c + 2 i tanh(g) = (f * c2 - 2 i) + 4 i sg, as BiLstmKernel orders it
-            v = (g[c + j] * c2[j] - _TWO * i) + _FOUR * i * g[3 * c + j]
-            if clip2 > 0:
-                v = min(max(v, -clip2), clip2)
-            c2[j] = v
-            m[j] = v
-        _sigmoid(m, c, bits)
-        for j in range(c):
-            m[j] = (m[j] - _HALF) * g[2 * c + j]  # o * tanh(c) / 2
+        _cell_row(g, c2, clip2, m, bits)
         for k in range(p):
             h[k] = 0.0
         _add_matvec(h, m, w_proj_t)
@@ -160,24 +172,10 @@ def lstm_cell(
     ``BiLstmKernel._cell``'s arithmetic, in float32, with :func:`_sigmoid`: one call
     instead of ~8 torch ops each over the whole step.
     """
-    n, gates4 = gates.shape
-    c = gates4 // 4
     clip2 = _F(cell_clip2)
-    bits = np.empty(gates4, np.int32)
-    for r in range(n):
-        g = gates[r]
-        _sigmoid(g, gates4, bits)
-        cr, mr = c2[r], m[r]
-        for j in range(c):
-            i = g[j]
-            v = (g[c + j] * cr[j] - _TWO * i) + _FOUR * i * g[3 * c + j]
-            if clip2 > 0:
-                v = min(max(v, -clip2), clip2)
-            cr[j] = v
-            mr[j] = v
-        _sigmoid(mr, c, bits)
-        for j in range(c):
-            mr[j] = (mr[j] - _HALF) * g[2 * c + j]
+    bits = np.empty(gates.shape[1], np.int32)
+    for r in range(gates.shape[0]):
+        _cell_row(gates[r], c2[r], clip2, m[r], bits)
 
 
 def enable_caching(fn) -> None:
