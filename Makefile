@@ -7,7 +7,7 @@ TEST_STAMP := $(VENV)/.installed-test
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: setup serve test test-fast lint format bench chaos system-deps clean deploy-check e2e stack stack-down docker-engine
+.PHONY: setup serve test test-fast lint format bench chaos system-deps clean deploy-check e2e stack stack-down docker-engine gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,14 @@ bench: $(TEST_STAMP)
 # See docs/reliability.md.
 chaos: $(TEST_STAMP) system-deps
 	$(BIN)/python bench/chaos.py
+
+# The GPU check (docs/gpu.md): every CUDA check in one run, one report in $(GPU_REPORT).
+# On a machine with no CUDA device it prints what it would run and exits 3. No install step:
+# a GPU machine brings its own CUDA torch (the venv's, else python3's).
+GPU_REPORT ?= runs/gpu-check
+GPU_PY := $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+gpu-check:
+	$(GPU_PY) bench/gpu_check.py --out $(GPU_REPORT) $(if $(GPU_DATA),--data $(GPU_DATA))
 
 deploy-check: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q tests/deploy/test_deploy.py

@@ -287,3 +287,9 @@ def test_probe_service_client_needs_no_http_package():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("service http://127.0.0.1:9 is not reachable"), out.stdout
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    cfg = load_config(path)  # strict: an unknown or misspelt key fails here
+    assert cfg.train.steps >= 1
