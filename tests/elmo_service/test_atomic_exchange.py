@@ -12,7 +12,6 @@ import pytest
 
 from elmo_service import atomic
 
-
 READER = """
 import json, sys, time
 path, stop = sys.argv[1], sys.argv[2] + "/stop"
