@@ -12,11 +12,13 @@ when used.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,15 +50,33 @@ class TaskStore(ABC):
     def delete(self, name: str) -> bool: ...
 
 
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (created if missing), across processes and threads:
+    each call opens its own descriptor, so two threads of one process exclude each other too."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 class FileTaskStore(TaskStore):
-    """``{namespace: {name: spec}}`` in one JSON file, rewritten atomically."""
+    """``{namespace: {name: spec}}`` in one JSON file, rewritten atomically.
+
+    Safe for several processes on one file (replicas sharing a volume without Redis):
+    every read-modify-write holds an ``flock`` on ``<file>.lock`` and re-reads the file
+    under it; readers need no lock, the file is replaced whole.
+    """
 
     kind = "file"
 
     def __init__(self, path: Path, namespace: str) -> None:
         self.path = Path(path)
         self.namespace = namespace
-        self._lock = threading.Lock()
+        self._lock_path = self.path.with_name(self.path.name + ".lock")
 
     def _read(self) -> dict[str, Any]:
         if not self.path.is_file():
@@ -72,20 +92,19 @@ class FileTaskStore(TaskStore):
         write_json(self.path, data, sort_keys=True)
 
     def all(self) -> dict[str, dict[str, Any]]:
-        with self._lock:
-            return dict(self._read().get(self.namespace, {}))
+        return dict(self._read().get(self.namespace, {}))
 
     def get(self, name: str) -> dict[str, Any] | None:
         return self.all().get(name)
 
     def put(self, name: str, spec: dict[str, Any]) -> None:
-        with self._lock:
+        with file_lock(self._lock_path):
             data = self._read()
             data.setdefault(self.namespace, {})[name] = spec
             self._write(data)
 
     def delete(self, name: str) -> bool:
-        with self._lock:
+        with file_lock(self._lock_path):
             data = self._read()
             found = data.get(self.namespace, {}).pop(name, None) is not None
             if found:
