@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from elmo_service.artifact import TASKS, read_task
+from elmo_service.artifact import TASKS, read_manifest, read_task
 from elmo_service.atomic import write_json
 from elmo_service.errors import ConfigError, ElmoServiceError
 from elmo_service.scalar_mix import MixSpec
@@ -181,15 +181,28 @@ class ArtifactTasks:
     are few) and re-reads only when a name, size or mtime differs from the last
     read. A file that does not parse or does not fit the model is skipped with a
     warning (once per change), keeping the others served.
+
+    Pinned to the loaded ``version``: the folder is re-read only while its manifest
+    still names that version. Once the folder is replaced by another artifact (an
+    ``export --overwrite``) or deleted, the tasks read last stay served: they belong
+    to the weights in memory; the new folder's tasks come with its activation.
     """
 
-    def __init__(self, artifact_dir: Path, n_layers: int, initial: dict[str, MixSpec]) -> None:
+    def __init__(
+        self,
+        artifact_dir: Path,
+        n_layers: int,
+        initial: dict[str, MixSpec],
+        version: str | None = None,
+    ) -> None:
         self.folder = Path(artifact_dir) / TASKS
         self.n_layers = n_layers
+        self.version = version
         self._lock = threading.Lock()
         self._tasks = dict(initial)
         self._signature = self._stat()
         self.reloads = 0
+        self.pinned: str | None = None  # why the folder is no longer read, once it is not
 
     def _stat(self) -> tuple:
         try:
@@ -201,12 +214,40 @@ class ArtifactTasks:
         except FileNotFoundError:
             return ()
 
+    def _folder_version(self) -> str | None:
+        try:
+            return read_manifest(self.folder.parent).get("version")
+        except (ElmoServiceError, OSError):
+            return None
+
+    def _still_ours(self) -> bool:
+        if self.version is None:
+            return True
+        have = self._folder_version()
+        if have == self.version:
+            self.pinned = None
+            return True
+        why = (
+            f"{self.folder.parent} now holds version {have}"
+            if have is not None
+            else f"{self.folder.parent} is gone or unreadable"
+        )
+        if why != self.pinned:
+            log.warning(
+                "%s, not the served %s: its shipped tasks stay as loaded", why, self.version
+            )
+        self.pinned = why
+        return False
+
     def current(self) -> dict[str, MixSpec]:
         sig = self._stat()
         if sig == self._signature:
             return self._tasks
         with self._lock:
             if sig != self._signature:
+                if not self._still_ours():
+                    self._signature = sig  # looked at again when the folder changes again
+                    return self._tasks
                 tasks = {}
                 for name, _, _ in sig:
                     path = self.folder / name
@@ -214,6 +255,9 @@ class ArtifactTasks:
                         tasks[path.stem] = read_task(path, self.n_layers)
                     except (ElmoServiceError, OSError) as e:
                         log.warning("task file %s skipped: %s", path, getattr(e, "message", e))
+                if not self._still_ours():  # replaced while being read: keep the old ones
+                    self._signature = sig
+                    return self._tasks
                 self._tasks, self._signature = tasks, sig
                 self.reloads += 1
                 log.info("tasks folder %s re-read: %s", self.folder, ", ".join(tasks) or "none")
