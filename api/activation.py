@@ -89,7 +89,8 @@ async def activate_in_fleet(
 ) -> tuple[ServedModel, ServedModel | None, dict[str, Any]]:
     """Load and warm ``name`` here, record it as the fleet's desired model, swap it in.
 
-    -> (new, old or None, the fleet view just after). Nothing is recorded unless this
+    -> (new, old or None, the fleet view just after, with ``recorded``: this call's record;
+    ``desired`` may already be a newer one). Nothing is recorded unless this
     replica could load it (LookupError, ArtifactError); a Redis that does not answer
     (FleetUnavailable) leaves everything as it was. The other replicas converge on their own.
     """
@@ -100,7 +101,8 @@ async def activate_in_fleet(
         served = cur if same else await load_warm(settings, backend, io, metrics, path)
         assert served is not None
         try:
-            agent.desired = await agent.call(agent.store.record, name, served.version, agent.id)
+            recorded = await agent.call(agent.store.record, name, served.version, agent.id)
+            agent.desired = recorded
         except BaseException:
             if not same:
                 await asyncio.to_thread(served.close)
@@ -110,7 +112,9 @@ async def activate_in_fleet(
     await agent.beat()
     if old is not None:
         _log_swap(served, old)
-    return served, old, await agent.view()
+    view = await agent.view()
+    view["recorded"] = recorded.ref()
+    return served, old, view
 
 
 def _log_swap(new: ServedModel, old: ServedModel | None) -> None:

@@ -55,6 +55,19 @@ redis.call('PUBLISH', KEYS[3], v)
 return v
 """
 
+# a Redis that lost the record (restarted without persistence, flushed): a replica puts
+# back the last one it read, unless another did first; the counter never goes back
+_RESTORE = """
+local cur = redis.call('GET', KEYS[2])
+if cur then return cur end
+local g = tonumber(ARGV[3])
+if tonumber(redis.call('GET', KEYS[1]) or '0') < g then redis.call('SET', KEYS[1], g) end
+local v = cjson.encode({name=ARGV[1], version=ARGV[2], generation=g, at=tonumber(ARGV[4]), by=ARGV[5]})
+redis.call('SET', KEYS[2], v)
+redis.call('PUBLISH', KEYS[3], v)
+return v
+"""
+
 
 class FleetUnavailable(Exception):
     """Redis did not answer, or answered something that is not the fleet's state."""
@@ -111,6 +124,7 @@ class FleetStore:
         self.channel, self.k_index = f"{base}:events", f"{base}:replicas"
         self.k_replica = f"{base}:replica:"
         self._record = self.client.register_script(_RECORD)
+        self._restore = self.client.register_script(_RESTORE)
 
     def _call(self, fn, *args, **kw):
         try:
@@ -128,6 +142,13 @@ class FleetStore:
         keys = [self.k_generation, self.k_desired, self.channel]
         raw = self._call(self._record, keys=keys, args=[name, version, time.time(), by])
         return Desired.parse(raw)
+
+    def restore(self, desired: Desired) -> Desired:
+        """Put ``desired`` back if Redis holds no record; -> the record Redis holds now."""
+        keys = [self.k_generation, self.k_desired, self.channel]
+        d = desired
+        args = [d.name, d.version, d.generation, d.at, d.by]
+        return Desired.parse(self._call(self._restore, keys=keys, args=args))
 
     def heartbeat(self, replica_id: str, state: dict[str, Any], ttl: float) -> None:
         now = time.time()
@@ -358,6 +379,9 @@ class FleetAgent:
             self._wake.clear()
             try:
                 desired = await self.call(self.store.desired)
+                if desired is None and self.desired is not None:  # Redis lost it
+                    desired = await self.call(self.store.restore, self.desired)
+                    log.warning("fleet: redis had no desired model; restored %s", desired)
                 self._redis_ok()
                 self.desired = desired
                 if desired is not None:

@@ -354,6 +354,11 @@ class FleetOut(BaseModel):
     replicas_total: int
     replicas: list[ReplicaOut]
     error: str | None = Field(None, description="Redis did not answer: only this replica shown.")
+    recorded: DesiredOut | None = Field(
+        None,
+        description="In an activation's answer: the record it made (a newer activation "
+        "elsewhere may already have replaced it as `desired`; the highest generation wins).",
+    )
 
 
 class ModelList(BaseModel):

@@ -1,6 +1,6 @@
 """How fast a fleet of ``elmo-service serve`` replicas converges on an activation.
 
-    .venv/bin/python bench/bench_fleet.py                  # the bundled models, 3 replicas
+    .venv/bin/python bench/bench_fleet.py                  # the bundled model, 3 replicas
     .venv/bin/python bench/bench_fleet.py --tiny           # tiny random models (the test's)
     .venv/bin/python bench/bench_fleet.py --replicas 3 --rounds 4
 
@@ -45,7 +45,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--replicas", type=int, default=3)
     p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--tiny", action="store_true", help="tiny random models instead of the bundled")
+    p.add_argument("--tiny", action="store_true", help="tiny random models, not the bundled one")
     p.add_argument("--interval", type=float, default=2.0, help="ELMO_FLEET_INTERVAL")
     args = p.parse_args()
 
@@ -58,8 +58,17 @@ def main() -> int:
         models, names = tmp / "models", ("alpha", "beta")
         for seed, name in enumerate(names):
             save_artifact(tiny_model(seed), WordTokenizer(), models / name)
-    else:
-        models, names = REPO / "models", ("default", "ptb")
+    else:  # the bundled model, and a copy of it with another version (its provenance differs)
+        import shutil
+
+        from elmo_service.artifact import load_artifact, save_artifact
+
+        models, names = tmp / "models", ("default", "default-b")
+        shutil.copytree(REPO / "models" / "default", models / "default")
+        art = load_artifact(models / "default")
+        save_artifact(
+            art.model, art.tokenizer, models / "default-b", {**art.provenance, "copy": "b"}
+        )
     redis = RedisServer(tmp / "redis").start()
     replicas = [
         Replica(

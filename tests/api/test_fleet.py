@@ -173,7 +173,14 @@ def test_a_replica_without_the_model_keeps_serving_and_converges_once_it_appears
     assert "nothing changed" in resp.json()["message"]
     assert _embed(r1)[:2] == ("gamma", gamma)
     assert httpx.get(r1.url + "/v1/models").json()["fleet"]["error"]  # no 5xx, says why
-    redis.start()  # empty (no persistence): the replicas keep what they serve
+    redis.start()  # empty (no persistence): the replicas put back what they serve
+
+    def restored() -> bool:
+        d = _fleet(r2)["desired"]
+        return d is not None and (d["id"], d["version"]) == ("gamma", gamma)
+
+    _until(restored, what="the desired state restored after Redis came back empty")
+    assert all(_served(r)["version"] == gamma for r in stop_all)
 
     # two activations racing through two replicas: the last recorded wins everywhere
     results: dict[str, httpx.Response] = {}
@@ -190,8 +197,9 @@ def test_a_replica_without_the_model_keeps_serving_and_converges_once_it_appears
     for t in threads:
         t.join()
     assert all(r.status_code == 200 for r in results.values()), results
-    last = max(results.values(), key=lambda r: r.json()["fleet"]["desired"]["generation"])
-    won = last.json()["activated"]["version"]
+    recorded = [r.json()["fleet"]["recorded"] for r in results.values()]
+    assert len({d["generation"] for d in recorded}) == 2  # one order (INCR)
+    won = max(recorded, key=lambda d: d["generation"])["version"]
 
     def all_on_winner() -> bool:
         f = _fleet(r1)
