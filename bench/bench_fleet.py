@@ -141,7 +141,8 @@ def main() -> int:
     print()
     print(f"models: {', '.join(names)} ({'tiny' if args.tiny else 'bundled'}); "
           f"{args.replicas} replicas, 1 thread each, {os.cpu_count()} cores; "
-          f"ELMO_FLEET_INTERVAL={args.interval}")  # fmt: skip
+          f"ELMO_FLEET_INTERVAL={args.interval}; load average now "
+          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}")  # fmt: skip
     print()
     print("| what | seconds, median (min-max) |")
     print("|---|---|")
