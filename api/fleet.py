@@ -386,6 +386,8 @@ class FleetAgent:
                 self.desired = desired
                 if desired is not None:
                     await self.converge(desired)
+                elif self.state == "failed":  # e.g. Redis was down at start: nothing to serve
+                    self.state, self.error = "serving", None
             except FleetUnavailable as e:
                 self._redis_failed(e)
             except asyncio.CancelledError:
