@@ -1,0 +1,70 @@
+"""The fleet agent in one process on a real redis-server (quick; the multi-process test is
+tests/api/test_fleet.py): what activation records, the heartbeat, a desired model this
+replica lacks, and leaving the fleet on shutdown."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from api.fleet import FleetStore
+from api.main import create_app
+from api.settings import load_settings
+from elmo_service.artifact import save_artifact
+from elmo_service.tokenizers import WordTokenizer
+from tests.support.core_fixtures import tiny_model
+
+torch.set_num_threads(1)
+ADMIN = {"authorization": "Bearer admin"}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    for seed, name in enumerate(("alpha", "beta")):
+        save_artifact(tiny_model(seed), WordTokenizer(), root / name)
+    return root
+
+
+def test_activation_records_the_desired_model_and_the_replica_heartbeats(
+    models, redis_server, tmp_path
+):
+    redis_server.flushall()
+    settings = load_settings(
+        models_dir=models, model="alpha", threads=1, data_dir=tmp_path, admin_keys="admin",
+        redis_url=redis_server.url, replica_id="solo", fleet_interval=0.2, fleet_ttl=2,
+    )  # fmt: skip
+    store = FleetStore(redis_server.url)
+    rc = redis_server.client()
+    with TestClient(create_app(settings)) as c:
+        r = c.post("/v1/models/beta/activate", headers=ADMIN)
+        assert r.status_code == 200, r.text
+        fleet = r.json()["fleet"]
+        assert fleet["recorded"]["generation"] == 1 and fleet["converged"] == 1
+        desired = json.loads(rc.get("elmo:fleet:desired"))
+        assert (desired["name"], desired["by"]) == ("beta", "solo")
+        assert desired["version"] == r.json()["activated"]["version"]
+        assert 0 < rc.pttl("elmo:fleet:replica:solo") <= 2000  # the heartbeat expires
+
+        # a record this replica cannot serve: it keeps beta, stays ready, says why
+        store.record("gamma", "0" * 16, "elsewhere")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            (me,) = c.get("/v1/models").json()["fleet"]["replicas"]
+            if me["state"] == "failed":
+                break
+            time.sleep(0.05)
+        assert me["state"] == "failed" and "no model 'gamma'" in me["error"]
+        assert me["served"]["id"] == "beta" and c.get("/readyz").status_code == 200
+        fleet = c.get("/v1/models").json()["fleet"]
+        assert fleet["desired"]["generation"] == 2 and fleet["converged"] == 0
+        assert not fleet["agree"]
+        assert c.post("/v1/embed", json={"sentences": ["a b"]}).status_code == 200
+    assert rc.get("elmo:fleet:replica:solo") is None  # left on shutdown
+    assert store.replicas() == []
+    store.close()
+    rc.close()
