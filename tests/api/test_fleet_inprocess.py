@@ -5,6 +5,7 @@ replica lacks, and leaving the fleet on shutdown."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
 import pytest
@@ -14,12 +15,22 @@ from fastapi.testclient import TestClient
 from api.fleet import FleetStore
 from api.main import create_app
 from api.settings import load_settings
-from elmo_service.artifact import save_artifact
+from elmo_service.artifact import read_manifest, save_artifact
 from elmo_service.tokenizers import WordTokenizer
 from tests.support.core_fixtures import tiny_model
 
 torch.set_num_threads(1)
 ADMIN = {"authorization": "Bearer admin"}
+
+
+def _until_state(c: TestClient, text: str, timeout: float = 10.0) -> dict:
+    """This replica's fleet entry once its state or error mentions ``text``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        (me,) = c.get("/v1/models").json()["fleet"]["replicas"]
+        if text in f"{me['state']} {me['error']}" or time.monotonic() > deadline:
+            return me
+        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +75,25 @@ def test_activation_records_the_desired_model_and_the_replica_heartbeats(
         assert fleet["desired"]["generation"] == 2 and fleet["converged"] == 0
         assert not fleet["agree"]
         assert c.post("/v1/embed", json={"sentences": ["a b"]}).status_code == 200
+
+        # a folder of that name holding another version: refused, named
+        store.record("alpha", "f" * 16, "elsewhere")
+        me = _until_state(c, "holds version")
+        assert f"the fleet serves {'f' * 16}" in me["error"] and me["served"]["id"] == "beta"
+
+        # a broken copy (truncated weights) is refused; once repaired it is served
+        delta = models / "delta"
+        shutil.copytree(models / "alpha", delta)
+        weights = delta / "weights.safetensors"
+        good = weights.read_bytes()
+        weights.write_bytes(good[:100])
+        store.record("delta", read_manifest(delta)["version"], "elsewhere")
+        me = _until_state(c, "weights.safetensors")
+        assert me["state"] == "failed" and me["served"]["id"] == "beta"
+        weights.write_bytes(good)  # repaired (another mtime): retried
+        me = _until_state(c, "serving")
+        assert me["served"] == {"id": "delta", "version": read_manifest(delta)["version"]}
+        shutil.rmtree(delta)
     assert rc.get("elmo:fleet:replica:solo") is None  # left on shutdown
     assert store.replicas() == []
     store.close()
