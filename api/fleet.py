@@ -131,6 +131,10 @@ class FleetStore:
             return fn(*args, **kw)
         except self._errors as e:
             raise FleetUnavailable(f"redis unavailable: {type(e).__name__}: {e}") from e
+        except Exception as e:  # noqa: BLE001 - the client choking on a reply it cannot parse
+            raise FleetUnavailable(
+                f"redis answered something unexpected: {type(e).__name__}: {e}"
+            ) from e
 
     def desired(self) -> Desired | None:
         raw = self._call(self.client.get, self.k_desired)

@@ -4,15 +4,18 @@ replica lacks, and leaving the fleet on shutdown."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import socket
+import threading
 import time
 
 import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from api.fleet import FleetStore
+from api.fleet import Desired, FleetStore, FleetUnavailable
 from api.main import create_app
 from api.settings import load_settings
 from elmo_service.artifact import read_manifest, save_artifact
@@ -98,3 +101,56 @@ def test_activation_records_the_desired_model_and_the_replica_heartbeats(
     assert store.replicas() == []
     store.close()
     rc.close()
+
+
+class _NonsenseRedis:
+    """A real socket speaking RESP that answers ``+OK`` to every command (a misbehaving
+    proxy or Redis-compatible server)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"redis://127.0.0.1:{self.sock.getsockname()[1]}/0"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _answer(conn: socket.socket) -> None:
+        with conn:
+            while True:
+                try:
+                    data = conn.recv(65536)
+                except OSError:
+                    return
+                if not data:
+                    return
+                # one +OK per command in the buffer (each starts with a RESP array header)
+                conn.sendall(b"+OK\r\n" * max(1, data.count(b"\r\n*") + data.startswith(b"*")))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_redis_answering_nonsense_is_a_fleet_failure_never_a_crash():
+    fake = _NonsenseRedis()
+    store = FleetStore(fake.url)
+    try:
+        for call in (
+            store.desired,
+            lambda: store.record("beta", "0" * 16, "me"),
+            store.replicas,
+            lambda: store.restore(Desired("beta", "0" * 16, 3, 0.0, "me")),
+        ):  # never a made-up record, never another exception
+            with pytest.raises(FleetUnavailable):
+                call()
+        with contextlib.suppress(FleetUnavailable):
+            store.heartbeat("me", {"id": "me"}, 5.0)
+    finally:
+        store.close()
+        fake.close()
