@@ -37,8 +37,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from api.artifacts import resolve_artifact
 from api.holder import ModelHolder
+from api.schemas import ReplicaOut
 from api.served import SERVED_KEY, ServedModel
 from api.settings import Settings
 from elmo_service.artifact import MANIFEST, WEIGHTS, read_manifest
@@ -90,7 +93,11 @@ class Desired:
         try:
             d = json.loads(raw)  # type: ignore[arg-type]
             out = cls(
-                str(d["name"]), str(d["version"]), int(d["generation"]), float(d["at"]), d["by"]
+                str(d["name"]),
+                str(d["version"]),
+                int(d["generation"]),
+                float(d["at"]),
+                str(d["by"]),
             )
         except (TypeError, ValueError, KeyError, json.JSONDecodeError) as e:
             raise FleetUnavailable(f"unexpected desired-state record in redis: {raw!r:.80}") from e
@@ -181,12 +188,12 @@ class FleetStore:
         for raw in raws:
             if raw is None:  # expired between the two calls
                 continue
-            try:
-                beat = json.loads(raw)
-            except (TypeError, ValueError):
+            try:  # what GET /v1/models may show: a stray or foreign entry is left out
+                beat = ReplicaOut.model_validate_json(raw).model_dump()
+            except (ValidationError, TypeError, ValueError):
+                log.debug("fleet: unreadable heartbeat skipped: %r", raw[:200])
                 continue
-            if isinstance(beat, dict) and "id" in beat:
-                out.append(beat)
+            out.append(beat)
         return sorted(out, key=lambda b: str(b["id"]))
 
     def pubsub(self):

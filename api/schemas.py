@@ -343,7 +343,7 @@ class ReplicaOut(BaseModel):
     generation: int | None = Field(None, description="The desired generation it last read.")
     started_at: float | None
     heartbeat_at: float
-    self: bool = Field(..., description="The replica that answered.")
+    self: bool = Field(False, description="The replica that answered.")
 
 
 class FleetOut(BaseModel):

@@ -64,6 +64,13 @@ def test_activation_records_the_desired_model_and_the_replica_heartbeats(
         assert desired["version"] == r.json()["activated"]["version"]
         assert 0 < rc.pttl("elmo:fleet:replica:solo") <= 2000  # the heartbeat expires
 
+        # a stray entry in the index (another program, an older version) is left out, no 500
+        rc.zadd("elmo:fleet:replicas", {"stray": time.time() + 60, "junk": time.time() + 60})
+        rc.set("elmo:fleet:replica:stray", json.dumps({"id": "stray", "pid": "x"}), ex=60)
+        rc.set("elmo:fleet:replica:junk", b"\xff not json", ex=60)
+        r = c.get("/v1/models")
+        assert r.status_code == 200 and r.json()["fleet"]["replicas_total"] == 1
+
         # a record this replica cannot serve: it keeps beta, stays ready, says why
         store.record("gamma", "0" * 16, "elsewhere")
         deadline = time.monotonic() + 10
