@@ -304,7 +304,7 @@ class FleetAgent:
         settings: Settings,
         store: FleetStore,
         holder: ModelHolder,
-        load,  # (path) -> ServedModel, blocking; api.activation builds it
+        load,  # async (path) -> ServedModel, loaded and warmed (api.activation.load_warm)
         replica_id: str | None = None,
     ) -> None:
         self.settings, self.store, self.holder, self._load = settings, store, holder, load
@@ -330,9 +330,8 @@ class FleetAgent:
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self, note: str | None = None) -> None:
-        if note:
+        if note:  # started on ELMO_MODEL, not the fleet's model: say why until converged
             self.state, self.error = "failed", note
-            self._failed = None
         loop = asyncio.get_running_loop()
         self._listener = threading.Thread(
             target=self._listen, args=(loop,), name="elmo-fleet-pubsub", daemon=True
