@@ -104,6 +104,16 @@ def test_activation_records_the_desired_model_and_the_replica_heartbeats(
         me = _until_state(c, "serving")
         assert me["served"] == {"id": "delta", "version": read_manifest(delta)["version"]}
         shutil.rmtree(delta)
+
+        # a record written without its notice (a missed pub/sub message): polling finds it
+        gen = rc.incr("elmo:fleet:generation")
+        alpha = read_manifest(models / "alpha")["version"]
+        record = {"name": "alpha", "version": alpha, "generation": gen, "at": 0, "by": "x"}
+        rc.set("elmo:fleet:desired", json.dumps(record))
+        deadline = time.monotonic() + 10
+        while c.get("/readyz").json()["model"]["id"] != "alpha" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.get("/readyz").json()["model"] == {"id": "alpha", "version": alpha}
     assert rc.get("elmo:fleet:replica:solo") is None  # left on shutdown
     assert store.replicas() == []
     store.close()
