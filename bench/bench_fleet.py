@@ -7,7 +7,9 @@
 Starts a real redis-server and N real replicas on loopback (``tests/support``), all on
 one models folder, then ``--rounds`` times activates the other model through replica 1
 and times (from sending the request): the answer (replica 1 loaded, warmed and swapped),
-and each replica's ``/readyz`` reporting the new version (polled every 20 ms). Then
+and each replica's ``/readyz`` reporting the new version (polled every 20 ms). Twice it
+writes the record straight into Redis with no pub/sub notice (a missed message), timing
+the replicas' polling (every ``--interval`` seconds) until all serve it. Then
 restarts one replica and times stop -> start -> ready, checking that it comes back on
 the activated model. Prints a Markdown table; docs/scaling.md keeps the figures.
 The replicas share the machine's cores: on a shared machine, loads queue behind
@@ -17,6 +19,7 @@ each other, and times are what that machine gave.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -28,6 +31,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from elmo_service.artifact import read_manifest  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
 from tests.support.replicas import REPO, Replica  # noqa: E402
 
@@ -118,6 +122,29 @@ def main() -> int:
             alls.append(max(done.values()))
             lasts.append(sorted(done.values()))
             print(f"round {k}: -> {name}: answered {answered:.2f}s, each {lasts[-1]}", flush=True)
+        # a record without its pub/sub notice (a replica that missed the message): polling
+        polled = []
+        client = redis.client()
+        for k in range(2):
+            name = names[(args.rounds + 1 + k) % 2]
+            want = read_manifest(models / name)["version"]
+            t0 = time.monotonic()
+            gen = client.incr("elmo:fleet:generation")
+            record = {
+                "name": name,
+                "version": want,
+                "generation": gen,
+                "at": time.time(),
+                "by": "bench",
+            }
+            client.set("elmo:fleet:desired", json.dumps(record))
+            pending = set(range(len(replicas)))
+            while pending and time.monotonic() - t0 < 300:
+                pending = {i for i in pending if _version(replicas[i]) != want}
+                time.sleep(0.02)
+            polled.append(time.monotonic() - t0)
+            print(f"polled {k}: -> {name}: all in {polled[-1]:.2f}s", flush=True)
+        client.close()
         # restart the last replica: it must come back on the activated model
         r = replicas[-1]
         t0 = time.monotonic()
@@ -149,6 +176,7 @@ def main() -> int:
     print(f"| {args.replicas} replicas cold start -> all ready | {cold:.2f} |")
     print(f"| activate -> the receiving replica answers (swapped) | {med(answers)} |")
     print(f"| activate -> all {args.replicas} replicas serve it | {med(alls)} |")
+    print(f"| a record without its notice (polling only) -> all serve it | {med(polled)} |")
     print(f"| restart one: stop (graceful) | {stopped:.2f} |")
     print(f"| restart one: stop -> ready on the activated model | {restart:.2f} |")
     return 0
