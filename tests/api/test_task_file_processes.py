@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 WRITER = """
 import os, sys, time
 from pathlib import Path
@@ -25,6 +27,7 @@ for i in range(n):
 """
 
 
+@pytest.mark.slow  # two subprocesses importing torch
 def test_two_processes_writing_one_file_lose_no_update(tmp_path: Path) -> None:
     path, go, n = tmp_path / "tasks.json", tmp_path / "go", 60
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
