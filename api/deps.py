@@ -14,7 +14,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from api.errors import ApiError
 from api.holder import ModelHolder
 from api.metrics import Metrics
-from api.served import ServedModel
+from api.served import SERVED_KEY, ServedModel
 from api.settings import Settings
 
 bearer = HTTPBearer(auto_error=False, description="API key: `Authorization: Bearer <key>`")
@@ -107,4 +107,6 @@ async def serving(
     """Auth (as ``require_key``) + settings + the current model, in one step."""
     settings = await get_settings(request)
     await require_key(creds, settings)
-    return Serving(await get_model(request.app.state.holder), settings)
+    served = await get_model(request.app.state.holder)
+    request.scope[SERVED_KEY] = served  # the version that answers: X-Model-Version
+    return Serving(served, settings)

@@ -19,6 +19,7 @@ from api.tasks_store import (
     TaskRegistry,
     TaskStore,
 )
+from elmo_service.artifact import MANIFEST
 from elmo_service.errors import ArtifactError
 
 
@@ -31,6 +32,13 @@ def make_task_store(settings: Settings, namespace: str) -> TaskStore:
             timeout=max(settings.redis_timeout, 0.5),
         )
     return FileTaskStore(settings.resolved_tasks_file, namespace)
+
+
+def _mtime(path: Path) -> int | None:
+    try:
+        return int(path.stat().st_mtime)
+    except OSError:
+        return None
 
 
 def check_model_dir(path: Path) -> Path:
@@ -99,7 +107,10 @@ def load_served_model(
         dim=embedder.dim,
         metrics=metrics,
     )
-    shipped = ArtifactTasks(path, embedder.n_layers, embedder.artifact.tasks)
+    # shipped tasks pinned to the loaded version: a folder replaced later cannot lend its own
+    shipped = ArtifactTasks(
+        path, embedder.n_layers, embedder.artifact.tasks, version=embedder.version
+    )
     tasks = TaskRegistry(make_task_store(settings, name), shipped, embedder.n_layers)
     served = ServedModel(
         name=name,
@@ -112,6 +123,7 @@ def load_served_model(
         request_timeout=settings.request_timeout,
         max_tokens_per_sentence=embedder.max_sentence_tokens,
         metrics=metrics,
+        created=_mtime(path / MANIFEST),
     )
     if metrics is not None:
         metrics.model_info.labels(name, embedder.version).set(1)

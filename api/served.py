@@ -25,6 +25,8 @@ from elmo_service.scalar_mix import MixSpec
 from elmo_service.tokenizers import Token
 
 DEFAULT_MIX_TTL = 1.0
+# the ASGI scope key under which a request's resolved ServedModel is left (X-Model-Version)
+SERVED_KEY = "elmo.served"
 
 WARMUP_SENTENCES = [
     ["Hello", "world", "."],
@@ -47,6 +49,24 @@ WARMUP_SENTENCES = [
 ]
 
 
+def _scalar(v: object) -> bool:
+    return v is None or isinstance(v, (str, int, float, bool))
+
+
+def provenance_summary(provenance: dict[str, Any]) -> dict[str, Any]:
+    """The provenance's plain values, and those one level down; lists and deeper objects
+    (a corpus manifest, a whole training config) only with ``?full=true``."""
+    out: dict[str, Any] = {}
+    for k, v in provenance.items():
+        if _scalar(v):
+            out[k] = v
+        elif isinstance(v, dict):
+            inner = {kk: vv for kk, vv in v.items() if _scalar(vv)}
+            if inner:
+                out[k] = inner
+    return out
+
+
 @dataclass
 class ServedModel:
     name: str
@@ -59,6 +79,7 @@ class ServedModel:
     request_timeout: float
     max_tokens_per_sentence: int
     metrics: Metrics | None = None
+    created: int | None = None  # the manifest's mtime when it was loaded
     loaded_at: float = field(default_factory=time.time)
     warmed: bool = False
     _default_mix: tuple | None = field(default=None, repr=False)
@@ -171,8 +192,10 @@ class ServedModel:
         await self.runner.embed(WARMUP_SENTENCES[:1], timeout=timeout)
         self.warmed = True
 
-    def info(self) -> dict[str, Any]:
+    def info(self, full: bool = True) -> dict[str, Any]:
+        """The model object; ``full=False``: its provenance summarised."""
         cfg = self.embedder.cfg
+        prov = self.embedder.artifact.provenance
         tok = self.embedder.tokenizer
         return {
             "id": self.name,
@@ -186,7 +209,7 @@ class ServedModel:
             "max_tokens_per_sentence": self.max_tokens_per_sentence,
             "config": cfg.to_dict(),
             "tokenizer": {"type": tok.kind, "fingerprint": tok.fingerprint},
-            "provenance": self.embedder.artifact.provenance,
+            "provenance": prov if full else provenance_summary(prov),
             "tasks_shipped": sorted(self.tasks.shipped),
             "cache_key_prefix": self.embedder.cache_key_prefix,
             "loaded_at": self.loaded_at,

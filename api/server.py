@@ -32,12 +32,32 @@ def build(model_dir: str | Path | None = None, *, preload: bool = True, **overri
     app = create_app(settings)
     if preload:
         from elmo_service.artifact import load_artifact
+        from elmo_service.errors import ArtifactError
         from elmo_service.runtime import in_transient_thread, set_threads
 
         set_threads(settings.threads)
-        # not on this thread, which lives on: the model's OpenMP threads are the batcher's
-        app.state.preloaded_artifact = in_transient_thread(load_artifact, path, device="cpu")
+        # with Redis, the fleet's activated model comes first (the lifespan reports why not)
+        want = _fleet_model_path(settings) or path
+        try:
+            # not on this thread, which lives on: the model's OpenMP threads are the batcher's
+            app.state.preloaded_artifact = in_transient_thread(load_artifact, want, device="cpu")
+        except ArtifactError:
+            if want == path:
+                raise
+            app.state.preloaded_artifact = in_transient_thread(load_artifact, path, device="cpu")
     return app, settings
+
+
+def _fleet_model_path(settings: Settings) -> Path | None:
+    from api.fleet import fleet_store, startup_model_path
+
+    store = fleet_store(settings)
+    if store is None:
+        return None
+    try:
+        return startup_model_path(settings, store)[0]
+    finally:
+        store.close()
 
 
 def run(

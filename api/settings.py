@@ -144,6 +144,35 @@ class Settings(BaseSettings):
     )
     redis_prefix: str = "elmo"
 
+    # -- the fleet: replicas on one Redis (api/fleet.py, docs/scaling.md) ------------
+    replica_id: str | None = Field(
+        None,
+        max_length=200,
+        description="This replica's name in the fleet view (default: <hostname>-<pid>).",
+    )
+    fleet_interval: float = Field(
+        2.0,
+        gt=0,
+        le=60,
+        description="With Redis: seconds between heartbeats and between polls of the fleet's "
+        "desired model (pub/sub wakes a replica at once; the poll catches a missed message).",
+    )
+    fleet_ttl: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="Seconds a heartbeat lives: a replica silent that long leaves the fleet view.",
+    )
+
+    @model_validator(mode="after")
+    def _fleet_ttl_covers_beats(self) -> Settings:
+        if self.fleet_ttl <= self.fleet_interval:
+            raise ValueError(
+                f"ELMO_FLEET_TTL ({self.fleet_ttl}) must exceed ELMO_FLEET_INTERVAL "
+                f"({self.fleet_interval}): every replica would drop out between two heartbeats"
+            )
+        return self
+
     # -- limits --------------------------------------------------------------------
     max_sentences: int = Field(256, ge=1, description="Sentences (or inputs) per request.")
     max_tokens_per_sentence: int = Field(512, ge=1, description="Capped by the model's own limit.")

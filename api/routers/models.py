@@ -1,9 +1,11 @@
-"""``GET /v1/models``: what is served and every artifact in the models folder;
-``POST /v1/models/{name}/activate`` (admin): serve another artifact, with no failed requests.
+"""``GET /v1/models``: what is served, by this replica and by the fleet, and every artifact
+in the models folder; ``POST /v1/models/{name}/activate`` (admin): serve another artifact,
+with no failed requests (with Redis: on every replica, see api/fleet.py).
 
 ``data`` stays OpenAI-compatible (the model(s) ``/v1/embeddings`` accepts: the
 served one); ``artifacts`` lists every artifact in ``ELMO_MODELS_DIR`` with its
-version and provenance, ``served: true`` on the one being served.
+version and a provenance summary (``?full=true``: the whole record), ``served: true``
+on the one being served; ``fleet`` shows which replica serves what, and whether they agree.
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 
-from api.activation import activate_model
+from api.activation import activate_in_fleet, activate_model
 from api.artifacts import list_artifacts
 from api.deps import get_holder, get_model, get_settings, require_admin, require_key
 from api.errors import ApiError
+from api.fleet import FleetAgent, FleetUnavailable, default_replica_id, standalone_view
 from api.holder import ModelHolder
 from api.schemas import ERROR_RESPONSES, Activated, ModelInfo, ModelList
 from api.served import ServedModel
@@ -25,24 +28,37 @@ from elmo_service.errors import ArtifactError
 
 router = APIRouter(prefix="/v1", tags=["models"], dependencies=[Depends(require_key)])
 
+FULL = Query(False, description="Whole provenance records (a corpus manifest can be KBs).")
+
 
 @router.get(
     "/models",
     response_model=ModelList,
     response_model_exclude_unset=True,  # an unreadable artifact lists its error, not nulls
     responses=ERROR_RESPONSES,
-    summary="Served model (OpenAI-style list) and every artifact in the models folder",
+    summary="Served model (OpenAI-style list), the fleet, and every artifact in the models folder",
 )
 async def list_models(
-    served: ServedModel = Depends(get_model), settings: Settings = Depends(get_settings)
+    request: Request,
+    full: bool = FULL,
+    served: ServedModel = Depends(get_model),
+    settings: Settings = Depends(get_settings),
 ) -> dict[str, Any]:
-    artifacts = await asyncio.to_thread(list_artifacts, settings.models_dir, served)
+    agent: FleetAgent | None = request.app.state.fleet
+    artifacts = await asyncio.to_thread(list_artifacts, settings.models_dir, served, full)
+    if agent is not None:
+        fleet = await agent.view()
+    else:
+        fleet = standalone_view(
+            request.app.state.holder, settings.replica_id or default_replica_id()
+        )
     return {
         "object": "list",
-        "data": [served.info()],
+        "data": [served.info(full=full)],
         "served": {"id": served.name, "version": served.version},
         "models_dir": str(settings.models_dir),
         "artifacts": artifacts,
+        "fleet": fleet,
     }
 
 
@@ -50,7 +66,7 @@ async def list_models(
     "/models/{model_id}",
     response_model=ModelInfo,
     responses=ERROR_RESPONSES,
-    summary="One served model",
+    summary="One served model, with its whole provenance",
 )
 async def get_model_info(model_id: str, served: ServedModel = Depends(get_model)) -> dict[str, Any]:
     if model_id not in (served.name, served.version):
@@ -61,8 +77,12 @@ async def get_model_info(model_id: str, served: ServedModel = Depends(get_model)
 @router.post(
     "/models/{name}/activate",
     response_model=Activated,
-    responses={**ERROR_RESPONSES, 404: ERROR_RESPONSES[401] | {"description": "No such artifact"}},
-    summary="Serve another artifact of the models folder (admin); in-flight requests finish",
+    responses={
+        **ERROR_RESPONSES,
+        404: ERROR_RESPONSES[401] | {"description": "No such artifact"},
+    },
+    summary="Serve another artifact of the models folder (admin); in-flight requests finish. "
+    "With Redis: recorded as the fleet's model, which every replica converges to",
     dependencies=[Depends(require_admin)],
 )
 async def activate(
@@ -74,18 +94,33 @@ async def activate(
     state = request.app.state
     if holder.current is None:
         raise ApiError(503, "not_ready", "the model is loading", None, {"Retry-After": "5"})
+    fleet = None
     try:
-        new, old = await activate_model(
-            holder, settings, state.cache_backend, state.io, state.metrics, name
-        )
+        if state.fleet is not None:
+            new, old, fleet = await activate_in_fleet(
+                state.fleet, settings, state.cache_backend, state.io, state.metrics, name
+            )
+        else:
+            new, old = await activate_model(
+                holder, settings, state.cache_backend, state.io, state.metrics, name
+            )
     except LookupError as e:
         raise ApiError(404, "not_found", f"no model {name!r} in the models folder", "name") from e
     except ArtifactError as e:  # still being written, or broken: the served model stays
         raise ApiError(
             422, "bad_artifact", f"model {name!r} cannot be loaded: {e.message}", "name"
         ) from e
+    except FleetUnavailable as e:  # nothing recorded, nothing swapped: serving goes on
+        raise ApiError(
+            503,
+            "fleet_unavailable",
+            f"cannot record {name!r} as the fleet's model ({e}); nothing changed",
+            None,
+            {"Retry-After": "5"},
+        ) from e
     return {
         "activated": new.info(),
         "previous": {"id": old.name, "version": old.version} if old is not None else None,
         "changed": old is not None,
+        "fleet": fleet,
     }

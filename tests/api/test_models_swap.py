@@ -188,7 +188,7 @@ def test_models_load_on_threads_that_end(models_dir, tmp_path, monkeypatch):
 
         return wrapper
 
-    monkeypatch.setattr(api.main, "load_served_model", spy(api.main.load_served_model))
+    monkeypatch.setattr(api.main, "load_startup_model", spy(api.main.load_startup_model))
     monkeypatch.setattr(api.activation, "load_served_model", spy(api.activation.load_served_model))
     settings = dict(
         models_dir=models_dir, model="alpha", threads=1, data_dir=tmp_path / "data",
