@@ -124,8 +124,22 @@ class Settings(BaseSettings):
     http_max_connections: int = Field(
         1024,
         ge=1,
-        description="Open connections (and requests in progress) beyond which uvicorn "
-        "answers 503 at once (its limit_concurrency).",
+        description="Open connections (and requests in progress) beyond which a request is "
+        "answered 503 at once (JSON, Retry-After); /healthz, /readyz and /metrics always answer.",
+    )
+    http_send_timeout: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds a client may leave a response unread (the send buffer full, "
+        "nothing drained) before the connection is closed and the answer freed.",
+    )
+
+    # -- response size -----------------------------------------------------------------
+    max_response_floats: int = Field(
+        16 * 1024 * 1024,
+        ge=1,
+        description="Floats one answer may carry (sentences x positions x layers x dim, "
+        "computed before embedding); more -> 413 naming this setting.",
     )
 
     # -- cache -------------------------------------------------------------------
