@@ -184,6 +184,10 @@ if HttpToolsProtocol is not None:
             )  # fmt: skip
             self.transport.abort()  # drops the buffer; the app sees a disconnect
 
+        def send_400_response(self, msg: str) -> None:  # unparsable HTTP: JSON, as everywhere
+            self.transport.write(_error_response(b"400 Bad Request", "invalid_http", msg))
+            self.transport.close()
+
         # -- parser callbacks ------------------------------------------------
         def on_message_begin(self) -> None:
             super().on_message_begin()

@@ -6,7 +6,11 @@ A bad value fails at startup with one message naming every offending variable
 
 from __future__ import annotations
 
+import difflib
+import logging
+import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -24,6 +28,8 @@ from api.batcher import DEFAULT_FILL_WAIT_MS, DEFAULT_MAX_QUEUE
 from elmo_service.batching import DEFAULT_BATCH_TOKENS, DEFAULT_MAX_BATCH_SENTENCES
 from elmo_service.config import DEFAULT_TOKEN_CACHE_SIZE
 from elmo_service.errors import ConfigError
+
+log = logging.getLogger("api.settings")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENV_PREFIX = "ELMO_"
@@ -297,9 +303,52 @@ def format_validation_error(e: ValidationError) -> str:
     return "invalid settings: " + "; ".join(lines)
 
 
-def load_settings(**overrides: object) -> Settings:
-    """Settings from the environment, ``.env`` and ``overrides``; ConfigError naming the bad ones."""
+# ELMO_* variables read by other parts (training, the jobs worker, the compose files):
+# not Settings fields, but not typos either. Add yours here.
+OTHER_VARIABLES = frozenset({
+    "ELMO_JOBS_PARENT_PID", "ELMO_SOURCES_CACHE", "ELMO_TENSORBOARD", "ELMO_IMAGE",
+    "ELMO_CUDA_IMAGE",
+})  # fmt: skip
+
+
+def known_variables() -> set[str]:
+    names = {ENV_PREFIX + name.upper() for name in Settings.model_fields}
+    return names | {"ELMO_REDIS_URL"} | OTHER_VARIABLES
+
+
+def unknown_variables(names: Iterable[str]) -> list[str]:
+    """One line per ``ELMO_*`` name nothing reads, with a did-you-mean when one is close."""
+    known = known_variables()
+    out = []
+    for name in sorted(set(names)):
+        if not name.upper().startswith(ENV_PREFIX) or name.upper() in known:
+            continue
+        close = difflib.get_close_matches(name.upper(), known, n=1, cutoff=0.75)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        out.append(f"{name} is not a setting and is ignored{hint}")
+    return out
+
+
+_ENV_LINE = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=", re.MULTILINE)
+
+
+def _env_file_names(path: str | Path = ".env") -> list[str]:
+    """The names a ``.env`` file sets (only the names: values are pydantic-settings' job)."""
     try:
-        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+        return _ENV_LINE.findall(Path(path).read_text(errors="replace"))
+    except OSError:
+        return []
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Settings from the environment, ``.env`` and ``overrides``; ConfigError naming the bad ones.
+
+    An ``ELMO_*`` variable that names no setting (a typo: ``ELMO_MAX_SENTENCE``) is
+    logged as a warning with the setting it was probably meant to be."""
+    try:
+        settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as e:
         raise ConfigError(format_validation_error(e), field="settings") from e
+    for line in unknown_variables([*os.environ, *_env_file_names()]):
+        log.warning("%s", line)
+    return settings

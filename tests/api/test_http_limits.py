@@ -120,6 +120,15 @@ def test_an_idle_kept_alive_connection_is_closed(live):
     assert time.monotonic() - t0 < 1 + 2
 
 
+def test_unparsable_http_gets_the_json_error_shape(live):
+    sock = _connect(live)
+    sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+    reply = _read_all(sock)
+    sock.close()
+    assert reply.startswith(b"HTTP/1.1 400 ") and b"application/json" in reply
+    assert json.loads(reply.split(b"\r\n\r\n", 1)[1])["code"] == "invalid_http"
+
+
 def _overloaded(r: httpx.Response) -> None:
     assert r.status_code == 503 and r.headers["content-type"] == "application/json"
     body = r.json()
