@@ -152,6 +152,11 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(
         None, validation_alias=AliasChoices("REDIS_URL", "ELMO_REDIS_URL", "redis_url")
     )
+    cache_redis_url: str | None = Field(
+        None,
+        description="A separate Redis for the vector cache (bounded memory, volatile-lru, no "
+        "persistence), so tasks and jobs on REDIS_URL are never evicted; default REDIS_URL.",
+    )
     cache: bool = Field(True, description="Cache per-sentence layer vectors.")
     cache_dtype: Literal["float32", "float16"] = "float32"
     cache_ttl: int = Field(7 * 24 * 3600, ge=1, description="Seconds; every cache entry expires.")
@@ -233,7 +238,7 @@ class Settings(BaseSettings):
     def _keys(cls, v: object) -> object:
         return _split_keys(v)
 
-    @field_validator("redis_url", mode="before")
+    @field_validator("redis_url", "cache_redis_url", mode="before")
     @classmethod
     def _redis_url(cls, v: object) -> object:
         if isinstance(v, str):
@@ -273,6 +278,10 @@ class Settings(BaseSettings):
     @property
     def resolved_model_path(self) -> Path:
         return Path(self.model_path) if self.model_path else Path(self.models_dir) / self.model
+
+    @property
+    def resolved_cache_redis_url(self) -> str | None:
+        return self.cache_redis_url or self.redis_url
 
     @property
     def resolved_tasks_file(self) -> Path:

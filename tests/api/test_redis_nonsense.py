@@ -154,3 +154,25 @@ def test_redis_cache_never_raises_on_nonsense(fake):
         cache.delete_many(["a"])  # ":1" is a plausible answer to DEL; the rest are not
         assert cache.breaker.state == ("ok" if mode == "int" else "down"), mode
         cache.close()
+
+
+def test_a_separate_cache_redis_keeps_vectors_apart_from_tasks(
+    redis_server_factory, tiny_model_dir, tmp_path
+):
+    """ELMO_CACHE_REDIS_URL: the cache on its own (evictable) Redis, tasks on REDIS_URL."""
+    store, cache = redis_server_factory(), redis_server_factory()
+    s = load_settings(
+        model_path=tiny_model_dir, threads=1, data_dir=tmp_path, redis_url=store.url,
+        cache_redis_url=cache.url, admin_keys="admin-key", jobs_embedded_worker=False,
+    )  # fmt: skip
+    with TestClient(create_app(s)) as c:
+        assert c.post("/v1/embed", json={"sentences": SENTS}).status_code == 200
+        r = c.put("/v1/tasks/mine", json={"weights": [0.0, 1.0, 2.0]}, headers=ADMIN)
+        assert r.status_code == 201
+    a, b = store.client(), cache.client()
+    try:
+        assert a.keys("elmo:emb:*") == [] and len(a.keys("elmo:tasks:*")) == 1
+        assert len(b.keys("elmo:emb:*")) == 3 and b.keys("elmo:tasks:*") == []
+    finally:
+        a.close()
+        b.close()
