@@ -9,6 +9,10 @@ backend, ``elmo-service worker`` processes, and ``elmo-pretrain`` trainers, then
   cache-corrupt     SETRANGE into every cached payload under load (the header left intact)
   flood             64 clients x 256 new sentences at once (default limits)
   hot-swap          model activate A -> B -> A ... under load
+  amplification     4 clients ask for ~20 MB answers and never read; one asks beyond the bound
+  idle-flood        1,024 idle sockets (the connection limit): health routes must answer
+  redis-nonsense    a second server on a fake Redis answering well-formed nonsense (4 modes)
+  redis-nonsense-jobs  the same against the jobs routes
   trainer-kill      a job's trainer process alone SIGKILLed mid-job (the OOM killer's signal)
   worker-kill       a job's rq worker SIGKILLed mid-job, a new worker started
   artifact-trunc    serve on a truncated weights file (manifest left as it was)
