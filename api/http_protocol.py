@@ -120,7 +120,11 @@ if HttpToolsProtocol is not None:
             self._deadline: asyncio.TimerHandle | None = None
             self._send_deadline: asyncio.TimerHandle | None = None
             self._send_left = 0  # bytes buffered when the send deadline was armed
-            self.limit_concurrency = None  # ours instead: see on_headers_complete
+            # uvicorn's limit becomes ours (see on_headers_complete): under the plain
+            # uvicorn CLI, --limit-concurrency then also exempts the health routes
+            if self.max_connections is None:
+                self.max_connections = self.limit_concurrency
+            self.limit_concurrency = None
             self._overloaded = (
                 overloaded_app(self.max_connections) if self.max_connections else None
             )
