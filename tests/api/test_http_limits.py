@@ -172,3 +172,20 @@ def test_1024_idle_sockets_leave_health_routes_answering(tiny_model_dir, tmp_pat
         finally:
             for sock in socks:
                 sock.close()
+
+
+def test_plain_uvicorn_limit_concurrency_gets_the_same_exemptions(tiny_model_dir, tmp_path):
+    """``uvicorn --http api.http_protocol:DeadlineHttpToolsProtocol --limit-concurrency N``."""
+    from api.http_protocol import DeadlineHttpToolsProtocol
+
+    s = load_settings(model_path=tiny_model_dir, threads=1, data_dir=tmp_path)
+    app = create_app(s)
+    with LiveServer(app, http=DeadlineHttpToolsProtocol, limit_concurrency=8) as srv:
+        socks = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(8)]
+        try:
+            time.sleep(0.2)
+            _overloaded(httpx.post(srv.url + "/v1/embed", json={"sentences": ["a b"]}))
+            assert httpx.get(srv.url + "/healthz").status_code == 200
+        finally:
+            for sock in socks:
+                sock.close()
