@@ -864,10 +864,10 @@ SERVING = {
     "cache-corrupt": (attack_cache_corrupt, "cache payload checksums (issue 15, serving side)"),
     "flood": (attack_flood, "admission control: 429 + Retry-After (issue 15, serving side)"),
     "hot-swap": (attack_hot_swap, ""),
-    "amplification": (attack_amplification, "response bound + send deadline (issue 28, item 2)"),
-    "idle-flood": (attack_idle_flood, "health routes exempt from the connection limit (issue 28, item 6)"),
-    "redis-nonsense": (attack_redis_nonsense, "Redis reply validation (issue 28, item 3)"),
-    "redis-nonsense-jobs": (lambda c, r: attack_redis_nonsense(c, r, jobs=True), "jobs-store reply validation (issue 28, item 3, jobs side)"),
+    "amplification": (attack_amplification, "the response bound and the send deadline"),
+    "idle-flood": (attack_idle_flood, "health routes exempt from the connection limit"),
+    "redis-nonsense": (attack_redis_nonsense, "Redis reply validation (cache, tasks)"),
+    "redis-nonsense-jobs": (lambda c, r: attack_redis_nonsense(c, r, jobs=True), "Redis reply validation in the jobs store"),
 }  # fmt: skip
 JOBS = {
     "trainer-kill": (attack_trainer_kill, ""),
