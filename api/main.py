@@ -51,9 +51,9 @@ Contextual token embeddings from an ELMo-style biLM.
 def make_cache_backend(settings: Settings, metrics: Metrics | None) -> CacheBackend:
     if not settings.cache:
         return NullCache()
-    if settings.redis_url:
+    if settings.resolved_cache_redis_url:
         return RedisCache(
-            settings.redis_url,
+            settings.resolved_cache_redis_url,
             timeout=settings.redis_timeout,
             retry_interval=settings.redis_retry_interval,
             metrics=metrics,
@@ -108,7 +108,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         raise
     if isinstance(backend, RedisCache) and not await asyncio.to_thread(backend.ping):
         log.warning(
-            "redis at %s is not reachable: serving uncached until it is", settings.redis_url
+            "redis at %s is not reachable: serving uncached until it is",
+            settings.resolved_cache_redis_url,
         )
     if settings.warmup:
         await served.warm_up()

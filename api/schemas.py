@@ -389,6 +389,10 @@ class CacheState(BaseModel):
     dtype: Literal["float32", "float16"]
     ttl: int
     last_error: str | None = None
+    writes: Literal["refused"] | None = Field(
+        None, description="Present while Redis refuses cache writes (e.g. OOM); reads go on."
+    )
+    last_write_error: str | None = None
     reachable: bool | None = None
     entries: int | None = None
     bytes: int | None = None

@@ -18,10 +18,11 @@ import logging
 import os
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from api.cache import REPLY_SHAPE_ERRORS, BadReply, describe
 from elmo_service.artifact import TASKS, read_manifest, read_task
 from elmo_service.atomic import write_json
 from elmo_service.errors import ConfigError, ElmoServiceError
@@ -31,7 +32,21 @@ log = logging.getLogger("api")
 
 
 class StoreUnavailable(Exception):
-    """The task store's backend (Redis) did not answer."""
+    """The task store's backend (Redis) did not answer, or answered nonsense."""
+
+
+def _is_hash(reply: object) -> bool:
+    return isinstance(reply, dict) and all(
+        isinstance(k, bytes) and isinstance(v, bytes) for k, v in reply.items()
+    )
+
+
+def _is_string(reply: object) -> bool:
+    return reply is None or isinstance(reply, bytes)
+
+
+def _is_count(reply: object) -> bool:  # HSET and HDEL answer how many fields changed
+    return isinstance(reply, int) and not isinstance(reply, bool) and 0 <= reply <= 1
 
 
 class TaskStore(ABC):
@@ -134,40 +149,48 @@ class RedisTaskStore(TaskStore):
         self.client = client or redis.Redis.from_url(
             url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0)
         )
-        self._errors = (redis.RedisError, OSError)
+        self._errors = (redis.RedisError, OSError, *REPLY_SHAPE_ERRORS)
 
-    def _call(self, fn, *args):
+    def _call(self, fn, *args, expect: Callable[[Any], bool], what: str):
+        """``fn(*args)``; an error, or a reply ``expect`` refuses, is StoreUnavailable."""
         try:
-            return fn(*args)
+            reply = fn(*args)
+            if not expect(reply):
+                raise BadReply(f"{what} answered {describe(reply)}")
+            return reply
         except self._errors as e:
             raise StoreUnavailable(
                 f"task store (redis) unavailable: {type(e).__name__}: {e}"
             ) from e
 
     def all(self) -> dict[str, dict[str, Any]]:
-        raw = self._call(self.client.hgetall, self.key)
+        raw = self._call(self.client.hgetall, self.key, expect=_is_hash, what="HGETALL")
         out = {}
         for k, v in raw.items():
             try:
-                out[k.decode()] = json.loads(v)
+                spec = json.loads(v)
             except (UnicodeDecodeError, json.JSONDecodeError):
                 continue  # a corrupt entry is skipped, not fatal
+            if isinstance(spec, dict):
+                out[k.decode()] = spec
         return out
 
     def get(self, name: str) -> dict[str, Any] | None:
-        v = self._call(self.client.hget, self.key, name)
+        v = self._call(self.client.hget, self.key, name, expect=_is_string, what="HGET")
         if v is None:
             return None
         try:
-            return json.loads(v)
-        except json.JSONDecodeError:
+            spec = json.loads(v)
+        except (UnicodeDecodeError, json.JSONDecodeError):
             return None
+        return spec if isinstance(spec, dict) else None
 
     def put(self, name: str, spec: dict[str, Any]) -> None:
-        self._call(self.client.hset, self.key, name, json.dumps(spec, sort_keys=True))
+        self._call(self.client.hset, self.key, name, json.dumps(spec, sort_keys=True),
+                   expect=_is_count, what="HSET")  # fmt: skip
 
     def delete(self, name: str) -> bool:
-        return bool(self._call(self.client.hdel, self.key, name))
+        return bool(self._call(self.client.hdel, self.key, name, expect=_is_count, what="HDEL"))
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

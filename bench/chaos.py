@@ -9,6 +9,10 @@ backend, ``elmo-service worker`` processes, and ``elmo-pretrain`` trainers, then
   cache-corrupt     SETRANGE into every cached payload under load (the header left intact)
   flood             64 clients x 256 new sentences at once (default limits)
   hot-swap          model activate A -> B -> A ... under load
+  amplification     4 clients ask for ~20 MB answers and never read; one asks beyond the bound
+  idle-flood        1,024 idle sockets (the connection limit): health routes must answer
+  redis-nonsense    a second server on a fake Redis answering well-formed nonsense (4 modes)
+  redis-nonsense-jobs  the same against the jobs routes
   trainer-kill      a job's trainer process alone SIGKILLed mid-job (the OOM killer's signal)
   worker-kill       a job's rq worker SIGKILLed mid-job, a new worker started
   artifact-trunc    serve on a truncated weights file (manifest left as it was)
@@ -40,6 +44,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -433,6 +438,186 @@ async def attack_hot_swap(ctx: Ctx, row: Row) -> None:
         row.failures.append("an activation failed")
 
 
+# ---------------------------------------------------------------- response size, floods, nonsense Redis
+
+SEND_TIMEOUT = 5  # ELMO_HTTP_SEND_TIMEOUT of the chaos server (the default is 30 s)
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def raw_post(port: int, body: dict[str, Any], rcvbuf: int = 4096) -> socket.socket:
+    """A request on a socket that will never be read (a small receive window)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.connect(("127.0.0.1", port))
+    data = json.dumps(body).encode()
+    sock.sendall(
+        b"POST /v1/embed HTTP/1.1\r\nHost: chaos\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data
+    )
+    return sock
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """Reads what was sent; True when the server closed the connection (EOF or reset)."""
+    sock.setblocking(False)
+    try:
+        while sock.recv(1 << 20):
+            pass
+        return True
+    except BlockingIOError:
+        return False  # still open, nothing more to read
+    except ConnectionResetError:
+        return True
+
+
+async def attack_amplification(ctx: Ctx, row: Row) -> None:
+    """4 clients ask for ~20 MB of JSON each and never read; one asks beyond the bound."""
+    port = int(ctx.load.url.rsplit(":", 1)[1])
+    rng = random.Random(2)
+    big = {"sentences": [rng.choice(ctx.pool) for _ in range(256)]}  # cached: no model work
+    # ~100 tokens x 256 sentences x (3 layers + a mix) x 256 dims: beyond the 16.8M default
+    long = [" ".join(ctx.pool[i : i + 16]) for i in range(0, 96, 16)]
+    huge = {"sentences": (long * 43)[:256], "output": "both"}
+    before = rss_mib(ctx.server.pid)
+    async with httpx.AsyncClient(timeout=60) as client:
+        r = await client.post(f"{ctx.load.url}/v1/embed", json=huge)
+        row.count(r.status_code)
+        if r.status_code != 413 or "ELMO_MAX_RESPONSE_FLOATS" not in r.text:
+            row.failures.append(f"over the bound: {r.status_code} {r.text[:100]}")
+        else:
+            row.notes.append("256 long sentences: 413 naming ELMO_MAX_RESPONSE_FLOATS")
+    socks = [raw_post(port, big) for _ in range(4)]
+    peak = before
+    t0 = time.monotonic()
+    load = asyncio.create_task(ctx.load.clients(row, SEND_TIMEOUT + 4))
+    open_ = socks
+    while open_ and time.monotonic() - t0 < SEND_TIMEOUT + 60:
+        await asyncio.sleep(0.5)
+        peak = max(peak, rss_mib(ctx.server.pid))
+        open_ = [s for s in open_ if not closed_by_server(s)]
+    took = time.monotonic() - t0
+    await load
+    for s in socks:
+        s.close()
+    await asyncio.sleep(1)
+    after = rss_mib(ctx.server.pid)
+    row.requests += len(socks)
+    if open_:
+        row.failures.append(
+            f"{len(open_)} never-reading clients still connected after {took:.0f} s"
+        )
+    else:
+        row.notes.append(
+            f"4 never-reading clients cut {took:.0f} s after sending (send deadline "
+            f"{SEND_TIMEOUT} s); server RSS {before:.0f} -> peak {peak:.0f} -> {after:.0f} MiB"
+        )
+
+
+async def attack_idle_flood(ctx: Ctx, row: Row) -> None:
+    """1,024 idle sockets (the default connection limit): health routes must still answer."""
+    port = int(ctx.load.url.rsplit(":", 1)[1])
+    socks = []
+    for _ in range(1024):
+        socks.append(socket.create_connection(("127.0.0.1", port)))
+    refused = 0
+    try:
+        await asyncio.sleep(0.5)
+        async with httpx.AsyncClient(timeout=10) as client:
+            for _ in range(3):
+                for path in ("/healthz", "/readyz"):
+                    try:
+                        r = await client.get(f"{ctx.load.url}{path}")
+                    except httpx.HTTPError as e:
+                        row.count(None)
+                        row.failures.append(f"{path}: {type(e).__name__}")
+                        continue
+                    row.count(r.status_code)
+                    if r.status_code != 200:
+                        row.failures.append(f"{path}: {r.status_code}")
+                r = await client.post(f"{ctx.load.url}/v1/embed", json={"sentences": ["a flood ."]})
+                row.requests += 1
+                try:
+                    body = r.json()
+                except ValueError:
+                    body = {}
+                if r.status_code == 503 and body.get("code") == "overloaded":
+                    refused += 1
+                elif r.status_code != 200:
+                    row.failures.append(f"embed during the flood: {r.status_code} {r.text[:80]}")
+                await asyncio.sleep(0.3)
+    finally:
+        for s in socks:
+            s.close()
+    await asyncio.sleep(0.5)
+    await ctx.load.clients(row, 3)  # and served again once they are gone
+    row.notes.append(
+        f"health routes 200 throughout; {refused}/3 embeds answered 503 JSON 'overloaded' "
+        "with Retry-After (not counted as 5xx)"
+    )
+
+
+async def attack_redis_nonsense(ctx: Ctx, row: Row, jobs: bool = False) -> None:
+    """A second server whose Redis is a fake answering well-formed nonsense (4 modes)."""
+    from tests.support.fake_redis import MODES, FakeRedis
+
+    fake = FakeRedis("types").start()
+    port = free_port()
+    env = {**ctx.serve_env, "REDIS_URL": fake.url, "ELMO_THREADS": "1"}
+    proc = ctx.procs.start(
+        f"serve-nonsense-{row.attack}",
+        [sys.executable, "-m", "api.cli", "serve", "--port", str(port)],
+        env,
+    )
+    try:
+        if not wait_ready(port, proc, timeout=240):
+            row.failures.append("the server on the fake Redis did not become ready")
+            return
+        load = Load(port, ctx.load.refs, ctx.pool)
+        url = load.url
+        async with httpx.AsyncClient(timeout=60, headers=ADMIN) as c:
+            for mode in MODES:
+                fake.set_mode(mode)
+                if jobs:
+                    calls = [("GET", "/v1/jobs", None), ("GET", "/v1/jobs/nosuch", None),
+                             ("POST", "/v1/jobs", job_body("chaos-nonsense"))]  # fmt: skip
+                else:
+                    await load.clients(row, 2, n=4)
+                    calls = [
+                        ("POST", "/v1/embeddings", {"input": ctx.pool[:3], "model": "default"}),
+                        ("POST", "/v1/embed", {"sentences": ctx.pool[:3], "task": "default"}),
+                        ("GET", "/v1/tasks", None), ("GET", "/v1/tasks/default", None),
+                        ("PUT", "/v1/tasks/chaos", {"weights": [0.0, 1.0, 1.0]}),
+                        ("DELETE", "/v1/tasks/chaos", None),
+                    ]  # fmt: skip
+                for method, path, body in calls:
+                    try:
+                        r = await c.request(method, f"{url}{path}", json=body)
+                    except httpx.HTTPError:
+                        row.count(None)
+                        continue
+                    if r.status_code == 503 and r.json().get("code", "").endswith("unavailable"):
+                        row.requests += 1  # the documented answer: the store is unusable
+                        row.notes.append(f"{mode}: {method} {path} 503")
+                    else:
+                        row.count(r.status_code)
+                        if r.status_code >= 500:
+                            row.failures.append(f"{mode}: {method} {path} {r.status_code}")
+        if not row.failures:  # the per-call 503 notes folded into one line
+            row.notes[:] = [n for n in row.notes if not n.endswith(" 503")] + [
+                f"modes {', '.join(MODES)}: no 5xx but 503 store_unavailable from the "
+                "store routes; embeddings served uncached and checked"
+            ]
+    finally:
+        ctx.procs.stop(proc)
+        fake.stop()
+
+
 # ---------------------------------------------------------------- job attacks
 
 
@@ -662,6 +847,8 @@ class Ctx:
     pool: list[str]
     worker_env: dict[str, str]
     worker: subprocess.Popen | None = None
+    server: subprocess.Popen | None = None
+    serve_env: dict[str, str] = field(default_factory=dict)
 
     def start_worker(self) -> subprocess.Popen:
         n = len(self.procs.procs)
@@ -677,7 +864,11 @@ SERVING = {
     "cache-corrupt": (attack_cache_corrupt, "cache payload checksums (issue 15, serving side)"),
     "flood": (attack_flood, "admission control: 429 + Retry-After (issue 15, serving side)"),
     "hot-swap": (attack_hot_swap, ""),
-}
+    "amplification": (attack_amplification, "the response bound and the send deadline"),
+    "idle-flood": (attack_idle_flood, "health routes exempt from the connection limit"),
+    "redis-nonsense": (attack_redis_nonsense, "Redis reply validation (cache, tasks)"),
+    "redis-nonsense-jobs": (lambda c, r: attack_redis_nonsense(c, r, jobs=True), "Redis reply validation in the jobs store"),
+}  # fmt: skip
 JOBS = {
     "trainer-kill": (attack_trainer_kill, ""),
     "worker-kill": (attack_worker_kill, ""),
@@ -730,8 +921,10 @@ async def main_async(args: argparse.Namespace, root: Path) -> list[Row]:
         )
         need_server = any(a in SERVING or a in JOBS for a in only)
         if need_server:
-            serve_env = {**env, "ELMO_THREADS": str(SERVE_THREADS)}
-            server = procs.start(
+            serve_env = {**env, "ELMO_THREADS": str(SERVE_THREADS),
+                         "ELMO_HTTP_SEND_TIMEOUT": str(SEND_TIMEOUT)}  # fmt: skip
+            ctx.serve_env = serve_env
+            server = ctx.server = procs.start(
                 "serve", [sys.executable, "-m", "api.cli", "serve", "--port", str(port)], serve_env
             )
             if not wait_ready(port, server):

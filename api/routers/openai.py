@@ -16,6 +16,7 @@ from api import outputs
 from api.deps import Serving, serving
 from api.encoding import JSONBytesResponse, dumps
 from api.errors import ApiError
+from api.responses import check_response_floats
 from api.routers.common import ClientGone, check_request_limits, embed_layers, tokenize
 from api.schemas import ERROR_RESPONSES, EmbeddingsRequest, EmbeddingsResponse
 from api.served import ServedModel
@@ -57,6 +58,9 @@ async def embeddings(
     inputs = [req.input] if isinstance(req.input, str) else list(req.input)
     check_request_limits(inputs, settings, "input")
     token_lists = tokenize(served, inputs, "input")
+    check_response_floats(  # one pooled vector per input: only a very wide model gets here
+        len(inputs) * served.dim, settings, "input", f"{len(inputs)} inputs x {served.dim} dims"
+    )
     spec, task = await served.default_mix_async()
     try:
         arrays, _, _ = await embed_layers(request, served, token_lists)
