@@ -1,0 +1,185 @@
+"""``elmo-service embed-bulk``: Parquet shards on a real local Ray cluster (one CPU, one
+actor, the tiny model): the same vectors as ``embed-file`` and the API, resume that
+redoes only what is missing or damaged, and bad input named by file and line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pyarrow as pa  # the bulk extra (in the test extra)
+import pyarrow.parquet as pq
+import pytest
+
+from api.cli import main
+from elmo_service.bulk import MANIFESTS, SKIPPED_FILE, BulkOptions, run_bulk, scan_inputs
+from elmo_service.errors import ConfigError, InputError
+from tests.support.core_fixtures import generated_text
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """One local cluster for the module: a run reuses it rather than starting its own."""
+    import ray
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
+def _inputs(tmp_path: Path) -> list[Path]:
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text(generated_text(7, seed=1))
+    b.write_text(generated_text(5, seed=2))
+    return [a, b]
+
+
+def _rows(out: Path) -> dict[int, dict]:
+    """Every row of every shard, by id."""
+    rows = {}
+    for p in sorted(out.glob("part-*.parquet")):
+        for r in pq.read_table(p).to_pylist():
+            rows[r["id"]] = r
+    return rows
+
+
+def _embed_file(tmp_path: Path, model: Path, lines: list[str], *flags: str) -> h5py.File:
+    inp = tmp_path / "all.txt"
+    inp.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "all.hdf5"
+    argv = ["embed-file", str(inp), str(out), "--model", str(model), "--quiet", "--threads", "1"]
+    assert main([*argv, *flags]) == 0
+    return h5py.File(out, "r")
+
+
+def test_scan_numbers_lines_over_all_inputs_and_cuts_shards_across_files(tmp_path):
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_bytes(b"one\ntwo\n\nthree\n")
+    b.write_bytes(b"caf\xe9\r\nfive")  # latin-1, CRLF, no final newline
+    scan = scan_inputs([a, b], shard_rows=4)
+    assert [(s.first_id, s.n) for s in scan.shards] == [(0, 4), (4, 2)]
+    assert [(g.file, g.first_line, g.n) for g in scan.shards[1].segments] == [(str(b), 1, 2)]
+    assert [(x["id"], x["file"], x["line"]) for x in scan.bad] == [(2, str(a), 3), (4, str(b), 1)]
+    assert "line 1 of" in scan.bad[1]["reason"] and "not UTF-8" in scan.bad[1]["reason"]
+    assert [i["lines"] for i in scan.inputs] == [4, 2]
+
+
+def test_bad_input_is_named_before_any_work_starts(tmp_path, tiny_model_dir, capsys):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"fine line\nnot \xff utf-8\n")
+    out = tmp_path / "out"
+    argv = ["embed-bulk", str(bad), "--out", str(out), "--model", str(tiny_model_dir), "--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"line 2 of {bad}" in err and "not UTF-8" in err and "--skip-bad" in err
+    assert not out.exists()  # refused before the folder was made, or Ray started
+    assert main([*argv[:1], str(tmp_path / "missing.txt"), *argv[2:]]) == 2
+    assert "missing.txt: not a file" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="--task gives a mix"):
+        run_bulk([bad], out, tiny_model_dir, BulkOptions(output="layers", task="shipped"))
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_vectors_equal_embed_file_and_the_api(ray_cluster, tmp_path, tiny_model_dir):
+    from fastapi.testclient import TestClient
+
+    from api.encoding import decode_array
+    from api.main import create_app
+    from api.settings import load_settings
+
+    inputs = _inputs(tmp_path)
+    lines = [x for p in inputs for x in p.read_text().splitlines()]
+    tokens = run_bulk(inputs, tmp_path / "tok", tiny_model_dir, BulkOptions(shard_rows=5),
+                      actors=1, progress=False)  # fmt: skip
+    assert (tokens.shards, tokens.written, tokens.rows) == (3, 3, len(lines))
+    pooled = run_bulk(
+        inputs, tmp_path / "pool", tiny_model_dir,
+        BulkOptions(output="mix", task="shipped", pooling="mean", shard_rows=5),
+        actors=1, progress=False,
+    )  # fmt: skip
+    assert pooled.rows == len(lines)
+
+    h5 = _embed_file(tmp_path, tiny_model_dir, lines, "--all")
+    rows = _rows(tmp_path / "tok")
+    assert sorted(rows) == list(range(len(lines)))
+    for i, line in enumerate(lines):
+        ref = h5[str(i)][()]  # [L+1, T, D]
+        got = np.array(rows[i]["embedding"], dtype=np.float32)  # [T, (L+1)*D], layer-major
+        got = got.reshape(ref.shape[1], ref.shape[0], ref.shape[2]).transpose(1, 0, 2)
+        assert rows[i]["text"] == line and len(rows[i]["positions"]) == ref.shape[1]
+        np.testing.assert_allclose(got, ref, atol=1e-5, rtol=0)
+
+    table = pq.read_table(tmp_path / "pool" / "part-00000.parquet")
+    assert pa.types.is_fixed_size_list(table.schema.field("embedding").type)
+    assert table.schema.field("embedding").type.value_type == pa.float32()
+    meta = json.loads(table.schema.metadata[b"elmo_service"])
+    assert meta["task"] == "shipped" and meta["layout"]["row_shape"] == [16]
+    settings = load_settings(model_path=tiny_model_dir, threads=1, data_dir=tmp_path / "api")
+    with TestClient(create_app(settings)) as client:
+        r = client.post(
+            "/v1/embed", json={"sentences": lines, "task": "shipped", "pooling": "mean"}
+        )
+        assert r.status_code == 200, r.text
+        assert meta["model_version"] == r.json()["model"]["version"]
+        api = [decode_array(d["mix"]) for d in r.json()["data"]]
+    rows = _rows(tmp_path / "pool")
+    for i in range(len(lines)):
+        np.testing.assert_allclose(np.array(rows[i]["embedding"]), api[i], atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_rerun_redoes_only_damaged_or_unfinished_shards(ray_cluster, tmp_path, tiny_model_dir):
+    inputs, out = _inputs(tmp_path), tmp_path / "out"
+    opts = BulkOptions(pooling="max", shard_rows=5)
+    first = run_bulk(inputs, out, tiny_model_dir, opts, actors=1, progress=False)
+    assert (first.shards, first.written) == (3, 3)
+    before = _rows(out)
+    kept = out / "part-00000.parquet"
+    kept_stat = kept.stat().st_mtime_ns
+
+    damaged = out / "part-00001.parquet"
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte: the sha256 tells
+    damaged.write_bytes(bytes(data))
+    (out / MANIFESTS / "part-00002.json").unlink()  # killed after the Parquet, before its manifest
+    (out / ".part-00002.parquet.dead.tmp").write_bytes(b"half")  # a killed writer's temporary
+
+    again = run_bulk(inputs, out, tiny_model_dir, opts, actors=1, progress=False)
+    assert (again.done_before, again.written, again.rows) == (1, 2, first.rows)
+    assert kept.stat().st_mtime_ns == kept_stat  # the good shard was not rewritten
+    assert not list(out.glob(".part-*.tmp"))
+    after = _rows(out)
+    assert after.keys() == before.keys()
+    for i in before:
+        np.testing.assert_array_equal(after[i]["embedding"], before[i]["embedding"])
+
+    # the same folder with other options would mix two kinds of vectors: refused
+    with pytest.raises(ConfigError, match="another run.*options"):
+        run_bulk(inputs, out, tiny_model_dir, BulkOptions(pooling="mean", shard_rows=5))
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_an_over_limit_sentence_is_refused_or_skipped_and_listed(
+    ray_cluster, tmp_path, tiny_model_dir
+):
+    from elmo_service.artifact import read_header
+
+    limit = read_header(tiny_model_dir).config.max_sentence_tokens
+    inp = tmp_path / "in.txt"
+    inp.write_text("a short one\n" + " ".join(["word"] * (limit + 1)) + "\nanother short one\n")
+    with pytest.raises(InputError, match=rf"line 2 of {inp}.*limit is {limit}.*--skip-bad"):
+        run_bulk([inp], tmp_path / "out", tiny_model_dir, BulkOptions(), actors=1, progress=False)
+    assert not list((tmp_path / "out").glob("part-*.parquet"))
+
+    done = run_bulk([inp], tmp_path / "skip", tiny_model_dir, BulkOptions(), actors=1,
+                    skip_bad=True, progress=False)  # fmt: skip
+    assert done.rows == 2 and [s["line"] for s in done.skipped] == [2]
+    assert sorted(_rows(tmp_path / "skip")) == [0, 2]  # ids keep the lines' positions
+    listed = [json.loads(x) for x in (tmp_path / "skip" / SKIPPED_FILE).read_text().splitlines()]
+    assert [(s["id"], s["line"]) for s in listed] == [(1, 2)]
+    assert f"limit is {limit}" in listed[0]["reason"]
