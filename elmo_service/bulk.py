@@ -21,6 +21,7 @@ import json
 import os
 import re
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -307,6 +308,8 @@ class ShardResult:
     tokens: int
     skipped: list[dict[str, Any]]
     error: str | None = None  # the first bad line when bad lines are not skipped
+    started: float = 0.0  # wall clock (time.time()) around the shard's work: for throughput
+    finished: float = 0.0
 
 
 def embed_shard(
@@ -314,6 +317,7 @@ def embed_shard(
 ) -> ShardResult:
     """Embed one shard with a loaded ``Embedder`` and write it (Parquet, then manifest).
     Writes nothing when a line is bad and ``skip_bad`` is off."""
+    started = time.time()
     pa, pq = _pyarrow()
     ids, files, line_nos, texts, words, toks = [], [], [], [], [], []
     skipped: list[dict[str, Any]] = []
@@ -335,7 +339,7 @@ def embed_shard(
         ids.append(i), files.append(file), line_nos.append(line), texts.append(text)
         words.append(sent), toks.append(t)
     if skipped and not skip_bad:
-        return ShardResult(shard.index, shard.n, 0, 0, skipped, error=skipped[0]["reason"])
+        return ShardResult(shard.index, shard.n, 0, 0, skipped, skipped[0]["reason"], started)
 
     layers = emb.embed_tokens([[t.text for t in ts] for ts in toks])
     width = layout(opts.output, opts.pooling, emb.n_layers, emb.dim)["width"]
@@ -399,7 +403,9 @@ def embed_shard(
             "skipped": skipped,
         },
     )
-    return ShardResult(shard.index, shard.n, len(ids), n_tokens, skipped)
+    return ShardResult(
+        shard.index, shard.n, len(ids), n_tokens, skipped, None, started, time.time()
+    )
 
 
 def _sha256(path: Path) -> str:
@@ -480,6 +486,7 @@ class BulkSummary:
     written: int
     rows: int
     tokens: int  # model tokens embedded in this run
+    embed_seconds: float  # first shard started -> last shard written (no start-up), this run
     skipped: list[dict[str, Any]]
     version: str
 
@@ -599,9 +606,9 @@ def run_bulk(
             f"{len(scan.shards)} shards of up to {opts.shard_rows} lines: "
             f"{len(manifests)} already written, {len(pending)} to do"
         )
-        tokens = 0
+        results: list[ShardResult] = []
         if pending:
-            tokens = _run_on_ray(
+            results = _run_on_ray(
                 pending,
                 out,
                 model,
@@ -630,7 +637,9 @@ def run_bulk(
         done_before=len(scan.shards) - len(pending),
         written=len(pending),
         rows=sum(m["rows"] for m in manifests.values()),
-        tokens=tokens,
+        tokens=sum(r.tokens for r in results),
+        embed_seconds=max((r.finished for r in results), default=0.0)
+        - min((r.started for r in results), default=0.0),
         skipped=skipped,
         version=version,
     )
@@ -648,8 +657,8 @@ def _run_on_ray(
     address: str | None,
     skip_bad: bool,
     progress: bool,
-) -> int:
-    """Embed ``pending`` on a Ray Data actor pool; the number of model tokens embedded."""
+) -> list[ShardResult]:
+    """Embed ``pending`` on a Ray Data actor pool; the shards' results."""
     from tqdm import tqdm
 
     ray, _, _ = _deps()
@@ -690,7 +699,7 @@ def _run_on_ray(
             batch_size=1,
             num_cpus=threads,
         )
-        tokens = 0
+        tokens, results = 0, []
         total = sum(s.n for s in pending)
         with tqdm(total=total, desc="embed", unit="sent", disable=not progress) as bar:
             for row in ds.iter_rows():
@@ -701,10 +710,11 @@ def _run_on_ray(
                         f"(listed in {SKIPPED_FILE})",
                         field="input",
                     )
+                results.append(r)
                 tokens += r.tokens
                 bar.update(r.lines)
                 bar.set_postfix(tokens=tokens, refresh=False)
-        return tokens
+        return results
     finally:
         if started:
             ray.shutdown()
