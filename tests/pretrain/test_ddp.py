@@ -109,5 +109,5 @@ def test_two_nodes_c10d_rendezvous(tmp_path):
     check = [r for r in recs if "ddp_params_identical" in r]
     assert check == [{"step": 6, "ddp_world": 2, "ddp_params_identical": True}]
     st = ckpt.load_checkpoint(ckpt.list_checkpoints(run)[-1])
-    assert st["world_size"] == 2 and st["step"] == 6
+    assert st["world_size"] == 2 and st["step"] == 6 and len(st["rng"]["torch"]) == 2
     shutil.rmtree(run)
