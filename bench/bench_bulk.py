@@ -1,6 +1,6 @@
 """``embed-bulk`` on Ray Data against in-process ``embed-file``, in one run (docs/bulk.md).
 
-    PYTHONPATH=$PWD .venv/bin/python bench/bench_bulk.py            # ~3 min on 2 cores
+    PYTHONPATH=$PWD .venv/bin/python bench/bench_bulk.py            # ~4 min on 2 cores
     PYTHONPATH=$PWD .venv/bin/python bench/bench_bulk.py --sentences 200 --model DIR
 
 Tokens/s (model tokens, sentence markers not counted) for the same sentences, all layers
@@ -72,7 +72,7 @@ def in_process(model: Path, lines: list[str], chunk: int = 1024) -> tuple[float,
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", type=Path, default=BUNDLED_MODELS_DIR / "default")
-    p.add_argument("--sentences", type=int, default=400)
+    p.add_argument("--sentences", type=int, default=1600)
     p.add_argument("--shard-rows", type=int, default=50)
     p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
     args = p.parse_args()
@@ -106,6 +106,18 @@ def main() -> int:
                 actors=actors,
                 progress=False,
                 log=lambda _: None,
+            )
+            t_first = min(r.started for r in s.results)
+            spans: dict[str, list] = {}  # worker -> [first start, last end, shards]
+            for r in s.results:
+                w = spans.setdefault(r.worker, [r.started, r.finished, 0])
+                w[0], w[1], w[2] = min(w[0], r.started), max(w[1], r.finished), w[2] + 1
+            print(
+                f"{actors} actor(s): "
+                + "; ".join(
+                    f"{k}: {n} shards, {a - t_first:.1f}-{b - t_first:.1f} s"
+                    for k, (a, b, n) in spans.items()
+                )
             )
             rows.append(
                 {

@@ -310,6 +310,7 @@ class ShardResult:
     error: str | None = None  # the first bad line when bad lines are not skipped
     started: float = 0.0  # wall clock (time.time()) around the shard's work: for throughput
     finished: float = 0.0
+    worker: str = ""  # host:pid of the actor that did it
 
 
 def embed_shard(
@@ -339,7 +340,9 @@ def embed_shard(
         ids.append(i), files.append(file), line_nos.append(line), texts.append(text)
         words.append(sent), toks.append(t)
     if skipped and not skip_bad:
-        return ShardResult(shard.index, shard.n, 0, 0, skipped, skipped[0]["reason"], started)
+        return ShardResult(
+            shard.index, shard.n, 0, 0, skipped, skipped[0]["reason"], started, worker=_worker()
+        )
 
     layers = emb.embed_tokens([[t.text for t in ts] for ts in toks])
     width = layout(opts.output, opts.pooling, emb.n_layers, emb.dim)["width"]
@@ -404,8 +407,12 @@ def embed_shard(
         },
     )
     return ShardResult(
-        shard.index, shard.n, len(ids), n_tokens, skipped, None, started, time.time()
+        shard.index, shard.n, len(ids), n_tokens, skipped, None, started, time.time(), _worker()
     )
+
+
+def _worker() -> str:
+    return f"{os.uname().nodename}:{os.getpid()}"
 
 
 def _sha256(path: Path) -> str:
@@ -486,6 +493,7 @@ class BulkSummary:
     written: int
     rows: int
     tokens: int  # model tokens embedded in this run
+    results: list[ShardResult]  # this run's shards
     embed_seconds: float  # first shard started -> last shard written (no start-up), this run
     skipped: list[dict[str, Any]]
     version: str
@@ -638,6 +646,7 @@ def run_bulk(
         written=len(pending),
         rows=sum(m["rows"] for m in manifests.values()),
         tokens=sum(r.tokens for r in results),
+        results=results,
         embed_seconds=max((r.finished for r in results), default=0.0)
         - min((r.started for r in results), default=0.0),
         skipped=skipped,
@@ -682,6 +691,8 @@ def _run_on_ray(
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = False  # ours counts sentences
         ctx.print_on_execution_start = False
+        # start only once every actor has loaded its model, so none takes the others' share
+        ctx.wait_for_min_actors_s = 600
         ds = ray.data.from_items(
             [{"shard": s.to_json()} for s in pending], override_num_blocks=len(pending)
         ).map_batches(
@@ -695,7 +706,10 @@ def _run_on_ray(
                 "threads": threads,
                 "spec": None if spec is None else asdict(spec),
             },
-            compute=ray.data.ActorPoolStrategy(size=min(actors, len(pending))),
+            # a shard is seconds of work: hand it to an actor only when that one is free
+            compute=ray.data.ActorPoolStrategy(
+                size=min(actors, len(pending)), max_tasks_in_flight_per_actor=1
+            ),
             batch_size=1,
             num_cpus=threads,
         )

@@ -107,12 +107,6 @@ def cmd_embed_file(args: argparse.Namespace) -> int:
         spec = None
 
     granularity = _granularity(args)
-    if granularity == "token" and emb.tokenizer.kind == "sentencepiece" and not args.quiet:
-        print(
-            "note: one vector per sub-word piece of this model's tokenizer; "
-            "--granularity word gives one per word (AllenNLP's layout)",
-            file=sys.stderr,
-        )
     sentence_to_index: dict[str, str] = {}
     out = Path(args.output)
     with (
@@ -156,7 +150,9 @@ def cmd_embed_file(args: argparse.Namespace) -> int:
         ds = fout.create_dataset("sentence_to_index", (1,), dtype=h5py.string_dtype())
         ds[0] = json.dumps(sentence_to_index)
         fout.attrs["granularity"] = granularity  # which positions the datasets hold
-    print(f"wrote {index} sentences to {out} (model {model})", file=sys.stderr)
+    pieces = granularity == "token" and emb.tokenizer.kind == "sentencepiece"
+    note = "; one vector per sub-word piece, --granularity word gives one per word" * pieces
+    print(f"wrote {index} sentences to {out} (model {model}{note})", file=sys.stderr)
     return 0
 
 
