@@ -5,6 +5,11 @@ redoes only what is missing or damaged, and bad input named by file and line."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import h5py
@@ -14,9 +19,19 @@ import pyarrow.parquet as pq
 import pytest
 
 from api.cli import main
-from elmo_service.bulk import MANIFESTS, SKIPPED_FILE, BulkOptions, run_bulk, scan_inputs
+from elmo_service.artifact import read_header
+from elmo_service.bulk import (
+    MANIFESTS,
+    SKIPPED_FILE,
+    BulkOptions,
+    run_bulk,
+    scan_inputs,
+    verify_shard,
+)
 from elmo_service.errors import ConfigError, InputError
 from tests.support.core_fixtures import generated_text
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -92,14 +107,23 @@ def test_vectors_equal_embed_file_and_the_api(ray_cluster, tmp_path, tiny_model_
 
     inputs = _inputs(tmp_path)
     lines = [x for p in inputs for x in p.read_text().splitlines()]
-    tokens = run_bulk(inputs, tmp_path / "tok", tiny_model_dir, BulkOptions(shard_rows=5),
-                      actors=1, progress=False)  # fmt: skip
+    tokens = run_bulk(
+        inputs,
+        tmp_path / "tok",
+        tiny_model_dir,
+        BulkOptions(shard_rows=5),
+        actors=1,
+        progress=False,
+    )
     assert (tokens.shards, tokens.written, tokens.rows) == (3, 3, len(lines))
     pooled = run_bulk(
-        inputs, tmp_path / "pool", tiny_model_dir,
+        inputs,
+        tmp_path / "pool",
+        tiny_model_dir,
         BulkOptions(output="mix", task="shipped", pooling="mean", shard_rows=5),
-        actors=1, progress=False,
-    )  # fmt: skip
+        actors=1,
+        progress=False,
+    )
     assert pooled.rows == len(lines)
 
     h5 = _embed_file(tmp_path, tiny_model_dir, lines, "--all")
@@ -167,8 +191,6 @@ def test_rerun_redoes_only_damaged_or_unfinished_shards(ray_cluster, tmp_path, t
 def test_an_over_limit_sentence_is_refused_or_skipped_and_listed(
     ray_cluster, tmp_path, tiny_model_dir
 ):
-    from elmo_service.artifact import read_header
-
     limit = read_header(tiny_model_dir).config.max_sentence_tokens
     inp = tmp_path / "in.txt"
     inp.write_text("a short one\n" + " ".join(["word"] * (limit + 1)) + "\nanother short one\n")
@@ -176,10 +198,73 @@ def test_an_over_limit_sentence_is_refused_or_skipped_and_listed(
         run_bulk([inp], tmp_path / "out", tiny_model_dir, BulkOptions(), actors=1, progress=False)
     assert not list((tmp_path / "out").glob("part-*.parquet"))
 
-    done = run_bulk([inp], tmp_path / "skip", tiny_model_dir, BulkOptions(), actors=1,
-                    skip_bad=True, progress=False)  # fmt: skip
+    done = run_bulk(
+        [inp],
+        tmp_path / "skip",
+        tiny_model_dir,
+        BulkOptions(),
+        actors=1,
+        skip_bad=True,
+        progress=False,
+    )
     assert done.rows == 2 and [s["line"] for s in done.skipped] == [2]
     assert sorted(_rows(tmp_path / "skip")) == [0, 2]  # ids keep the lines' positions
     listed = [json.loads(x) for x in (tmp_path / "skip" / SKIPPED_FILE).read_text().splitlines()]
     assert [(s["id"], s["line"]) for s in listed] == [(1, 2)]
     assert f"limit is {limit}" in listed[0]["reason"]
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_a_killed_run_loses_only_the_shards_in_flight(ray_cluster, tmp_path, tiny_model_dir):
+    """SIGKILL to the whole command (driver, its local Ray cluster, the actors) mid-run;
+    the re-run keeps every shard that was whole and redoes the rest."""
+    inp, out = tmp_path / "in.txt", tmp_path / "out"
+    inp.write_text(generated_text(400, seed=3))
+    cmd = [
+        sys.executable,
+        "-m",
+        "api.cli",
+        "embed-bulk",
+        str(inp),
+        "--out",
+        str(out),
+        "--model",
+        str(tiny_model_dir),
+        "--actors",
+        "1",
+        "--shard-rows",
+        "2",
+        "--quiet",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while len(list((out / MANIFESTS).glob("*.json"))) < 3:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "no shard written in time"
+            time.sleep(0.02)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # its own session: the command and its Ray
+        proc.wait()
+        proc.stderr.close()
+    scan = scan_inputs([inp], shard_rows=2)
+    whole = sum(
+        verify_shard(out, s, read_header(tiny_model_dir).version) is not None for s in scan.shards
+    )
+    assert 3 <= whole < len(scan.shards), "the run must be killed mid-way"
+
+    again = run_bulk(
+        [inp], out, tiny_model_dir, BulkOptions(shard_rows=2), actors=1, progress=False
+    )
+    assert (again.done_before, again.written) == (whole, len(scan.shards) - whole)
+    assert sorted(_rows(out)) == list(range(400))
+    assert not list(out.glob(".part-*.tmp"))
