@@ -6,9 +6,9 @@
 Tokens/s (model tokens, sentence markers not counted) for the same sentences, all layers
 per token, one thread per worker:
 
-* ``in-process``: ``Embedder.load(threads=1)`` then ``embed-file``'s loop (``embed`` over
-  chunks of lines), load and a first 8-sentence call excluded; run before and after the
-  Ray rows, both reported, their mean is the base of the ratios;
+* ``embed-file``: the command run in this process (``--all --threads 1``, HDF5 written),
+  ``steady`` without its model load (timed on its own just before); run before and after
+  the Ray rows, both reported, their mean is the base of the ratios;
 * ``embed-bulk, N actors``: a local Ray cluster of 2 CPUs, ``run_bulk`` into a fresh
   folder; ``steady`` counts from the first shard's start to the last shard's write
   (actor start-up and model load excluded; tokenization and the Parquet writes included),
@@ -53,27 +53,41 @@ def sentences(n: int) -> list[str]:
     return out
 
 
-def in_process(model: Path, lines: list[str], chunk: int = 1024) -> tuple[float, int]:
-    """embed-file's loop: (seconds, tokens), the model load excluded."""
-    import torch
-
+def in_process(model: Path, corpus: Path, out: Path) -> tuple[float, float, int]:
+    """``elmo-service embed-file --all --threads 1`` run in this process: (seconds without
+    the model load, whole seconds, model tokens). The load is timed on its own first."""
+    from elmo_service.cli import main as cli
     from elmo_service.embedder import Embedder
 
-    emb = Embedder.load(model, threads=1, device="cpu")
-    torch.set_num_threads(1)
-    emb.embed(lines[:8])  # first-call set-up (numba, caches) out of the timing
     t0 = time.perf_counter()
-    tokens = 0
-    for i in range(0, len(lines), chunk):
-        tokens += sum(len(r.tokens) for r in emb.embed(lines[i : i + chunk]))
-    return time.perf_counter() - t0, tokens
+    emb = Embedder.load(model, threads=1, device="cpu")
+    load = time.perf_counter() - t0
+    tokens = sum(len(t) for t in emb.tokenize(corpus.read_text().splitlines()))
+    del emb
+    argv = [
+        "embed-file",
+        str(corpus),
+        str(out),
+        "--model",
+        str(model),
+        "--threads",
+        "1",
+        "--device",
+        "cpu",
+        "--quiet",
+    ]
+    t0 = time.perf_counter()
+    assert cli(argv) == 0
+    whole = time.perf_counter() - t0
+    out.unlink()
+    return whole - load, whole, tokens
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", type=Path, default=BUNDLED_MODELS_DIR / "default")
     p.add_argument("--sentences", type=int, default=1600)
-    p.add_argument("--shard-rows", type=int, default=50)
+    p.add_argument("--shard-rows", type=int, default=100)
     p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
     args = p.parse_args()
 
@@ -85,14 +99,14 @@ def main() -> int:
     corpus.write_text("\n".join(lines) + "\n")
     rows = []
     try:
-        sec, tokens = in_process(args.model, lines)
+        sec, whole, tokens = in_process(args.model, corpus, work / "out.hdf5")
         rows.append(
             {
-                "what": "in-process (before)",
+                "what": "embed-file (before)",
                 "workers": 1,
                 "tokens": tokens,
                 "steady_s": sec,
-                "wall_s": sec,
+                "wall_s": whole,
             }
         )
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
@@ -129,20 +143,20 @@ def main() -> int:
                 }
             )
         ray.shutdown()
-        sec, tokens = in_process(args.model, lines)
+        sec, whole, tokens = in_process(args.model, corpus, work / "out.hdf5")
         rows.append(
             {
-                "what": "in-process (after)",
+                "what": "embed-file (after)",
                 "workers": 1,
                 "tokens": tokens,
                 "steady_s": sec,
-                "wall_s": sec,
+                "wall_s": whole,
             }
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    base = sum(r["tokens"] / r["steady_s"] for r in rows if r["what"].startswith("in-")) / 2
+    base = sum(r["tokens"] / r["steady_s"] for r in rows if r["what"].startswith("embed-file")) / 2
     load = os.getloadavg()
     print(
         f"model {args.model}, {len(lines)} sentences, {rows[0]['tokens']} tokens, "
