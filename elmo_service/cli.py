@@ -180,6 +180,7 @@ def cmd_embed_bulk(args: argparse.Namespace) -> int:
         threads=args.threads,
         address=args.address,
         skip_bad=args.skip_bad,
+        verify=args.verify,
         progress=not args.quiet,
     )
     skipped = f", {len(summary.skipped)} lines skipped (see {args.out}/_skipped.jsonl)"
@@ -359,6 +360,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip blank, non-UTF-8 and over-limit lines (listed in OUT/_skipped.jsonl) "
         "instead of stopping at the first",
+    )
+    b.add_argument(
+        "--verify",
+        choices=["full", "quick"],
+        default="full",
+        help="how a re-run checks the shards already written: full: size and sha256 "
+        "(reads them all); quick: size and the Parquet footer's row count",
     )
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.set_defaults(func=cmd_embed_bulk)

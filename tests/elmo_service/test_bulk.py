@@ -81,6 +81,7 @@ def test_scan_numbers_lines_over_all_inputs_and_cuts_shards_across_files(tmp_pat
     assert [i["lines"] for i in scan.inputs] == [4, 2]
 
 
+@pytest.mark.slow  # imports Ray, or loads a model
 def test_bad_input_is_named_before_any_work_starts(tmp_path, tiny_model_dir, capsys):
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"fine line\nnot \xff utf-8\n")
@@ -268,3 +269,31 @@ def test_a_killed_run_loses_only_the_shards_in_flight(ray_cluster, tmp_path, tin
     assert (again.done_before, again.written) == (whole, len(scan.shards) - whole)
     assert sorted(_rows(out)) == list(range(400))
     assert not list(out.glob(".part-*.tmp"))
+
+
+@pytest.mark.slow  # imports Ray, or loads a model
+def test_full_verification_catches_a_flipped_byte_and_quick_a_truncation(tmp_path, tiny_model_dir):
+    from elmo_service.bulk import embed_shard
+    from elmo_service.embedder import Embedder
+
+    inp, out = tmp_path / "in.txt", tmp_path / "out"
+    inp.write_text(generated_text(6, seed=4))
+    (out / MANIFESTS).mkdir(parents=True)
+    (shard,) = scan_inputs([inp], shard_rows=10).shards
+    emb = Embedder.load(tiny_model_dir, threads=1)
+    assert embed_shard(emb, shard, BulkOptions(), out, None, skip_bad=False).rows == 6
+    parquet = out / "part-00000.parquet"
+    good = parquet.read_bytes()
+    assert verify_shard(out, shard, emb.version, full=True)["rows"] == 6
+    assert verify_shard(out, shard, "another-version", full=False) is None
+
+    flipped = bytearray(good)
+    flipped[len(good) // 2] ^= 0x01
+    parquet.write_bytes(bytes(flipped))
+    assert verify_shard(out, shard, emb.version, full=True) is None
+    assert verify_shard(out, shard, emb.version, full=False) is not None  # quick: by design
+
+    parquet.write_bytes(good[:-100] + bytes(100))  # same size, footer destroyed
+    assert verify_shard(out, shard, emb.version, full=False) is None
+    parquet.write_bytes(good[:-10])
+    assert verify_shard(out, shard, emb.version, full=False) is None
