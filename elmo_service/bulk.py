@@ -344,10 +344,9 @@ def embed_shard(
             shard.index, shard.n, 0, 0, skipped, skipped[0]["reason"], started, worker=_worker()
         )
 
-    layers = emb.embed_tokens([[t.text for t in ts] for ts in toks])
     width = layout(opts.output, opts.pooling, emb.n_layers, emb.dim)["width"]
     vecs, positions = [], []
-    for text, ts, x in zip(texts, toks, layers, strict=True):
+    for text, ts, x in zip(texts, toks, _layers(emb, toks), strict=True):
         names, v = sentence_vectors(
             x,
             ts,
@@ -409,6 +408,13 @@ def embed_shard(
     return ShardResult(
         shard.index, shard.n, len(ids), n_tokens, skipped, None, started, time.time(), _worker()
     )
+
+
+def _layers(emb: Any, toks: list[list[Any]], chunk: int = 1024) -> Iterator[np.ndarray]:
+    """``[L+1, T, D]`` per sentence, in order, embedded ``chunk`` sentences at a time (each
+    chunk batched under the token budget): a shard's layers are never all in memory."""
+    for i in range(0, len(toks), chunk):
+        yield from emb.embed_tokens([[t.text for t in ts] for ts in toks[i : i + chunk]])
 
 
 def _worker() -> str:
