@@ -297,3 +297,14 @@ def test_full_verification_catches_a_flipped_byte_and_quick_a_truncation(tmp_pat
     assert verify_shard(out, shard, emb.version, full=False) is None
     parquet.write_bytes(good[:-10])
     assert verify_shard(out, shard, emb.version, full=False) is None
+
+
+def test_without_the_extra_the_command_says_how_to_install_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed: import fails
+    inp = tmp_path / "in.txt"
+    inp.write_text("a sentence\n")
+    argv = ["embed-bulk", str(inp), "--out", str(tmp_path / "out"), "--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "ray is missing" in err and "pip install 'elmo-service[bulk]'" in err
+    assert not (tmp_path / "out").exists()
