@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -171,18 +172,30 @@ def cmd_embed_bulk(args: argparse.Namespace) -> int:
         shard_rows=args.shard_rows,
         batch_tokens=args.batch_tokens,
     )
-    summary = run_bulk(
-        args.input,
-        args.out,
-        Path(args.model) if args.model else default_model_dir(),
-        opts,
-        actors=args.actors,
-        threads=args.threads,
-        address=args.address,
-        skip_bad=args.skip_bad,
-        verify=args.verify,
-        progress=not args.quiet,
-    )
+    try:
+        summary = run_bulk(
+            args.input,
+            args.out,
+            Path(args.model) if args.model else default_model_dir(),
+            opts,
+            actors=args.actors,
+            threads=args.threads,
+            address=args.address,
+            skip_bad=args.skip_bad,
+            verify=args.verify,
+            progress=not args.quiet,
+        )
+    except KeyboardInterrupt:
+        print(
+            "\ninterrupted: the shards written so far are kept; "
+            "run the same command again to resume",
+            file=sys.stderr,
+        )
+        # Ray (already shut down) can crash in the interpreter's teardown after an
+        # interrupt; nothing is left to flush but the standard streams
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
     skipped = f", {len(summary.skipped)} lines skipped (see {args.out}/_skipped.jsonl)"
     print(
         f"{summary.rows} sentences in {summary.shards} shards under {args.out} "
