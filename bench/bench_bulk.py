@@ -9,6 +9,9 @@ per token, one thread per worker:
 * ``embed-file``: the command run in this process (``--all --threads 1``, HDF5 written),
   ``steady`` without its model load (timed on its own just before); run before and after
   the Ray rows, both reported, their mean is the base of the ratios;
+* ``embed-bulk's shards, no Ray``: the actors' per-shard work (read, tokenize, embed,
+  Parquet, sha256, manifest) in this process, load excluded: what Ray adds is the gap to
+  the 1-actor row;
 * ``embed-bulk, N actors``: a local Ray cluster of 2 CPUs, ``run_bulk`` into a fresh
   folder; ``steady`` counts from the first shard's start to the last shard's write
   (actor start-up and model load excluded; tokenization and the Parquet writes included),
@@ -83,6 +86,22 @@ def in_process(model: Path, corpus: Path, out: Path) -> tuple[float, float, int]
     return whole - load, whole, tokens
 
 
+def shards_in_process(model: Path, corpus: Path, out: Path, shard_rows: int) -> tuple[float, int]:
+    """embed-bulk's per-shard work without Ray: (seconds, tokens), the model load excluded."""
+    from elmo_service.bulk import MANIFESTS, embed_shard, scan_inputs
+    from elmo_service.embedder import Embedder
+
+    emb = Embedder.load(model, threads=1, device="cpu")
+    (out / MANIFESTS).mkdir(parents=True)
+    opts = BulkOptions(shard_rows=shard_rows)
+    t0 = time.perf_counter()
+    tokens = sum(
+        embed_shard(emb, s, opts, out, None, False).tokens
+        for s in scan_inputs([corpus], shard_rows).shards
+    )
+    return time.perf_counter() - t0, tokens
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", type=Path, default=BUNDLED_MODELS_DIR / "default")
@@ -107,6 +126,16 @@ def main() -> int:
                 "tokens": tokens,
                 "steady_s": sec,
                 "wall_s": whole,
+            }
+        )
+        sec, tokens = shards_in_process(args.model, corpus, work / "plain", args.shard_rows)
+        rows.append(
+            {
+                "what": "embed-bulk's shards, no Ray",
+                "workers": 1,
+                "tokens": tokens,
+                "steady_s": sec,
+                "wall_s": sec,
             }
         )
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
