@@ -567,7 +567,7 @@ def _check_run_file(out: Path, run: dict[str, Any]) -> None:
 
 def _remove_stale_temporaries(out: Path) -> None:
     """A killed run leaves ``.part-*.tmp`` files behind (atomic.py's temporaries)."""
-    for p in out.glob(".part-*.tmp"):
+    for p in [*out.glob(".part-*.tmp"), *(out / MANIFESTS).glob(".part-*.tmp")]:
         p.unlink(missing_ok=True)
 
 
@@ -619,7 +619,7 @@ def run_bulk(
         run = {
             "model": str(model),
             "model_version": version,
-            "options": asdict(opts),
+            "options": {k: v for k, v in asdict(opts).items() if k != "batch_tokens"},
             "inputs": scan.inputs,
             "shards": len(scan.shards),
             "layout": layout(opts.output, opts.pooling, n_layers, dim),
