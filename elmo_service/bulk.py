@@ -311,6 +311,7 @@ class ShardResult:
     started: float = 0.0  # wall clock (time.time()) around the shard's work: for throughput
     finished: float = 0.0
     worker: str = ""  # host:pid of the actor that did it
+    model_fault: bool = False  # the error is the model's (non-finite output), not a line's
 
 
 def embed_shard(
@@ -320,7 +321,7 @@ def embed_shard(
     Writes nothing when a line is bad and ``skip_bad`` is off."""
     started = time.time()
     pa, pq = _pyarrow()
-    ids, files, line_nos, texts, words, toks = [], [], [], [], [], []
+    ids, files, line_nos, texts, toks = [], [], [], [], []
     skipped: list[dict[str, Any]] = []
     for i, file, line, text, why in read_shard_lines(shard):
         if text is None:
@@ -337,8 +338,11 @@ def embed_shard(
         except InputError as e:
             skipped.append({"id": i, "file": file, "line": line, "reason": _reason(e, file, line)})
             continue
-        ids.append(i), files.append(file), line_nos.append(line), texts.append(text)
-        words.append(sent), toks.append(t)
+        ids.append(i)
+        files.append(file)
+        line_nos.append(line)
+        texts.append(text)
+        toks.append(t)
     if skipped and not skip_bad:
         return ShardResult(
             shard.index, shard.n, 0, 0, skipped, skipped[0]["reason"], started, worker=_worker()
@@ -346,7 +350,9 @@ def embed_shard(
 
     width = layout(opts.output, opts.pooling, emb.n_layers, emb.dim)["width"]
     vecs, positions = [], []
-    for text, ts, x in zip(texts, toks, _layers(emb, toks), strict=True):
+    for file, line, text, ts, x in zip(
+        files, line_nos, texts, toks, _layers(emb, toks), strict=True
+    ):
         names, v = sentence_vectors(
             x,
             ts,
@@ -356,8 +362,9 @@ def embed_shard(
             pooling=opts.pooling,
         )
         if not np.isfinite(v).all():  # never write a NaN a reader would trust
-            raise ElmoServiceError(
-                f"{shard.name}: the model produced non-finite values", field="model"
+            why = f"line {line} of {file}: the model produced non-finite values"
+            return ShardResult(
+                shard.index, shard.n, 0, 0, [], why, started, worker=_worker(), model_fault=True
             )
         vecs.append(v)
         positions.append(names)
@@ -738,6 +745,8 @@ def _run_on_ray(
         with tqdm(total=total, desc="embed", unit="sent", disable=not progress) as bar:
             for row in ds.iter_rows():
                 r = ShardResult(**json.loads(row["result"]))
+                if r.model_fault:
+                    raise ElmoServiceError(f"{r.error}: a broken model", field="model")
                 if r.error is not None:
                     raise InputError(
                         f"{r.error}; fix the line, or --skip-bad to skip such lines "

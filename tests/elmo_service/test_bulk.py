@@ -308,3 +308,28 @@ def test_without_the_extra_the_command_says_how_to_install_it(tmp_path, monkeypa
     err = capsys.readouterr().err
     assert "ray is missing" in err and "pip install 'elmo-service[bulk]'" in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow  # loads a model
+def test_a_broken_model_writes_nothing(tmp_path):
+    import torch
+
+    from elmo_service.artifact import save_artifact
+    from elmo_service.bulk import embed_shard
+    from elmo_service.embedder import Embedder
+    from elmo_service.tokenizers import WordTokenizer
+    from tests.support.core_fixtures import tiny_model
+
+    model = tiny_model()
+    with torch.no_grad():
+        # finite weights (the loader refuses NaN) whose products overflow float32
+        model.get_parameter("forward_layers.1.w_proj.weight").fill_(3e38)
+    save_artifact(model, WordTokenizer(), tmp_path / "broken")
+    inp, out = tmp_path / "in.txt", tmp_path / "out"
+    inp.write_text("the river bank\n")
+    (out / MANIFESTS).mkdir(parents=True)
+    (shard,) = scan_inputs([inp], shard_rows=10).shards
+    emb = Embedder.load(tmp_path / "broken", threads=1)
+    r = embed_shard(emb, shard, BulkOptions(pooling="mean"), out, None, skip_bad=True)
+    assert r.model_fault and f"line 1 of {inp}" in r.error and "non-finite" in r.error
+    assert not list(out.rglob("*part-*"))
