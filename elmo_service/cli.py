@@ -198,7 +198,8 @@ def cmd_embed_bulk(args: argparse.Namespace) -> int:
         os._exit(130)
     skipped = f", {len(summary.skipped)} lines skipped (see {args.out}/_skipped.jsonl)"
     print(
-        f"{summary.rows} sentences in {summary.shards} shards under {args.out} "
+        f"{summary.rows} sentences in {summary.shards} shard{'s' * (summary.shards != 1)} "
+        f"under {args.out} "
         f"({summary.written} written now, {summary.done_before} kept from before"
         f"{skipped if summary.skipped else ''}; model {summary.version})",
         file=sys.stderr,
