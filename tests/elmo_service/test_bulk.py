@@ -333,3 +333,14 @@ def test_a_broken_model_writes_nothing(tmp_path):
     r = embed_shard(emb, shard, BulkOptions(pooling="mean"), out, None, skip_bad=True)
     assert r.model_fault and f"line 1 of {inp}" in r.error and "non-finite" in r.error
     assert not list(out.rglob("*part-*"))
+
+
+def test_embed_bulk_arguments_all_have_help():
+    import argparse
+
+    from elmo_service.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    parser = sub.choices["embed-bulk"]
+    missing = [a.dest for a in parser._actions if a.dest != "help" and not a.help]
+    assert not missing, missing
