@@ -14,7 +14,6 @@ print one line to stderr and exit 2.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -202,6 +201,7 @@ def cmd_train(a) -> int:
 
 def cmd_eval(a) -> int:
     from pretrain.evaluate import evaluate
+    from pretrain.tracking import dumps
 
     res = evaluate(
         a.run_dir,
@@ -212,9 +212,10 @@ def cmd_eval(a) -> int:
         threads=a.threads,
         max_sentences=a.max_sentences,
         stream=a.stream,
+        progress=not a.json and sys.stderr.isatty(),
     )
     if a.json:
-        print(json.dumps(res))
+        print(dumps(res))  # an overflowed perplexity as null, not a bare Infinity
     else:
         print(
             f"{res['source']} at {res['checkpoint']} (step {res['step']}), {res['protocol']} protocol: "
@@ -246,6 +247,7 @@ def cmd_export(a) -> int:
         evaluate_heldout=not a.no_eval,
         threads=a.threads,
         overwrite=a.overwrite,
+        progress=sys.stderr.isatty(),
     )
     print(
         f"exported {res['out']} (version {res['version']}, step {res['step']}, {res['tokens_seen']} tokens seen)"
@@ -255,7 +257,11 @@ def cmd_export(a) -> int:
     if res.get("heldout"):
         print(
             "  held-out: "
-            + ", ".join(f"{k} {v:.2f}" for k, v in res["heldout"].items() if k.endswith("ppl"))
+            + ", ".join(
+                f"{k} {v if v is None else format(v, '.2f')}"
+                for k, v in res["heldout"].items()
+                if k.endswith("ppl")
+            )
         )
     return 0
 

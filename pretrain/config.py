@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -150,6 +151,16 @@ class OptimConfig(StrictModel):
         "held-out perplexity fell by less than plateau_threshold",
     )
     plateau_threshold: float = Field(1.0, ge=0, description="plateau: see plateau_factor")
+    nonfinite: Literal["stop", "skip"] = Field(
+        "stop",
+        description="a non-finite loss or gradient norm: stop (exit 2, the last good checkpoint "
+        "kept), or skip that update and multiply the lr by nonfinite_factor (stopping after "
+        "nonfinite_max_skips in a row)",
+    )
+    nonfinite_factor: float = Field(0.5, gt=0, lt=1, description="skip: lr multiplier per skip")
+    nonfinite_max_skips: int = Field(
+        5, ge=1, description="skip: consecutive skipped updates before the run stops"
+    )
 
 
 class TrainSection(StrictModel):
@@ -244,6 +255,9 @@ _LATER_DEFAULTS = {
     "optim.loss_reduction": "mean",
     "optim.init_range": 0.0,
     "optim.highway_gate_bias": None,
+    "optim.nonfinite": "stop",
+    "optim.nonfinite_factor": 0.5,
+    "optim.nonfinite_max_skips": 5,
     "model.dropout_tokens": True,
     "model.lstm_projection": True,
 }
@@ -269,7 +283,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise ConfigError(f"--set expects key=value, got {text!r}", field=text)
     key, raw = text.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.load(raw, Loader=_UniqueKeyLoader) if raw.strip() else ""  # noqa: S506
     except yaml.YAMLError as e:
         raise ConfigError(f"--set {key}: cannot parse value {raw!r}: {e}", field=key) from e
     return key.strip().split("."), value
@@ -309,6 +323,15 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 raise _DuplicateKey(str(key), key_node.start_mark.line + 1)
             seen.add(key)
         return super().construct_mapping(node, deep)
+
+
+# YAML 1.1 (PyYAML) reads ``1e-3`` and ``1e30`` as strings, which the strict config then
+# refuses as a float; accept them as YAML 1.2 does
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
