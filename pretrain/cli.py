@@ -14,6 +14,7 @@ print one line to stderr and exit 2.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 
@@ -84,6 +85,13 @@ def _add_train(sub) -> None:
         help="checkpoint and exit after N steps in this invocation (train in slices; --resume continues)",
     )
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument(
+        "--nproc-per-node",
+        type=int,
+        metavar="N",
+        help="train in N processes on this machine (DDP, as torchrun --standalone; Ctrl-C or "
+        "SIGTERM: each finishes its step, writes the checkpoint, exit 0)",
+    )
 
 
 def _add_eval(sub) -> None:
@@ -187,6 +195,10 @@ def cmd_train(a) -> int:
     if a.print_config:
         print(dump_config(cfg), end="")
         return 0
+    if a.nproc_per_node and a.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
+        from pretrain.launch import launch_local
+
+        return launch_local(a.nproc_per_node, _without_option(a.argv[1:], "--nproc-per-node"))
     # refuse a run folder in the way before recording anything in it (the trainer checks again)
     mode = check_run_dir(run_dir, cfg, a.resume, a.force)
     if dist_env()[0] == 0:
@@ -197,6 +209,19 @@ def cmd_train(a) -> int:
             write_launch(run_dir, launch.get("config"), [*launch["overrides"], *a.overrides])
     run_training(cfg, a.run_dir, resume=a.resume, force=a.force, stop_after=a.stop_after)
     return 0
+
+
+def _without_option(argv: list[str], flag: str) -> list[str]:
+    """``argv`` less ``flag VALUE`` / ``flag=VALUE`` (the workers' command line)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == flag:
+            skip = True
+        elif not arg.startswith(flag + "="):
+            out.append(arg)
+    return out
 
 
 def cmd_eval(a) -> int:
@@ -314,6 +339,10 @@ def main(argv: list[str] | None = None) -> int:
     except PATH_ERRORS as e:  # one line, not a traceback
         print(f"elmo-pretrain {args.command}: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        # the interpreter's last garbage collection walks every object torch.compile left
+        # (seconds after a compiled run, e.g. on a SIGTERM); the OS frees them anyway
+        gc.freeze()
 
 
 if __name__ == "__main__":
