@@ -13,7 +13,11 @@ each rank takes every world-th batch of the same epoch plan). Model init uses
 continues exactly where the run stopped (same losses in fp32 eager).
 
 SIGTERM / SIGINT set a flag; the current step finishes, a checkpoint is
-written and the process exits 0.
+written and the process exits 0 (before this process's first step, e.g. while it
+compiles, it stops at once: nothing new to save). A non-finite loss, gradient norm,
+weights or held-out perplexity stops the run (``TrainingDiverged``, exit 2) before
+anything of it is saved; ``optim.nonfinite: skip`` drops such updates instead.
+How a run ends, with its exit codes: docs/training.md.
 """
 
 from __future__ import annotations
@@ -422,6 +426,7 @@ class Trainer:
         self._trainable = [p for p in self.model.parameters() if p.requires_grad]
         self._stop_signal: int | None = None
         self._steps_here = 0  # optimizer steps taken by this process (a resume starts at 0)
+        self._before_first_step = False  # in the loop, no step taken yet: a signal stops at once
         self._skips = 0  # consecutive non-finite steps skipped (optim.nonfinite: skip)
 
     # -- run folder ----------------------------------------------------
@@ -608,7 +613,7 @@ class Trainer:
     # -- signals ---------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:
         self._stop_signal = signum
-        if self._steps_here == 0:
+        if self._before_first_step:
             # nothing trained since the run's last checkpoint (e.g. still compiling the first
             # step, which can take half a minute): stop now instead of after that step
             raise _Interrupted(signum)
@@ -686,6 +691,7 @@ class Trainer:
             except _Interrupted as e:  # a signal before this process's first step: nothing new
                 stop = ("signal", f"signal {signal.Signals(e.signum).name} before the first step")
             finally:
+                self._before_first_step = False  # from here a signal only sets the flag
                 bar.close()
             stop_kind, stop_reason = stop or ("finished", "done")
             result: dict[str, Any] = {
@@ -721,10 +727,9 @@ class Trainer:
     def _loop(self, stop_after: int | None, bar: _ProgressBar, metrics) -> tuple[str, str] | None:
         """Steps until ``train.steps`` or a stop; returns (stop kind, words) or None when done."""
         tc = self.cfg.train
-        window = torch.zeros(
-            4, dtype=torch.float64
-        )  # since the last log line: NLL f, b, preds, tokens
+        window = torch.zeros(4, dtype=torch.float64)  # since the last log: NLL f, b, preds, tokens
         stop: tuple[str, str] | None = None
+        self._before_first_step = self._steps_here == 0
         while stop is None and self.step < tc.steps:
             if self.index >= self._epoch_len():
                 self._epoch_end(metrics)
@@ -744,6 +749,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             self.step, self.index = self.step + 1, self.index + 1
             self._steps_here += 1
+            self._before_first_step = False
             window += stats[:4]
             self.tokens_seen += int(stats[3])
             self.elapsed = self._clock.elapsed()
