@@ -170,7 +170,7 @@ class TrainSection(StrictModel):
         1000, ge=1, description="optimizer steps in total (a resumed run may raise it)"
     )
     max_minutes: float = Field(
-        0.0, description="stop (with a checkpoint) after this wall time; 0 = no limit"
+        0.0, ge=0, description="stop (with a checkpoint) after this wall time; 0 = no limit"
     )
     seed: int = 1234
     directions: Literal["both", "forward"] = Field(
@@ -186,10 +186,10 @@ class TrainSection(StrictModel):
     )
     log_every: int = Field(10, ge=1, description="steps between metrics-log lines")
     eval_every: int = Field(
-        0, description="steps between held-out evaluations; 0 = only at the end"
+        0, ge=0, description="steps between held-out evaluations; 0 = only at the end"
     )
     eval_max_sentences: int = Field(
-        2000, description="cap for the periodic held-out check (export evaluates all)"
+        2000, ge=0, description="cap for the periodic held-out check (export evaluates all)"
     )
     progress: bool = Field(True, description="tqdm bar on rank 0")
 
@@ -197,8 +197,8 @@ class TrainSection(StrictModel):
 class CheckpointConfig(StrictModel):
     """Cadence and retention."""
 
-    every_steps: int = Field(500, description="0 = never by step count")
-    every_minutes: float = Field(15.0, description="0 = never by time")
+    every_steps: int = Field(500, ge=0, description="0 = never by step count")
+    every_minutes: float = Field(15.0, ge=0, description="0 = never by time")
     keep: int = Field(3, ge=1, description="newest checkpoints kept")
 
 

@@ -176,3 +176,20 @@ def test_config_reads_exponent_floats_as_floats(tmp_path):
     assert load_config(TINY, ["optim.lr=1e-3"]).optim.lr == 1e-3
     (tmp_path / "c.yaml").write_text("optim:\n  lr: 2e-4\n")
     assert load_config(tmp_path / "c.yaml").optim.lr == 2e-4
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "checkpoint.every_steps=-5",
+        "checkpoint.every_minutes=-1",
+        "train.eval_max_sentences=-1",
+        "train.eval_every=-2",
+        "train.max_minutes=-1",
+    ],
+)
+def test_negative_cadences_fail_before_any_work(tmp_path, capsys, bad):
+    run = tmp_path / "run"
+    assert main(["train", str(TINY), "--run-dir", str(run), "--set", bad]) == 2
+    assert f"{bad.split('=')[0]}: must be >= 0" in capsys.readouterr().err
+    assert not run.exists()
