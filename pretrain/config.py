@@ -228,6 +228,10 @@ RESUMABLE_KEYS = frozenset(
         "checkpoint.every_minutes",
         "checkpoint.keep",
         "data.path",
+        # what to do about a non-finite step: a resumed run may switch to skipping
+        "optim.nonfinite",
+        "optim.nonfinite_factor",
+        "optim.nonfinite_max_skips",
     }
 )
 
@@ -255,9 +259,6 @@ _LATER_DEFAULTS = {
     "optim.loss_reduction": "mean",
     "optim.init_range": 0.0,
     "optim.highway_gate_bias": None,
-    "optim.nonfinite": "stop",
-    "optim.nonfinite_factor": 0.5,
-    "optim.nonfinite_max_skips": 5,
     "model.dropout_tokens": True,
     "model.lstm_projection": True,
 }

@@ -600,7 +600,8 @@ class Trainer:
             raise TrainingDiverged(
                 f"training diverged at step {self.step}: the update left non-finite weights "
                 f"({describe_nonfinite(bad, len(self.model.state_dict()))}); not saved, "
-                f"{self._last_good()}; lower optim.lr or set optim.clip_norm, then --resume",
+                f"{self._last_good()}; lower optim.lr or set optim.clip_norm and start over "
+                "(--force)",
                 field="optim.lr",
             )
         st = self.state_dict()  # collective (RNG gather): every rank calls it
@@ -829,8 +830,8 @@ class Trainer:
             return False
         raise TrainingDiverged(
             f"training diverged at step {self.step + 1}: non-finite {' and '.join(bad)} (lr {lr:g}); "
-            f"nothing from this step was saved, {self._last_good()}; "
-            "lower optim.lr or set optim.clip_norm, then --resume (or optim.nonfinite=skip)",
+            f"nothing from this step was saved, {self._last_good()}; lower optim.lr or set "
+            "optim.clip_norm and start over (--force), or --resume --set optim.nonfinite=skip",
             field="optim.lr",
         )
 

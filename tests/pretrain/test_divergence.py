@@ -82,6 +82,10 @@ def test_nan_loss_stops_at_that_step_and_keeps_only_good_checkpoints(corpus_dir,
     # resuming repeats the divergence at the same step, it does not train on NaN
     rc = main(["train", "--run-dir", str(run), "--resume"])
     assert rc == 2 and "diverged at step 2" in capsys.readouterr().err
+    # the policy may change on resume (it is not part of the run's identity)
+    rc = main(["train", "--run-dir", str(run), "--resume", "--set", "optim.nonfinite=skip"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and "update skipped" in out and "different run" not in err
 
 
 def test_skip_policy_drops_non_finite_updates_then_stops(corpus_dir, tmp_path, capsys):
