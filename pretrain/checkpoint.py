@@ -214,8 +214,11 @@ def checkpoint_status(path: str | Path) -> Status:
         return _verdicts[key]
     try:
         status: Status = "verified" if verify_checkpoint(p) else "unhashed"
-        st = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
-        if nonfinite_tensors(st.get("model", {})):
+        try:  # mmap: the weights are read once, by the check, not copied into memory
+            st = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:  # a file torch cannot map (an old serialization format)
+            st = torch.load(p, map_location="cpu", weights_only=True)
+        if nonfinite_tensors(st.get("model", {}) if isinstance(st, dict) else {}):
             status = "nonfinite"
     except (CorruptCheckpoint, OSError):
         status = "corrupt"

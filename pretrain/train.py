@@ -710,8 +710,9 @@ class Trainer:
             if metrics:
                 kind = "diverged" if isinstance(e, TrainingDiverged) else "error"
                 detail = e.message if isinstance(e, ElmoServiceError) else f"{e!r}"
-                metrics.record(stop_record(kind, self.step, self.tokens_seen, detail[:500]))
-                metrics.close()
+                with contextlib.suppress(OSError):  # a full disk: the error itself says so
+                    metrics.record(stop_record(kind, self.step, self.tokens_seen, detail[:500]))
+                    metrics.close()
             raise
         finally:
             for s, h in old_handlers.items():
