@@ -197,3 +197,17 @@ def test_negative_cadences_fail_before_any_work(tmp_path, capsys, bad):
     assert main(["train", str(TINY), "--run-dir", str(run), "--set", bad]) == 2
     assert f"{bad.split('=')[0]}: must be >= 0" in capsys.readouterr().err
     assert not run.exists()
+
+
+def test_plot_draws_a_diverged_run(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    recs = [
+        {"step": 5, "loss": 4.7, "ppl": 110.0, "lr": 1e6, "grad_norm": 0.3, "tok_s": 900.0},
+        {"step": 10, "loss": 3e4, "ppl": 5e21, "lr": 1e6, "grad_norm": 375.0, "tok_s": 900.0},
+        {"step": 10, "heldout": {"forward_ppl": None, "avg_ppl": None, "forward_nll": 2e7}},
+        {"event": "stop", "reason": "diverged", "step": 10, "tokens_seen": 1, "detail": "x"},
+    ]
+    log = tmp_path / "metrics.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert main(["plot", str(log)]) == 0
+    assert (tmp_path / "metrics.png").read_bytes()[:4] == b"\x89PNG"
