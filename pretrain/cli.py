@@ -195,12 +195,12 @@ def cmd_train(a) -> int:
     if a.print_config:
         print(dump_config(cfg), end="")
         return 0
+    # refuse a run folder in the way before recording anything in it (the trainer checks again)
+    mode = check_run_dir(run_dir, cfg, a.resume, a.force)
     if a.nproc_per_node and a.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
         from pretrain.launch import launch_local
 
         return launch_local(a.nproc_per_node, _without_option(a.argv[1:], "--nproc-per-node"))
-    # refuse a run folder in the way before recording anything in it (the trainer checks again)
-    mode = check_run_dir(run_dir, cfg, a.resume, a.force)
     if dist_env()[0] == 0:
         launch = read_launch(run_dir) if mode == "resume" else None
         if mode != "resume":
