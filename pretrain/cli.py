@@ -334,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(handler(args) or 0)
     except ElmoServiceError as e:
-        print(f"elmo-pretrain {args.command}: error: {e.message}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # DDP: every rank stops alike, one says why
+            print(f"elmo-pretrain {args.command}: error: {e.message}", file=sys.stderr)
         return 2
     except PATH_ERRORS as e:  # one line, not a traceback
         print(f"elmo-pretrain {args.command}: error: {e}", file=sys.stderr)

@@ -65,7 +65,7 @@ def launch_local(nproc: int, train_argv: list[str]) -> int:
     # (its loggers set their own levels, so each is quietened by name)
     for name in list(logging.root.manager.loggerDict):
         if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")):
-            logging.getLogger(name).setLevel(logging.ERROR)
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     args = parse_args(
         ["--standalone", f"--nproc-per-node={nproc}", "-m", "pretrain.cli", "train", *train_argv]
     )
@@ -79,6 +79,8 @@ def launch_local(nproc: int, train_argv: list[str]) -> int:
         return 0
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
+        if failure.exitcode == 2:  # an error the user can fix: rank 0 has said it in one line
+            return 2
         print(
             f"elmo-pretrain train: worker {rank} failed with exit code {failure.exitcode}",
             file=sys.stderr,

@@ -211,3 +211,23 @@ def test_plot_draws_a_diverged_run(tmp_path, capsys):
     log.write_text("".join(json.dumps(r) + "\n" for r in recs))
     assert main(["plot", str(log)]) == 0
     assert (tmp_path / "metrics.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+def test_ddp_ranks_stop_alike_with_one_line(corpus_dir, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "pretrain.cli", "train", str(TINY), "--run-dir", str(run)]
+    sets = [f"data.path={corpus_dir}", "train.progress=false", *BLOW_UP, "optim.lr=1e30"]
+    sets += ["train.steps=20", "checkpoint.every_steps=1"]
+    cmd += [*sum((["--set", s] for s in sets), []), "--nproc-per-node", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr
+    lines = error_lines(out.stderr)
+    assert len(lines) == 1 and "diverged at step 2" in lines[0], out.stderr
+    assert [p.name for p in ckpt.list_checkpoints(run)] == ["step-00000001.pt"]
