@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -216,10 +219,6 @@ def test_plot_draws_a_diverged_run(tmp_path, capsys):
 @pytest.mark.slow
 @pytest.mark.ddp
 def test_ddp_ranks_stop_alike_with_one_line(corpus_dir, tmp_path):
-    import os
-    import subprocess
-    import sys
-
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "pretrain.cli", "train", str(TINY), "--run-dir", str(run)]
     sets = [f"data.path={corpus_dir}", "train.progress=false", *BLOW_UP, "optim.lr=1e30"]
