@@ -833,6 +833,55 @@ def attack_checkpoint(ctx: Ctx, row: Row, how: str) -> None:
         row.failures.append(f"exit {p.returncode}: {p.stderr.strip()[-150:]}")
 
 
+def attack_divergence(ctx: Ctx, row: Row, lr: str) -> None:
+    """Train with plain SGD at an absurd lr, no clipping (lr 1e30: NaN at step 2; lr 1e6:
+    finite weights, held-out NLL of millions of nats). The trainer must stop with exit 2
+    and one line, keep only finite checkpoints, write no bare NaN/Infinity in any JSON,
+    and ``export`` must refuse the run."""
+    from pretrain.checkpoint import list_checkpoints, load_checkpoint, nonfinite_tensors
+
+    prepared = ctx.root / "prepared-divergence"
+    if not prepared.exists():
+        p = pretrain(ctx, "prepare", str(ctx.data / "corpora" / "book.txt"), "--out", str(prepared),
+                     "--tokenizer", "word", "--vocab-size", "300", "--no-progress")  # fmt: skip
+        assert p.returncode == 0, p.stderr
+    run = ctx.root / f"diverge-{lr}"
+    sets = [f"data.path={prepared}", f"optim.lr={lr}", "optim.name=sgd", "optim.clip_norm=0",
+            "optim.warmup_steps=0", "train.steps=30", "checkpoint.every_steps=1",
+            "train.progress=false", "train.eval_max_sentences=20"]  # fmt: skip
+    cmd = ["train", str(REPO / "configs" / "tiny.yaml"), "--run-dir", str(run)]
+    p = pretrain(ctx, *cmd, *[x for s in sets for x in ("--set", s)])
+    row.requests = 2
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    row.notes.append(f"train exit {p.returncode}: {lines[-1][:110] if lines else ''}")
+    if p.returncode != 2:
+        row.failures.append(f"train exit {p.returncode}, not 2")
+    if len(lines) != 1 or "diverged" not in lines[0]:
+        row.failures.append(f"{len(lines)} stderr lines, not one naming the divergence")
+
+    def no_bare_constants(c: str):
+        raise ValueError(c)
+
+    try:
+        recs = [json.loads(x, parse_constant=no_bare_constants)
+                for x in (run / "metrics.jsonl").read_text().splitlines()]  # fmt: skip
+        if recs[-1].get("reason") != "diverged":
+            row.failures.append(f"stop record reason {recs[-1].get('reason')!r}")
+    except ValueError as e:
+        row.failures.append(f"metrics.jsonl holds a bare {e}")
+    bad = [c.name for c in list_checkpoints(run) if nonfinite_tensors(load_checkpoint(c)["model"])]
+    if bad:
+        row.failures.append(f"non-finite checkpoints kept: {bad}")
+    out = ctx.root / f"diverge-{lr}-model"
+    p = pretrain(ctx, "export", str(run), str(out))
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    row.notes.append(f"export exit {p.returncode}")
+    if p.returncode != 2 or len(lines) != 1 or out.exists():
+        row.failures.append(
+            f"export exit {p.returncode}, {len(lines)} lines; folder written: {out.exists()}"
+        )
+
+
 # ---------------------------------------------------------------- the run
 
 
@@ -880,6 +929,8 @@ OFFLINE = {
     "ckpt-truncated": (lambda c, r: attack_checkpoint(c, r, "truncated"), ""),
     "ckpt-bitflip": (lambda c, r: attack_checkpoint(c, r, "bitflip"), ""),
     "ckpt-all-bad": (lambda c, r: attack_checkpoint(c, r, "all"), ""),
+    "diverge-nan": (lambda c, r: attack_divergence(c, r, "1e30"), "divergence stops the trainer (issue 28, training side)"),
+    "diverge-overflow": (lambda c, r: attack_divergence(c, r, "1e6"), "divergence stops the trainer (issue 28, training side)"),
 }  # fmt: skip
 ALL = {**SERVING, **JOBS, **OFFLINE}
 
