@@ -137,8 +137,10 @@ def resolve_corpus(data_dir: Path, corpus: str) -> Path:
             raise bad(f"{corpus!r} not found in the data folder")
         if path.is_dir():
             _check_folder(path, root, bad)
-    except OSError as e:  # e.g. ELOOP, EACCES, ENAMETOOLONG through a symlink: the user's path
+    except OSError as e:  # e.g. EACCES, ENAMETOOLONG through a symlink: the user's path
         raise bad(f"cannot be read: {e.strerror or e}") from None
+    except RuntimeError:  # pathlib's word for a symlink loop (ELOOP)
+        raise bad("is a symlink loop") from None
     return path
 
 
