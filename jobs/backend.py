@@ -44,6 +44,7 @@ from jobs.state import (
     JobStore,
     RedisJobStore,
     StoreUnavailable,
+    name_holder_free,
 )
 
 log = logging.getLogger("jobs")
@@ -230,6 +231,11 @@ class RqBackend(JobBackend):
             if self.store.create_if_absent(rec):
                 log.warning("job %s (%s): adopted from %s", job_id, rec.state, copy.parent)
                 adopted.append(job_id)
+                if rec.state not in ("failed", "cancelled"):  # its model name comes back too
+                    holder = self.store.reserve(rec.name, rec.id, name_holder_free(self.store))
+                    if holder is not None:
+                        log.error("job %s: its name %r is now taken by job %s; it will fail "
+                                  "at export", job_id, rec.name, holder)  # fmt: skip
         return adopted
 
     def workers_seen(self) -> float | None:
