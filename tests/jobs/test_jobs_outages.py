@@ -99,9 +99,10 @@ def _tolerant_get(c) -> Any:
 def test_redis_pauses_and_restarts_empty_under_a_running_rq_job(
     tiny_model_dir, tmp_path, redis_server_factory
 ):
-    """A 6 s hang (SIGSTOP) and a 4 s outage after which Redis comes back empty, both
+    """A 6 s hang (SIGSTOP) and a 7 s outage after which Redis comes back empty, both
     while a job trains: the worker lives, the job succeeds on its first attempt with no
-    loss counted, its record re-created by its runner; the worker then runs a second job."""
+    loss counted, its record re-created from the runner's or the run folder's copy; the
+    worker then runs a second job."""
     redis = redis_server_factory()
     tag = uuid.uuid4().hex[:8]
     d = dirs(tmp_path)
@@ -122,15 +123,16 @@ def test_redis_pauses_and_restarts_empty_under_a_running_rq_job(
             time.sleep(6)
             os.kill(redis.proc.pid, signal.SIGCONT)
             step = wait_job(get, job_id, lambda j: j["progress"]["step"] >= 40, 60, "")
-            redis.stop()  # an outage, and it comes back without its data
-            time.sleep(4)
+            redis.stop()  # an outage longer than rq's job monitoring interval (5 s), and
+            time.sleep(7)  # Redis comes back without its data
             redis.start()
             assert worker.poll() is None, "the worker died in the outage"
             rec = wait_job(get, job_id, lambda j: j["state"] == "succeeded", 180, "succeeded")
             assert rec["attempt"] == 1 and rec["losses"] == 0, rec["events"]
             assert rec["progress"]["step"] == 300 > step["progress"]["step"]
             events = " | ".join(e["event"] for e in rec["events"])
-            assert "re-created by its runner" in events, events
+            # whoever noticed first put the record back: its runner, or a reconcile pass
+            assert "re-created by its runner" in events or "adopted from its run" in events
             assert (d["models"] / rec["name"] / "manifest.json").is_file()
             assert worker.poll() is None
             second = c.post("/v1/jobs", json=job_body(steps=20), headers=ADMIN).json()["id"]
