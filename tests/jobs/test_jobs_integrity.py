@@ -384,3 +384,28 @@ def test_a_queued_job_says_why_it_does_not_start(idle):
     assert idle.get(f"/v1/jobs/{rec['id']}", headers=ADMIN).json()["hint"] is None
     stored = json.loads((idle.dirs["runs"] / rec["id"] / "job.json").read_text())
     assert stored["hint"] is None  # said on reading, never stored
+
+
+def test_a_live_runner_is_never_counted_lost_whatever_rq_says(tmp_path):
+    """After a Redis blip rq may report an execution failed or gone while its horse still
+    trains: a runner seen alive, or with a fresh heartbeat, is not lost."""
+    from jobs.backend import JobBackend
+
+    class Forgetful(JobBackend):
+        def execution_lost(self, rec: JobRecord) -> str | None:
+            return "its rq job is gone"
+
+    settings = SimpleNamespace(jobs_heartbeat_timeout=60.0, jobs_poll_interval=0.5)
+    backend = Forgetful(settings)  # type: ignore[arg-type]
+    now = time.time()
+    here = record(tmp_path, state="running", heartbeat_at=now - 30)
+    here.runner = runner_info()  # this very process: alive
+    assert backend.lost_reason(here, now) is None
+    remote = record(tmp_path, state="running", heartbeat_at=now - 1)
+    remote.runner = runner_info().model_copy(update={"host": "elsewhere"})
+    assert backend.lost_reason(remote, now) is None  # fresh heartbeat
+    remote.heartbeat_at = now - 30
+    assert backend.lost_reason(remote, now) == "its rq job is gone"
+    dead = record(tmp_path, state="running", heartbeat_at=now)
+    dead.runner = runner_info().model_copy(update={"pid_start": "0"})
+    assert "is gone" in backend.lost_reason(dead, now)
