@@ -41,7 +41,8 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
     **ERROR_RESPONSES,
     403: ERROR_RESPONSES[401] | {"description": "Not an admin key, or no admin keys configured"},
     404: ERROR_RESPONSES[401] | {"description": "No such job"},
-    409: ERROR_RESPONSES[401] | {"description": "Conflict (name taken, job already finished)"},
+    409: ERROR_RESPONSES[401]
+    | {"description": "Conflict (name taken, job already finished, record unreadable)"},
 }
 
 
