@@ -559,6 +559,7 @@ async def attack_redis_blips_job(ctx: Ctx, row: Row) -> None:
         if rec.get("state") != "running":
             row.failures.append(f"never ran: {rec.get('state')} {rec.get('error')}")
             return
+        step_before = rec["progress"]["step"]
         for i in range(3):
             if i < 2:  # connections stay open and nothing answers
                 os.kill(ctx.redis.proc.pid, signal.SIGSTOP)
@@ -575,7 +576,8 @@ async def attack_redis_blips_job(ctx: Ctx, row: Row) -> None:
         rec = await wait(job, lambda j: False, 240)
     row.lost_steps = max(0, rec["progress"]["total_steps"] - rec["progress"]["step"])
     row.notes.append(
-        f"Redis: {', '.join(blips)} (6 s each) from step >= 20, at step {step_after} after; "
+        f"Redis: {', '.join(blips)} (6 s each, 3 s apart) from step {step_before} to "
+        f"{step_after}; "
         f"state {rec['state']}, attempt {rec['attempt']}, losses {rec['losses']}, "
         f"final step {rec['progress']['step']}/{rec['progress']['total_steps']}"
     )
