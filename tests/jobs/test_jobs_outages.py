@@ -160,6 +160,7 @@ def test_a_run_folder_whose_record_redis_lost_is_adopted(tiny_model_dir, tmp_pat
         assert listed[cancelled["id"]]["state"] == "cancelled"
         assert listed[queued["id"]]["state"] == "queued"
         assert "adopted from its run folder" in listed[queued["id"]]["events"][-1]["event"]
+        assert "no worker is running" in listed[queued["id"]]["hint"]  # no rq worker listens
         # the name came back with it: a second job cannot take it
         r2 = c.post("/v1/jobs", json=job_body(name="kept"), headers=ADMIN)
         assert r2.status_code == 409 and r2.json()["field"] == "name", r2.text
