@@ -95,7 +95,7 @@ class JobBackend:
         if alive:
             return None
         beat = rec.heartbeat_at or rec.started_at or rec.updated_at
-        if now - beat < max(5.0, 4 * self.settings.jobs_poll_interval):
+        if now - beat < self.fresh_beat:
             return None
         found = self.execution_lost(rec)
         if found:
@@ -103,6 +103,13 @@ class JobBackend:
         if now - beat > self.settings.jobs_heartbeat_timeout:
             return f"no heartbeat for {now - beat:.0f}s"
         return None
+
+    @property
+    def fresh_beat(self) -> float:
+        """A heartbeat younger than this (runners beat every 2 polls) outweighs what the
+        backend says about the execution: long enough to span a store blip's recovery."""
+        s = self.settings
+        return min(s.jobs_heartbeat_timeout / 2, max(15.0, 10 * s.jobs_poll_interval))
 
     def reconcile(self, min_interval: float = 0.0) -> list[str]:
         """Re-queue lost running jobs, re-deliver lost queued ones. Returns the ids touched.
@@ -228,6 +235,8 @@ class RqBackend(JobBackend):
                           "(%s); left in %s", job_id, e, copy.parent)  # fmt: skip
                 continue
             rec.note("adopted from its run folder: the job store had lost its record")
+            if rec.state == "running":  # the copy's heartbeat is its claim's: give the
+                rec.heartbeat_at = time.time()  # runner (maybe on another host) time to beat
             if self.store.create_if_absent(rec):
                 log.warning("job %s (%s): adopted from %s", job_id, rec.state, copy.parent)
                 adopted.append(job_id)

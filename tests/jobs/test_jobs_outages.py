@@ -186,3 +186,34 @@ def test_a_cancelled_job_retried_resumes_from_its_checkpoint(tiny_model_dir, tmp
     assert f"resumed from step-{stopped_at:08d}" in log or "resumed from step-" in log, log[-2000:]
     assert log.count("phase prepare") == 1  # the prepared corpus was reused
     assert (d["models"] / "resumed" / "manifest.json").is_file()
+
+
+def test_an_adopted_running_job_on_another_host_is_not_requeued(tmp_path, redis_server):
+    """After Redis comes back empty the API adopts a running job from its run folder; its
+    runner is on another host (another container), so only its heartbeat can vouch for it:
+    the adoption gives it time to beat instead of re-queueing it at once."""
+    from types import SimpleNamespace
+
+    from jobs.backend import RqBackend
+    from jobs.procs import runner_info
+    from jobs.state import JobRecord, RedisJobStore
+
+    tag = uuid.uuid4().hex[:8]
+    runs = tmp_path / "runs"
+    settings = SimpleNamespace(redis_url=redis_server.url, redis_prefix=f"elmo-{tag}",
+                               jobs_queue=f"q-{tag}", runs_dir=runs, jobs_store_timeout=2.0,
+                               jobs_heartbeat_timeout=60.0, jobs_poll_interval=0.5,
+                               jobs_max_attempts=3)  # fmt: skip
+    backend = RqBackend(settings)  # type: ignore[arg-type]
+    rec = JobRecord(id="j00000000abcd", name="far", backend="rq", spec={}, train_config={},
+                    run_dir=str(runs / "j00000000abcd"), state="running", attempt=1,
+                    heartbeat_at=time.time() - 600,
+                    runner=runner_info().model_copy(update={"host": "worker-2"}))  # fmt: skip
+    runs.mkdir()
+    RedisJobStore(redis_server.client(), "unused").create(rec)  # only its run-folder copy
+    assert (runs / rec.id / "job.json").is_file()
+    backend.reconcile()
+    got = backend.store.get(rec.id)
+    assert got is not None and got.state == "running" and got.attempt == 1 and got.losses == 0
+    assert "adopted from its run folder" in got.events[-1].event
+    backend.close()
