@@ -297,12 +297,15 @@ class JobRunner:
         return self._stored(write, f"final state {state!r}")
 
     def _requeue(self, reason: str, lost: bool) -> None:
-        def write() -> None:
-            rec = requeue(self.backend, self.job_id, self.attempt, reason, lost=lost)
-            if rec is not None and rec.state == "queued":
-                self.backend.deliver(rec)
+        def write() -> JobRecord | None:
+            return requeue(self.backend, self.job_id, self.attempt, reason, lost=lost)
 
-        self._stored(write, "re-queue")
+        rec = self._stored(write, "re-queue")
+        if rec is not None and rec.state == "queued":
+            try:
+                self.backend.deliver(rec)
+            except Exception as e:  # noqa: BLE001 - the reconciler delivers a queued job again
+                log.warning("job %s: re-queued but not delivered yet: %s", self.job_id, e)
 
     # -- the job -----------------------------------------------------------------
     def run(self) -> str:
