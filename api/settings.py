@@ -262,6 +262,30 @@ class Settings(BaseSettings):
         description="Share of the machine's memory a job may need (see jobs_max_memory).",
     )
 
+    # -- pretraining jobs: bounds and the job store (issue 28) ---------------------------
+    jobs_max_steps: int = Field(
+        10_000_000, ge=1, description="Quota: the most optimizer steps one job may ask for."
+    )
+    jobs_max_threads: int | None = Field(
+        None,
+        ge=1,
+        description="The most trainer threads a job may ask for (default: this machine's "
+        "cores; set it to the workers' when they run elsewhere). Workers check their own.",
+    )
+    jobs_gpus: int | None = Field(
+        None,
+        ge=0,
+        description="CUDA devices a worker has, for checking a job's train.device (default: "
+        "this machine's). Workers check their own.",
+    )
+    jobs_store_timeout: float = Field(
+        2.0,
+        gt=0,
+        le=60,
+        description="Job-store (Redis) socket timeout for the API, seconds: a hanging Redis "
+        "stalls /v1/jobs this long, nothing else (workers use 5x this).",
+    )
+
     @field_validator("api_keys", "admin_keys", mode="before")
     @classmethod
     def _keys(cls, v: object) -> object:

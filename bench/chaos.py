@@ -15,6 +15,7 @@ backend, ``elmo-service worker`` processes, and ``elmo-pretrain`` trainers, then
   redis-nonsense-jobs  the same against the jobs routes
   trainer-kill      a job's trainer process alone SIGKILLed mid-job (the OOM killer's signal)
   worker-kill       a job's rq worker SIGKILLed mid-job, a new worker started
+  redis-blips-job   three 6 s Redis outages (the third comes back empty) under a running job
   artifact-trunc    serve on a truncated weights file (manifest left as it was)
   artifact-trunc-rehash  the same with a manifest re-hashed to match
   artifact-nan      serve on weights holding a NaN, manifest consistent
@@ -704,6 +705,75 @@ async def attack_worker_kill(ctx: Ctx, row: Row) -> None:
     await run_job_attack(ctx, row, kill)
 
 
+async def attack_redis_blips_job(ctx: Ctx, row: Row) -> None:
+    """Redis goes away three times for 6 s (longer than rq's 5 s job monitoring) while a
+    job trains: twice hung (SIGSTOP), then stopped and restarted without its data (no
+    persistence here). The job must succeed on its first attempt, every step trained
+    once, no loss counted, and the rq worker must live through it."""
+    url, worker, name = ctx.load.url, ctx.worker, f"chaos-{row.attack}"
+    blips: list[str] = []
+    async with httpx.AsyncClient(timeout=60, headers=ADMIN) as c:
+
+        async def job_state(job: str) -> dict[str, Any] | None:
+            try:
+                r = await c.get(f"{url}/v1/jobs/{job}")
+            except httpx.HTTPError:
+                row.count(None)
+                return None
+            row.count(r.status_code)  # 503 while Redis is away is the documented answer
+            return r.json() if r.status_code == 200 else None
+
+        async def wait(job: str, until, timeout: float) -> dict[str, Any]:
+            deadline, rec = time.monotonic() + timeout, {}
+            while time.monotonic() < deadline:
+                rec = await job_state(job) or rec
+                if rec and (until(rec) or rec["state"] in ("succeeded", "failed", "cancelled")):
+                    break
+                await asyncio.sleep(0.5)
+            return rec
+
+        r = await c.post(f"{url}/v1/jobs", json=job_body(name))
+        row.count(r.status_code)
+        if r.status_code != 202:
+            row.failures.append(f"submit: {r.status_code} {r.text[:120]}")
+            return
+        job = r.json()["id"]
+        rec = await wait(
+            job, lambda j: j["state"] == "running" and j["progress"]["step"] >= 20, 120
+        )
+        if rec.get("state") != "running":
+            row.failures.append(f"never ran: {rec.get('state')} {rec.get('error')}")
+            return
+        step_before = rec["progress"]["step"]
+        for i in range(3):
+            if i < 2:  # connections stay open and nothing answers
+                os.kill(ctx.redis.proc.pid, signal.SIGSTOP)
+                await asyncio.sleep(6)
+                os.kill(ctx.redis.proc.pid, signal.SIGCONT)
+                blips.append("hang")
+            else:
+                ctx.redis.stop()
+                await asyncio.sleep(6)
+                ctx.redis.start()
+                blips.append("restart-empty")
+            await asyncio.sleep(3)
+        step_after = (await wait(job, lambda j: True, 30)).get("progress", {}).get("step")
+        rec = await wait(job, lambda j: False, 240)
+    row.lost_steps = max(0, rec["progress"]["total_steps"] - rec["progress"]["step"])
+    row.notes.append(
+        f"Redis: {', '.join(blips)} (6 s each, 3 s apart) from step {step_before} to "
+        f"{step_after}; "
+        f"state {rec['state']}, attempt {rec['attempt']}, losses {rec['losses']}, "
+        f"final step {rec['progress']['step']}/{rec['progress']['total_steps']}"
+    )
+    if rec["state"] != "succeeded":
+        row.failures.append(f"job {rec['state']}: {rec.get('error')}")
+    if rec["losses"] or rec["attempt"] != 1:
+        row.failures.append(f"attempt {rec['attempt']}, {rec['losses']} loss(es) counted")
+    if worker.poll() is not None:
+        row.failures.append(f"the rq worker died (exit {worker.returncode})")
+
+
 # ---------------------------------------------------------------- offline attacks
 
 
@@ -921,6 +991,7 @@ SERVING = {
 JOBS = {
     "trainer-kill": (attack_trainer_kill, ""),
     "worker-kill": (attack_worker_kill, ""),
+    "redis-blips-job": (attack_redis_blips_job, ""),
 }
 OFFLINE = {
     "artifact-trunc": (lambda c, r: attack_artifact(c, r, "trunc"), "one-line start-up errors (issue 15, serving side)"),

@@ -1,27 +1,41 @@
 """Job state: one record per job, the same model whatever runs the jobs.
 
 ``FileJobStore`` keeps ``<runs_dir>/<id>/job.json`` (no Redis);
-``RedisJobStore`` keeps ``<prefix>:job:<id>`` plus a sorted index. Every change
-goes through ``update(id, fn)``, an atomic read-modify-write (a file lock, or
+``RedisJobStore`` keeps ``<prefix>:job:<id>`` plus a sorted index, and mirrors each
+state change into the run folder's ``job.json`` (so a Redis that comes back empty
+loses no job: :meth:`jobs.backend.RqBackend.adopt_orphans`). Every change goes
+through ``update(id, fn)``, an atomic read-modify-write (a file lock, or
 WATCH/MULTI), so the API (cancel), the runner (progress) and the reconciler
 (re-queue) never overwrite each other's changes.
+
+A record that cannot be read (damaged, or written by an incompatible version) never
+fails a list, a submit or the recovery loop: it is logged, counted in
+``store.unreadable`` and skipped. Figures are ``float | None``: a non-finite one (a
+diverged run's loss) is stored as ``null``.
+
+Model names are reserved atomically (``reserve``: Redis ``SET NX`` under WATCH, or
+a lock file): of many concurrent submits for one name, one wins.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
+import math
 import os
 import re
 import secrets
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError
 
 from elmo_service.atomic import write_text
+
+log = logging.getLogger("jobs")
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 Phase = Literal["prepare", "train", "export"]
@@ -34,6 +48,31 @@ class StoreUnavailable(Exception):
     """The job store (Redis) cannot be reached."""
 
 
+class Unreadable(Exception):
+    """A stored record that does not parse as a :class:`JobRecord`."""
+
+    def __init__(self, job_id: str, why: str) -> None:
+        super().__init__(f"job {job_id}: record unreadable: {why}")
+        self.job_id, self.why = job_id, why
+
+
+def _finite_or_none(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+# A figure from training: NaN/inf (a diverged run) is kept as null, never as a bare NaN
+Figure = Annotated[float | None, BeforeValidator(_finite_or_none)]
+
+
+def figure(v: Any) -> float | None:
+    """A metrics-log value as a :data:`Figure` (numbers only; anything else: None)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
 def new_job_id() -> str:
     return "j" + secrets.token_hex(6)
 
@@ -43,13 +82,13 @@ class Progress(BaseModel):
     total_steps: int | None = None
     epoch: int | None = None
     tokens_seen: int = 0
-    loss: float | None = None
-    perplexity: float | None = None
-    tokens_per_s: float | None = None
-    elapsed_s: float | None = None
-    eta_s: float | None = None
-    lr: float | None = None
-    heldout: dict[str, float] | None = Field(None, description="Last held-out evaluation.")
+    loss: Figure = None
+    perplexity: Figure = None
+    tokens_per_s: Figure = None
+    elapsed_s: Figure = None
+    eta_s: Figure = None
+    lr: Figure = None
+    heldout: dict[str, Figure] | None = Field(None, description="Last held-out evaluation.")
     checkpoint: str | None = Field(None, description="Newest checkpoint file in the run.")
 
 
@@ -69,7 +108,7 @@ class ArtifactInfo(BaseModel):
     path: str
     step: int | None = None
     tokens_seen: int | None = None
-    heldout: dict[str, float] | None = None
+    heldout: dict[str, Figure] | None = None
 
 
 class Event(BaseModel):
@@ -103,6 +142,9 @@ class JobRecord(BaseModel):
     artifact: ArtifactInfo | None = None
     runner: Runner | None = None
     events: list[Event] = Field(default_factory=list)
+    hint: str | None = Field(
+        None, description="Why a queued job does not start (e.g. no worker seen); not stored."
+    )
 
     @property
     def terminal(self) -> bool:
@@ -119,37 +161,124 @@ class JobRecord(BaseModel):
 
 
 Mutator = Callable[[JobRecord], bool]
+# whether a job that holds a name reservation (its id, seconds since it reserved) has
+# let it go: gone, failed or cancelled
+NameFree = Callable[[str, float], bool]
+NAME_GRACE = 60.0  # a reservation's job record may not be written yet: seconds it is kept
 
 
 class JobStore(Protocol):
+    unreadable: dict[str, str]  # id -> why, as of the last list()
+    unreadable_seen: int  # unreadable records met, in total (a counter)
+
     def create(self, rec: JobRecord) -> None: ...
-    def get(self, job_id: str) -> JobRecord | None: ...
-    def list(self) -> list[JobRecord]: ...
+    def create_if_absent(self, rec: JobRecord) -> bool: ...
+    def get(self, job_id: str) -> JobRecord | None:
+        """None when there is no such record; Unreadable when it does not parse."""
+        ...
+
+    def list(self) -> list[JobRecord]:
+        """Every readable record, newest first; unreadable ones are skipped (logged)."""
+        ...
+
+    def ids(self) -> set[str]: ...
     def update(self, job_id: str, fn: Mutator) -> tuple[JobRecord | None, bool]:
         """Apply ``fn`` atomically; it returns True to write. -> (record after, written)."""
+        ...
+
+    def reserve(self, name: str, job_id: str, free: NameFree) -> str | None:
+        """Reserve model ``name`` for ``job_id`` unless a live job holds it (its id)."""
         ...
 
     def close(self) -> None: ...
 
 
-class FileJobStore:
-    """``<root>/<id>/job.json``, replaced atomically; updates under ``job.lock`` (flock)."""
+class _Tolerant:
+    """Parsing shared by both stores: an unreadable record is reported and skipped."""
+
+    def __init__(self) -> None:
+        self.unreadable: dict[str, str] = {}
+        self.unreadable_seen = 0
+
+    def _parse(self, job_id: str, raw: str | bytes) -> JobRecord:
+        try:
+            return JobRecord.model_validate_json(raw)
+        except ValidationError as e:
+            first = e.errors()[0] if e.errors() else {}
+            where = ".".join(str(x) for x in first.get("loc", ()))
+            why = f"{where + ': ' if where else ''}{first.get('msg', str(e))}"
+            raise Unreadable(job_id, why[:300]) from e
+
+    def _parse_all(self, pairs: list[tuple[str, str | bytes]]) -> list[JobRecord]:
+        out, bad = [], {}
+        for job_id, raw in pairs:
+            try:
+                out.append(self._parse(job_id, raw))
+            except Unreadable as e:
+                bad[job_id] = e.why
+        for job_id, why in bad.items():
+            if job_id not in self.unreadable:
+                log.error("job %s: record unreadable, skipped: %s", job_id, why)
+            self.unreadable_seen += 1
+        self.unreadable = bad
+        return out
+
+
+def _reservation(job_id: str) -> str:
+    return f"{job_id} {time.time():.3f}"
+
+
+def _holder(raw: str | bytes | None) -> tuple[str, float] | None:
+    """(job id, seconds since it reserved) of a stored reservation."""
+    if not raw:
+        return None
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    job_id, _, at = text.strip().partition(" ")
+    try:
+        return job_id, time.time() - float(at)
+    except ValueError:
+        return job_id, float("inf")
+
+
+def name_holder_free(store: JobStore) -> NameFree:
+    """A reservation is free when its job is gone, failed or cancelled; an unreadable
+    holder keeps it (we cannot tell)."""
+
+    def free(job_id: str, age: float) -> bool:
+        try:
+            rec = store.get(job_id)
+        except Unreadable:
+            return False
+        if rec is None:  # reserved, but its record never came (a crash between the two)
+            return age > NAME_GRACE
+        return rec.state in ("failed", "cancelled")
+
+    return free
+
+
+class FileJobStore(_Tolerant):
+    """``<root>/<id>/job.json``, replaced atomically; updates under ``job.lock`` (flock).
+    Name reservations: ``<root>/.names/<name>`` (the job id), under ``.names/.lock``."""
 
     def __init__(self, root: Path) -> None:
+        super().__init__()
         self.root = Path(root)
 
     def _path(self, job_id: str) -> Path:
         return self.root / job_id / "job.json"
 
     @contextlib.contextmanager
-    def _locked(self, job_id: str) -> Iterator[None]:
-        lock = self.root / job_id / "job.lock"
+    def _flock(self, lock: Path) -> Iterator[None]:
+        lock.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
             os.close(fd)
+
+    def _locked(self, job_id: str) -> contextlib.AbstractContextManager[None]:
+        return self._flock(self.root / job_id / "job.lock")
 
     def _write(self, rec: JobRecord) -> None:
         path = self._path(rec.id)
@@ -160,24 +289,44 @@ class FileJobStore:
         with self._locked(rec.id):
             self._write(rec)
 
-    def get(self, job_id: str) -> JobRecord | None:
-        if not JOB_ID.match(job_id):
-            return None
+    def create_if_absent(self, rec: JobRecord) -> bool:
+        (self.root / rec.id).mkdir(parents=True, exist_ok=True)
+        with self._locked(rec.id):
+            if self._path(rec.id).exists():
+                return False
+            self._write(rec)
+            return True
+
+    def _read(self, job_id: str) -> bytes | None:
         try:
-            return JobRecord.model_validate_json(self._path(job_id).read_text())
+            return self._path(job_id).read_bytes()
         except FileNotFoundError:
             return None
 
+    def get(self, job_id: str) -> JobRecord | None:
+        if not JOB_ID.match(job_id):
+            return None
+        raw = self._read(job_id)
+        return None if raw is None else self._parse(job_id, raw)
+
+    def ids(self) -> set[str]:
+        if not self.root.is_dir():
+            return set()
+        return {p.parent.name for p in self.root.glob("j*/job.json") if JOB_ID.match(p.parent.name)}
+
     def list(self) -> list[JobRecord]:
-        out = []
-        for p in self.root.glob("j*/job.json") if self.root.is_dir() else []:
-            rec = self.get(p.parent.name)
-            if rec is not None:
-                out.append(rec)
-        return sorted(out, key=lambda r: r.created_at, reverse=True)
+        pairs = []
+        for job_id in self.ids():
+            try:
+                raw = self._read(job_id)
+            except OSError as e:  # unreadable file (permissions, I/O): reported like bad JSON
+                raw = f"<{type(e).__name__}: {e}>".encode()
+            if raw is not None:
+                pairs.append((job_id, raw))
+        return sorted(self._parse_all(pairs), key=lambda r: r.created_at, reverse=True)
 
     def update(self, job_id: str, fn: Mutator) -> tuple[JobRecord | None, bool]:
-        if self.get(job_id) is None:
+        if not JOB_ID.match(job_id) or not self._path(job_id).exists():
             return None, False
         with self._locked(job_id):
             rec = self.get(job_id)
@@ -187,20 +336,40 @@ class FileJobStore:
             self._write(rec)
             return rec, True
 
+    def reserve(self, name: str, job_id: str, free: NameFree) -> str | None:
+        names = self.root / ".names"
+        with self._flock(names / ".lock"):
+            path = names / name
+            held = _holder(path.read_text() if path.exists() else None)
+            if held and held[0] != job_id and not free(*held):
+                return held[0]
+            write_text(path, _reservation(job_id))
+            return None
+
     def close(self) -> None:
         pass
 
 
-class RedisJobStore:
-    """``<prefix>:job:<id>`` (JSON) and ``<prefix>:jobs`` (ids by creation time). No expiry:
-    the compose Redis evicts only keys with a TTL, so job records are never evicted."""
+class RedisJobStore(_Tolerant):
+    """``<prefix>:job:<id>`` (JSON), ``<prefix>:jobs`` (ids by creation time) and
+    ``<prefix>:jobname:<name>`` (the job that builds it). No expiry: the compose Redis
+    evicts only keys with a TTL, so job records are never evicted.
 
-    def __init__(self, client: Any, prefix: str) -> None:
+    ``mirror``: write each state change to the run folder's ``job.json`` too (when
+    the runs folder is visible here), from which a Redis that lost its data is refilled.
+    """
+
+    def __init__(self, client: Any, prefix: str, mirror: bool = True) -> None:
+        super().__init__()
         self.r = client
         self.prefix = prefix
+        self.mirror = mirror
 
     def _key(self, job_id: str) -> str:
         return f"{self.prefix}:job:{job_id}"
+
+    def _name_key(self, name: str) -> str:
+        return f"{self.prefix}:jobname:{name}"
 
     @property
     def _index(self) -> str:
@@ -215,18 +384,43 @@ class RedisJobStore:
         except redis.RedisError as e:
             raise StoreUnavailable(f"job store (redis) unavailable: {e}") from e
 
+    def _mirror(self, rec: JobRecord) -> None:
+        run = Path(rec.run_dir)
+        if not (self.mirror and run.parent.is_dir()):
+            return
+        try:
+            run.mkdir(exist_ok=True)
+            write_text(run / "job.json", rec.model_dump_json(indent=1))
+        except OSError as e:
+            log.warning("job %s: run-folder copy of the record not written: %s", rec.id, e)
+
     def create(self, rec: JobRecord) -> None:
         with self._errors(), self.r.pipeline() as p:
             p.set(self._key(rec.id), rec.model_dump_json())
             p.zadd(self._index, {rec.id: rec.created_at})
             p.execute()
+        self._mirror(rec)
+
+    def create_if_absent(self, rec: JobRecord) -> bool:
+        with self._errors():
+            if not self.r.set(self._key(rec.id), rec.model_dump_json(), nx=True):
+                return False
+            self.r.zadd(self._index, {rec.id: rec.created_at})
+        self._mirror(rec)
+        return True
 
     def get(self, job_id: str) -> JobRecord | None:
         if not JOB_ID.match(job_id):
             return None
         with self._errors():
             raw = self.r.get(self._key(job_id))
-        return None if raw is None else JobRecord.model_validate_json(raw)
+        return None if raw is None else self._parse(job_id, raw)
+
+    def ids(self) -> set[str]:
+        with self._errors():
+            return {
+                i.decode() if isinstance(i, bytes) else i for i in self.r.zrange(self._index, 0, -1)
+            }
 
     def list(self) -> list[JobRecord]:
         with self._errors():
@@ -235,28 +429,53 @@ class RedisJobStore:
                 for i in self.r.zrevrange(self._index, 0, -1)
             ]
             raws = self.r.mget([self._key(i) for i in ids]) if ids else []
-        return [JobRecord.model_validate_json(raw) for raw in raws if raw is not None]
+        return self._parse_all(
+            [(i, raw) for i, raw in zip(ids, raws, strict=False) if raw is not None]
+        )
 
     def update(self, job_id: str, fn: Mutator) -> tuple[JobRecord | None, bool]:
         key = self._key(job_id)
-        result: list[Any] = [None, False]
+        result: list[Any] = [None, False, False]
 
         def txn(pipe: Any) -> None:
             raw = pipe.get(key)
-            rec = None if raw is None else JobRecord.model_validate_json(raw)
-            result[:] = [rec, False]
-            if rec is None or not fn(rec):
+            rec = None if raw is None else self._parse(job_id, raw)
+            result[:] = [rec, False, False]
+            if rec is None:
+                return
+            before = (rec.state, rec.attempt, rec.cancel_requested)
+            if not fn(rec):
                 return
             rec.updated_at = time.time()
             pipe.multi()
             pipe.set(key, rec.model_dump_json())
             result[1] = True
+            result[2] = before != (rec.state, rec.attempt, rec.cancel_requested)
 
         if not JOB_ID.match(job_id):
             return None, False
         with self._errors():
             self.r.transaction(txn, key)
+        if result[2]:
+            self._mirror(result[0])
         return result[0], result[1]
+
+    def reserve(self, name: str, job_id: str, free: NameFree) -> str | None:
+        key = self._name_key(name)
+        holder: list[str | None] = [None]
+
+        def txn(pipe: Any) -> None:
+            held = _holder(pipe.get(key))
+            holder[0] = None
+            if held and held[0] != job_id and not free(*held):
+                holder[0] = held[0]
+                return
+            pipe.multi()
+            pipe.set(key, _reservation(job_id))
+
+        with self._errors():
+            self.r.transaction(txn, key)
+        return holder[0]
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
