@@ -256,7 +256,7 @@ def check_limits(job: JobIn, cfg: dict[str, Any], limits: Limits) -> None:
         ("config.checkpoint.every_minutes", ck["every_minutes"], 0),
         ("config.train.max_minutes", tr["max_minutes"], 0),
         ("config.train.eval_every", tr["eval_every"], 0),
-        ("config.train.eval_max_sentences", tr["eval_max_sentences"], 1),
+        ("config.train.eval_max_sentences", tr["eval_max_sentences"], 0),  # 0 = all
     ):
         if v < least:
             fail(field, f"must be >= {least} (got {v})" + (" (0 = never)" if least == 0 else ""))
