@@ -7,7 +7,7 @@ TEST_STAMP := $(VENV)/.installed-test
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: setup serve test test-fast lint format bench chaos system-deps clean deploy-check e2e stack stack-down docker-engine torch-plan k8s
+.PHONY: setup serve test test-fast lint format bench chaos system-deps clean deploy-check e2e stack stack-down docker-engine torch-plan k8s compose-cmd
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -104,6 +104,10 @@ DOCKER_BUILDKIT ?= $(shell docker buildx version >/dev/null 2>&1 && echo 1 || ec
 docker-engine:
 	@command -v docker >/dev/null 2>&1 || { echo "make: no docker command: install Docker (docker/README.md)" >&2; exit 1; }
 	@docker info >/dev/null 2>&1 || { echo "make: no Docker engine answers (docker info failed): start one (docker/README.md)" >&2; exit 1; }
+
+# the compose command `make stack` uses, for commands by hand: COMPOSE="$$(make -s compose-cmd)"
+compose-cmd: $(filter $(BIN)/docker-compose,$(COMPOSE))
+	@echo "$(COMPOSE)"
 
 # Settings and build arguments: the shell or .env (.env.example); replicas: ELMO_API_REPLICAS.
 stack: docker-engine $(filter $(BIN)/docker-compose,$(COMPOSE))

@@ -662,6 +662,38 @@ def test_e2e_script():
     assert "down -v" in text and "trap cleanup EXIT" in text
     assert "127.0.0.1" in text and "READY_TIMEOUT" in text
     assert '{"sentences": ["The bank of the river."]}' in text
+    # through the balancer: activation, convergence of every replica, a restart, fresh rounds
+    assert "/activate" in text and "wait_converged" in text and "docker restart" in text
+    assert "E2E_ROUNDS" in text and "models-init" in text
+    assert "docker build " not in text, "build through compose (reads .env, no CLI builder warning)"
+
+
+def _saved(folder: Path, i: int, replica: str, served: str, fleet: list | None = None) -> None:
+    body: dict = {"served": {"id": served, "version": "v"}}
+    if fleet is not None:
+        body["fleet"] = fleet
+    (folder / f"models-{i}.json").write_text(json.dumps(body))
+    (folder / f"models-{i}.headers").write_text(f"HTTP/1.1 200 OK\r\nX-Elmo-Replica: {replica}\r\n")
+
+
+def _converged(folder: Path, replicas: int = 2) -> subprocess.CompletedProcess[str]:
+    check = ROOT / "docker" / "e2e_check.py"
+    return run(sys.executable, str(check), "converged", "new", str(replicas), str(folder))
+
+
+def test_e2e_convergence_check(tmp_path):
+    """docker/e2e_check.py, on saved answers: every replica (by the balancer's header) on NAME."""
+    _saved(tmp_path, 0, "api1", "new")
+    _saved(tmp_path, 1, "api2", "new")
+    assert _converged(tmp_path).returncode == 0
+    assert _converged(tmp_path, replicas=3).returncode != 0, "a replica never seen"
+    _saved(tmp_path, 2, "api2", "default")
+    assert "api2" in _converged(tmp_path).stderr, "a replica on the old model"
+    fleet = [{"served": {"id": "new"}}, {"served": {"id": "default"}}]
+    _saved(tmp_path, 2, "api2", "new", fleet)
+    assert "fleet view disagrees" in _converged(tmp_path).stderr
+    _saved(tmp_path, 2, "api2", "new", [{"model": {"name": "new"}}, {"served": {"id": "new"}}])
+    assert _converged(tmp_path).returncode == 0
 
 
 # --------------------------------------------------------------------------- make stack
