@@ -197,11 +197,11 @@ for ((round = 1; round <= ROUNDS; round++)); do
   wait_ready "$READY_TIMEOUT"
   curl -fsS --max-time 5 "${BASE_URL}/healthz" > /dev/null || die "/healthz failed while ready"
   embed_once
-  n="$(api_ids | wc -l)"
-  ((n == REPLICAS)) || die "${n} api containers, expected ${REPLICAS}"
+  mapfile -t ids < <(api_ids)
+  ((${#ids[@]} == REPLICAS)) || die "${#ids[@]} api containers, expected ${REPLICAS}"
 
   # 4. Activate another model through the balancer: every replica converges to it.
-  api_one="$(api_ids | head -n 1)"
+  api_one="${ids[0]}"
   docker exec "$api_one" sh -c "rm -rf /models/${TARGET} && cp -R /models/default /models/.${TARGET}.tmp && mv /models/.${TARGET}.tmp /models/${TARGET}"
   status="$(curl -sS --max-time 300 -o "$WORK/activate.json" -w '%{http_code}' -X POST \
     -H "Authorization: Bearer ${ADMIN_KEY}" "${BASE_URL}/v1/models/${TARGET}/activate")"
