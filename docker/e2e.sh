@@ -20,6 +20,8 @@
 #   E2E_ROUNDS=1                fresh bring-ups in a row
 #   E2E_READY_TIMEOUT=600       seconds to wait for /readyz (model load + warm-up)
 #   E2E_CONVERGE_TIMEOUT=120    seconds for every replica to serve the activated model
+#   E2E_ACTIVATE=1              0 = skip the activation, convergence and restart steps (a build
+#                               whose replicas do not share the served model yet)
 #   E2E_BUILD=1                 0 = use existing $ELMO_IMAGE / $ELMO_LB_IMAGE instead of building
 #   E2E_BUILD_NETWORK=          build network (as BUILD_NETWORK), e.g. "host"
 #   E2E_API_KEY=                bearer key: set as ELMO_API_KEYS and sent with every request
@@ -45,6 +47,7 @@ REPLICAS="${E2E_REPLICAS:-2}"
 ROUNDS="${E2E_ROUNDS:-1}"
 READY_TIMEOUT="${E2E_READY_TIMEOUT:-600}"
 CONVERGE_TIMEOUT="${E2E_CONVERGE_TIMEOUT:-120}"
+ACTIVATE="${E2E_ACTIVATE:-1}"
 BUILD="${E2E_BUILD:-1}"
 ADMIN_KEY="${E2E_ADMIN_KEY:-e2e-admin}"
 export ELMO_IMAGE="${ELMO_IMAGE:-elmo-service:e2e}"
@@ -200,20 +203,22 @@ for ((round = 1; round <= ROUNDS; round++)); do
   mapfile -t ids < <(api_ids)
   ((${#ids[@]} == REPLICAS)) || die "${#ids[@]} api containers, expected ${REPLICAS}"
 
-  # 4. Activate another model through the balancer: every replica converges to it.
-  api_one="${ids[0]}"
-  docker exec "$api_one" sh -c "rm -rf /models/${TARGET} && cp -R /models/default /models/.${TARGET}.tmp && mv /models/.${TARGET}.tmp /models/${TARGET}"
-  status="$(curl -sS --max-time 300 -o "$WORK/activate.json" -w '%{http_code}' -X POST \
-    -H "Authorization: Bearer ${ADMIN_KEY}" "${BASE_URL}/v1/models/${TARGET}/activate")"
-  [[ "$status" == 200 ]] || die "activate returned HTTP ${status}: $(head -c 500 "$WORK/activate.json")"
-  log "activated ${TARGET}: $(head -c 300 "$WORK/activate.json")"
-  wait_converged
+  if [[ "$ACTIVATE" == 1 ]]; then
+    # 4. Activate another model through the balancer: every replica converges to it.
+    api_one="${ids[0]}"
+    docker exec "$api_one" sh -c "rm -rf /models/${TARGET} && cp -R /models/default /models/.${TARGET}.tmp && mv /models/.${TARGET}.tmp /models/${TARGET}"
+    status="$(curl -sS --max-time 300 -o "$WORK/activate.json" -w '%{http_code}' -X POST \
+      -H "Authorization: Bearer ${ADMIN_KEY}" "${BASE_URL}/v1/models/${TARGET}/activate")"
+    [[ "$status" == 200 ]] || die "activate returned HTTP ${status}: $(head -c 500 "$WORK/activate.json")"
+    log "activated ${TARGET}: $(head -c 300 "$WORK/activate.json")"
+    wait_converged
 
-  # 5. A replica that restarts comes back on the activated model, not on ELMO_MODEL.
-  docker restart --time 20 "$api_one" > /dev/null
-  wait_ready "$READY_TIMEOUT"
-  wait_converged
-  embed_once
+    # 5. A replica that restarts comes back on the activated model, not on ELMO_MODEL.
+    docker restart --time 20 "$api_one" > /dev/null
+    wait_ready "$READY_TIMEOUT"
+    wait_converged
+    embed_once
+  fi
 
   wait_healthy api 180
   wait_healthy lb 60
