@@ -29,14 +29,14 @@ TORCH_PLAN = $(BIN)/python deploy/torch_plan.py --torch $(TORCH) --version $(TOR
 
 $(STAMP): pyproject.toml deploy/torch_plan.py | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet $$($(TORCH_PLAN))
+	args=$$($(TORCH_PLAN)) && $(BIN)/pip install --quiet $$args
 	@$(BIN)/python -c "import torch; print('torch', torch.__version__, 'CUDA ' + torch.version.cuda if torch.version.cuda else 'CPU build')"
 	$(BIN)/pip install --quiet -e ".$(if $(EXTRAS),[$(EXTRAS)])"
 	touch $@
 
 # what the torch install would be here, without installing: `make torch-plan [TORCH=cpu|cuda]`
 torch-plan: | $(BIN)/python
-	@echo "pip install $$($(TORCH_PLAN))"
+	@args=$$($(TORCH_PLAN)) && echo "pip install $$args"
 
 # test extras, and AllenNLP (no deps) for the parity tests
 $(TEST_STAMP): $(STAMP) $(wildcard tests/install_parity_deps.sh)

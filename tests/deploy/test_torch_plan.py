@@ -110,6 +110,17 @@ def test_cpu_plan_with_local_wheels_needs_no_index(tmp_path):
     assert torch_plan(clean_env(PIP_CONFIG_FILE=str(conf)), "TORCH=cpu") == ["torch==2.13.0+cpu"]
 
 
+def test_unknown_torch_choice_stops_make():
+    make = shutil.which("make")
+    assert make
+    proc = subprocess.run(
+        [make, "--no-print-directory", "-s", "-C", str(ROOT), "torch-plan", "TORCH=rocm"],
+        env=clean_env(), capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "invalid choice: 'rocm'" in proc.stderr
+    assert "pip install" not in proc.stdout
+
+
 def test_auto_follows_nvidia_smi(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
