@@ -94,6 +94,7 @@ def test_base_renders_the_expected_objects(objects):
         ("Deployment", "worker"),
         ("StatefulSet", "redis"),
         ("Service", "redis"),
+        ("NetworkPolicy", "redis"),
         ("PersistentVolumeClaim", "models"),
         ("PersistentVolumeClaim", "data"),
         ("PersistentVolumeClaim", "runs"),
@@ -260,6 +261,26 @@ def test_redis_has_the_compose_policy(objects):
     (claim,) = sts["spec"]["volumeClaimTemplates"]
     mounts = container(sts, "redis")["volumeMounts"]
     assert [m["mountPath"] for m in mounts if m["name"] == claim["metadata"]["name"]] == ["/data"]
+
+
+def test_only_api_and_worker_reach_redis(objects):
+    policy = one(objects, "NetworkPolicy", "redis")
+    sts = one(objects, "StatefulSet", "redis")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= (
+        sts["spec"]["template"]["metadata"]["labels"].items()
+    )
+    (rule,) = policy["spec"]["ingress"]
+    (peer,) = rule["from"]
+    (expr,) = peer["podSelector"]["matchExpressions"]
+    names = {
+        o["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"]
+        for o in (one(objects, "Deployment", "api"), one(objects, "Deployment", "worker"))
+    }
+    assert (expr["key"], expr["operator"], set(expr["values"])) == (
+        "app.kubernetes.io/name", "In", names
+    )  # fmt: skip
+    (port,) = rule["ports"]
+    assert port["port"] == container(sts, "redis")["ports"][0]["containerPort"]
 
 
 def test_disruption_budget_and_autoscaler_fit_the_deployment(objects):
