@@ -173,7 +173,7 @@ def stack(tmp_path: Path):
         yield s
     finally:
         s.stop()
-        if hasattr(s, "log") and s.log.exists():
+        if s.log.exists():  # shown by pytest when the test fails
             print(s.log.read_text(errors="replace")[-3000:])
 
 
