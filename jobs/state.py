@@ -13,6 +13,12 @@ fails a list, a submit or the recovery loop: it is logged, counted in
 ``store.unreadable`` and skipped. Figures are ``float | None``: a non-finite one (a
 diverged run's loss) is stored as ``null``.
 
+A Redis that answers, but not with what a command returns (a wrong type or length: a
+misbehaving proxy or "Redis-compatible" server), is a store failure like one that does
+not answer: every reply is checked, and what redis-py or rq raise on such a reply is
+turned into :class:`StoreUnavailable` in one place (:func:`store_errors`), so the API
+answers 503 and the workers treat it as an outage.
+
 Model names are reserved atomically (``reserve``: Redis ``SET NX`` under WATCH, or
 a lock file): of many concurrent submits for one name, one wins.
 """
@@ -451,9 +457,6 @@ class RedisJobStore(_Tolerant):
     def _index(self) -> str:
         return f"{self.prefix}:jobs"
 
-    def _errors(self) -> contextlib.AbstractContextManager[None]:
-        return store_errors()
-
     def _ids(self, reply: object, what: str) -> list[str]:
         """A ZRANGE's reply: job ids (members that are not one are not ours: skipped)."""
         expect(isinstance(reply, list), what, reply)
@@ -472,7 +475,7 @@ class RedisJobStore(_Tolerant):
             log.warning("job %s: run-folder copy of the record not written: %s", rec.id, e)
 
     def create(self, rec: JobRecord) -> None:
-        with self._errors(), self.r.pipeline() as p:
+        with store_errors(), self.r.pipeline() as p:
             p.set(self._key(rec.id), rec.model_dump_json())
             p.zadd(self._index, {rec.id: rec.created_at})
             replies = p.execute()
@@ -484,7 +487,7 @@ class RedisJobStore(_Tolerant):
         self._mirror(rec)
 
     def create_if_absent(self, rec: JobRecord) -> bool:
-        with self._errors():
+        with store_errors():
             done = self.r.set(self._key(rec.id), rec.model_dump_json(), nx=True)
             expect(done is True or done is None, "SET NX", done)  # redis-py: +OK -> True
             if done is None:
@@ -497,16 +500,16 @@ class RedisJobStore(_Tolerant):
     def get(self, job_id: str) -> JobRecord | None:
         if not JOB_ID.match(job_id):
             return None
-        with self._errors():
+        with store_errors():
             raw = _string(self.r.get(self._key(job_id)), "GET")
         return None if raw is None else self._parse(job_id, raw)
 
     def ids(self) -> set[str]:
-        with self._errors():
+        with store_errors():
             return set(self._ids(self.r.zrange(self._index, 0, -1), "ZRANGE"))
 
     def list(self) -> list[JobRecord]:
-        with self._errors():
+        with store_errors():
             ids = self._ids(self.r.zrevrange(self._index, 0, -1), "ZREVRANGE")
             raws = self.r.mget([self._key(i) for i in ids]) if ids else []
             expect(isinstance(raws, list) and len(raws) == len(ids), f"MGET of {len(ids)}", raws)
@@ -539,7 +542,7 @@ class RedisJobStore(_Tolerant):
 
         if not JOB_ID.match(job_id):
             return None, False
-        with self._errors():
+        with store_errors():
             replies = self.r.transaction(txn, key)
             if result[1]:
                 expect(replies == [True], "MULTI/SET/EXEC", replies)
@@ -562,7 +565,7 @@ class RedisJobStore(_Tolerant):
             pipe.multi()
             pipe.set(key, _reservation(job_id))
 
-        with self._errors():
+        with store_errors():
             replies = self.r.transaction(txn, key)
             if holder[0] is None:
                 expect(replies == [True], "MULTI/SET/EXEC", replies)
