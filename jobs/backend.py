@@ -45,6 +45,7 @@ from jobs.state import (
     RedisJobStore,
     StoreUnavailable,
     name_holder_free,
+    store_errors,
 )
 
 log = logging.getLogger("jobs")
@@ -254,28 +255,31 @@ class RqBackend(JobBackend):
         if at and time.monotonic() - at < 2.0:
             return seen
         # rq workers register with a TTL: any on our queue is alive (or was, a minute ago)
-        seen = 0.0 if Worker.count(queue=self.queue) else None
+        with store_errors():
+            seen = 0.0 if Worker.count(queue=self.queue) else None
         self._workers_checked = (time.monotonic(), seen)
         return seen
 
     def deliver(self, rec: JobRecord) -> None:
-        self.queue.enqueue(
-            "jobs.worker.rq_entry",  # by name: rq imports it in the work-horse
-            rec.id,
-            rec.attempt,
-            job_id=rq_job_id(rec),
-            job_timeout=-1,  # the training budget (steps / max_minutes) bounds a job, not rq
-            result_ttl=7 * 24 * 3600,
-            failure_ttl=30 * 24 * 3600,
-            description=f"pretrain {rec.name} ({rec.id}, attempt {rec.attempt})",
-        )
+        with store_errors():  # rq parses Redis's replies: nonsense fails inside it
+            self.queue.enqueue(
+                "jobs.worker.rq_entry",  # by name: rq imports it in the work-horse
+                rec.id,
+                rec.attempt,
+                job_id=rq_job_id(rec),
+                job_timeout=-1,  # the training budget (steps / max_minutes) bounds a job, not rq
+                result_ttl=7 * 24 * 3600,
+                failure_ttl=30 * 24 * 3600,
+                description=f"pretrain {rec.name} ({rec.id}, attempt {rec.attempt})",
+            )
 
     def _rq_job(self, rec: JobRecord) -> Any:
         from rq.exceptions import NoSuchJobError
         from rq.job import Job
 
         try:
-            return Job.fetch(rq_job_id(rec), connection=self.redis)
+            with store_errors():
+                return Job.fetch(rq_job_id(rec), connection=self.redis)
         except NoSuchJobError:
             return None
 
@@ -291,7 +295,8 @@ class RqBackend(JobBackend):
             return "its rq job is gone"
         status = job.get_status(refresh=False)
         if status in ("failed", "stopped", "canceled"):
-            result = job.latest_result()
+            with store_errors():
+                result = job.latest_result()
             why = (result.exc_string or "").strip().splitlines() if result else []
             return f"rq marked its execution {status}" + (f" ({why[-1]})" if why else "")
         return None

@@ -13,6 +13,12 @@ fails a list, a submit or the recovery loop: it is logged, counted in
 ``store.unreadable`` and skipped. Figures are ``float | None``: a non-finite one (a
 diverged run's loss) is stored as ``null``.
 
+A Redis that answers, but not with what a command returns (a wrong type or length: a
+misbehaving proxy or "Redis-compatible" server), is a store failure like one that does
+not answer: every reply is checked, and what redis-py or rq raise on such a reply is
+turned into :class:`StoreUnavailable` in one place (:func:`store_errors`), so the API
+answers 503 and the workers treat it as an outage.
+
 Model names are reserved atomically (``reserve``: Redis ``SET NX`` under WATCH, or
 a lock file): of many concurrent submits for one name, one wins.
 """
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import logging
 import math
 import os
@@ -45,7 +52,82 @@ MAX_EVENTS = 50
 
 
 class StoreUnavailable(Exception):
-    """The job store (Redis) cannot be reached."""
+    """The job store (Redis) cannot be reached, or answered garbage."""
+
+
+class BadReply(Exception):
+    """Redis answered, but not with what the command returns (its type or length)."""
+
+
+# What redis-py's reply parsing, and rq on top of it, raise on a reply of the wrong type
+# or length (a misbehaving proxy, a "Redis-compatible" server); pydantic's
+# ValidationError (rq's own models) is a ValueError.
+REPLY_SHAPE_ERRORS: tuple[type[Exception], ...] = (
+    BadReply, TypeError, ValueError, AttributeError, IndexError, KeyError,
+)  # fmt: skip
+
+
+class _Own(Exception):
+    """An exception our own callback raised inside a Redis transaction, carried past
+    :func:`store_errors` so a bug of ours is not reported as the store's garbage."""
+
+
+def own(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (a mutator, a name check) to run inside :func:`store_errors`: whatever it
+    raises comes out unchanged."""
+
+    @functools.wraps(fn)
+    def call(*args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception as e:  # noqa: BLE001 - not handled: re-raised as is by store_errors
+            raise _Own() from e
+
+    return call
+
+
+@contextlib.contextmanager
+def store_errors() -> Iterator[None]:
+    """The one place a job-store (Redis, rq) failure becomes :class:`StoreUnavailable`:
+    the client's errors (connection, timeout, an error reply) and a reply of the wrong
+    type or length, whether our checks or redis-py/rq's parsing found it. Nothing
+    broader: an exception of our own passes (see :func:`own`)."""
+    import redis
+
+    try:
+        yield
+    except _Own as e:
+        raise e.__cause__ from None  # type: ignore[misc]
+    except redis.RedisError as e:
+        raise StoreUnavailable(f"job store (redis) unavailable: {type(e).__name__}: {e}") from e
+    except REPLY_SHAPE_ERRORS as e:
+        raise StoreUnavailable(
+            f"job store (redis) answered garbage: {type(e).__name__}: {e}"
+        ) from e
+
+
+def describe(reply: object) -> str:
+    """A short name for an unexpected reply, for errors."""
+    if isinstance(reply, list | tuple):
+        return f"an array of {len(reply)}"
+    if isinstance(reply, bytes | str):
+        return f"a string {reply[:16]!r}"
+    return f"{type(reply).__name__} {reply!r:.32}"
+
+
+def expect(ok: bool, what: str, reply: object) -> None:
+    if not ok:
+        raise BadReply(f"{what} answered {describe(reply)}")
+
+
+def _string(reply: object, what: str) -> str | bytes | None:
+    """A GET's reply: a string, or nil."""
+    expect(reply is None or isinstance(reply, bytes | str), what, reply)
+    return reply  # type: ignore[return-value]
+
+
+def _is_count(reply: object) -> bool:
+    return isinstance(reply, int) and not isinstance(reply, bool)
 
 
 class Unreadable(Exception):
@@ -375,14 +457,12 @@ class RedisJobStore(_Tolerant):
     def _index(self) -> str:
         return f"{self.prefix}:jobs"
 
-    @contextlib.contextmanager
-    def _errors(self) -> Iterator[None]:
-        import redis
-
-        try:
-            yield
-        except redis.RedisError as e:
-            raise StoreUnavailable(f"job store (redis) unavailable: {e}") from e
+    def _ids(self, reply: object, what: str) -> list[str]:
+        """A ZRANGE's reply: job ids (members that are not one are not ours: skipped)."""
+        expect(isinstance(reply, list), what, reply)
+        expect(all(isinstance(i, bytes | str) for i in reply), what, reply)  # type: ignore[union-attr]
+        ids = [i.decode() if isinstance(i, bytes) else i for i in reply]  # type: ignore[union-attr]
+        return [i for i in ids if JOB_ID.match(i)]
 
     def _mirror(self, rec: JobRecord) -> None:
         run = Path(rec.run_dir)
@@ -395,56 +475,64 @@ class RedisJobStore(_Tolerant):
             log.warning("job %s: run-folder copy of the record not written: %s", rec.id, e)
 
     def create(self, rec: JobRecord) -> None:
-        with self._errors(), self.r.pipeline() as p:
+        with store_errors(), self.r.pipeline() as p:
             p.set(self._key(rec.id), rec.model_dump_json())
             p.zadd(self._index, {rec.id: rec.created_at})
-            p.execute()
+            replies = p.execute()
+            expect(
+                isinstance(replies, list) and len(replies) == 2 and replies[0] is True
+                and _is_count(replies[1]),
+                "SET + ZADD", replies,
+            )  # fmt: skip
         self._mirror(rec)
 
     def create_if_absent(self, rec: JobRecord) -> bool:
-        with self._errors():
-            if not self.r.set(self._key(rec.id), rec.model_dump_json(), nx=True):
+        with store_errors():
+            done = self.r.set(self._key(rec.id), rec.model_dump_json(), nx=True)
+            expect(done is True or done is None, "SET NX", done)  # redis-py: +OK -> True
+            if done is None:
                 return False
-            self.r.zadd(self._index, {rec.id: rec.created_at})
+            added = self.r.zadd(self._index, {rec.id: rec.created_at})
+            expect(_is_count(added), "ZADD", added)
         self._mirror(rec)
         return True
 
     def get(self, job_id: str) -> JobRecord | None:
         if not JOB_ID.match(job_id):
             return None
-        with self._errors():
-            raw = self.r.get(self._key(job_id))
+        with store_errors():
+            raw = _string(self.r.get(self._key(job_id)), "GET")
         return None if raw is None else self._parse(job_id, raw)
 
     def ids(self) -> set[str]:
-        with self._errors():
-            return {
-                i.decode() if isinstance(i, bytes) else i for i in self.r.zrange(self._index, 0, -1)
-            }
+        with store_errors():
+            return set(self._ids(self.r.zrange(self._index, 0, -1), "ZRANGE"))
 
     def list(self) -> list[JobRecord]:
-        with self._errors():
-            ids = [
-                i.decode() if isinstance(i, bytes) else i
-                for i in self.r.zrevrange(self._index, 0, -1)
-            ]
+        with store_errors():
+            ids = self._ids(self.r.zrevrange(self._index, 0, -1), "ZREVRANGE")
             raws = self.r.mget([self._key(i) for i in ids]) if ids else []
+            expect(isinstance(raws, list) and len(raws) == len(ids), f"MGET of {len(ids)}", raws)
+            for raw in raws:
+                _string(raw, "MGET")
         return self._parse_all(
-            [(i, raw) for i, raw in zip(ids, raws, strict=False) if raw is not None]
+            [(i, raw) for i, raw in zip(ids, raws, strict=True) if raw is not None]
         )
 
     def update(self, job_id: str, fn: Mutator) -> tuple[JobRecord | None, bool]:
         key = self._key(job_id)
         result: list[Any] = [None, False, False]
 
+        mutate = own(fn)
+
         def txn(pipe: Any) -> None:
-            raw = pipe.get(key)
+            raw = _string(pipe.get(key), "GET")
             rec = None if raw is None else self._parse(job_id, raw)
             result[:] = [rec, False, False]
             if rec is None:
                 return
             before = (rec.state, rec.attempt, rec.cancel_requested)
-            if not fn(rec):
+            if not mutate(rec):
                 return
             rec.updated_at = time.time()
             pipe.multi()
@@ -454,8 +542,10 @@ class RedisJobStore(_Tolerant):
 
         if not JOB_ID.match(job_id):
             return None, False
-        with self._errors():
-            self.r.transaction(txn, key)
+        with store_errors():
+            replies = self.r.transaction(txn, key)
+            if result[1]:
+                expect(replies == [True], "MULTI/SET/EXEC", replies)
         if result[2]:
             self._mirror(result[0])
         return result[0], result[1]
@@ -464,17 +554,21 @@ class RedisJobStore(_Tolerant):
         key = self._name_key(name)
         holder: list[str | None] = [None]
 
+        is_free = own(free)
+
         def txn(pipe: Any) -> None:
-            held = _holder(pipe.get(key))
+            held = _holder(_string(pipe.get(key), "GET"))
             holder[0] = None
-            if held and held[0] != job_id and not free(*held):
+            if held and held[0] != job_id and not is_free(*held):
                 holder[0] = held[0]
                 return
             pipe.multi()
             pipe.set(key, _reservation(job_id))
 
-        with self._errors():
-            self.r.transaction(txn, key)
+        with store_errors():
+            replies = self.r.transaction(txn, key)
+            if holder[0] is None:
+                expect(replies == [True], "MULTI/SET/EXEC", replies)
         return holder[0]
 
     def close(self) -> None:
