@@ -47,8 +47,10 @@ from elmo_service.scalar_mix import MixSpec, ScalarMix
 from elmo_service.tokenizers import Token
 
 Sentence = str | Sequence[str]
-# keys for the sentence markers that no real token text can collide with
-_BOS, _EOS = "\x00<S>", "\x00</S>"
+# rows of a batch's token table: 0 the zero vector (padding), 1 and 2 the sentence markers,
+# then the batch's distinct token texts. The markers are rows, never keys: no token text
+# (not even "\x00<S>") can reach their vectors
+_PAD, _BOS_ROW, _EOS_ROW, _FIRST_TOKEN_ROW = 0, 1, 2, 3
 
 
 @dataclass
@@ -328,21 +330,20 @@ class Embedder:
         """``[2, P]``: the vectors of ``<S>`` and ``</S>``, in every sentence and fixed by the
         weights, so computed once per weight version (not in every batch's CNN call)."""
         cnn = self.model.token_encoder
+        w = self.cfg.max_chars_per_token
         return kernel_cache(cnn).get_or_build(
             ("markers", self.weights, self.precision),
             list(cnn.parameters()),
-            lambda: self._encode_keys([_BOS, _EOS]),
+            lambda: self._encode_ids(np.stack([bos_ids(w), eos_ids(w)])),
         )
 
     def _encode_keys(self, keys: list[str]) -> torch.Tensor:
-        """Token keys (``<S>``/``</S>`` markers included) -> ``[N, P]`` through the CNN."""
+        """Token texts -> ``[N, P]`` through the CNN."""
         w = self.cfg.max_chars_per_token
-        ids = np.stack(
-            [
-                bos_ids(w) if k == _BOS else eos_ids(w) if k == _EOS else token_ids(k, w)
-                for k in keys
-            ]
-        )
+        return self._encode_ids(np.stack([token_ids(k, w) for k in keys]))
+
+    def _encode_ids(self, ids: np.ndarray) -> torch.Tensor:
+        """Character ids ``[N, W]`` -> ``[N, P]`` through the CNN."""
         with autocast(self.device, self.precision):
             return self._encode(torch.from_numpy(ids).to(self.device)).float()
 
@@ -353,14 +354,15 @@ class Embedder:
             b_pad, t_pad = max(b, 2), -(-t // 8) * 8
         else:
             b_pad, t_pad = b, t
-        keys: dict[str, int] = {_BOS: 0, _EOS: 1}  # the markers: rows 1 and 2 of the table
-        index = np.zeros((b_pad, t_pad), dtype=np.int64)  # 0 -> the zero row
+        keys: dict[str, int] = {}  # distinct token texts -> their row - _FIRST_TOKEN_ROW
+        index = np.full((b_pad, t_pad), _PAD, dtype=np.int64)
         for r, sent in enumerate(sentences):
-            for c, tok in enumerate((_BOS, *sent, _EOS)):
-                index[r, c] = keys.setdefault(tok, len(keys)) + 1
+            index[r, 0], index[r, len(sent) + 1] = _BOS_ROW, _EOS_ROW
+            for c, tok in enumerate(sent, start=1):
+                index[r, c] = keys.setdefault(tok, len(keys)) + _FIRST_TOKEN_ROW
         with self._lock, torch.inference_mode():
             markers = self._marker_vectors()
-            table = self._token_vectors(list(keys)[2:])
+            table = self._token_vectors(list(keys))
             table = torch.cat([markers.new_zeros(1, markers.shape[1]), markers, table])
             index_t = torch.from_numpy(index).to(self.device)
             tokens = table[index_t]
