@@ -44,7 +44,6 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from elmo_service.char_ids import bos_ids, eos_ids, token_ids  # noqa: E402
-from elmo_service.lstm import compile_training_kernels  # noqa: E402
 from elmo_service.model import length_mask, reverse_padded  # noqa: E402
 from elmo_service.runtime import autocast, resolve_precision, set_threads  # noqa: E402
 from pretrain.config import TrainConfig, load_config  # noqa: E402
@@ -232,7 +231,7 @@ def main() -> None:
     if cfg.train.compile:
         torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
         lm.encode_fn = torch.compile(lm.bilm.token_encoder.forward)
-        compile_training_kernels()
+        lm.bilm.use_compiled_steps()
         lm.loss_fn = torch.compile(lm.softmax.loss)
     batches = make_batches(cfg, a.vocab, a.steps, rng)
     shapes = sorted({tuple(b.ids.shape) for b in batches})

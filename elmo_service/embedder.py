@@ -10,11 +10,12 @@
    character CNN is most of the FLOPs of released-size models); misses run
    through the CNN once per distinct token;
 3. the biLSTM runs on the assembled ``[B, T, P]`` token vectors, from a zero
-   state, so a sentence's vectors do not depend on its batch mates. On the
-   CPU in fp32 it runs the serving kernel (``elmo_service/bilstm.py``: both
-   directions per step, weights packed once); ``weights="int8"`` (opt-in)
-   quantizes the big matmuls' weights (``elmo_service/packed.py``; speed and
-   error in ``docs/bench-embedder.md``).
+   state, so a sentence's vectors do not depend on its batch mates.
+
+Both halves run in the kernel chosen once at construction and logged
+(``elmo_service/kernels``): on the CPU in fp32, ``CpuBiLM`` (native kernels;
+``weights="int8"``, opt-in, quantizes the big matmuls' weights: speed and
+error in ``docs/bench-embedder.md``); otherwise the model's own torch code.
 
 Outputs are float32 numpy arrays ``[L+1, T, D]`` per sentence, markers removed.
 """
@@ -22,6 +23,7 @@ Outputs are float32 numpy arrays ``[L+1, T, D]`` per sentence, markers removed.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -41,7 +43,8 @@ from elmo_service.batching import (
 from elmo_service.char_ids import bos_ids, eos_ids, token_ids
 from elmo_service.config import DEFAULT_TOKEN_CACHE_SIZE
 from elmo_service.errors import ConfigError, InputError, LimitError
-from elmo_service.packed import check_weights_mode, kernel_cache
+from elmo_service.kernels.packed import KernelCache, check_weights_mode
+from elmo_service.kernels.select import choose_kernel
 from elmo_service.runtime import autocast, pick_device, resolve_precision, set_threads
 from elmo_service.scalar_mix import MixSpec, ScalarMix
 from elmo_service.tokenizers import Token
@@ -51,6 +54,13 @@ Sentence = str | Sequence[str]
 # then the batch's distinct token texts. The markers are rows, never keys: no token text
 # (not even "\x00<S>") can reach their vectors
 _PAD, _BOS_ROW, _EOS_ROW, _FIRST_TOKEN_ROW = 0, 1, 2, 3
+# what warm_up embeds: a batch, then one sentence alone (another path of the CPU kernel)
+WARMUP_SENTENCES = (
+    ("Hello", "world", "."),
+    ("The", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "near", "the", "river"),
+)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -135,9 +145,31 @@ def _check_words_kept(words: Sequence[str], toks: list[Token], i: int) -> None:
 class Embedder:
     """Load once, embed many times. Thread-safe: one forward pass at a time.
 
-    ``weights``: "fp32", or "int8" (CPU, fp32 precision, no compile) for int8
-    weights in the big matmuls; its replicas never share cached vectors with
-    fp32 ones (``cache_key_prefix``).
+    # Parameters
+
+    artifact : `Artifact`
+        The model, its tokenizer and tasks (``load_artifact``; :meth:`load` reads one).
+    device : `str`, optional (default = `"auto"`)
+        ``"cpu"``, ``"cuda[:n]"``, or ``"auto"`` (CUDA when available).
+    precision : `str`, optional (default = `"fp32"`)
+        ``"fp32"``, ``"bf16"``/``"fp16"`` autocast, or ``"auto"`` (bf16 where native).
+    token_cache_size : `int`, optional
+        Token vectors (the character CNN's output) kept in an LRU; 0 turns it off.
+    batch_tokens : `int`, optional
+        The padded-token budget of one model call (``len(batch) * longest``).
+    max_batch_sentences : `int`, optional
+        The most sentences in one model call.
+    max_sentence_tokens : `int`, optional (default = the model's own limit)
+        Longer sentences are refused with a ``LimitError`` naming them.
+    compile : `bool`, optional (default = `False`)
+        ``torch.compile`` the biLSTM (then the torch kernel runs, on any device).
+    weights : `str`, optional (default = `"fp32"`)
+        ``"int8"`` (CPU, fp32 precision, no compile): int8 weights in the big
+        matmuls; its replicas never share cached vectors with fp32 ones
+        (``cache_key_prefix``).
+
+    The kernel (``elmo_service/kernels``) is chosen here, once, from the device,
+    precision, weights and compile, and logged; :attr:`kernel_name` says which.
     """
 
     def __init__(
@@ -175,15 +207,10 @@ class Embedder:
         self.cache_hits = 0
         self.cache_misses = 0
         self._lock = threading.Lock()
-        self._compiled = compile
-        self._encode = functools.partial(self.model.token_encoder, weights=weights)
-        self._contextualize = functools.partial(self.model.contextualize, weights=weights)
-        if compile:
-            # only the biLSTM: the character CNN's inference path is table lookups
-            # with data-dependent shapes, which compile would slow down. The time
-            # loop unrolls, so each padded length (a multiple of 8, see _run_batch)
-            # compiles once (15-55 s); the batch dimension is dynamic.
-            self._contextualize = torch.compile(self.model.contextualize, dynamic=False)
+        self._compiled = compile  # padded lengths go in steps of 8 then (see _run_batch)
+        self.kernel = choose_kernel(self.model, self.device, self.precision, weights, compile)
+        self._markers = KernelCache()  # the sentence markers' vectors, per weight version
+        log.info("kernel: %s", self.kernel.name)
 
     @classmethod
     def load(
@@ -192,7 +219,19 @@ class Embedder:
         set_threads(threads)
         return cls(load_artifact(path, device="cpu"), device=device, **kwargs)
 
+    def warm_up(self) -> None:
+        """Compile what the chosen kernel compiles ahead of time, and run a batch and a
+        sentence alone through it, so that no request pays for a first call."""
+        self.kernel.warm_up()
+        self.embed_tokens(WARMUP_SENTENCES)
+        self.embed_tokens(WARMUP_SENTENCES[:1])
+
     # -- properties the service reports ---------------------------------
+    @property
+    def kernel_name(self) -> str:
+        """Which kernel runs the model: ``"cpu-native fp32"``, ``"cpu-native int8"``, ``"torch"``..."""
+        return self.kernel.name
+
     @property
     def version(self) -> str:
         return self.artifact.version
@@ -329,11 +368,10 @@ class Embedder:
     def _marker_vectors(self) -> torch.Tensor:
         """``[2, P]``: the vectors of ``<S>`` and ``</S>``, in every sentence and fixed by the
         weights, so computed once per weight version (not in every batch's CNN call)."""
-        cnn = self.model.token_encoder
         w = self.cfg.max_chars_per_token
-        return kernel_cache(cnn).get_or_build(
-            ("markers", self.weights, self.precision),
-            list(cnn.parameters()),
+        return self._markers.get_or_build(
+            "markers",
+            list(self.model.token_encoder.parameters()),
             lambda: self._encode_ids(np.stack([bos_ids(w), eos_ids(w)])),
         )
 
@@ -345,7 +383,7 @@ class Embedder:
     def _encode_ids(self, ids: np.ndarray) -> torch.Tensor:
         """Character ids ``[N, W]`` -> ``[N, P]`` through the CNN."""
         with autocast(self.device, self.precision):
-            return self._encode(torch.from_numpy(ids).to(self.device)).float()
+            return self.kernel.encode(torch.from_numpy(ids).to(self.device)).float()
 
     def _run_batch(self, sentences: list[Sequence[str]]) -> list[np.ndarray]:
         lengths = [len(s) + 2 for s in sentences]
@@ -371,9 +409,7 @@ class Embedder:
                 torch._dynamo.mark_dynamic(tokens, 0)
                 torch._dynamo.mark_dynamic(lens, 0)
             with autocast(self.device, self.precision):
-                if self._compiled:
-                    layers = self._contextualize(tokens, lens)
-                else:  # the first layer's input matmul can then run once per distinct token
-                    layers = self._contextualize(tokens, lens, distinct=(table, index_t))
+                # distinct: the CPU kernel runs the first layer's input matmul per distinct token
+                layers = self.kernel.contextualize(tokens, lens, distinct=(table, index_t))
             layers = layers.float().cpu().numpy()
         return [np.ascontiguousarray(layers[:, r, 1 : lengths[r] - 1]) for r in range(b)]

@@ -8,7 +8,7 @@ recurrent weights (2.5 MB for a 1024/128 layer) plus ~10 element-wise ops on
 which hold the GIL between them: the two directions cannot run on the two
 cores at once (measured 1.5x *slower* on two Python threads than on one;
 ``docs/bench-embedder.md``). Compiled by numba with ``nogil=True``, the whole loop of a layer
-is one call that releases the GIL, so :class:`~elmo_service.bilstm.BiLstmKernel`
+is one call that releases the GIL, so :class:`~elmo_service.kernels.bilstm.BiLstmKernel`
 runs each direction on its own core.
 
 The math is ``BiLstmKernel``'s, on its pre-scaled weights (g-gate rows doubled,
@@ -29,10 +29,10 @@ container without a home), each process compiles once instead of failing.
 
 from __future__ import annotations
 
-import contextlib
-
 import numba
 import numpy as np
+
+from elmo_service.kernels.jit import JIT_OPTIONS, compile_checked, enable_caching
 
 # float32 constants, so that the arithmetic stays in float32 (8 lanes of AVX2)
 _F = np.float32
@@ -47,10 +47,6 @@ _T2, _T3, _T4, _T5, _T6, _T7 = (
     _F(1 / 720),
     _F(1 / 5040),
 )
-
-# error_model="numpy": a division by zero gives inf instead of a Python exception, so the
-# division needs no branch and the loops vectorize
-JIT_OPTIONS = dict(nogil=True, boundscheck=False, error_model="numpy")
 
 
 @numba.njit(**JIT_OPTIONS)
@@ -178,27 +174,15 @@ def lstm_cell(
         _cell_row(gates[r], c2[r], clip2, m[r], bits)
 
 
-def enable_caching(fn) -> None:
-    """The decorator's ``cache=True``, except that numba finding no writable cache folder
-    (it raises RuntimeError) means compiling once per process, not failing the import."""
-    with contextlib.suppress(RuntimeError):
-        fn.enable_caching()
-
-
 enable_caching(lstmp_row)
 enable_caching(lstm_cell)
 
 
 def compile_now() -> None:
-    """Compile (or load from numba's cache) :func:`lstmp_row` and :func:`lstm_cell` now,
-    e.g. while building an image, rather than on the first request."""
+    """Compile (or load from numba's cache) :func:`lstmp_row` and :func:`lstm_cell`."""
     z = np.zeros
-    lstmp_row(
-        z((1, 8), np.float32),
-        z((2, 8), np.float32),
-        z((2, 2), np.float32),
-        0.0,
-        0.0,
-        z((1, 2), np.float32),
+    args = (z((1, 8), np.float32), z((2, 8), np.float32), z((2, 2), np.float32), 0.0, 0.0)
+    compile_checked(lstmp_row, *args, z((1, 2), np.float32))
+    compile_checked(
+        lstm_cell, z((1, 8), np.float32), z((1, 2), np.float32), 0.0, z((1, 2), np.float32)
     )
-    lstm_cell(z((1, 8), np.float32), z((1, 2), np.float32), 0.0, z((1, 2), np.float32))
