@@ -60,6 +60,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -74,6 +75,41 @@ from elmo_service.batching import (
 log = logging.getLogger("api.batcher")
 
 EmbedFn = Callable[[Sequence[Sequence[str]]], list[np.ndarray]]
+
+
+class Runner(Protocol):
+    """How a served model's calls reach it: :class:`Batcher`, or :class:`DirectRunner`."""
+
+    # how long a runner must stay idle before a drain may close it (a DirectRunner sees
+    # a request only once it calls the model, so it needs a longer quiet spell)
+    quiet_for: float
+
+    @property
+    def depth(self) -> int:
+        """Requests queued or running."""
+
+    @property
+    def idle(self) -> bool:
+        """No request on its way: none announced, queued or running."""
+
+    @property
+    def alive(self) -> bool:
+        """Still taking work."""
+
+    def announce(self) -> Ticket:
+        """A request is on its way (the AnnounceMiddleware calls this on arrival)."""
+
+    async def embed(
+        self,
+        token_lists: Sequence[Sequence[str]],
+        timeout: float | None = None,
+        ticket: Ticket | None = None,
+    ) -> list[np.ndarray]:
+        """``[L+1, T, D]`` float32 per sentence, in order."""
+
+    def close(self, timeout: float = ...) -> None:
+        """Stop taking work and wait for what runs."""
+
 
 # the server's defaults (api/settings.py reads these; the budget's are elmo_service's)
 DEFAULT_FILL_WAIT_MS = 10.0
@@ -240,9 +276,15 @@ class Batcher:
         self._thread.start()
 
     # -- request side (event loop) ---------------------------------------------
+    quiet_for = 0.05
+
     @property
     def depth(self) -> int:
         return len(self._queue)
+
+    @property
+    def idle(self) -> bool:
+        return not self._queue and self._incoming == 0
 
     def announce(self) -> Ticket:
         """A request is on its way (see the module docstring); retire the ticket or submit with it."""
@@ -499,8 +541,8 @@ class DirectRunner:
     The naive baseline the benchmark compares against (``ELMO_BATCHING=false``);
     requests still queue (on the embedder's lock), bounded by ``max_queue``. One
     persistent thread runs every call, as the batcher's does: on the event loop's
-    default executor each of its threads would keep an OpenMP team of its own, and
-    once a process holds more OpenMP threads than cores libgomp stops spinning.
+    default executor each of its threads would keep a thread pool of its own for the
+    model's parallel ops (see ``elmo_service.runtime.in_transient_thread``).
     """
 
     def __init__(
@@ -521,9 +563,15 @@ class DirectRunner:
         self._closed = False
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="elmo-model")
 
+    quiet_for = 0.5
+
     @property
     def depth(self) -> int:
         return self._pending
+
+    @property
+    def idle(self) -> bool:
+        return self._pending == 0
 
     def announce(self) -> Ticket:
         return Ticket(None)

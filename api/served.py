@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from api.batcher import Batcher, DirectRunner, Ticket
+from api.batcher import Runner, Ticket
 from api.cache import SentenceCache
 from api.metrics import Metrics
 from api.tasks_store import TaskRegistry
@@ -52,7 +52,7 @@ class ServedModel:
     name: str
     path: Path
     embedder: Any  # elmo_service.embedder.Embedder
-    runner: Batcher | DirectRunner
+    runner: Runner
     cache: SentenceCache
     tasks: TaskRegistry
     io: ThreadPoolExecutor
@@ -167,7 +167,7 @@ class ServedModel:
     async def warm_up(self) -> None:
         timeout = max(self.request_timeout, 120.0)
         await self.runner.embed(WARMUP_SENTENCES, timeout=timeout)
-        # one sentence alone takes another kernel (numba, compiled on first use)
+        # one sentence alone takes another path of the CPU kernel
         await self.runner.embed(WARMUP_SENTENCES[:1], timeout=timeout)
         self.warmed = True
 

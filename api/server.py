@@ -38,7 +38,7 @@ def build(model_dir: str | Path | None = None, *, preload: bool = True, **overri
         from elmo_service.artifact import load_artifact
         from elmo_service.runtime import in_transient_thread
 
-        # not on this thread, which lives on: the model's OpenMP threads are the batcher's
+        # not on this thread, which lives on: the model's thread pools are the batcher's
         app.state.preloaded_artifact = in_transient_thread(load_artifact, path, device="cpu")
     return app, settings
 
