@@ -6,25 +6,21 @@ At one row each step of a layer is a matrix-vector product that streams the
 recurrent weights (2.5 MB for a 1024/128 layer) plus ~10 element-wise ops on
 4C values. Written as torch calls, that is ~12 Python-level calls a step,
 which hold the GIL between them: the two directions cannot run on the two
-cores at once (measured 1.5x *slower* on two Python threads than on one;
-``docs/bench-embedder.md``). Compiled by numba with ``nogil=True``, the whole loop of a layer
-is one call that releases the GIL, so :class:`~elmo_service.kernels.bilstm.BiLstmKernel`
+cores at once (slower on two Python threads than on one: ``docs/bench-embedder.md``).
+Compiled by numba with ``nogil=True``, the whole loop of a layer is one call
+that releases the GIL, so :class:`~elmo_service.kernels.bilstm.BiLstmKernel`
 runs each direction on its own core.
 
-The math is ``BiLstmKernel``'s, on its pre-scaled weights (g-gate rows doubled,
-the cell kept doubled, ``W_proj`` doubled: see ``elmo_service/bilstm.py``),
-products summed in float32 in a fixed order, the gate functions in float32
-by :func:`_sigmoid` (written so that the compiler vectorizes it: with libm's
-scalar ``exp`` the element-wise part was ~40 % of a step): the same numbers on
-every call. They differ from the torch loop's by a few float32 ulps (3-7e-7
-on the bench shapes), as the batched loops differ from each other.
+The math is ``BiLstmKernel``'s, on the pre-scaled weights of a
+:class:`~elmo_service.kernels.bilstm.ScaledLayer` (g-gate rows doubled, the
+cell kept doubled, ``W_proj`` doubled), whose methods are the only callers.
+NOTE: ``_cell_row`` reads exactly that layout; change the two together.
+Products are summed in float32 in a fixed order, the gate functions in float32
+by :func:`_sigmoid` (written so that the compiler vectorizes it): the same
+numbers on every call, a few float32 ulps from the torch loop's.
 
-numba compiles on first use (~1-2.5 s here) and keeps the machine code on disk
-(next to this file, or in numba's per-user cache when that is not writable;
-~0.2 s to load), so only a process's first single-sentence call pays; the
-server's warm-up makes that call, and the Docker image is built with the
-cache filled (:func:`compile_now`). Where no folder is writable (a read-only
-container without a home), each process compiles once instead of failing.
+Compilation and the on-disk cache: ``kernels/jit.py``. Measured speed-ups:
+``docs/bench-embedder.md``.
 """
 
 from __future__ import annotations
