@@ -12,7 +12,6 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import numpy as np
 import pytest
-import torch
 
 from api.encoding import decode_array
 from api.main import create_app
@@ -21,7 +20,6 @@ from elmo_service.embedder import Embedder, apply_mix
 from elmo_service.scalar_mix import MixSpec
 from tests.support.live_server import LiveServer
 
-torch.set_num_threads(1)
 pytestmark = pytest.mark.slow  # a live uvicorn server, subprocesses
 
 WORDS = [

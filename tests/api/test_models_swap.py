@@ -11,7 +11,6 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-import torch
 
 from api.main import create_app
 from api.settings import load_settings
@@ -20,8 +19,6 @@ from elmo_service.embedder import Embedder
 from elmo_service.tokenizers import WordTokenizer
 from tests.support.core_fixtures import tiny_model
 from tests.support.live_server import LiveServer
-
-torch.set_num_threads(1)
 
 ADMIN = {"authorization": "Bearer admin"}
 USER = {"authorization": "Bearer user"}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from fastapi.testclient import TestClient
 
 from api.encoding import decode_array
@@ -18,8 +17,6 @@ from api.settings import load_settings
 from elmo_service.batching import BatchBudget, plan_batches
 from elmo_service.embedder import Embedder
 from elmo_service.errors import ConfigError
-
-torch.set_num_threads(1)
 
 SENTENCES = [
     "a b c d e f g h i j k l",

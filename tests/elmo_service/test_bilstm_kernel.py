@@ -86,12 +86,9 @@ def test_kernel_without_residual_or_clips(residual, clips):
 
 
 @pytest.fixture
-def two_threads():
+def two_threads(torch_threads):
     """Two torch threads, as a 2-core server runs: several rows split by direction."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
+    torch_threads(2)
 
 
 def spy_directions(monkeypatch, counts: list[int] | None = None) -> list[str]:
@@ -164,30 +161,26 @@ def test_other_thread_counts_keep_the_directions_on_the_caller(monkeypatch, two_
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_one_sentence_runs_the_native_loop(monkeypatch, threads):
+def test_one_sentence_runs_the_native_loop(monkeypatch, torch_threads, threads):
     """Each direction's layers in numba (GIL released): on the two workers with two
     threads, on the caller with one. Same numbers as the plain path, every call alike."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        model = random_bilm()
-        native = spy_native(monkeypatch)
-        tokens, lengths = batch(1, 9, model.cfg.projection_dim)
-        got = fast(model, tokens, lengths)
-        n_layers = model.cfg.n_layers
-        assert len(native) == 2 * n_layers
-        if threads == 2:
-            # (a tiny model's first direction may end before the second starts, on the same worker)
-            assert all(name.startswith("elmo-bilstm") for name in native)
-        else:
-            assert set(native) == {threading.current_thread().name}
-        want = plain(model, tokens, lengths)
-        assert (want[1].abs() >= model.cfg.proj_clip - 1e-6).any()  # the clip was exercised
-        assert (got - want).abs().max() <= TOL
-        assert torch.equal(fast(model, tokens, lengths), got)
-        assert torch.get_num_threads() == threads
-    finally:
-        torch.set_num_threads(before)
+    torch_threads(threads)
+    model = random_bilm()
+    native = spy_native(monkeypatch)
+    tokens, lengths = batch(1, 9, model.cfg.projection_dim)
+    got = fast(model, tokens, lengths)
+    n_layers = model.cfg.n_layers
+    assert len(native) == 2 * n_layers
+    if threads == 2:
+        # (a tiny model's first direction may end before the second starts, on the same worker)
+        assert all(name.startswith("elmo-bilstm") for name in native)
+    else:
+        assert set(native) == {threading.current_thread().name}
+    want = plain(model, tokens, lengths)
+    assert (want[1].abs() >= model.cfg.proj_clip - 1e-6).any()  # the clip was exercised
+    assert (got - want).abs().max() <= TOL
+    assert torch.equal(fast(model, tokens, lengths), got)
+    assert torch.get_num_threads() == threads
 
 
 def test_native_loop_on_an_empty_sentence_and_without_residual_or_clips():
@@ -201,13 +194,11 @@ def test_native_loop_on_an_empty_sentence_and_without_residual_or_clips():
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("weights", ["fp32", "int8"])
-def test_a_sentence_gets_the_same_vectors_alone_and_in_any_batch(monkeypatch, weights, threads):
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        _same_alone_and_in_any_batch(monkeypatch, weights)
-    finally:
-        torch.set_num_threads(before)
+def test_a_sentence_gets_the_same_vectors_alone_and_in_any_batch(
+    monkeypatch, torch_threads, weights, threads
+):
+    torch_threads(threads)
+    _same_alone_and_in_any_batch(monkeypatch, weights)
 
 
 def _same_alone_and_in_any_batch(monkeypatch, weights):
@@ -240,42 +231,36 @@ def spy_gathers(monkeypatch) -> list[tuple[int, int]]:
 
 @pytest.mark.parametrize("threads", [1, 2])  # the directions on the caller / on the workers
 @pytest.mark.parametrize("weights", ["fp32", "int8"])
-def test_first_layer_gates_from_the_distinct_tokens(monkeypatch, threads, weights):
+def test_first_layer_gates_from_the_distinct_tokens(monkeypatch, torch_threads, threads, weights):
     """A batch that repeats its tokens: the first layer's input matmul runs on the table,
     and every layer gets the numbers of the tokens written out row by row."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        monkeypatch.setattr(tuning, "INT8_MIN_ELEMENTS", 0)
-        model = random_bilm()
-        p = model.cfg.projection_dim
-        g = torch.Generator().manual_seed(3)
-        table = torch.cat([torch.zeros(1, p), torch.randn(4, p, generator=g)])  # row 0: padding
-        lengths = torch.tensor([6, 9, 2, 9, 5])
-        index = torch.randint(1, 5, (5, 9), generator=g)
-        index[~length_mask(lengths, 9)] = 0
-        tokens = table[index]
-        seen = spy_gathers(monkeypatch)
-        with torch.inference_mode():
-            got = CpuBiLM(model, weights=weights).contextualize(
-                tokens, lengths, distinct=(table, index)
-            )
-        assert seen == [(5, int(lengths.sum()))] * 2  # layer 1, both directions
-        want = fast(model, tokens, lengths, weights)
-        assert len(seen) == 2  # without the table: rows as before
-        assert (got - want).abs().max() <= 1e-6
-        assert (got - plain(model, tokens, lengths)).abs().max() <= (
-            TOL if weights == "fp32" else 1
+    torch_threads(threads)
+    monkeypatch.setattr(tuning, "INT8_MIN_ELEMENTS", 0)
+    model = random_bilm()
+    p = model.cfg.projection_dim
+    g = torch.Generator().manual_seed(3)
+    table = torch.cat([torch.zeros(1, p), torch.randn(4, p, generator=g)])  # row 0: padding
+    lengths = torch.tensor([6, 9, 2, 9, 5])
+    index = torch.randint(1, 5, (5, 9), generator=g)
+    index[~length_mask(lengths, 9)] = 0
+    tokens = table[index]
+    seen = spy_gathers(monkeypatch)
+    with torch.inference_mode():
+        got = CpuBiLM(model, weights=weights).contextualize(
+            tokens, lengths, distinct=(table, index)
         )
-        for r, n in enumerate(lengths.tolist()):
-            assert (got[:, r, n:] == 0).all()
-        # a table nearly as long as the rows saves nothing: the rows' own matmul runs
-        many = torch.cat([table, torch.randn(40, p, generator=g)])
-        with torch.inference_mode():
-            CpuBiLM(model, weights=weights).contextualize(tokens, lengths, distinct=(many, index))
-        assert len(seen) == 2
-    finally:
-        torch.set_num_threads(before)
+    assert seen == [(5, int(lengths.sum()))] * 2  # layer 1, both directions
+    want = fast(model, tokens, lengths, weights)
+    assert len(seen) == 2  # without the table: rows as before
+    assert (got - want).abs().max() <= 1e-6
+    assert (got - plain(model, tokens, lengths)).abs().max() <= (TOL if weights == "fp32" else 1)
+    for r, n in enumerate(lengths.tolist()):
+        assert (got[:, r, n:] == 0).all()
+    # a table nearly as long as the rows saves nothing: the rows' own matmul runs
+    many = torch.cat([table, torch.randn(40, p, generator=g)])
+    with torch.inference_mode():
+        CpuBiLM(model, weights=weights).contextualize(tokens, lengths, distinct=(many, index))
+    assert len(seen) == 2
 
 
 def test_the_embedder_passes_its_distinct_tokens(monkeypatch, tmp_path):

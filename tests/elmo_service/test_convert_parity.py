@@ -34,7 +34,6 @@ from tests.support.bilm_fixtures import bilm_options, edit_hdf5, write_bilm
 from tests.support.core_fixtures import tiny_artifact, train_sentencepiece
 from tests.support.reference import reference_bilm
 
-torch.set_num_threads(1)
 pytestmark = pytest.mark.slow  # imports AllenNLP and runs it beside ours
 
 TOL = 1e-4

@@ -2,14 +2,11 @@
 
 import numpy as np
 import pytest
-import torch
 
 from elmo_service.embedder import Embedder, apply_mix
 from elmo_service.errors import InputError, LimitError
 from elmo_service.scalar_mix import MixSpec
 from tests.support.core_fixtures import tiny_artifact, train_sentencepiece
-
-torch.set_num_threads(1)
 
 SENTS = [
     "The bank of the river.",

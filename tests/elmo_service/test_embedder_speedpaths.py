@@ -111,36 +111,32 @@ def test_char_cnn_lookup_equals_conv_and_reference_on_odd_inputs():
 
 
 @pytest.mark.parametrize("threads", [1, 2])  # two: the tokens split over the workers
-def test_native_filter_lookup_is_the_torch_lookup_to_the_bit(monkeypatch, threads):
+def test_native_filter_lookup_is_the_torch_lookup_to_the_bit(monkeypatch, torch_threads, threads):
     import elmo_service.kernels.native_filters as native_filters
     import elmo_service.kernels.tuning as tuning
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        model = make_model(max_chars_per_token=12)
-        w = model.cfg.max_chars_per_token
-        rng = np.random.default_rng(1)
-        words = ["".join(rng.choice(list("abcdefgh"), size=n)) for n in rng.integers(0, 14, 70)]
-        ids = torch.from_numpy(np.stack([sentence_ids([x], w)[1] for x in words]))
-        ids = torch.cat([ids, torch.from_numpy(rng.integers(0, N_CHAR_IDS, size=(5, w)))])
-        enc, kernel = model.token_encoder, CpuBiLM(model)
-        monkeypatch.setattr(tuning, "NATIVE_SPLIT_MIN_TOKENS", 32)
-        calls = []
-        real = native_filters.char_filters
-        monkeypatch.setattr(
-            native_filters, "char_filters", lambda *a: calls.append(len(a[0])) or real(*a)
-        )
-        with torch.inference_mode():
-            native = kernel._filters(ids)
-            assert sorted(calls) == ([37, 38] if threads == 2 else [75])
-            assert torch.equal(kernel._filters(ids.to(torch.int32)), native)
-            assert torch.equal(kernel._filters(ids[:1]), native[:1])  # alone
-            torch_loop = enc._filters_lookup(ids)
-        assert len(calls) == (5 if threads == 2 else 3)  # the torch loop added none
-        assert torch.equal(native, torch_loop)
-    finally:
-        torch.set_num_threads(before)
+    torch_threads(threads)
+    model = make_model(max_chars_per_token=12)
+    w = model.cfg.max_chars_per_token
+    rng = np.random.default_rng(1)
+    words = ["".join(rng.choice(list("abcdefgh"), size=n)) for n in rng.integers(0, 14, 70)]
+    ids = torch.from_numpy(np.stack([sentence_ids([x], w)[1] for x in words]))
+    ids = torch.cat([ids, torch.from_numpy(rng.integers(0, N_CHAR_IDS, size=(5, w)))])
+    enc, kernel = model.token_encoder, CpuBiLM(model)
+    monkeypatch.setattr(tuning, "NATIVE_SPLIT_MIN_TOKENS", 32)
+    calls = []
+    real = native_filters.char_filters
+    monkeypatch.setattr(
+        native_filters, "char_filters", lambda *a: calls.append(len(a[0])) or real(*a)
+    )
+    with torch.inference_mode():
+        native = kernel._filters(ids)
+        assert sorted(calls) == ([37, 38] if threads == 2 else [75])
+        assert torch.equal(kernel._filters(ids.to(torch.int32)), native)
+        assert torch.equal(kernel._filters(ids[:1]), native[:1])  # alone
+        torch_loop = enc._filters_lookup(ids)
+    assert len(calls) == (5 if threads == 2 else 3)  # the torch loop added none
+    assert torch.equal(native, torch_loop)
 
 
 def test_lookup_tables_follow_weight_changes():

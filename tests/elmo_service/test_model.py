@@ -8,8 +8,6 @@ from elmo_service.char_ids import batch_ids
 from elmo_service.model import reverse_padded
 from tests.support.core_fixtures import tiny_model
 
-torch.set_num_threads(1)
-
 SENTS = [
     ["the", "bank", "of", "the", "river"],
     ["a"],
