@@ -150,7 +150,7 @@ def caller_vs_split(
 ) -> tuple[float, float, float]:
     """ms per call with the directions on the calling thread and on two workers, and the
     largest difference between their outputs."""
-    x = torch.randn(2, steps, rows, kernel.proj_dim)
+    x = torch.randn(2, steps, rows, kernel.layers[0][0].w_proj.n)
     active = [rows] * steps
 
     def split() -> list[torch.Tensor]:
