@@ -74,7 +74,8 @@ from elmo_service.batching import (
 
 log = logging.getLogger("api.batcher")
 
-EmbedFn = Callable[[Sequence[Sequence[str]]], list[np.ndarray]]
+TokenLists = Sequence[Sequence[str]]  # sentences as token texts
+EmbedFn = Callable[[TokenLists], list[np.ndarray]]
 
 
 class Runner(Protocol):
@@ -100,10 +101,7 @@ class Runner(Protocol):
         """A request is on its way (the AnnounceMiddleware calls this on arrival)."""
 
     async def embed(
-        self,
-        token_lists: Sequence[Sequence[str]],
-        timeout: float | None = None,
-        ticket: Ticket | None = None,
+        self, token_lists: TokenLists, timeout: float | None = None, ticket: Ticket | None = None
     ) -> list[np.ndarray]:
         """``[L+1, T, D]`` float32 per sentence, in order."""
 

@@ -21,7 +21,7 @@ from elmo_service.char_ids import batch_ids
 from elmo_service.kernels.cpu_bilm import CpuBiLM
 from elmo_service.kernels.select import TorchBiLM
 from elmo_service.model import BiLM
-from tests.support.configs import small_test_config
+from tests.support.core_fixtures import tiny_model
 from tests.support.reference import reference_bilm
 
 SENTENCES = [
@@ -36,16 +36,8 @@ FP32_TOL = 1e-5  # float32 paths against the float64 reference, and batch agains
 
 def random_bilm(**overrides) -> BiLM:
     """Weights at a scale where every layer carries signal and the clips bite."""
-    torch.manual_seed(0)
-    cfg = small_test_config(
-        filters=((1, 4), (2, 8), (3, 8), (5, 6)), cell_clip=0.8, proj_clip=0.5, **overrides
-    )
-    model = BiLM(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
-        model.token_encoder.char_embed.weight[0] = 0  # padding row stays zero
-    return model
+    filters = ((1, 4), (2, 8), (3, 8), (5, 6))
+    return tiny_model(filters=filters, cell_clip=0.8, proj_clip=0.5, **overrides)
 
 
 def run_training_kernel(model: BiLM, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

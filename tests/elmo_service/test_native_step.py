@@ -63,14 +63,8 @@ def test_a_damaged_cache_file_is_recompiled_with_a_warning(tmp_path):
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
 
     def warm() -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-c", WARM],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        run = {"cwd": ROOT, "env": env, "capture_output": True, "text": True, "timeout": 300}
+        return subprocess.run([sys.executable, "-c", WARM], **run)
 
     first = warm()
     assert first.returncode == 0, first.stderr[-2000:]
