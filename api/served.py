@@ -75,9 +75,11 @@ class ServedModel:
     def dim(self) -> int:
         return self.embedder.dim
 
-    def tokenize(self, sentences: list[str | list[str]]) -> list[list[Token]]:
-        """Cheap, in the request path; raises InputError/LimitError naming ``sentences[i]``."""
-        return self.embedder.tokenize(sentences)
+    def tokenize(
+        self, sentences: list[str | list[str]], field: str = "sentences"
+    ) -> list[list[Token]]:
+        """Cheap, in the request path; raises InputError/LimitError naming ``field[i]``."""
+        return self.embedder.tokenize(sentences, field=field)
 
     def default_mix(self) -> tuple[MixSpec, str | None]:
         """The task named 'default' when there is one, else the plain average of all layers.

@@ -124,21 +124,29 @@ def _mix_module(
     return ScalarMix.from_spec(spec, n_layers).requires_grad_(False)
 
 
-def _check_words_kept(words: Sequence[str], toks: list[Token], i: int) -> None:
+def _where(field: str, i: int, j: int | None = None) -> str:
+    """How an error names sentence ``i`` (word ``j``): "sentence 3, word 1" for the library's
+    own ``sentences``, "input[3][1]" where the caller names another field."""
+    if field == "sentences":
+        return f"sentence {i}" if j is None else f"sentence {i}, word {j}"
+    return f"{field}[{i}]" if j is None else f"{field}[{i}][{j}]"
+
+
+def _check_words_kept(words: Sequence[str], toks: list[Token], i: int, field: str) -> None:
     """Pre-tokenized input: every word must keep at least one token, or the output would
     silently hold fewer words than the caller gave (and misalign with their labels)."""
     kept = {t.word for t in toks}
     for j, w in enumerate(words):
         if not w.strip():
             raise InputError(
-                f"sentence {i}, word {j} is empty or only whitespace: a pre-tokenized word "
+                f"{_where(field, i, j)} is empty or only whitespace: a pre-tokenized word "
                 "needs a character to embed",
-                field=f"sentences[{i}][{j}]",
+                field=f"{field}[{i}][{j}]",
             )
         if j not in kept:
             raise InputError(
-                f"sentence {i}, word {j} ({w!r}) has no character the tokenizer keeps",
-                field=f"sentences[{i}][{j}]",
+                f"{_where(field, i, j)} ({w!r}) has no character the tokenizer keeps",
+                field=f"{field}[{i}][{j}]",
             )
 
 
@@ -260,22 +268,28 @@ class Embedder:
         return f"{self.version}:{self.tokenizer.fingerprint}:{self.precision}{mode}"
 
     # -- public API -------------------------------------------------------
-    def tokenize(self, sentences: Iterable[Sentence]) -> list[list[Token]]:
+    def tokenize(
+        self, sentences: Iterable[Sentence], *, field: str = "sentences"
+    ) -> list[list[Token]]:
+        """Tokens per sentence. Errors name ``field[i]`` (the caller's name for the list:
+        an HTTP route passes its request field)."""
         out = []
         for i, s in enumerate(sentences):
             if not isinstance(s, str) and not (
                 isinstance(s, Sequence) and all(isinstance(w, str) for w in s)
             ):
                 raise InputError(
-                    f"sentence {i} must be a string or a list of strings", field=f"sentences[{i}]"
+                    f"{_where(field, i)} must be a string or a list of strings",
+                    field=f"{field}[{i}]",
                 )
             toks = self.tokenizer(s)
             if not isinstance(s, str):
-                _check_words_kept(s, toks, i)
+                _check_words_kept(s, toks, i, field)
             if len(toks) > self.max_sentence_tokens:
                 raise LimitError(
-                    f"sentence {i} has {len(toks)} tokens; the limit is {self.max_sentence_tokens}",
-                    field=f"sentences[{i}]",
+                    f"{_where(field, i)} has {len(toks)} tokens; "
+                    f"the limit is {self.max_sentence_tokens}",
+                    field=f"{field}[{i}]",
                 )
             out.append(toks)
         return out

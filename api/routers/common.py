@@ -51,14 +51,7 @@ def check_request_limits(
 
 def tokenize(served: ServedModel, sentences: list, field: str) -> list[list[Token]]:
     """Tokenize in the request path; errors name ``<field>[i]``; empty sentences are refused."""
-    try:
-        token_lists = served.tokenize(sentences)
-    except Exception as e:
-        f = getattr(e, "field", None)
-        if f and f.startswith("sentences") and field != "sentences":
-            e.field = field + f[len("sentences") :]  # type: ignore[attr-defined]
-            e.message = e.message.replace("sentence ", f"{field} ", 1)  # type: ignore[attr-defined]
-        raise
+    token_lists = served.tokenize(sentences, field=field)
     for i, toks in enumerate(token_lists):
         if not toks:
             raise ApiError(
