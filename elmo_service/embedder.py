@@ -22,7 +22,6 @@ Outputs are float32 numpy arrays ``[L+1, T, D]`` per sentence, markers removed.
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -46,7 +45,7 @@ from elmo_service.errors import ConfigError, InputError, LimitError
 from elmo_service.kernels.packed import KernelCache, check_weights_mode
 from elmo_service.kernels.select import choose_kernel
 from elmo_service.runtime import autocast, pick_device, resolve_precision, set_threads
-from elmo_service.scalar_mix import MixSpec, ScalarMix
+from elmo_service.scalar_mix import MixSpec, apply_mix
 from elmo_service.tokenizers import Token
 
 Sentence = str | Sequence[str]
@@ -91,37 +90,33 @@ def word_tokens(tokens: Sequence[Token], text: str | None = None) -> list[Token]
     return out
 
 
+def word_groups(tokens: Sequence[Token]) -> tuple[np.ndarray, int]:
+    """Dense word ids 0..W-1 in order, and W (a word with no tokens gets no slot)."""
+    raw = np.fromiter((t.word for t in tokens), dtype=np.int64, count=len(tokens))
+    if not len(raw):
+        return raw, 0
+    uniq, ids = np.unique(raw, return_inverse=True)
+    return ids.reshape(-1), len(uniq)
+
+
+def average_words(x: np.ndarray, tokens: Sequence[Token], axis: int) -> np.ndarray:
+    """Average the positions (along ``axis``) that belong to the same word, in float64."""
+    ids, n_words = word_groups(tokens)
+    if n_words == len(tokens) and (ids == np.arange(len(ids))).all():
+        return x  # one token per word
+    moved = np.moveaxis(x, axis, 0).astype(np.float64)
+    sums = np.zeros((n_words, *moved.shape[1:]), dtype=np.float64)
+    np.add.at(sums, ids, moved)
+    counts = np.bincount(ids, minlength=n_words).reshape(-1, *([1] * (moved.ndim - 1)))
+    out = (sums / np.maximum(counts, 1)).astype(np.float32)
+    return np.moveaxis(out, 0, axis)
+
+
 def words_of(
     tokens: Sequence[Token], layers: np.ndarray, text: str | None = None
 ) -> tuple[list[str], np.ndarray]:
     """Average the vectors of each word's tokens: the words' texts and ``[L+1, W, D]``."""
-    if not tokens:
-        return [], layers[:, :0]
-    word_ids = np.array([t.word for t in tokens])
-    n_words = int(word_ids.max()) + 1
-    sums = np.zeros((layers.shape[0], n_words, layers.shape[2]), dtype=np.float64)
-    np.add.at(sums, (slice(None), word_ids), layers.astype(np.float64))
-    counts = np.bincount(word_ids, minlength=n_words)
-    out = (sums / np.maximum(counts, 1)[None, :, None]).astype(np.float32)
-    return [t.text for t in word_tokens(tokens, text)], out
-
-
-def apply_mix(layers: np.ndarray, spec: MixSpec) -> np.ndarray:
-    """``[L+1, T, D]`` -> ``[T, D]`` with a task's scalar mix."""
-    mix = _mix_module(
-        tuple(spec.weights), spec.gamma, spec.per_direction, spec.layer_norm, layers.shape[0]
-    )
-    with torch.inference_mode():
-        return mix(torch.from_numpy(np.ascontiguousarray(layers))).numpy()
-
-
-@functools.lru_cache(maxsize=256)
-def _mix_module(
-    weights: tuple[float, ...], gamma: float, per_direction: bool, layer_norm: bool, n_layers: int
-) -> ScalarMix:
-    # building the module costs more than applying it; the serving hot path reuses it
-    spec = MixSpec(list(weights), gamma, per_direction, layer_norm)
-    return ScalarMix.from_spec(spec, n_layers).requires_grad_(False)
+    return [t.text for t in word_tokens(tokens, text)], average_words(layers, tokens, axis=1)
 
 
 def _where(field: str, i: int, j: int | None = None) -> str:
