@@ -16,7 +16,7 @@ log = logging.getLogger("api.holder")
 
 
 class ModelHolder:
-    """Holds the served model; routes get it via ``Depends(get_model)``, never a global."""
+    """Holds the served model; routes get it via ``api.deps.ModelDep``, never a global."""
 
     def __init__(self) -> None:
         self._current: ServedModel | None = None

@@ -6,11 +6,11 @@ import asyncio
 from typing import Any
 
 import numpy as np
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from api import outputs
-from api.deps import Serving, serving
+from api.deps import ServingDep
 from api.encoding import JSONBytesResponse, dumps
 from api.errors import ApiError
 from api.routers.common import ClientGone, check_request_limits, embed_layers, tokenize
@@ -217,7 +217,7 @@ def build_body(
 async def embed(
     req: EmbedRequest,
     request: Request,
-    ctx: Serving = Depends(serving),
+    ctx: ServingDep,
 ) -> Response:
     served, settings = ctx.served, ctx.settings
     check_request_limits(req.sentences, settings, "sentences")

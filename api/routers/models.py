@@ -15,12 +15,9 @@ from fastapi import APIRouter, Depends, Path, Request
 
 from api.activation import activate_model
 from api.artifacts import list_artifacts
-from api.deps import get_holder, get_model, get_settings, require_admin, require_key
+from api.deps import HolderDep, ModelDep, SettingsDep, require_admin, require_key
 from api.errors import ApiError
-from api.holder import ModelHolder
 from api.schemas import ERROR_RESPONSES, Activated, ModelInfo, ModelList
-from api.served import ServedModel
-from api.settings import Settings
 from elmo_service.errors import ArtifactError
 
 router = APIRouter(prefix="/v1", tags=["models"], dependencies=[Depends(require_key)])
@@ -33,9 +30,7 @@ router = APIRouter(prefix="/v1", tags=["models"], dependencies=[Depends(require_
     responses=ERROR_RESPONSES,
     summary="Served model (OpenAI-style list) and every artifact in the models folder",
 )
-async def list_models(
-    served: ServedModel = Depends(get_model), settings: Settings = Depends(get_settings)
-) -> dict[str, Any]:
+async def list_models(served: ModelDep, settings: SettingsDep) -> dict[str, Any]:
     artifacts = await asyncio.to_thread(list_artifacts, settings.models_dir, served)
     return {
         "object": "list",
@@ -52,7 +47,7 @@ async def list_models(
     responses=ERROR_RESPONSES,
     summary="One served model",
 )
-async def get_model_info(model_id: str, served: ServedModel = Depends(get_model)) -> dict[str, Any]:
+async def get_model_info(model_id: str, served: ModelDep) -> dict[str, Any]:
     if model_id not in (served.name, served.version):
         raise ApiError(404, "not_found", f"model {model_id!r} is not served", "model_id")
     return served.info()
@@ -67,9 +62,9 @@ async def get_model_info(model_id: str, served: ServedModel = Depends(get_model)
 )
 async def activate(
     request: Request,
+    holder: HolderDep,
+    settings: SettingsDep,
     name: str = Path(..., description="Artifact folder name in the models folder"),
-    holder: ModelHolder = Depends(get_holder),
-    settings: Settings = Depends(get_settings),
 ) -> dict[str, Any]:
     state = request.app.state
     if holder.current is None:

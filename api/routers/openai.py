@@ -9,11 +9,11 @@ repeat it. ``base64`` is little-endian float32, as OpenAI's clients expect.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from api import outputs
-from api.deps import Serving, serving
+from api.deps import ServingDep
 from api.encoding import JSONBytesResponse, dumps
 from api.errors import ApiError
 from api.routers.common import ClientGone, check_request_limits, embed_layers, tokenize
@@ -37,7 +37,7 @@ def model_matches(name: str, served: ServedModel) -> bool:
 async def embeddings(
     req: EmbeddingsRequest,
     request: Request,
-    ctx: Serving = Depends(serving),
+    ctx: ServingDep,
 ) -> Response:
     served, settings = ctx.served, ctx.settings
     if not model_matches(req.model, served):
