@@ -228,8 +228,33 @@ def _set_results(
 
 
 class Batcher:
-    """``embed_fn`` runs one planned batch (``Embedder.embed_batch``): the batcher is the
-    only planner on the serving path."""
+    """The queue and the one model thread of a served model (see the module docstring).
+
+    # Parameters
+
+    embed_fn : `EmbedFn`
+        Runs one planned batch (``Embedder.embed_batch``): the batcher is the only
+        planner on the serving path.
+    batch_tokens : `int`, optional
+        The padded-token budget of one batch (``len(batch) * longest``, markers included).
+    max_batch_sentences : `int`, optional
+        The most sentences in one batch.
+    max_queue : `int`, optional
+        Sentences queued at most; beyond, :class:`QueueFull` (a 429).
+    metrics : `Metrics`, optional
+        Prometheus metrics to update (queue depth, batch sizes, refusals).
+    take_batches : `int`, optional (default = `4`)
+        How many batches' worth of tokens the worker takes from the queue at once
+        (sorted by length together, so a take packs with little padding).
+    max_fill_wait : `float`, optional
+        Seconds a batch may wait at most for announced or returning requests.
+    fill_ratio : `float`, optional (default = `0.25`)
+        ... and at most this share of the recent batch duration.
+    name : `str`, optional (default = `"batcher"`)
+        The worker thread's name.
+    estimate : `WorkEstimate`, optional
+        Seconds per token for admission control (a fresh, slow prior when None).
+    """
 
     def __init__(
         self,
@@ -541,6 +566,17 @@ class DirectRunner:
     persistent thread runs every call, as the batcher's does: on the event loop's
     default executor each of its threads would keep a thread pool of its own for the
     model's parallel ops (see ``elmo_service.runtime.in_transient_thread``).
+
+    # Parameters
+
+    embed_fn : `EmbedFn`
+        Runs one request's sentences (``Embedder.embed_tokens``, which plans them).
+    max_queue : `int`, optional
+        Sentences pending at most; beyond, :class:`QueueFull` (a 429).
+    metrics : `Metrics`, optional
+        Prometheus metrics to update.
+    estimate : `WorkEstimate`, optional
+        Seconds per token for admission control.
     """
 
     def __init__(
