@@ -9,11 +9,11 @@ Math, gate order (i, f, o, g), and bilm-tf's clipping::
     h_t = clip((o * tanh(c_t)) W_proj, proj_clip)
 
 The input matmul runs for all steps at once; only ``h W_hh`` is sequential.
-One step function (``step_forward``) computes it, in two loops chosen by
-whether autograd is recording:
+Two loops compute it, chosen by whether autograd is recording:
 
 * **inference** (``_infer``): a plain step loop that can skip the padding of
-  rows sorted longest first (``active``).
+  rows sorted longest first (``active``), with ``tanh(z) = 2 sigmoid(2z) - 1``
+  because torch's CPU tanh is several times slower than its sigmoid.
 * **training** (``LstmpFunction``): the whole layer as one autograd node.
   Autograd through a Python time loop records ~15 nodes a step and computes
   each step's weight gradients as its own small matmul; here the forward loop
@@ -274,23 +274,35 @@ class LstmLayer(nn.Module):
             return hs, (h_last, c_last)
         return self._infer(x_gates, h0, c0, active, keep, cc, pc)
 
-    def _infer(self, x_gates, h, c, active, keep, cell_clip, proj_clip) -> tuple[Tensor, LstmState]:
-        """The step loop without autograd: ``step_forward`` on the rows still active."""
+    def _infer(
+        self, x_gates, h, cell, active, keep, cell_clip, proj_clip
+    ) -> tuple[Tensor, LstmState]:
+        """The step loop without autograd: :func:`step_forward`'s math on the rows still
+        active, with ``tanh(z) = 2 sigmoid(2z) - 1`` (torch's CPU tanh is several times
+        slower than its sigmoid: ``docs/bench-embedder.md``) and no clip masks."""
         b, t, _ = x_gates.shape
+        c = self.cell_dim
         # cast once per layer, not per step (autocast does not cache non-leaf views)
         w_hh_t = self.w_hh.weight.t().to(x_gates.dtype)
         w_proj_t = self.w_proj.weight.t().to(x_gates.dtype)
-        h, c = h.to(x_gates.dtype), c.float()
+        h, cell = h.to(x_gates.dtype), cell.to(x_gates.dtype)
         out = x_gates.new_zeros(b, t, self.proj_dim)
-        for s in range(t):
-            if active is not None and active[s] < h.shape[0]:
-                h, c = h[: active[s]], c[: active[s]]
+        for step in range(t):
+            if active is not None and active[step] < h.shape[0]:
+                h, cell = h[: active[step]], cell[: active[step]]
             n = h.shape[0]
             if keep is not None:
-                k = keep[:n, s, None]
-                h, c = h * k.to(h.dtype), c * k.to(c.dtype)
-            h, c, *_ = self.steps.forward(
-                x_gates[:n, s], h, c, w_hh_t, w_proj_t, cell_clip, proj_clip
-            )
-            out[:n, s] = h
-        return out, (h, c)
+                k = keep[:n, step, None].to(h.dtype)
+                h, cell = h * k, cell * k
+            gates = torch.addmm(x_gates[:n, step], h, w_hh_t)
+            gates[:, 3 * c :] *= 2  # one sigmoid for all gates: tanh(g) = 2 sigmoid(2g) - 1
+            i, f, o, g2 = torch.sigmoid(gates).chunk(4, dim=1)
+            cell = torch.addcmul(f * cell - i, i, g2, value=2)  # f * cell + i * tanh(g)
+            if cell_clip:
+                cell = cell.clamp(-cell_clip, cell_clip)
+            hidden = torch.addcmul(-o, o, torch.sigmoid(2 * cell), value=2)  # o * tanh(cell)
+            h = hidden @ w_proj_t
+            if proj_clip:
+                h = h.clamp(-proj_clip, proj_clip)
+            out[:n, step] = h
+        return out, (h, cell.float())
