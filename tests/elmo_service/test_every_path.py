@@ -103,6 +103,8 @@ def test_the_embedder_chooses_its_kernel_once_and_logs_it(tiny_model_dir, caplog
     assert bf16.kernel_name == "torch" and isinstance(bf16.kernel, TorchBiLM)
     logged = [r.getMessage() for r in caplog.records]
     assert "kernel: cpu-native fp32" in logged and "kernel: torch" in logged
+    fp32.warm_up()  # compiles the native kernels, runs a batch and a sentence alone
+    bf16.warm_up()
     # the embedder's answer is the kernel's, batch and alone
     sents = [["the", "bank"], ["river"], ["the", "old", "bridge", "."]]
     together = fp32.embed_tokens(sents)
