@@ -20,7 +20,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    configure_process("worker")  # before `jobs` loads torch
+    configure_process("worker", set_threads=False)  # before `jobs` loads torch; jobs set theirs
     from api.settings import load_settings
     from jobs import run_worker
 

@@ -72,10 +72,14 @@ def test_importing_changes_nothing_and_loads_no_torch(code):
     assert run(code) == {"GOMP_SPINCOUNT": None, "OMP_WAIT_POLICY": None, "torch": False}
 
 
-def test_a_bad_role_or_thread_count_is_refused():
+def test_a_bad_role_or_thread_count_is_refused(monkeypatch):
     with pytest.raises(ConfigError) as e:
         configure_process("daemon", set_threads=False)
     assert e.value.field == "role"
     with pytest.raises(ConfigError) as e:
         configure_process("cli", 0)
+    assert e.value.field == "threads"
+    monkeypatch.setenv("ELMO_THREADS", "two")
+    with pytest.raises(ConfigError, match="ELMO_THREADS") as e:
+        configure_process("cli")
     assert e.value.field == "threads"
