@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from api.artifacts import resolve_artifact
 from api.cache import CacheBackend
 from api.holder import ModelHolder
-from api.loading import load_served_model
+from api.loading import load_served_model_async
 from api.metrics import Metrics
 from api.served import ServedModel
 from api.settings import Settings
@@ -35,12 +35,7 @@ async def activate_model(
         and (await asyncio.to_thread(read_manifest, path)).get("version") == cur.version
     ):
         return cur, None  # already served
-    from elmo_service.runtime import in_transient_thread_async
-
-    # on a thread that ends: see elmo_service.runtime.in_transient_thread
-    served = await in_transient_thread_async(
-        load_served_model, settings, backend, io, metrics, path
-    )
+    served = await load_served_model_async(settings, backend, io, metrics, path)
     try:
         old = await holder.swap(served)
     except BaseException:

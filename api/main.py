@@ -25,7 +25,7 @@ from api.cache import CacheBackend, LocalCache, NullCache, RedisCache
 from api.encoding import JSONBytesResponse
 from api.errors import install_error_handlers
 from api.holder import ModelHolder
-from api.loading import load_served_model
+from api.loading import load_served_model_async
 from api.metrics import Metrics, MetricsMiddleware
 from api.middleware import AnnounceMiddleware, RequestGuardMiddleware
 from api.routers import embed, health, jobs, models, openai, tasks
@@ -90,13 +90,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     holder: ModelHolder = app.state.holder
     # the artifact `elmo-service serve` already loaded and verified before uvicorn started
     artifact, app.state.preloaded_artifact = app.state.preloaded_artifact, None
-    from elmo_service.runtime import in_transient_thread_async
-
     try:
-        # on a thread that ends: see elmo_service.runtime.in_transient_thread
-        served = await in_transient_thread_async(
-            load_served_model, settings, backend, io, metrics, None, artifact
-        )
+        served = await load_served_model_async(settings, backend, io, metrics, None, artifact)
     except ElmoServiceError as e:
         log.error("cannot load the model: %s", e.message)
         backend.close()

@@ -28,18 +28,13 @@ def build(model_dir: str | Path | None = None, *, preload: bool = True, **overri
         overrides["model_path"] = Path(model_dir)
     settings = load_settings(**overrides)
     configure_process("serve", settings.threads)  # before torch loads (the imports below)
-    from api.loading import check_model_dir
+    from api.loading import check_model_dir, preload_artifact
     from api.main import create_app
 
     path = check_model_dir(settings.resolved_model_path)  # fail before uvicorn, naming the fix
-
     app = create_app(settings)
     if preload:
-        from elmo_service.artifact import load_artifact
-        from elmo_service.runtime import in_transient_thread
-
-        # not on this thread, which lives on: the model's thread pools are the batcher's
-        app.state.preloaded_artifact = in_transient_thread(load_artifact, path, device="cpu")
+        app.state.preloaded_artifact = preload_artifact(path)
     return app, settings
 
 
