@@ -20,7 +20,7 @@ from api.batcher import Runner, Ticket
 from api.cache import SentenceCache
 from api.metrics import Metrics
 from api.tasks_store import TaskRegistry
-from elmo_service.errors import ConfigError
+from elmo_service.errors import ConfigError, InputError
 from elmo_service.scalar_mix import MixSpec
 from elmo_service.tokenizers import Token
 
@@ -45,6 +45,16 @@ WARMUP_SENTENCES = [
         ".",
     ],
 ]
+
+
+@dataclass
+class Embedded:
+    """One request's sentences embedded: their tokens and ``[L+1, T, D]`` layers."""
+
+    tokens: list[list[Token]]
+    layers: list[np.ndarray]
+    hits: int  # distinct sentences from the cache
+    misses: int  # ... and from the model
 
 
 @dataclass
@@ -80,6 +90,21 @@ class ServedModel:
     ) -> list[list[Token]]:
         """Cheap, in the request path; raises InputError/LimitError naming ``field[i]``."""
         return self.embedder.tokenize(sentences, field=field)
+
+    async def embed(
+        self, sentences: list, *, field: str = "sentences", ticket: Ticket | None = None
+    ) -> Embedded:
+        """What a route asks of the model: tokenize (errors name ``field[i]``; a sentence
+        with no tokens is refused), then the layers (:meth:`layers`)."""
+        token_lists = self.tokenize(sentences, field)
+        for i, toks in enumerate(token_lists):
+            if not toks:
+                raise InputError(
+                    f"{field}[{i}] has no tokens (empty sentence)", field=f"{field}[{i}]"
+                )
+        texts = [[t.text for t in toks] for toks in token_lists]
+        layers, hits, misses = await self.layers(texts, ticket)
+        return Embedded(token_lists, layers, hits, misses)
 
     def default_mix(self) -> tuple[MixSpec, str | None]:
         """The task named 'default' when there is one, else the plain average of all layers.

@@ -7,15 +7,13 @@ import contextlib
 from collections.abc import Awaitable, Sequence
 from typing import TypeVar
 
-import numpy as np
 from starlette.requests import Request
 
 from api.batcher import BatcherClosed, QueueFull
 from api.errors import ApiError
 from api.middleware import TICKET_KEY
-from api.served import ServedModel
+from api.served import Embedded, ServedModel
 from api.settings import Settings
-from elmo_service.tokenizers import Token
 
 T = TypeVar("T")
 
@@ -49,20 +47,6 @@ def check_request_limits(
         )
 
 
-def tokenize(served: ServedModel, sentences: list, field: str) -> list[list[Token]]:
-    """Tokenize in the request path; errors name ``<field>[i]``; empty sentences are refused."""
-    token_lists = served.tokenize(sentences, field=field)
-    for i, toks in enumerate(token_lists):
-        if not toks:
-            raise ApiError(
-                422,
-                "invalid_input",
-                f"{field}[{i}] has no tokens (empty sentence)",
-                f"{field}[{i}]",
-            )
-    return token_lists
-
-
 async def _wait_disconnect(request: Request) -> None:
     while True:
         message = await request.receive()
@@ -90,12 +74,14 @@ async def run_guarded(request: Request, work: Awaitable[T]) -> T:
     raise ClientGone()
 
 
-async def embed_layers(
-    request: Request, served: ServedModel, token_lists: list[list[Token]]
-) -> tuple[list[np.ndarray], int, int]:
-    texts = [[t.text for t in toks] for toks in token_lists]
+async def embed_request(
+    request: Request, served: ServedModel, sentences: list, field: str
+) -> Embedded:
+    """:meth:`ServedModel.embed` for a route: the request's ticket, cancelled when the client
+    goes, and the runner's refusals as HTTP errors."""
+    ticket = request.scope.get(TICKET_KEY)
     try:
-        return await run_guarded(request, served.layers(texts, request.scope.get(TICKET_KEY)))
+        return await run_guarded(request, served.embed(sentences, field=field, ticket=ticket))
     except QueueFull as e:  # refused at the door (queue full, or could not finish in time)
         raise ApiError(
             429,

@@ -13,7 +13,7 @@ from api import outputs
 from api.deps import ServingDep
 from api.encoding import JSONBytesResponse, dumps
 from api.errors import ApiError
-from api.routers.common import ClientGone, check_request_limits, embed_layers, tokenize
+from api.routers.common import ClientGone, check_request_limits, embed_request
 from api.schemas import ERROR_RESPONSES, EmbedRequest, EmbedResponse
 from api.served import ServedModel
 from api.tasks_store import StoreUnavailable
@@ -224,11 +224,12 @@ async def embed(
     output = req.output or ("mix" if (req.task is not None or req.mix is not None) else "layers")
     spec, task = await resolve_mix(req, served)
     layer_idx = resolve_layers(req, served, output)
-    token_lists = tokenize(served, req.sentences, "sentences")
     try:
-        arrays, hits, misses = await embed_layers(request, served, token_lists)
+        embedded = await embed_request(request, served, req.sentences, "sentences")
     except ClientGone:
         return Response(status_code=499)
+    token_lists, arrays = embedded.tokens, embedded.layers
+    hits, misses = embedded.hits, embedded.misses
     texts = [s if isinstance(s, str) else " ".join(s) for s in req.sentences]
     n_floats = sum(a.size for a in arrays)
     args = (served, req, texts, token_lists, arrays, layer_idx, spec, task, hits, misses)

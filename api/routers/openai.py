@@ -16,7 +16,7 @@ from api import outputs
 from api.deps import ServingDep
 from api.encoding import JSONBytesResponse, dumps
 from api.errors import ApiError
-from api.routers.common import ClientGone, check_request_limits, embed_layers, tokenize
+from api.routers.common import ClientGone, check_request_limits, embed_request
 from api.schemas import ERROR_RESPONSES, EmbeddingsRequest, EmbeddingsResponse
 from api.served import ServedModel
 
@@ -56,12 +56,12 @@ async def embeddings(
         )
     inputs = [req.input] if isinstance(req.input, str) else list(req.input)
     check_request_limits(inputs, settings, "input")
-    token_lists = tokenize(served, inputs, "input")
     spec, task = await served.default_mix_async()
     try:
-        arrays, _, _ = await embed_layers(request, served, token_lists)
+        embedded = await embed_request(request, served, inputs, "input")
     except ClientGone:
         return Response(status_code=499)
+    token_lists, arrays = embedded.tokens, embedded.layers
     data = []
     for i, layers in enumerate(arrays):
         vec = outputs.pool(outputs.mix(layers, spec), "mean", axis=0)
