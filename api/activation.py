@@ -17,7 +17,7 @@ from api.artifacts import resolve_artifact
 from api.cache import CacheBackend
 from api.fleet import FleetAgent
 from api.holder import ModelHolder
-from api.loading import load_served_model
+from api.loading import load_served_model_async
 from api.metrics import Metrics
 from api.served import ServedModel
 from api.settings import Settings
@@ -34,12 +34,7 @@ async def load_warm(
     path: Path,
 ) -> ServedModel:
     """Load ``path`` and warm it up, ready to swap in; closed again if warming fails."""
-    from elmo_service.runtime import in_transient_thread_async
-
-    # on a thread that ends: see elmo_service.runtime.in_transient_thread
-    served = await in_transient_thread_async(
-        load_served_model, settings, backend, io, metrics, path
-    )
+    served = await load_served_model_async(settings, backend, io, metrics, path)
     try:
         await served.warm_up()
     except BaseException:

@@ -27,6 +27,7 @@ from api.encoding import JSONBytesResponse
 from api.errors import install_error_handlers
 from api.fleet import FleetAgent, ModelVersionMiddleware, fleet_store, load_startup_model
 from api.holder import ModelHolder
+from api.loading import on_load_thread
 from api.metrics import Metrics, MetricsMiddleware
 from api.middleware import AnnounceMiddleware, RequestGuardMiddleware
 from api.routers import embed, health, jobs, models, openai, tasks
@@ -91,12 +92,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     holder: ModelHolder = app.state.holder
     # the artifact `elmo-service serve` already loaded and verified before uvicorn started
     artifact, app.state.preloaded_artifact = app.state.preloaded_artifact, None
-    from elmo_service.runtime import in_transient_thread_async
-
     store = fleet_store(settings)  # with Redis: the model the fleet serves comes first
     try:
-        # on a thread that ends: see elmo_service.runtime.in_transient_thread
-        served, fleet_note = await in_transient_thread_async(
+        served, fleet_note = await on_load_thread(
             load_startup_model, settings, store, backend, io, metrics, artifact
         )
     except ElmoServiceError as e:

@@ -18,6 +18,7 @@ from elmo_service.atomic import atomic_path
 from elmo_service.batching import DEFAULT_BATCH_TOKENS
 from elmo_service.config import PRECISIONS, WEIGHT_MODES
 from elmo_service.errors import PATH_ERRORS, ElmoServiceError, InputError
+from elmo_service.process import configure_process
 
 
 def _chunks(lines: Iterator[str], n: int) -> Iterator[list[str]]:
@@ -394,6 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
 def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "role", "cli") == "cli":  # serve and worker set themselves up
+            configure_process("cli", getattr(args, "threads", None))
         return args.func(args)
     except ElmoServiceError as e:
         print(f"error: {e.message}", file=sys.stderr)

@@ -18,10 +18,11 @@ import gc
 import os
 import sys
 
-# Before torch loads OpenMP: spinning worker threads collapse (10x and worse)
-# when another process shares the cores; sleeping ones cost little. An
-# explicit OMP_WAIT_POLICY in the environment wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from elmo_service.process import configure_process
+
+# Before torch loads OpenMP (the imports below): training never spins (the one process
+# setup, elmo_service/process.py, says why); the commands set their thread counts
+configure_process("train", set_threads=False)
 
 from elmo_service.errors import PATH_ERRORS, ElmoServiceError  # noqa: E402
 from elmo_service.settings_base import add_arguments, from_args  # noqa: E402

@@ -39,7 +39,6 @@ from tqdm import tqdm
 
 from elmo_service.atomic import write_json, write_text
 from elmo_service.errors import ConfigError, ElmoServiceError, InputError
-from elmo_service.lstm import compile_training_kernels
 from elmo_service.runtime import autocast, pick_device, resolve_precision, set_threads
 from pretrain.checkpoint import (
     checkpoint_status,
@@ -421,7 +420,7 @@ class Trainer:
             torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
             # small graphs, compiled once each; sizes that vary (U, B, N) turn dynamic on their second value
             self.model.encode_fn = torch.compile(self.model.bilm.token_encoder.forward)
-            compile_training_kernels()
+            self.model.bilm.use_compiled_steps()  # this model only, not a process-wide swap
             self.model.loss_fn = torch.compile(self.model.softmax.loss)
         self._trainable = [p for p in self.model.parameters() if p.requires_grad]
         self._stop_signal: int | None = None

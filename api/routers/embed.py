@@ -6,15 +6,15 @@ import asyncio
 from typing import Any
 
 import numpy as np
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from api import outputs
-from api.deps import Serving, serving
+from api.deps import ServingDep
 from api.encoding import JSONBytesResponse, dumps
 from api.errors import ApiError
 from api.responses import check_response_floats, streamed_json
-from api.routers.common import ClientGone, check_request_limits, embed_layers, tokenize
+from api.routers.common import ClientGone, check_request_limits, embed_request
 from api.schemas import ERROR_RESPONSES, EmbedRequest, EmbedResponse
 from api.served import ServedModel
 from api.tasks_store import StoreUnavailable
@@ -247,20 +247,25 @@ def response_floats(
 async def embed(
     req: EmbedRequest,
     request: Request,
-    ctx: Serving = Depends(serving),
+    ctx: ServingDep,
 ) -> Response:
     served, settings = ctx.served, ctx.settings
     check_request_limits(req.sentences, settings, "sentences")
     output = req.output or ("mix" if (req.task is not None or req.mix is not None) else "layers")
     spec, task = await resolve_mix(req, served)
     layer_idx = resolve_layers(req, served, output)
-    token_lists = tokenize(served, req.sentences, "sentences")
-    n_floats, detail = response_floats(req, token_lists, layer_idx, spec, served.dim)
-    check_response_floats(n_floats, settings, "sentences", detail)  # before any work
+
+    def bound(token_lists: list) -> None:  # before any work: the answer's size, from the request
+        n, detail = response_floats(req, token_lists, layer_idx, spec, served.dim)
+        check_response_floats(n, settings, "sentences", detail)
+
     try:
-        arrays, hits, misses = await embed_layers(request, served, token_lists)
+        embedded = await embed_request(request, served, req.sentences, "sentences", check=bound)
     except ClientGone:
         return Response(status_code=499)
+    token_lists, arrays = embedded.tokens, embedded.layers
+    hits, misses = embedded.hits, embedded.misses
+    n_floats, _ = response_floats(req, token_lists, layer_idx, spec, served.dim)
     texts = [s if isinstance(s, str) else " ".join(s) for s in req.sentences]
     args = (served, req, texts, token_lists, arrays, layer_idx, spec, task, hits, misses)
     if n_floats <= _STREAM_FLOATS:

@@ -17,13 +17,10 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 
 from api.activation import activate_in_fleet, activate_model
 from api.artifacts import list_artifacts
-from api.deps import get_holder, get_model, get_settings, require_admin, require_key
+from api.deps import HolderDep, ModelDep, SettingsDep, require_admin, require_key
 from api.errors import ApiError
 from api.fleet import FleetAgent, FleetUnavailable, default_replica_id, standalone_view
-from api.holder import ModelHolder
 from api.schemas import ERROR_RESPONSES, Activated, ModelInfo, ModelList
-from api.served import ServedModel
-from api.settings import Settings
 from elmo_service.errors import ArtifactError
 
 router = APIRouter(prefix="/v1", tags=["models"], dependencies=[Depends(require_key)])
@@ -39,10 +36,7 @@ FULL = Query(False, description="Whole provenance records (a corpus manifest can
     summary="Served model (OpenAI-style list), the fleet, and every artifact in the models folder",
 )
 async def list_models(
-    request: Request,
-    full: bool = FULL,
-    served: ServedModel = Depends(get_model),
-    settings: Settings = Depends(get_settings),
+    request: Request, served: ModelDep, settings: SettingsDep, full: bool = FULL
 ) -> dict[str, Any]:
     agent: FleetAgent | None = request.app.state.fleet
     artifacts = await asyncio.to_thread(list_artifacts, settings.models_dir, served, full)
@@ -68,7 +62,7 @@ async def list_models(
     responses=ERROR_RESPONSES,
     summary="One served model, with its whole provenance",
 )
-async def get_model_info(model_id: str, served: ServedModel = Depends(get_model)) -> dict[str, Any]:
+async def get_model_info(model_id: str, served: ModelDep) -> dict[str, Any]:
     if model_id not in (served.name, served.version):
         raise ApiError(404, "not_found", f"model {model_id!r} is not served", "model_id")
     return served.info()
@@ -87,9 +81,9 @@ async def get_model_info(model_id: str, served: ServedModel = Depends(get_model)
 )
 async def activate(
     request: Request,
+    holder: HolderDep,
+    settings: SettingsDep,
     name: str = Path(..., description="Artifact folder name in the models folder"),
-    holder: ModelHolder = Depends(get_holder),
-    settings: Settings = Depends(get_settings),
 ) -> dict[str, Any]:
     state = request.app.state
     if holder.current is None:

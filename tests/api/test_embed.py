@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from fastapi.testclient import TestClient
 
 from api.encoding import decode_array
@@ -14,8 +13,6 @@ from api.settings import load_settings
 from elmo_service.embedder import Embedder, apply_mix, words_of
 from elmo_service.scalar_mix import MixSpec
 from tests.support.determinism import same_vectors
-
-torch.set_num_threads(1)
 
 SENTENCES = [
     "The bank raised its rates.",

@@ -13,14 +13,12 @@ import time
 
 import httpx
 import pytest
-import torch
 
 from api.http_protocol import uvicorn_options
 from api.main import create_app
 from api.settings import load_settings
 from tests.support.live_server import LiveServer
 
-torch.set_num_threads(1)
 pytestmark = pytest.mark.slow  # a live uvicorn server and socket read deadlines
 
 HEADER_S, BODY_S = 0.5, 0.8

@@ -12,7 +12,6 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import numpy as np
 import pytest
-import torch
 
 from api.encoding import decode_array
 from api.main import create_app
@@ -22,7 +21,6 @@ from elmo_service.scalar_mix import MixSpec
 from tests.support.determinism import same_vectors
 from tests.support.live_server import LiveServer
 
-torch.set_num_threads(1)
 pytestmark = pytest.mark.slow  # a live uvicorn server, subprocesses
 
 WORDS = [

@@ -29,11 +29,6 @@ def quiet(*_a, **_k):
     pass
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    torch.set_num_threads(1)
-
-
 def state(step: int) -> dict:
     g = torch.Generator().manual_seed(step)
     return {"step": step, "w": torch.randn(256, generator=g), "data": {"epoch": 0}}

@@ -37,11 +37,6 @@ def quiet(*_a, **_k):
     pass
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    torch.set_num_threads(1)
-
-
 @pytest.fixture(scope="module")
 def corpus_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("corpus")
