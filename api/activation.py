@@ -1,21 +1,54 @@
-"""Serving another artifact of the models folder while the server runs (hot swap)."""
+"""Serving another artifact of the models folder while the server runs (hot swap).
+
+Without Redis, :func:`activate_model` swaps this process's model. With Redis,
+:func:`activate_in_fleet` also records the artifact as the fleet's desired state,
+which every replica's :class:`api.fleet.FleetAgent` converges to.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
 from api.artifacts import resolve_artifact
 from api.cache import CacheBackend
+from api.fleet import FleetAgent
 from api.holder import ModelHolder
-from api.loading import load_served_model
+from api.loading import load_served_model_async
 from api.metrics import Metrics
 from api.served import ServedModel
 from api.settings import Settings
 from elmo_service.artifact import read_manifest
 
 log = logging.getLogger("api.activation")
+
+
+async def load_warm(
+    settings: Settings,
+    backend: CacheBackend,
+    io: ThreadPoolExecutor,
+    metrics: Metrics | None,
+    path: Path,
+) -> ServedModel:
+    """Load ``path`` and warm it up, ready to swap in; closed again if warming fails."""
+    served = await load_served_model_async(settings, backend, io, metrics, path)
+    try:
+        await served.warm_up()
+    except BaseException:
+        await asyncio.to_thread(served.close)
+        raise
+    return served
+
+
+async def _is_served(cur: ServedModel | None, path: Path) -> bool:
+    return (
+        cur is not None
+        and cur.path.resolve() == path
+        and (await asyncio.to_thread(read_manifest, path)).get("version") == cur.version
+    )
 
 
 async def activate_model(
@@ -29,27 +62,60 @@ async def activate_model(
     """Load ``models_dir/name``, warm it, swap it in (no request fails). -> (new, old or None)."""
     path = await asyncio.to_thread(resolve_artifact, settings.models_dir, name)
     cur = holder.current
-    if (
-        cur is not None
-        and cur.path.resolve() == path
-        and (await asyncio.to_thread(read_manifest, path)).get("version") == cur.version
-    ):
-        return cur, None  # already served
-    from elmo_service.runtime import in_transient_thread_async
-
-    # on a thread that ends: see elmo_service.runtime.in_transient_thread
-    served = await in_transient_thread_async(
-        load_served_model, settings, backend, io, metrics, path
-    )
+    if await _is_served(cur, path):
+        return cur, None  # type: ignore[return-value]  # already served
+    served = await load_warm(settings, backend, io, metrics, path)
     try:
         old = await holder.swap(served)
     except BaseException:
         await asyncio.to_thread(served.close)
         raise
+    _log_swap(served, old)
+    return served, old
+
+
+async def activate_in_fleet(
+    agent: FleetAgent,
+    settings: Settings,
+    backend: CacheBackend,
+    io: ThreadPoolExecutor,
+    metrics: Metrics | None,
+    name: str,
+) -> tuple[ServedModel, ServedModel | None, dict[str, Any]]:
+    """Load and warm ``name`` here, record it as the fleet's desired model, swap it in.
+
+    -> (new, old or None, the fleet view just after, with ``recorded``: this call's record;
+    ``desired`` may already be a newer one). Nothing is recorded unless this
+    replica could load it (LookupError, ArtifactError); a Redis that does not answer
+    (FleetUnavailable) leaves everything as it was. The other replicas converge on their own.
+    """
+    path = await asyncio.to_thread(resolve_artifact, settings.models_dir, name)
+    async with agent.lock:  # one load-and-swap at a time on this replica
+        cur = agent.holder.current
+        same = await _is_served(cur, path)
+        served = cur if same else await load_warm(settings, backend, io, metrics, path)
+        assert served is not None
+        try:
+            recorded = await agent.call(agent.store.record, name, served.version, agent.id)
+            agent.desired = recorded
+        except BaseException:
+            if not same:
+                await asyncio.to_thread(served.close)
+            raise
+        old = None if same else await agent.swap(served)
+    agent.wake()  # a newer record may have come in meanwhile
+    await agent.beat()
+    if old is not None:
+        _log_swap(served, old)
+    view = await agent.view()
+    view["recorded"] = recorded.ref()
+    return served, old, view
+
+
+def _log_swap(new: ServedModel, old: ServedModel | None) -> None:
     log.info(
         "activated %s (version %s), replacing %s",
-        served.name,
-        served.version,
+        new.name,
+        new.version,
         f"{old.name} ({old.version})" if old else "nothing",
     )
-    return served, old

@@ -6,15 +6,39 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from api.served import ServedModel
+from api.served import ServedModel, provenance_summary
 from elmo_service.artifact import MANIFEST, read_header
 from elmo_service.errors import InputError
 from elmo_service.names import check_model_name
 
 
-def list_artifacts(models_dir: Path, served: ServedModel | None = None) -> list[dict[str, Any]]:
+def _served_entry(served: ServedModel, full: bool) -> dict[str, Any]:
+    """What is served, as loaded (not what its folder holds now)."""
+    prov = served.embedder.artifact.provenance
+    return {
+        "id": served.name,
+        "object": "model",
+        "path": str(served.path),
+        "version": served.version,
+        "created": served.created,
+        "n_layers": served.n_layers,
+        "dim": served.dim,
+        "tokenizer": served.embedder.tokenizer.kind,
+        "provenance": prov if full else provenance_summary(prov),
+        "served": True,
+    }
+
+
+def list_artifacts(
+    models_dir: Path, served: ServedModel | None = None, full: bool = False
+) -> list[dict[str, Any]]:
     """Every artifact folder in ``models_dir`` (config and manifest only, no weights),
-    plus the served model if it lives elsewhere; ``served`` marks the one being served."""
+    plus the served model if it lives elsewhere; ``served: true`` on the one being served.
+
+    The served entry describes the model as loaded; when its folder was replaced or
+    deleted since, ``disk_version`` / ``disk_error`` say what the folder holds now.
+    ``full``: whole provenance records instead of their summaries.
+    """
     served_path = served.path.resolve() if served is not None else None
     found: list[Path] = []
     root = Path(models_dir)
@@ -22,10 +46,11 @@ def list_artifacts(models_dir: Path, served: ServedModel | None = None) -> list[
         found = sorted(
             d for d in root.iterdir() if not d.name.startswith(".") and (d / MANIFEST).is_file()
         )
-    if served_path is not None and all(d.resolve() != served_path for d in found):
-        found.append(served.path)  # type: ignore[union-attr]
+    if served is not None and all(d.resolve() != served_path for d in found):
+        found.append(served.path)
     out = []
     for d in found:
+        is_served = served is not None and d.resolve() == served_path
         entry: dict[str, Any] = {"id": d.name, "object": "model", "path": str(d)}
         try:
             head = read_header(d)
@@ -35,13 +60,19 @@ def list_artifacts(models_dir: Path, served: ServedModel | None = None) -> list[
                 n_layers=head.config.n_output_layers,
                 dim=head.config.output_dim,
                 tokenizer=head.tokenizer.get("type"),
-                provenance=head.provenance,
+                provenance=head.provenance if full else provenance_summary(head.provenance),
             )
         except Exception as e:  # noqa: BLE001 - listed, with what is wrong with it
             entry["error"] = f"unreadable artifact: {e}"
-        entry["served"] = served_path is not None and d.resolve() == served_path
-        if entry["served"]:
-            entry["version"] = served.version  # type: ignore[union-attr]
+        entry["served"] = False
+        if is_served:
+            assert served is not None
+            disk = entry
+            entry = _served_entry(served, full)
+            if "error" in disk:
+                entry["disk_error"] = disk["error"]
+            elif disk["version"] != served.version:
+                entry["disk_version"] = disk["version"]  # replaced since loading
         out.append(entry)
     return out
 

@@ -60,6 +60,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -73,7 +74,40 @@ from elmo_service.batching import (
 
 log = logging.getLogger("api.batcher")
 
-EmbedFn = Callable[[Sequence[Sequence[str]]], list[np.ndarray]]
+TokenLists = Sequence[Sequence[str]]  # sentences as token texts
+EmbedFn = Callable[[TokenLists], list[np.ndarray]]
+
+
+class Runner(Protocol):
+    """How a served model's calls reach it: :class:`Batcher`, or :class:`DirectRunner`."""
+
+    # how long a runner must stay idle before a drain may close it (a DirectRunner sees
+    # a request only once it calls the model, so it needs a longer quiet spell)
+    quiet_for: float
+
+    @property
+    def depth(self) -> int:
+        """Requests queued or running."""
+
+    @property
+    def idle(self) -> bool:
+        """No request on its way: none announced, queued or running."""
+
+    @property
+    def alive(self) -> bool:
+        """Still taking work."""
+
+    def announce(self) -> Ticket:
+        """A request is on its way (the AnnounceMiddleware calls this on arrival)."""
+
+    async def embed(
+        self, token_lists: TokenLists, timeout: float | None = None, ticket: Ticket | None = None
+    ) -> list[np.ndarray]:
+        """``[L+1, T, D]`` float32 per sentence, in order."""
+
+    def close(self, timeout: float = ...) -> None:
+        """Stop taking work and wait for what runs."""
+
 
 # the server's defaults (api/settings.py reads these; the budget's are elmo_service's)
 DEFAULT_FILL_WAIT_MS = 10.0
@@ -194,8 +228,33 @@ def _set_results(
 
 
 class Batcher:
-    """``embed_fn`` runs one planned batch (``Embedder.embed_batch``): the batcher is the
-    only planner on the serving path."""
+    """The queue and the one model thread of a served model (see the module docstring).
+
+    # Parameters
+
+    embed_fn : `EmbedFn`
+        Runs one planned batch (``Embedder.embed_batch``): the batcher is the only
+        planner on the serving path.
+    batch_tokens : `int`, optional
+        The padded-token budget of one batch (``len(batch) * longest``, markers included).
+    max_batch_sentences : `int`, optional
+        The most sentences in one batch.
+    max_queue : `int`, optional
+        Sentences queued at most; beyond, :class:`QueueFull` (a 429).
+    metrics : `Metrics`, optional
+        Prometheus metrics to update (queue depth, batch sizes, refusals).
+    take_batches : `int`, optional (default = `4`)
+        How many batches' worth of tokens the worker takes from the queue at once
+        (sorted by length together, so a take packs with little padding).
+    max_fill_wait : `float`, optional
+        Seconds a batch may wait at most for announced or returning requests.
+    fill_ratio : `float`, optional (default = `0.25`)
+        ... and at most this share of the recent batch duration.
+    name : `str`, optional (default = `"batcher"`)
+        The worker thread's name.
+    estimate : `WorkEstimate`, optional
+        Seconds per token for admission control (a fresh, slow prior when None).
+    """
 
     def __init__(
         self,
@@ -240,9 +299,15 @@ class Batcher:
         self._thread.start()
 
     # -- request side (event loop) ---------------------------------------------
+    quiet_for = 0.05
+
     @property
     def depth(self) -> int:
         return len(self._queue)
+
+    @property
+    def idle(self) -> bool:
+        return not self._queue and self._incoming == 0
 
     def announce(self) -> Ticket:
         """A request is on its way (see the module docstring); retire the ticket or submit with it."""
@@ -499,8 +564,19 @@ class DirectRunner:
     The naive baseline the benchmark compares against (``ELMO_BATCHING=false``);
     requests still queue (on the embedder's lock), bounded by ``max_queue``. One
     persistent thread runs every call, as the batcher's does: on the event loop's
-    default executor each of its threads would keep an OpenMP team of its own, and
-    once a process holds more OpenMP threads than cores libgomp stops spinning.
+    default executor each of its threads would keep a thread pool of its own for the
+    model's parallel ops (see ``elmo_service.runtime.in_transient_thread``).
+
+    # Parameters
+
+    embed_fn : `EmbedFn`
+        Runs one request's sentences (``Embedder.embed_tokens``, which plans them).
+    max_queue : `int`, optional
+        Sentences pending at most; beyond, :class:`QueueFull` (a 429).
+    metrics : `Metrics`, optional
+        Prometheus metrics to update.
+    estimate : `WorkEstimate`, optional
+        Seconds per token for admission control.
     """
 
     def __init__(
@@ -521,9 +597,15 @@ class DirectRunner:
         self._closed = False
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="elmo-model")
 
+    quiet_for = 0.5
+
     @property
     def depth(self) -> int:
         return self._pending
+
+    @property
+    def idle(self) -> bool:
+        return self._pending == 0
 
     def announce(self) -> Ticket:
         return Ticket(None)

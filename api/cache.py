@@ -21,7 +21,10 @@ never invalidate the cache.
 
 Redis errors open a circuit breaker: for ``retry_interval`` seconds the
 backend is skipped (requests are served uncached), then one request tries
-again; a success closes it.
+again; a success closes it. A reply of the wrong type or length (a misbehaving
+proxy, a "Redis-compatible" server) is such an error too (:class:`BadReply`).
+A write the server refuses (``-OOM`` under ``noeviction``, ``-READONLY``) skips
+writes alone for ``retry_interval``: the cache it holds is still read.
 """
 
 from __future__ import annotations
@@ -117,6 +120,34 @@ def unpack(
     if not np.isfinite(arr).all():
         raise CorruptEntry("non-finite values")
     return arr.astype(np.float32, copy=False)  # read-only view when stored as float32
+
+
+class BadReply(Exception):
+    """Redis answered, but not with what the command returns (type or length)."""
+
+
+# what redis-py's reply callbacks raise on a reply of the wrong shape
+REPLY_SHAPE_ERRORS: tuple[type[BaseException], ...] = (
+    BadReply, TypeError, ValueError, AttributeError, IndexError, KeyError,
+)  # fmt: skip
+
+
+def describe(reply: object) -> str:
+    """A short name for an unexpected reply, for logs and errors."""
+    if isinstance(reply, list | tuple):
+        return f"an array of {len(reply)}"
+    if isinstance(reply, bytes | str):
+        return f"a string {reply[:16]!r}"
+    return f"{type(reply).__name__} {reply!r:.32}"
+
+
+def check_mget(reply: object, n: int) -> list[bytes | None]:
+    """MGET's reply: ``n`` entries, each bytes or nil; BadReply otherwise."""
+    if not isinstance(reply, list) or len(reply) != n:
+        raise BadReply(f"MGET of {n} keys answered {describe(reply)}")
+    if not all(v is None or isinstance(v, bytes) for v in reply):
+        raise BadReply(f"MGET of {n} keys answered a non-string entry")
+    return reply
 
 
 class CacheBackend(ABC):
@@ -268,13 +299,19 @@ class RedisCache(CacheBackend):
             health_check_interval=0,
             max_connections=64,
         )
-        self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+        # a refused write (the server is up and says no) pauses writes alone
+        self.write_breaker = CircuitBreaker(retry_interval)
+        self._refused: type[BaseException] = redis.ResponseError
+        self._errors: tuple[type[BaseException], ...] = (
+            redis.RedisError, OSError, *REPLY_SHAPE_ERRORS,
+        )  # fmt: skip
 
     def _failed(self, e: BaseException, op: str) -> None:
         was = self.breaker.state
         self.breaker.failure(f"{type(e).__name__}: {e}")
         if self.metrics:
-            self.metrics.cache_errors.labels("backend").inc()
+            kind = "bad_reply" if isinstance(e, REPLY_SHAPE_ERRORS) else "backend"
+            self.metrics.cache_errors.labels(kind).inc()
         if was == "ok":
             log.warning(
                 "redis %s failed (%s); serving uncached, retrying in %.1fs",
@@ -287,33 +324,58 @@ class RedisCache(CacheBackend):
         if not keys or not self.breaker.allow():
             return [None] * len(keys)
         try:
-            values = self.client.mget(list(keys))
+            values = check_mget(self.client.mget(list(keys)), len(keys))
         except self._errors as e:
             self._failed(e, "MGET")
             return [None] * len(keys)
         if self.breaker.state != "ok":
             log.info("redis is back")
         self.breaker.success()
-        return list(values)
+        return values
 
     def set_many(self, items: Sequence[tuple[str, bytes]], ttl: int) -> None:
-        if not items or not self.breaker.allow():
+        if not items or not self.write_breaker.allow() or not self.breaker.allow():
             return
         try:
             pipe = self.client.pipeline(transaction=False)
             for k, v in items:
                 pipe.set(k, v, ex=ttl)
-            pipe.execute()
+            replies = pipe.execute()
+            if not isinstance(replies, list) or len(replies) != len(items):
+                raise BadReply(f"a pipeline of {len(items)} SETs answered {describe(replies)}")
+            if not all(r is True for r in replies):  # redis-py maps +OK to True
+                raise BadReply("SET answered something other than OK")
+        except self._refused as e:  # e.g. OOM under noeviction: reads still work
+            self._write_refused(e)
+            return
         except self._errors as e:
             self._failed(e, "SET")
             return
+        self.write_breaker.success()
         self.breaker.success()
+
+    def _write_refused(self, e: BaseException) -> None:
+        was = self.write_breaker.state
+        self.write_breaker.failure(f"{type(e).__name__}: {e}")
+        if self.metrics:
+            self.metrics.cache_errors.labels("write_refused").inc()
+        if was == "ok":
+            log.warning(
+                "redis refused a cache write (%s); still reading, writes retried in %.1fs",
+                e,
+                self.write_breaker.retry_interval,
+            )
 
     def delete_many(self, keys: Sequence[str]) -> None:
         if not keys or not self.breaker.allow():
             return
         try:
-            self.client.delete(*keys)
+            n = self.client.delete(*keys)
+            if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= len(keys):
+                raise BadReply(f"DEL of {len(keys)} keys answered {describe(n)}")
+        except self._refused as e:
+            self._write_refused(e)
+            return
         except self._errors as e:
             self._failed(e, "DEL")
             return
@@ -321,7 +383,7 @@ class RedisCache(CacheBackend):
 
     def ping(self) -> bool:
         try:
-            return bool(self.client.ping())
+            return self.client.ping() is True  # redis-py maps +PONG to True
         except self._errors:
             return False
 
@@ -329,6 +391,9 @@ class RedisCache(CacheBackend):
         out: dict[str, Any] = {"backend": self.name, "state": self.breaker.state}
         if self.breaker.last_error:
             out["last_error"] = self.breaker.last_error
+        if self.write_breaker.state != "ok":
+            out["writes"] = "refused"
+            out["last_write_error"] = self.write_breaker.last_error
         return out
 
     def close(self) -> None:

@@ -3,24 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-from api.openmp import openmp_env_for_serving  # imports no torch: it must run before torch loads
-
-# Before torch loads OpenMP: `serve` spins briefly (api/openmp.py); the other commands do not
-# spin, since spinning threads collapse when another process shares the cores. An explicit
-# OMP_WAIT_POLICY in the environment wins.
-if sys.argv[1:2] == ["serve"]:
-    openmp_env_for_serving()
-else:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-from elmo_service.cli import build_parser, run  # noqa: E402
+from elmo_service.cli import build_parser, run
+from elmo_service.process import configure_process
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from api.server import run as run_server
+    from api.server import run as run_server  # the process is set up in api.server.build
 
     overrides = {}
     if args.threads is not None:
@@ -30,6 +20,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    configure_process("worker", set_threads=False)  # before `jobs` loads torch; jobs set theirs
     from api.settings import load_settings
     from jobs import run_worker
 
@@ -44,10 +35,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--model", default=None, help="model directory (default: the bundled model)")
     s.add_argument("--threads", type=int, default=None)
-    s.set_defaults(func=cmd_serve)
+    s.set_defaults(func=cmd_serve, role="serve")
     w = sub.add_parser("worker", help="run a pretraining-job worker")
     w.add_argument("--burst", action="store_true", help="exit when the queue is empty")
-    w.set_defaults(func=cmd_worker)
+    w.set_defaults(func=cmd_worker, role="worker")
     return p
 
 

@@ -1,5 +1,8 @@
 """Dependencies: settings, the model holder, metrics and API-key auth.
 
+Routes take them through the ``Annotated`` aliases (``ModelDep``, ``SettingsDep``,
+``HolderDep``, ``MetricsDep``, ``ServingDep``), as the FastAPI template does.
+
 Everything hangs off ``app.state`` (set by the factory and lifespan), so two
 apps in one process -- tests, a future hot swap -- never share state.
 """
@@ -7,6 +10,7 @@ apps in one process -- tests, a future hot swap -- never share state.
 from __future__ import annotations
 
 import hmac
+from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -14,7 +18,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from api.errors import ApiError
 from api.holder import ModelHolder
 from api.metrics import Metrics
-from api.served import ServedModel
+from api.served import SERVED_KEY, ServedModel
 from api.settings import Settings
 
 bearer = HTTPBearer(auto_error=False, description="API key: `Authorization: Bearer <key>`")
@@ -35,7 +39,13 @@ async def get_metrics(request: Request) -> Metrics | None:
     return getattr(request.app.state, "metrics", None)
 
 
-async def get_model(holder: ModelHolder = Depends(get_holder)) -> ServedModel:
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+HolderDep = Annotated[ModelHolder, Depends(get_holder)]
+MetricsDep = Annotated[Metrics | None, Depends(get_metrics)]
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+
+
+async def get_model(holder: HolderDep) -> ServedModel:
     served = holder.current
     if served is None or not served.warmed:
         raise ApiError(503, "not_ready", "the model is loading", headers={"Retry-After": "5"})
@@ -55,10 +65,10 @@ def _unauthorized(message: str) -> ApiError:
     )
 
 
-async def require_key(
-    creds: HTTPAuthorizationCredentials | None = Depends(bearer),
-    settings: Settings = Depends(get_settings),
-) -> str | None:
+ModelDep = Annotated[ServedModel, Depends(get_model)]
+
+
+async def require_key(creds: Credentials, settings: SettingsDep) -> str | None:
     """When ELMO_API_KEYS is set, every /v1 route needs an API key or an admin key."""
     if not settings.api_keys:
         return None
@@ -69,10 +79,7 @@ async def require_key(
     return creds.credentials
 
 
-async def require_admin(
-    creds: HTTPAuthorizationCredentials | None = Depends(bearer),
-    settings: Settings = Depends(get_settings),
-) -> str:
+async def require_admin(creds: Credentials, settings: SettingsDep) -> str:
     """Writes need an admin key (ELMO_ADMIN_KEYS); with none configured, writes are refused."""
     if not settings.admin_keys:
         raise ApiError(
@@ -101,10 +108,13 @@ class Serving:
         self.served, self.settings = served, settings
 
 
-async def serving(
-    request: Request, creds: HTTPAuthorizationCredentials | None = Depends(bearer)
-) -> Serving:
+async def serving(request: Request, creds: Credentials) -> Serving:
     """Auth (as ``require_key``) + settings + the current model, in one step."""
     settings = await get_settings(request)
     await require_key(creds, settings)
-    return Serving(await get_model(request.app.state.holder), settings)
+    served = await get_model(request.app.state.holder)
+    request.scope[SERVED_KEY] = served  # the version that answers: X-Model-Version
+    return Serving(served, settings)
+
+
+ServingDep = Annotated[Serving, Depends(serving)]

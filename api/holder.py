@@ -10,20 +10,13 @@ import asyncio
 import logging
 import time
 
-from api.batcher import Batcher, DirectRunner
 from api.served import ServedModel
 
 log = logging.getLogger("api.holder")
 
 
-def _runner_idle(runner: Batcher | DirectRunner) -> bool:
-    """No request is on its way to ``runner``: none announced (the AnnounceMiddleware
-    announces every embedding request on arrival), none queued or running."""
-    return runner.depth == 0 and getattr(runner, "_incoming", 0) == 0
-
-
 class ModelHolder:
-    """Holds the served model; routes get it via ``Depends(get_model)``, never a global."""
+    """Holds the served model; routes get it via ``api.deps.ModelDep``, never a global."""
 
     def __init__(self) -> None:
         self._current: ServedModel | None = None
@@ -62,13 +55,12 @@ class ModelHolder:
 
     @staticmethod
     async def _drain(old: ServedModel, timeout: float) -> None:
-        # a DirectRunner sees a request only once it calls the model: wait for a quiet spell
-        quiet_for = 0.05 if isinstance(old.runner, Batcher) else 0.5
+        quiet_for = old.runner.quiet_for  # api.batcher.Runner
         deadline = time.monotonic() + timeout
         quiet_since: float | None = None
         while time.monotonic() < deadline:
             now = time.monotonic()
-            if _runner_idle(old.runner):
+            if old.runner.idle:
                 quiet_since = quiet_since or now
                 if now - quiet_since >= quiet_for:
                     return

@@ -19,7 +19,9 @@ from api.tasks_store import (
     TaskRegistry,
     TaskStore,
 )
+from elmo_service.artifact import MANIFEST
 from elmo_service.errors import ArtifactError
+from elmo_service.runtime import in_transient_thread, in_transient_thread_async
 
 
 def make_task_store(settings: Settings, namespace: str) -> TaskStore:
@@ -33,6 +35,13 @@ def make_task_store(settings: Settings, namespace: str) -> TaskStore:
     return FileTaskStore(settings.resolved_tasks_file, namespace)
 
 
+def _mtime(path: Path) -> int | None:
+    try:
+        return int(path.stat().st_mtime)
+    except OSError:
+        return None
+
+
 def check_model_dir(path: Path) -> Path:
     if not path.is_dir():
         raise ArtifactError(
@@ -41,6 +50,28 @@ def check_model_dir(path: Path) -> Path:
             field="model",
         )
     return path
+
+
+# Models load on threads that end, here and nowhere else: a thread that lives on would keep
+# the thread pools of the load's parallel ops beside the batcher's (elmo_service.runtime
+# in_transient_thread says what that costs).
+
+
+def preload_artifact(path: Path) -> Any:
+    """Load and verify the artifact at ``path`` (before the server starts), on a thread that ends."""
+    from elmo_service.artifact import load_artifact
+
+    return in_transient_thread(load_artifact, path, device="cpu")
+
+
+async def on_load_thread(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+    """A model load ``fn(*args)`` on a thread that ends, awaited (``in_transient_thread`` says why)."""
+    return await in_transient_thread_async(fn, *args, **kwargs)
+
+
+async def load_served_model_async(*args: Any, **kwargs: Any) -> ServedModel:
+    """:func:`load_served_model` on a thread that ends, awaited."""
+    return await in_transient_thread_async(load_served_model, *args, **kwargs)
 
 
 def load_served_model(
@@ -99,7 +130,10 @@ def load_served_model(
         dim=embedder.dim,
         metrics=metrics,
     )
-    shipped = ArtifactTasks(path, embedder.n_layers, embedder.artifact.tasks)
+    # shipped tasks pinned to the loaded version: a folder replaced later cannot lend its own
+    shipped = ArtifactTasks(
+        path, embedder.n_layers, embedder.artifact.tasks, version=embedder.version
+    )
     tasks = TaskRegistry(make_task_store(settings, name), shipped, embedder.n_layers)
     served = ServedModel(
         name=name,
@@ -112,6 +146,7 @@ def load_served_model(
         request_timeout=settings.request_timeout,
         max_tokens_per_sentence=embedder.max_sentence_tokens,
         metrics=metrics,
+        created=_mtime(path / MANIFEST),
     )
     if metrics is not None:
         metrics.model_info.labels(name, embedder.version).set(1)

@@ -21,11 +21,13 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
+from api.activation import load_warm
 from api.cache import CacheBackend, LocalCache, NullCache, RedisCache
 from api.encoding import JSONBytesResponse
 from api.errors import install_error_handlers
+from api.fleet import FleetAgent, ModelVersionMiddleware, fleet_store, load_startup_model
 from api.holder import ModelHolder
-from api.loading import load_served_model
+from api.loading import on_load_thread
 from api.metrics import Metrics, MetricsMiddleware
 from api.middleware import AnnounceMiddleware, RequestGuardMiddleware
 from api.routers import embed, health, jobs, models, openai, tasks
@@ -50,9 +52,9 @@ Contextual token embeddings from an ELMo-style biLM.
 def make_cache_backend(settings: Settings, metrics: Metrics | None) -> CacheBackend:
     if not settings.cache:
         return NullCache()
-    if settings.redis_url:
+    if settings.resolved_cache_redis_url:
         return RedisCache(
-            settings.redis_url,
+            settings.resolved_cache_redis_url,
             timeout=settings.redis_timeout,
             retry_interval=settings.redis_retry_interval,
             metrics=metrics,
@@ -90,21 +92,22 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     holder: ModelHolder = app.state.holder
     # the artifact `elmo-service serve` already loaded and verified before uvicorn started
     artifact, app.state.preloaded_artifact = app.state.preloaded_artifact, None
-    from elmo_service.runtime import in_transient_thread_async
-
+    store = fleet_store(settings)  # with Redis: the model the fleet serves comes first
     try:
-        # on a thread that ends: see elmo_service.runtime.in_transient_thread
-        served = await in_transient_thread_async(
-            load_served_model, settings, backend, io, metrics, None, artifact
+        served, fleet_note = await on_load_thread(
+            load_startup_model, settings, store, backend, io, metrics, artifact
         )
     except ElmoServiceError as e:
         log.error("cannot load the model: %s", e.message)
+        if store is not None:
+            store.close()
         backend.close()
         io.shutdown(wait=False)
         raise
     if isinstance(backend, RedisCache) and not await asyncio.to_thread(backend.ping):
         log.warning(
-            "redis at %s is not reachable: serving uncached until it is", settings.redis_url
+            "redis at %s is not reachable: serving uncached until it is",
+            settings.resolved_cache_redis_url,
         )
     if settings.warmup:
         await served.warm_up()
@@ -113,6 +116,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     await holder.swap(served, warm=False)
     # what model activation needs to load another artifact later
     app.state.cache_backend, app.state.io = backend, io
+    if store is not None:
+        app.state.fleet = FleetAgent(
+            settings,
+            store,
+            holder,
+            lambda path: load_warm(settings, backend, io, metrics, path),
+        )
+        await app.state.fleet.start(fleet_note)
     app.state.jobs = await asyncio.to_thread(start_jobs, settings)
     metrics.ready.set(1)
     log.info(
@@ -129,6 +140,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         jobs_service, app.state.jobs = app.state.jobs, None
         if jobs_service is not None:
             await asyncio.to_thread(jobs_service.close)
+        fleet, app.state.fleet = app.state.fleet, None
+        if fleet is not None:
+            await fleet.stop()
         await holder.close()
         backend.close()
         io.shutdown(wait=False)
@@ -155,6 +169,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = Metrics()
     install_error_handlers(app)
     app.state.jobs = None
+    app.state.fleet = None
     for r in (embed.router, openai.router, models.router, tasks.router, jobs.router, health.router):
         app.include_router(r)
 
@@ -164,7 +179,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             s.max_body_bytes if s is not None else Settings.model_fields["max_body_bytes"].default
         )
 
-    # outermost last: metrics -> body/content-type guard -> batch announcement (body already read)
+    # outermost last: metrics -> body/content-type guard -> batch announcement (body already
+    # read) -> the model version that answered (X-Model-Version)
+    app.add_middleware(ModelVersionMiddleware)
     app.add_middleware(AnnounceMiddleware, holder=lambda: app.state.holder)
     app.add_middleware(RequestGuardMiddleware, max_body_bytes=max_body)
     app.add_middleware(

@@ -1,8 +1,8 @@
 """Layers -> what the client asked for: layer subsets, scalar mixes, words, pooling.
 
-Pure numpy, run by the HTTP layer on cached or freshly computed layers; it
-mirrors :class:`elmo_service.scalar_mix.ScalarMix` (tests hold it to
-``apply_mix`` within 1e-5).
+Pure numpy, run by the HTTP layer on cached or freshly computed layers. The mix
+and the word averages are the core's (``elmo_service.scalar_mix.apply_mix``,
+``elmo_service.embedder.average_words``), the ones the library applies.
 """
 
 from __future__ import annotations
@@ -12,9 +12,21 @@ from collections.abc import Sequence
 import numpy as np
 
 from api.encoding import DType, Encoding, as_dtype, encode_array
+from elmo_service.embedder import average_words as to_words
 from elmo_service.errors import ElmoServiceError, InputError
-from elmo_service.scalar_mix import MixSpec
+from elmo_service.scalar_mix import apply_mix as mix
+from elmo_service.scalar_mix import softmax
 from elmo_service.tokenizers import Token
+
+__all__ = [
+    "NonFiniteOutput",
+    "encode_checked",
+    "mix",
+    "pool",
+    "softmax",
+    "to_words",
+    "words_meta",
+]
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 
@@ -23,15 +35,6 @@ class NonFiniteOutput(ElmoServiceError):
     """The model itself produced a non-finite value (a server fault: answered 500)."""
 
     code = "non_finite_output"
-
-
-def softmax(x: Sequence[float]) -> np.ndarray:
-    """Stable softmax: shifted by the max in float64, so any finite weights give finite
-    probabilities (a float32 cast first would turn 1e308 into inf, and inf - inf into NaN)."""
-    a = np.asarray(x, dtype=np.float64)
-    with np.errstate(over="ignore"):  # a gap beyond float64 is -inf: exp gives 0, as it should
-        e = np.exp(a - a.max())
-    return (e / e.sum()).astype(np.float32)
 
 
 def encode_checked(
@@ -59,57 +62,6 @@ def encode_checked(
             )
         raise NonFiniteOutput(f"{what}: the model produced non-finite values", field=what)
     return encode_array(arr, encoding, dtype)
-
-
-def _layer_norm(h: np.ndarray, eps: float = 1e-12) -> np.ndarray:
-    """Normalise one layer ``[T, D]`` over all its positions and features."""
-    if h.size == 0:
-        return h
-    mean = h.mean(dtype=np.float64)
-    var = ((h - mean) ** 2).mean(dtype=np.float64)
-    return ((h - mean) / np.sqrt(var + eps)).astype(np.float32)
-
-
-def mix(layers: np.ndarray, spec: MixSpec) -> np.ndarray:
-    """``[L+1, T, D]`` -> ``[T, D]``: gamma * sum_j softmax(s)_j h_j (per direction if asked)."""
-    n = layers.shape[0]
-    spec.validate(n)
-    if spec.layer_norm:
-        layers = np.stack([_layer_norm(h) for h in layers])
-    w = softmax(spec.weights)
-    if not spec.per_direction:
-        out = np.tensordot(w, layers, axes=1)
-    else:
-        p = layers.shape[-1] // 2
-        nl = n - 1
-        tok = layers[0, :, :p]
-        fwd = np.tensordot(w[1 : 1 + nl], layers[1:, :, :p], axes=1)
-        bwd = np.tensordot(w[1 + nl :], layers[1:, :, p:], axes=1)
-        out = np.concatenate([w[0] * tok + fwd, w[0] * tok + bwd], axis=-1)
-    with np.errstate(over="ignore", invalid="ignore"):  # encode_checked reports non-finite
-        return (np.float32(spec.gamma) * out).astype(np.float32, copy=False)
-
-
-def word_groups(tokens: Sequence[Token]) -> tuple[np.ndarray, int]:
-    """Dense word ids 0..W-1 in order (a word with no tokens gets no slot)."""
-    raw = np.fromiter((t.word for t in tokens), dtype=np.int64, count=len(tokens))
-    if not len(raw):
-        return raw, 0
-    uniq, ids = np.unique(raw, return_inverse=True)
-    return ids.reshape(-1), len(uniq)
-
-
-def to_words(x: np.ndarray, tokens: Sequence[Token], axis: int) -> np.ndarray:
-    """Average positions (along ``axis``) that belong to the same word."""
-    ids, n_words = word_groups(tokens)
-    if n_words == len(tokens) and (ids == np.arange(len(ids))).all():
-        return x
-    moved = np.moveaxis(x, axis, 0).astype(np.float64)
-    sums = np.zeros((n_words, *moved.shape[1:]), dtype=np.float64)
-    np.add.at(sums, ids, moved)
-    counts = np.bincount(ids, minlength=n_words).reshape(-1, *([1] * (moved.ndim - 1)))
-    out = (sums / np.maximum(counts, 1)).astype(np.float32)
-    return np.moveaxis(out, 0, axis)
 
 
 def words_meta(tokens: Sequence[Token], text: str) -> list[dict]:

@@ -308,23 +308,75 @@ class ArtifactEntry(BaseModel):
     n_layers: int | None = None
     dim: int | None = None
     tokenizer: str | None = None
-    provenance: dict[str, Any] | None = None
+    provenance: dict[str, Any] | None = Field(
+        None, description="A summary (plain values); the whole record with ?full=true."
+    )
     error: str | None = None
     served: bool
+    disk_version: str | None = Field(
+        None,
+        description="On the served entry: the version its folder holds now, when it was "
+        "replaced after loading (the entry describes what is served).",
+    )
+    disk_error: str | None = Field(
+        None, description="On the served entry: its folder is gone or unreadable now."
+    )
+
+
+class DesiredOut(BaseModel):
+    id: str
+    version: str
+    generation: int = Field(..., description="Increases with every activation (Redis INCR).")
+    at: float
+    by: str = Field(..., description="The replica that recorded it.")
+
+
+class ReplicaOut(BaseModel):
+    id: str
+    host: str
+    pid: int
+    served: ModelRef | None
+    state: Literal["serving", "loading", "failed"] = Field(
+        ..., description="failed: cannot load the desired model; it serves what it had."
+    )
+    error: str | None
+    generation: int | None = Field(None, description="The desired generation it last read.")
+    started_at: float | None
+    heartbeat_at: float
+    self: bool = Field(False, description="The replica that answered.")
+
+
+class FleetOut(BaseModel):
+    shared: bool = Field(..., description="true with Redis (a desired state shared by replicas).")
+    desired: DesiredOut | None = Field(None, description="The last activation recorded.")
+    agree: bool = Field(..., description="Every replica serves one version (the desired one).")
+    converged: int | None = Field(None, description="Replicas serving the desired model.")
+    replicas_total: int
+    replicas: list[ReplicaOut]
+    error: str | None = Field(None, description="Redis did not answer: only this replica shown.")
+    recorded: DesiredOut | None = Field(
+        None,
+        description="In an activation's answer: the record it made (a newer activation "
+        "elsewhere may already have replaced it as `desired`; the highest generation wins).",
+    )
 
 
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelInfo] = Field(..., description="The served model (OpenAI-compatible).")
-    served: ModelRef
+    served: ModelRef = Field(..., description="The model of the replica that answered.")
     models_dir: str
     artifacts: list[ArtifactEntry]
+    fleet: FleetOut
 
 
 class Activated(BaseModel):
     activated: ModelInfo
     previous: ModelRef | None
     changed: bool
+    fleet: FleetOut | None = Field(
+        None, description="With Redis: the fleet right after this replica swapped."
+    )
 
 
 class Health(BaseModel):
@@ -337,6 +389,10 @@ class CacheState(BaseModel):
     dtype: Literal["float32", "float16"]
     ttl: int
     last_error: str | None = None
+    writes: Literal["refused"] | None = Field(
+        None, description="Present while Redis refuses cache writes (e.g. OOM); reads go on."
+    )
+    last_write_error: str | None = None
     reachable: bool | None = None
     entries: int | None = None
     bytes: int | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,15 +17,17 @@ from typing import Any
 
 import numpy as np
 
-from api.batcher import Batcher, DirectRunner, Ticket
+from api.batcher import Runner, Ticket
 from api.cache import SentenceCache
 from api.metrics import Metrics
 from api.tasks_store import TaskRegistry
-from elmo_service.errors import ConfigError
+from elmo_service.errors import ConfigError, InputError
 from elmo_service.scalar_mix import MixSpec
 from elmo_service.tokenizers import Token
 
 DEFAULT_MIX_TTL = 1.0
+# the ASGI scope key under which a request's resolved ServedModel is left (X-Model-Version)
+SERVED_KEY = "elmo.served"
 
 WARMUP_SENTENCES = [
     ["Hello", "world", "."],
@@ -47,18 +50,47 @@ WARMUP_SENTENCES = [
 ]
 
 
+def _scalar(v: object) -> bool:
+    return v is None or isinstance(v, (str, int, float, bool))
+
+
+def provenance_summary(provenance: dict[str, Any]) -> dict[str, Any]:
+    """The provenance's plain values, and those one level down; lists and deeper objects
+    (a corpus manifest, a whole training config) only with ``?full=true``."""
+    out: dict[str, Any] = {}
+    for k, v in provenance.items():
+        if _scalar(v):
+            out[k] = v
+        elif isinstance(v, dict):
+            inner = {kk: vv for kk, vv in v.items() if _scalar(vv)}
+            if inner:
+                out[k] = inner
+    return out
+
+
+@dataclass
+class Embedded:
+    """One request's sentences embedded: their tokens and ``[L+1, T, D]`` layers."""
+
+    tokens: list[list[Token]]
+    layers: list[np.ndarray]
+    hits: int  # distinct sentences from the cache
+    misses: int  # ... and from the model
+
+
 @dataclass
 class ServedModel:
     name: str
     path: Path
     embedder: Any  # elmo_service.embedder.Embedder
-    runner: Batcher | DirectRunner
+    runner: Runner
     cache: SentenceCache
     tasks: TaskRegistry
     io: ThreadPoolExecutor
     request_timeout: float
     max_tokens_per_sentence: int
     metrics: Metrics | None = None
+    created: int | None = None  # the manifest's mtime when it was loaded
     loaded_at: float = field(default_factory=time.time)
     warmed: bool = False
     _default_mix: tuple | None = field(default=None, repr=False)
@@ -75,9 +107,34 @@ class ServedModel:
     def dim(self) -> int:
         return self.embedder.dim
 
-    def tokenize(self, sentences: list[str | list[str]]) -> list[list[Token]]:
-        """Cheap, in the request path; raises InputError/LimitError naming ``sentences[i]``."""
-        return self.embedder.tokenize(sentences)
+    def tokenize(
+        self, sentences: list[str | list[str]], field: str = "sentences"
+    ) -> list[list[Token]]:
+        """Cheap, in the request path; raises InputError/LimitError naming ``field[i]``."""
+        return self.embedder.tokenize(sentences, field=field)
+
+    async def embed(
+        self,
+        sentences: list,
+        *,
+        field: str = "sentences",
+        ticket: Ticket | None = None,
+        check: Callable[[list[list[Token]]], None] | None = None,
+    ) -> Embedded:
+        """What a route asks of the model: tokenize (errors name ``field[i]``; a sentence
+        with no tokens is refused), ``check(token_lists)`` if given, then the layers
+        (:meth:`layers`)."""
+        token_lists = self.tokenize(sentences, field)
+        for i, toks in enumerate(token_lists):
+            if not toks:
+                raise InputError(
+                    f"{field}[{i}] has no tokens (empty sentence)", field=f"{field}[{i}]"
+                )
+        if check is not None:
+            check(token_lists)
+        texts = [[t.text for t in toks] for toks in token_lists]
+        layers, hits, misses = await self.layers(texts, ticket)
+        return Embedded(token_lists, layers, hits, misses)
 
     def default_mix(self) -> tuple[MixSpec, str | None]:
         """The task named 'default' when there is one, else the plain average of all layers.
@@ -167,12 +224,14 @@ class ServedModel:
     async def warm_up(self) -> None:
         timeout = max(self.request_timeout, 120.0)
         await self.runner.embed(WARMUP_SENTENCES, timeout=timeout)
-        # one sentence alone takes another kernel (numba, compiled on first use)
+        # one sentence alone takes another path of the CPU kernel
         await self.runner.embed(WARMUP_SENTENCES[:1], timeout=timeout)
         self.warmed = True
 
-    def info(self) -> dict[str, Any]:
+    def info(self, full: bool = True) -> dict[str, Any]:
+        """The model object; ``full=False``: its provenance summarised."""
         cfg = self.embedder.cfg
+        prov = self.embedder.artifact.provenance
         tok = self.embedder.tokenizer
         return {
             "id": self.name,
@@ -186,7 +245,7 @@ class ServedModel:
             "max_tokens_per_sentence": self.max_tokens_per_sentence,
             "config": cfg.to_dict(),
             "tokenizer": {"type": tok.kind, "fingerprint": tok.fingerprint},
-            "provenance": self.embedder.artifact.provenance,
+            "provenance": prov if full else provenance_summary(prov),
             "tasks_shipped": sorted(self.tasks.shipped),
             "cache_key_prefix": self.embedder.cache_key_prefix,
             "loaded_at": self.loaded_at,

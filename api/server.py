@@ -22,22 +22,41 @@ def build(model_dir: str | Path | None = None, *, preload: bool = True, **overri
     weights), before uvicorn starts: a broken model is one ArtifactError line
     from the CLI, never a lifespan traceback. The lifespan serves this artifact.
     """
-    from api.loading import check_model_dir
-    from api.main import create_app
+    from elmo_service.process import configure_process
 
     if model_dir is not None:
         overrides["model_path"] = Path(model_dir)
     settings = load_settings(**overrides)
+    configure_process("serve", settings.threads)  # before torch loads (the imports below)
+    from api.loading import check_model_dir, preload_artifact
+    from api.main import create_app
+
     path = check_model_dir(settings.resolved_model_path)  # fail before uvicorn, naming the fix
     app = create_app(settings)
     if preload:
-        from elmo_service.artifact import load_artifact
-        from elmo_service.runtime import in_transient_thread, set_threads
+        from elmo_service.errors import ArtifactError
 
-        set_threads(settings.threads)
-        # not on this thread, which lives on: the model's OpenMP threads are the batcher's
-        app.state.preloaded_artifact = in_transient_thread(load_artifact, path, device="cpu")
+        # with Redis, the fleet's activated model comes first (the lifespan reports why not)
+        want = _fleet_model_path(settings) or path
+        try:
+            app.state.preloaded_artifact = preload_artifact(want)
+        except ArtifactError:
+            if want == path:
+                raise
+            app.state.preloaded_artifact = preload_artifact(path)
     return app, settings
+
+
+def _fleet_model_path(settings: Settings) -> Path | None:
+    from api.fleet import fleet_store, startup_model_path
+
+    store = fleet_store(settings)
+    if store is None:
+        return None
+    try:
+        return startup_model_path(settings, store)[0]
+    finally:
+        store.close()
 
 
 def run(

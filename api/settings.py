@@ -6,7 +6,11 @@ A bad value fails at startup with one message naming every offending variable
 
 from __future__ import annotations
 
+import difflib
+import logging
+import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -24,6 +28,8 @@ from api.batcher import DEFAULT_FILL_WAIT_MS, DEFAULT_MAX_QUEUE
 from elmo_service.batching import DEFAULT_BATCH_TOKENS, DEFAULT_MAX_BATCH_SENTENCES
 from elmo_service.config import DEFAULT_TOKEN_CACHE_SIZE
 from elmo_service.errors import ConfigError
+
+log = logging.getLogger("api.settings")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENV_PREFIX = "ELMO_"
@@ -124,13 +130,32 @@ class Settings(BaseSettings):
     http_max_connections: int = Field(
         1024,
         ge=1,
-        description="Open connections (and requests in progress) beyond which uvicorn "
-        "answers 503 at once (its limit_concurrency).",
+        description="Open connections (and requests in progress) beyond which a request is "
+        "answered 503 at once (JSON, Retry-After); /healthz, /readyz and /metrics always answer.",
+    )
+    http_send_timeout: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds a client may leave a response unread (the send buffer full, "
+        "nothing drained) before the connection is closed and the answer freed.",
+    )
+
+    # -- response size -----------------------------------------------------------------
+    max_response_floats: int = Field(
+        16 * 1024 * 1024,
+        ge=1,
+        description="Floats one answer may carry (sentences x positions x layers x dim, "
+        "computed before embedding); more -> 413 naming this setting.",
     )
 
     # -- cache -------------------------------------------------------------------
     redis_url: str | None = Field(
         None, validation_alias=AliasChoices("REDIS_URL", "ELMO_REDIS_URL", "redis_url")
+    )
+    cache_redis_url: str | None = Field(
+        None,
+        description="A separate Redis for the vector cache (bounded memory, volatile-lru, no "
+        "persistence), so tasks and jobs on REDIS_URL are never evicted; default REDIS_URL.",
     )
     cache: bool = Field(True, description="Cache per-sentence layer vectors.")
     cache_dtype: Literal["float32", "float16"] = "float32"
@@ -143,6 +168,35 @@ class Settings(BaseSettings):
         5.0, gt=0, description="Seconds before retrying a failed Redis."
     )
     redis_prefix: str = "elmo"
+
+    # -- the fleet: replicas on one Redis (api/fleet.py, docs/scaling.md) ------------
+    replica_id: str | None = Field(
+        None,
+        max_length=200,
+        description="This replica's name in the fleet view (default: <hostname>-<pid>).",
+    )
+    fleet_interval: float = Field(
+        2.0,
+        gt=0,
+        le=60,
+        description="With Redis: seconds between heartbeats and between polls of the fleet's "
+        "desired model (pub/sub wakes a replica at once; the poll catches a missed message).",
+    )
+    fleet_ttl: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="Seconds a heartbeat lives: a replica silent that long leaves the fleet view.",
+    )
+
+    @model_validator(mode="after")
+    def _fleet_ttl_covers_beats(self) -> Settings:
+        if self.fleet_ttl <= self.fleet_interval:
+            raise ValueError(
+                f"ELMO_FLEET_TTL ({self.fleet_ttl}) must exceed ELMO_FLEET_INTERVAL "
+                f"({self.fleet_interval}): every replica would drop out between two heartbeats"
+            )
+        return self
 
     # -- limits --------------------------------------------------------------------
     max_sentences: int = Field(256, ge=1, description="Sentences (or inputs) per request.")
@@ -208,12 +262,36 @@ class Settings(BaseSettings):
         description="Share of the machine's memory a job may need (see jobs_max_memory).",
     )
 
+    # -- pretraining jobs: bounds and the job store (issue 28) ---------------------------
+    jobs_max_steps: int = Field(
+        10_000_000, ge=1, description="Quota: the most optimizer steps one job may ask for."
+    )
+    jobs_max_threads: int | None = Field(
+        None,
+        ge=1,
+        description="The most trainer threads a job may ask for (default: this machine's "
+        "cores; set it to the workers' when they run elsewhere). Workers check their own.",
+    )
+    jobs_gpus: int | None = Field(
+        None,
+        ge=0,
+        description="CUDA devices a worker has, for checking a job's train.device (default: "
+        "this machine's). Workers check their own.",
+    )
+    jobs_store_timeout: float = Field(
+        2.0,
+        gt=0,
+        le=60,
+        description="Job-store (Redis) socket timeout for the API, seconds: a hanging Redis "
+        "stalls /v1/jobs this long, nothing else (workers use 5x this).",
+    )
+
     @field_validator("api_keys", "admin_keys", mode="before")
     @classmethod
     def _keys(cls, v: object) -> object:
         return _split_keys(v)
 
-    @field_validator("redis_url", mode="before")
+    @field_validator("redis_url", "cache_redis_url", mode="before")
     @classmethod
     def _redis_url(cls, v: object) -> object:
         if isinstance(v, str):
@@ -255,6 +333,10 @@ class Settings(BaseSettings):
         return Path(self.model_path) if self.model_path else Path(self.models_dir) / self.model
 
     @property
+    def resolved_cache_redis_url(self) -> str | None:
+        return self.cache_redis_url or self.redis_url
+
+    @property
     def resolved_tasks_file(self) -> Path:
         return Path(self.tasks_file) if self.tasks_file else Path(self.data_dir) / "tasks.json"
 
@@ -283,9 +365,52 @@ def format_validation_error(e: ValidationError) -> str:
     return "invalid settings: " + "; ".join(lines)
 
 
-def load_settings(**overrides: object) -> Settings:
-    """Settings from the environment, ``.env`` and ``overrides``; ConfigError naming the bad ones."""
+# ELMO_* variables read by other parts (training, the jobs worker, the compose files):
+# not Settings fields, but not typos either. Add yours here.
+OTHER_VARIABLES = frozenset({
+    "ELMO_JOBS_PARENT_PID", "ELMO_SOURCES_CACHE", "ELMO_TENSORBOARD", "ELMO_IMAGE",
+    "ELMO_CUDA_IMAGE",
+})  # fmt: skip
+
+
+def known_variables() -> set[str]:
+    names = {ENV_PREFIX + name.upper() for name in Settings.model_fields}
+    return names | {"ELMO_REDIS_URL"} | OTHER_VARIABLES
+
+
+def unknown_variables(names: Iterable[str]) -> list[str]:
+    """One line per ``ELMO_*`` name nothing reads, with a did-you-mean when one is close."""
+    known = known_variables()
+    out = []
+    for name in sorted(set(names)):
+        if not name.upper().startswith(ENV_PREFIX) or name.upper() in known:
+            continue
+        close = difflib.get_close_matches(name.upper(), known, n=1, cutoff=0.75)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        out.append(f"{name} is not a setting and is ignored{hint}")
+    return out
+
+
+_ENV_LINE = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=", re.MULTILINE)
+
+
+def _env_file_names(path: str | Path = ".env") -> list[str]:
+    """The names a ``.env`` file sets (only the names: values are pydantic-settings' job)."""
     try:
-        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+        return _ENV_LINE.findall(Path(path).read_text(errors="replace"))
+    except OSError:
+        return []
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Settings from the environment, ``.env`` and ``overrides``; ConfigError naming the bad ones.
+
+    An ``ELMO_*`` variable that names no setting (a typo: ``ELMO_MAX_SENTENCE``) is
+    logged as a warning with the setting it was probably meant to be."""
+    try:
+        settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as e:
         raise ConfigError(format_validation_error(e), field="settings") from e
+    for line in unknown_variables([*os.environ, *_env_file_names()]):
+        log.warning("%s", line)
+    return settings

@@ -12,15 +12,18 @@ when used.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from elmo_service.artifact import TASKS, read_task
+from api.cache import REPLY_SHAPE_ERRORS, BadReply, describe
+from elmo_service.artifact import TASKS, read_manifest, read_task
 from elmo_service.atomic import write_json
 from elmo_service.errors import ConfigError, ElmoServiceError
 from elmo_service.scalar_mix import MixSpec
@@ -29,7 +32,21 @@ log = logging.getLogger("api")
 
 
 class StoreUnavailable(Exception):
-    """The task store's backend (Redis) did not answer."""
+    """The task store's backend (Redis) did not answer, or answered nonsense."""
+
+
+def _is_hash(reply: object) -> bool:
+    return isinstance(reply, dict) and all(
+        isinstance(k, bytes) and isinstance(v, bytes) for k, v in reply.items()
+    )
+
+
+def _is_string(reply: object) -> bool:
+    return reply is None or isinstance(reply, bytes)
+
+
+def _is_count(reply: object) -> bool:  # HSET and HDEL answer how many fields changed
+    return isinstance(reply, int) and not isinstance(reply, bool) and 0 <= reply <= 1
 
 
 class TaskStore(ABC):
@@ -48,15 +65,33 @@ class TaskStore(ABC):
     def delete(self, name: str) -> bool: ...
 
 
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (created if missing), across processes and threads:
+    each call opens its own descriptor, so two threads of one process exclude each other too."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 class FileTaskStore(TaskStore):
-    """``{namespace: {name: spec}}`` in one JSON file, rewritten atomically."""
+    """``{namespace: {name: spec}}`` in one JSON file, rewritten atomically.
+
+    Safe for several processes on one file (replicas sharing a volume without Redis):
+    every read-modify-write holds an ``flock`` on ``<file>.lock`` and re-reads the file
+    under it; readers need no lock, the file is replaced whole.
+    """
 
     kind = "file"
 
     def __init__(self, path: Path, namespace: str) -> None:
         self.path = Path(path)
         self.namespace = namespace
-        self._lock = threading.Lock()
+        self._lock_path = self.path.with_name(self.path.name + ".lock")
 
     def _read(self) -> dict[str, Any]:
         if not self.path.is_file():
@@ -72,20 +107,19 @@ class FileTaskStore(TaskStore):
         write_json(self.path, data, sort_keys=True)
 
     def all(self) -> dict[str, dict[str, Any]]:
-        with self._lock:
-            return dict(self._read().get(self.namespace, {}))
+        return dict(self._read().get(self.namespace, {}))
 
     def get(self, name: str) -> dict[str, Any] | None:
         return self.all().get(name)
 
     def put(self, name: str, spec: dict[str, Any]) -> None:
-        with self._lock:
+        with file_lock(self._lock_path):
             data = self._read()
             data.setdefault(self.namespace, {})[name] = spec
             self._write(data)
 
     def delete(self, name: str) -> bool:
-        with self._lock:
+        with file_lock(self._lock_path):
             data = self._read()
             found = data.get(self.namespace, {}).pop(name, None) is not None
             if found:
@@ -115,40 +149,48 @@ class RedisTaskStore(TaskStore):
         self.client = client or redis.Redis.from_url(
             url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0)
         )
-        self._errors = (redis.RedisError, OSError)
+        self._errors = (redis.RedisError, OSError, *REPLY_SHAPE_ERRORS)
 
-    def _call(self, fn, *args):
+    def _call(self, fn, *args, expect: Callable[[Any], bool], what: str):
+        """``fn(*args)``; an error, or a reply ``expect`` refuses, is StoreUnavailable."""
         try:
-            return fn(*args)
+            reply = fn(*args)
+            if not expect(reply):
+                raise BadReply(f"{what} answered {describe(reply)}")
+            return reply
         except self._errors as e:
             raise StoreUnavailable(
                 f"task store (redis) unavailable: {type(e).__name__}: {e}"
             ) from e
 
     def all(self) -> dict[str, dict[str, Any]]:
-        raw = self._call(self.client.hgetall, self.key)
+        raw = self._call(self.client.hgetall, self.key, expect=_is_hash, what="HGETALL")
         out = {}
         for k, v in raw.items():
             try:
-                out[k.decode()] = json.loads(v)
+                spec = json.loads(v)
             except (UnicodeDecodeError, json.JSONDecodeError):
                 continue  # a corrupt entry is skipped, not fatal
+            if isinstance(spec, dict):
+                out[k.decode()] = spec
         return out
 
     def get(self, name: str) -> dict[str, Any] | None:
-        v = self._call(self.client.hget, self.key, name)
+        v = self._call(self.client.hget, self.key, name, expect=_is_string, what="HGET")
         if v is None:
             return None
         try:
-            return json.loads(v)
-        except json.JSONDecodeError:
+            spec = json.loads(v)
+        except (UnicodeDecodeError, json.JSONDecodeError):
             return None
+        return spec if isinstance(spec, dict) else None
 
     def put(self, name: str, spec: dict[str, Any]) -> None:
-        self._call(self.client.hset, self.key, name, json.dumps(spec, sort_keys=True))
+        self._call(self.client.hset, self.key, name, json.dumps(spec, sort_keys=True),
+                   expect=_is_count, what="HSET")  # fmt: skip
 
     def delete(self, name: str) -> bool:
-        return bool(self._call(self.client.hdel, self.key, name))
+        return bool(self._call(self.client.hdel, self.key, name, expect=_is_count, what="HDEL"))
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -162,15 +204,28 @@ class ArtifactTasks:
     are few) and re-reads only when a name, size or mtime differs from the last
     read. A file that does not parse or does not fit the model is skipped with a
     warning (once per change), keeping the others served.
+
+    Pinned to the loaded ``version``: the folder is re-read only while its manifest
+    still names that version. Once the folder is replaced by another artifact (an
+    ``export --overwrite``) or deleted, the tasks read last stay served: they belong
+    to the weights in memory; the new folder's tasks come with its activation.
     """
 
-    def __init__(self, artifact_dir: Path, n_layers: int, initial: dict[str, MixSpec]) -> None:
+    def __init__(
+        self,
+        artifact_dir: Path,
+        n_layers: int,
+        initial: dict[str, MixSpec],
+        version: str | None = None,
+    ) -> None:
         self.folder = Path(artifact_dir) / TASKS
         self.n_layers = n_layers
+        self.version = version
         self._lock = threading.Lock()
         self._tasks = dict(initial)
         self._signature = self._stat()
         self.reloads = 0
+        self.pinned: str | None = None  # why the folder is no longer read, once it is not
 
     def _stat(self) -> tuple:
         try:
@@ -182,12 +237,40 @@ class ArtifactTasks:
         except FileNotFoundError:
             return ()
 
+    def _folder_version(self) -> str | None:
+        try:
+            return read_manifest(self.folder.parent).get("version")
+        except (ElmoServiceError, OSError):
+            return None
+
+    def _still_ours(self) -> bool:
+        if self.version is None:
+            return True
+        have = self._folder_version()
+        if have == self.version:
+            self.pinned = None
+            return True
+        why = (
+            f"{self.folder.parent} now holds version {have}"
+            if have is not None
+            else f"{self.folder.parent} is gone or unreadable"
+        )
+        if why != self.pinned:
+            log.warning(
+                "%s, not the served %s: its shipped tasks stay as loaded", why, self.version
+            )
+        self.pinned = why
+        return False
+
     def current(self) -> dict[str, MixSpec]:
         sig = self._stat()
         if sig == self._signature:
             return self._tasks
         with self._lock:
             if sig != self._signature:
+                if not self._still_ours():
+                    self._signature = sig  # looked at again when the folder changes again
+                    return self._tasks
                 tasks = {}
                 for name, _, _ in sig:
                     path = self.folder / name
@@ -195,6 +278,9 @@ class ArtifactTasks:
                         tasks[path.stem] = read_task(path, self.n_layers)
                     except (ElmoServiceError, OSError) as e:
                         log.warning("task file %s skipped: %s", path, getattr(e, "message", e))
+                if not self._still_ours():  # replaced while being read: keep the old ones
+                    self._signature = sig
+                    return self._tasks
                 self._tasks, self._signature = tasks, sig
                 self.reloads += 1
                 log.info("tasks folder %s re-read: %s", self.folder, ", ".join(tasks) or "none")

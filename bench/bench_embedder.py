@@ -63,6 +63,7 @@ from elmo_service.embedder import Embedder  # noqa: E402
 from elmo_service.model import BiLM, length_mask, reverse_padded  # noqa: E402
 from elmo_service.runtime import autocast  # noqa: E402
 from elmo_service.tokenizers import WordTokenizer  # noqa: E402
+from tests.support import reference  # noqa: E402
 
 BATCHES = (1, 8, 32, 128)
 FALLBACK_DEFAULT = dict(
@@ -165,25 +166,17 @@ def naive_forward(model: BiLM, ids: torch.Tensor, lengths: torch.Tensor) -> torc
     act = torch.tanh if cfg.activation == "tanh" else F.relu
     x = torch.cat([act(conv(x).amax(-1)) for conv in enc.convs], dim=-1)
     for hw in enc.highways:
-        transform, carry = hw(x).chunk(2, dim=-1)
-        gate = torch.sigmoid(carry)
-        x = gate * F.relu(transform) + (1 - gate) * x
+        x = reference.highway(x, hw)
     tokens = enc.projection(x).reshape(b, t, -1)
     mask = length_mask(lengths, t).unsqueeze(-1).to(tokens.dtype)
     tokens = tokens * mask
 
     def lstm(layer, xs: torch.Tensor) -> torch.Tensor:
-        c_dim = layer.cell_dim
         h = xs.new_zeros(b, layer.proj_dim)
-        c = xs.new_zeros(b, c_dim)
+        c = xs.new_zeros(b, layer.cell_dim)
         outs = []
-        for s in range(t):
-            gates = layer.w_ih(xs[:, s]) + layer.w_hh(h)
-            i, f, o, g = gates.chunk(4, dim=-1)
-            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-            c = c.clamp(-cfg.cell_clip, cfg.cell_clip) if cfg.cell_clip else c
-            h = layer.w_proj(torch.sigmoid(o) * torch.tanh(c))
-            h = h.clamp(-cfg.proj_clip, cfg.proj_clip) if cfg.proj_clip else h
+        for s in range(t):  # the one reference's cell, all rows at once
+            h, c = reference.lstmp_cell(xs[:, s], h, c, layer, xs.dtype)
             outs.append(h)
         return torch.stack(outs, dim=1)
 

@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_latency.py                 # the table (~5 min)
     .venv/bin/python bench/bench_latency.py --rounds 3      # quicker, noisier
     .venv/bin/python bench/bench_latency.py --shapes small  # one shape
-    .venv/bin/python bench/bench_latency.py --kernels       # the matmul kernels behind elmo_service/packed.py
+    .venv/bin/python bench/bench_latency.py --kernels       # the matmul kernels behind elmo_service/kernels/packed.py
     .venv/bin/python bench/bench_latency.py --phases        # where our time goes, per cell
 
 Cells: the AllenNLP-small shape (LSTM 1024/128, 2048 filters, 1 highway) at
@@ -344,7 +344,7 @@ def latency_table(args, emit) -> None:
 def phase_table(args, emit) -> None:
     """Our fp32 side (no token cache) per request: the character CNN (``_token_vectors``),
     the biLSTM (``BiLstmKernel``) and the rest of ``embed_tokens``, median over rounds."""
-    import elmo_service.bilstm as bilstm
+    import elmo_service.kernels.bilstm as bilstm
     from elmo_service.embedder import Embedder as Emb
 
     spent: dict[str, float] = {}
@@ -429,17 +429,18 @@ def time_kernels(w: torch.Tensor, x: torch.Tensor) -> list[float]:
     (``_mkl_reorder_linear_weight`` for this row count, as inductor uses it), and the int8 mode
     as shipped (``PackedLinear(int8=True)``: two 7-bit passes of fbgemm, forced on
     every size here)."""
-    import elmo_service.packed as packed_mod
+    import elmo_service.kernels.packed as packed_mod
+    import elmo_service.kernels.tuning as tuning
 
     wt = w.t().contiguous()
     packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
     m = x.shape[0]
     mkl_packed = torch.ops.mkl._mkl_reorder_linear_weight(w, m)
-    threshold, packed_mod.INT8_MIN_ELEMENTS = packed_mod.INT8_MIN_ELEMENTS, 0
+    threshold, tuning.INT8_MIN_ELEMENTS = tuning.INT8_MIN_ELEMENTS, 0
     try:
         q = packed_mod.PackedLinear(w, int8=True)
     finally:
-        packed_mod.INT8_MIN_ELEMENTS = threshold
+        tuning.INT8_MIN_ELEMENTS = threshold
     fns = [
         lambda: torch.mm(x, wt),
         lambda: torch.mm(x, w.t()),

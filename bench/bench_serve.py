@@ -44,7 +44,7 @@ import orjson
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from api.openmp import openmp_env_for_serving  # noqa: E402
+from elmo_service.process import openmp_environment  # noqa: E402
 from tests.support.ports import free_port  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
 
@@ -403,7 +403,7 @@ class Server:
             for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "ELMO_THREADS"):
                 env.pop(var, None)
         env.update(SERVER_ENV)
-        openmp_env_for_serving(env)  # what `elmo-service serve` sets, unless given
+        openmp_environment("serve", env)  # what `elmo-service serve` sets, unless given
         code = (
             "import api.server as s; "
             f"s.run('127.0.0.1', {self.port}, {str(model_dir)!r}, **{kwargs!r})"

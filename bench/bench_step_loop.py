@@ -36,9 +36,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import elmo_service.bilstm as bilstm  # noqa: E402
-from elmo_service.bilstm import BiLstmKernel  # noqa: E402
+import elmo_service.kernels.tuning as tuning  # noqa: E402
 from elmo_service.config import BiLMConfig  # noqa: E402
+from elmo_service.kernels.bilstm import BiLstmKernel  # noqa: E402
 from elmo_service.lstm import LstmLayer  # noqa: E402
 
 
@@ -46,19 +46,20 @@ def torch_stacked(kernel: BiLstmKernel, x: torch.Tensor) -> list[torch.Tensor]:
     """The torch loop that served one sentence before the native one: ``x [2, T, 1, P]``
     -> per layer ``[2, T, 1, P]``, both directions per op, stacked recurrent weights."""
     _, t, _, p = x.shape
-    c = kernel.cell_dim
     outs = []
-    for layer, w_ih in enumerate(kernel.w_ih):
-        w_hh_t, w_proj_t = (torch.from_numpy(w) for w in kernel.single[layer])
-        xg = torch.stack([w(x[d].reshape(t, p)) for d, w in enumerate(w_ih)])
+    for layer, pair in enumerate(kernel.layers):
+        w_hh_t, w_proj_t = (torch.stack([torch.from_numpy(d.row[i]) for d in pair]) for i in (0, 1))
+        c = w_proj_t.shape[1]
+        cc2, pc = pair[0].cell_clip2, pair[0].proj_clip
+        xg = torch.stack([d.w_ih(x[k].reshape(t, p)) for k, d in enumerate(pair)])
         out = x.new_zeros(2, t, 1, p)
         h = x.new_zeros(2, 1, p)
         c2 = x.new_zeros(2, 1, c)
         for s in range(t):
-            m = torch_cell(torch.baddbmm(xg[:, s : s + 1], h, w_hh_t), c2, c, 2 * kernel.cell_clip)
+            m = torch_cell(torch.baddbmm(xg[:, s : s + 1], h, w_hh_t), c2, c, cc2)
             h = torch.bmm(m, w_proj_t)
-            if kernel.proj_clip:
-                h.clamp_(-kernel.proj_clip, kernel.proj_clip)
+            if pc:
+                h.clamp_(-pc, pc)
             out[:, s] = h
         if kernel.residual and layer > 0:
             out.add_(x)
@@ -81,7 +82,7 @@ def torch_cell(gates: torch.Tensor, c2: torch.Tensor, c: int, cc2: float) -> tor
 
 def native_one_thread(kernel: BiLstmKernel, x: torch.Tensor) -> list[torch.Tensor]:
     """The native loop of both directions, one after the other, on this thread."""
-    outs = [x.new_zeros(x.shape) for _ in kernel.w_ih]
+    outs = [x.new_zeros(x.shape) for _ in kernel.layers]
     for d in (0, 1):
         kernel._native_stack(d, x[d, :, 0], outs)
     return outs
@@ -149,19 +150,19 @@ def caller_vs_split(
 ) -> tuple[float, float, float]:
     """ms per call with the directions on the calling thread and on two workers, and the
     largest difference between their outputs."""
-    x = torch.randn(2, steps, rows, kernel.proj_dim)
+    x = torch.randn(2, steps, rows, kernel.layers[0][0].w_proj.n)
     active = [rows] * steps
 
     def split() -> list[torch.Tensor]:
         return kernel(x, active)
 
     def caller() -> list[torch.Tensor]:
-        split_at = bilstm.SPLIT_MIN_ROWS
-        bilstm.SPLIT_MIN_ROWS = 1 << 30
+        split_at = tuning.SPLIT_MIN_ROWS
+        tuning.SPLIT_MIN_ROWS = 1 << 30
         try:
             return kernel(x, active)
         finally:
-            bilstm.SPLIT_MIN_ROWS = split_at
+            tuning.SPLIT_MIN_ROWS = split_at
 
     with torch.no_grad():
         diff = max((a - b).abs().max().item() for a, b in zip(caller(), split(), strict=True))

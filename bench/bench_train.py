@@ -38,19 +38,18 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `elmo-pretrain` does; 
 import numpy as np
 import torch
 import torch._dynamo
-import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from elmo_service.char_ids import bos_ids, eos_ids, token_ids  # noqa: E402
-from elmo_service.lstm import compile_training_kernels  # noqa: E402
 from elmo_service.model import length_mask, reverse_padded  # noqa: E402
 from elmo_service.runtime import autocast, resolve_precision, set_threads  # noqa: E402
 from pretrain.config import TrainConfig, load_config  # noqa: E402
 from pretrain.data import Batch, padded_len  # noqa: E402
 from pretrain.lm import LanguageModel  # noqa: E402
 from pretrain.train import make_optimizer  # noqa: E402
+from tests.support import reference  # noqa: E402
 
 # ---------------------------------------------------------------- FLOPs
 
@@ -135,21 +134,11 @@ class PlainLM(nn.Module):
 
     def cell_layer(self, layer, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
-        c = layer.cell_dim
         h = x.new_zeros(b, layer.proj_dim)
-        cell = x.new_zeros(b, c)
+        cell = x.new_zeros(b, layer.cell_dim)
         outs = []
-        for s in range(t):
-            gates = F.linear(x[:, s], layer.w_ih.weight, layer.w_ih.bias) + F.linear(
-                h, layer.w_hh.weight
-            )
-            i, f, o, g = gates.chunk(4, dim=1)
-            cell = (torch.sigmoid(f) * cell + torch.sigmoid(i) * torch.tanh(g)).clamp(
-                -layer.cell_clip, layer.cell_clip
-            )
-            h = F.linear(torch.sigmoid(o) * torch.tanh(cell), layer.w_proj.weight).clamp(
-                -layer.proj_clip, layer.proj_clip
-            )
+        for s in range(t):  # the one reference's cell (tests/support/reference.py)
+            h, cell = reference.lstmp_cell(x[:, s], h, cell, layer, x.dtype)
             outs.append(h)
         return torch.stack(outs, 1)
 
@@ -232,7 +221,7 @@ def main() -> None:
     if cfg.train.compile:
         torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
         lm.encode_fn = torch.compile(lm.bilm.token_encoder.forward)
-        compile_training_kernels()
+        lm.bilm.use_compiled_steps()
         lm.loss_fn = torch.compile(lm.softmax.loss)
     batches = make_batches(cfg, a.vocab, a.steps, rng)
     shapes = sorted({tuple(b.ids.shape) for b in batches})

@@ -9,8 +9,13 @@ backend, ``elmo-service worker`` processes, and ``elmo-pretrain`` trainers, then
   cache-corrupt     SETRANGE into every cached payload under load (the header left intact)
   flood             64 clients x 256 new sentences at once (default limits)
   hot-swap          model activate A -> B -> A ... under load
+  amplification     4 clients ask for ~20 MB answers and never read; one asks beyond the bound
+  idle-flood        1,024 idle sockets (the connection limit): health routes must answer
+  redis-nonsense    a second server on a fake Redis answering well-formed nonsense (4 modes)
+  redis-nonsense-jobs  the same against the jobs routes
   trainer-kill      a job's trainer process alone SIGKILLed mid-job (the OOM killer's signal)
   worker-kill       a job's rq worker SIGKILLed mid-job, a new worker started
+  redis-blips-job   three 6 s Redis outages (the third comes back empty) under a running job
   artifact-trunc    serve on a truncated weights file (manifest left as it was)
   artifact-trunc-rehash  the same with a manifest re-hashed to match
   artifact-nan      serve on weights holding a NaN, manifest consistent
@@ -40,6 +45,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -433,6 +439,186 @@ async def attack_hot_swap(ctx: Ctx, row: Row) -> None:
         row.failures.append("an activation failed")
 
 
+# ---------------------------------------------------------------- response size, floods, nonsense Redis
+
+SEND_TIMEOUT = 5  # ELMO_HTTP_SEND_TIMEOUT of the chaos server (the default is 30 s)
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def raw_post(port: int, body: dict[str, Any], rcvbuf: int = 4096) -> socket.socket:
+    """A request on a socket that will never be read (a small receive window)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.connect(("127.0.0.1", port))
+    data = json.dumps(body).encode()
+    sock.sendall(
+        b"POST /v1/embed HTTP/1.1\r\nHost: chaos\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data
+    )
+    return sock
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """Reads what was sent; True when the server closed the connection (EOF or reset)."""
+    sock.setblocking(False)
+    try:
+        while sock.recv(1 << 20):
+            pass
+        return True
+    except BlockingIOError:
+        return False  # still open, nothing more to read
+    except ConnectionResetError:
+        return True
+
+
+async def attack_amplification(ctx: Ctx, row: Row) -> None:
+    """4 clients ask for ~20 MB of JSON each and never read; one asks beyond the bound."""
+    port = int(ctx.load.url.rsplit(":", 1)[1])
+    rng = random.Random(2)
+    big = {"sentences": [rng.choice(ctx.pool) for _ in range(256)]}  # cached: no model work
+    # ~100 tokens x 256 sentences x (3 layers + a mix) x 256 dims: beyond the 16.8M default
+    long = [" ".join(ctx.pool[i : i + 16]) for i in range(0, 96, 16)]
+    huge = {"sentences": (long * 43)[:256], "output": "both"}
+    before = rss_mib(ctx.server.pid)
+    async with httpx.AsyncClient(timeout=60) as client:
+        r = await client.post(f"{ctx.load.url}/v1/embed", json=huge)
+        row.count(r.status_code)
+        if r.status_code != 413 or "ELMO_MAX_RESPONSE_FLOATS" not in r.text:
+            row.failures.append(f"over the bound: {r.status_code} {r.text[:100]}")
+        else:
+            row.notes.append("256 long sentences: 413 naming ELMO_MAX_RESPONSE_FLOATS")
+    socks = [raw_post(port, big) for _ in range(4)]
+    peak = before
+    t0 = time.monotonic()
+    load = asyncio.create_task(ctx.load.clients(row, SEND_TIMEOUT + 4))
+    open_ = socks
+    while open_ and time.monotonic() - t0 < SEND_TIMEOUT + 60:
+        await asyncio.sleep(0.5)
+        peak = max(peak, rss_mib(ctx.server.pid))
+        open_ = [s for s in open_ if not closed_by_server(s)]
+    took = time.monotonic() - t0
+    await load
+    for s in socks:
+        s.close()
+    await asyncio.sleep(1)
+    after = rss_mib(ctx.server.pid)
+    row.requests += len(socks)
+    if open_:
+        row.failures.append(
+            f"{len(open_)} never-reading clients still connected after {took:.0f} s"
+        )
+    else:
+        row.notes.append(
+            f"4 never-reading clients cut {took:.0f} s after sending (send deadline "
+            f"{SEND_TIMEOUT} s); server RSS {before:.0f} -> peak {peak:.0f} -> {after:.0f} MiB"
+        )
+
+
+async def attack_idle_flood(ctx: Ctx, row: Row) -> None:
+    """1,024 idle sockets (the default connection limit): health routes must still answer."""
+    port = int(ctx.load.url.rsplit(":", 1)[1])
+    socks = []
+    for _ in range(1024):
+        socks.append(socket.create_connection(("127.0.0.1", port)))
+    refused = 0
+    try:
+        await asyncio.sleep(0.5)
+        async with httpx.AsyncClient(timeout=10) as client:
+            for _ in range(3):
+                for path in ("/healthz", "/readyz"):
+                    try:
+                        r = await client.get(f"{ctx.load.url}{path}")
+                    except httpx.HTTPError as e:
+                        row.count(None)
+                        row.failures.append(f"{path}: {type(e).__name__}")
+                        continue
+                    row.count(r.status_code)
+                    if r.status_code != 200:
+                        row.failures.append(f"{path}: {r.status_code}")
+                r = await client.post(f"{ctx.load.url}/v1/embed", json={"sentences": ["a flood ."]})
+                row.requests += 1
+                try:
+                    body = r.json()
+                except ValueError:
+                    body = {}
+                if r.status_code == 503 and body.get("code") == "overloaded":
+                    refused += 1
+                elif r.status_code != 200:
+                    row.failures.append(f"embed during the flood: {r.status_code} {r.text[:80]}")
+                await asyncio.sleep(0.3)
+    finally:
+        for s in socks:
+            s.close()
+    await asyncio.sleep(0.5)
+    await ctx.load.clients(row, 3)  # and served again once they are gone
+    row.notes.append(
+        f"health routes 200 throughout; {refused}/3 embeds answered 503 JSON 'overloaded' "
+        "with Retry-After (not counted as 5xx)"
+    )
+
+
+async def attack_redis_nonsense(ctx: Ctx, row: Row, jobs: bool = False) -> None:
+    """A second server whose Redis is a fake answering well-formed nonsense (4 modes)."""
+    from tests.support.fake_redis import MODES, FakeRedis
+
+    fake = FakeRedis("types").start()
+    port = free_port()
+    env = {**ctx.serve_env, "REDIS_URL": fake.url, "ELMO_THREADS": "1"}
+    proc = ctx.procs.start(
+        f"serve-nonsense-{row.attack}",
+        [sys.executable, "-m", "api.cli", "serve", "--port", str(port)],
+        env,
+    )
+    try:
+        if not wait_ready(port, proc, timeout=240):
+            row.failures.append("the server on the fake Redis did not become ready")
+            return
+        load = Load(port, ctx.load.refs, ctx.pool)
+        url = load.url
+        async with httpx.AsyncClient(timeout=60, headers=ADMIN) as c:
+            for mode in MODES:
+                fake.set_mode(mode)
+                if jobs:
+                    calls = [("GET", "/v1/jobs", None), ("GET", "/v1/jobs/nosuch", None),
+                             ("POST", "/v1/jobs", job_body("chaos-nonsense"))]  # fmt: skip
+                else:
+                    await load.clients(row, 2, n=4)
+                    calls = [
+                        ("POST", "/v1/embeddings", {"input": ctx.pool[:3], "model": "default"}),
+                        ("POST", "/v1/embed", {"sentences": ctx.pool[:3], "task": "default"}),
+                        ("GET", "/v1/tasks", None), ("GET", "/v1/tasks/default", None),
+                        ("PUT", "/v1/tasks/chaos", {"weights": [0.0, 1.0, 1.0]}),
+                        ("DELETE", "/v1/tasks/chaos", None),
+                    ]  # fmt: skip
+                for method, path, body in calls:
+                    try:
+                        r = await c.request(method, f"{url}{path}", json=body)
+                    except httpx.HTTPError:
+                        row.count(None)
+                        continue
+                    if r.status_code == 503 and r.json().get("code", "").endswith("unavailable"):
+                        row.requests += 1  # the documented answer: the store is unusable
+                        row.notes.append(f"{mode}: {method} {path} 503")
+                    else:
+                        row.count(r.status_code)
+                        if r.status_code >= 500:
+                            row.failures.append(f"{mode}: {method} {path} {r.status_code}")
+        if not row.failures:  # the per-call 503 notes folded into one line
+            row.notes[:] = [n for n in row.notes if not n.endswith(" 503")] + [
+                f"modes {', '.join(MODES)}: no 5xx but 503 store_unavailable from the "
+                "store routes; embeddings served uncached and checked"
+            ]
+    finally:
+        ctx.procs.stop(proc)
+        fake.stop()
+
+
 # ---------------------------------------------------------------- job attacks
 
 
@@ -517,6 +703,75 @@ async def attack_worker_kill(ctx: Ctx, row: Row) -> None:
         return f"SIGKILL to worker pid {w.pid}, a new worker started"
 
     await run_job_attack(ctx, row, kill)
+
+
+async def attack_redis_blips_job(ctx: Ctx, row: Row) -> None:
+    """Redis goes away three times for 6 s (longer than rq's 5 s job monitoring) while a
+    job trains: twice hung (SIGSTOP), then stopped and restarted without its data (no
+    persistence here). The job must succeed on its first attempt, every step trained
+    once, no loss counted, and the rq worker must live through it."""
+    url, worker, name = ctx.load.url, ctx.worker, f"chaos-{row.attack}"
+    blips: list[str] = []
+    async with httpx.AsyncClient(timeout=60, headers=ADMIN) as c:
+
+        async def job_state(job: str) -> dict[str, Any] | None:
+            try:
+                r = await c.get(f"{url}/v1/jobs/{job}")
+            except httpx.HTTPError:
+                row.count(None)
+                return None
+            row.count(r.status_code)  # 503 while Redis is away is the documented answer
+            return r.json() if r.status_code == 200 else None
+
+        async def wait(job: str, until, timeout: float) -> dict[str, Any]:
+            deadline, rec = time.monotonic() + timeout, {}
+            while time.monotonic() < deadline:
+                rec = await job_state(job) or rec
+                if rec and (until(rec) or rec["state"] in ("succeeded", "failed", "cancelled")):
+                    break
+                await asyncio.sleep(0.5)
+            return rec
+
+        r = await c.post(f"{url}/v1/jobs", json=job_body(name))
+        row.count(r.status_code)
+        if r.status_code != 202:
+            row.failures.append(f"submit: {r.status_code} {r.text[:120]}")
+            return
+        job = r.json()["id"]
+        rec = await wait(
+            job, lambda j: j["state"] == "running" and j["progress"]["step"] >= 20, 120
+        )
+        if rec.get("state") != "running":
+            row.failures.append(f"never ran: {rec.get('state')} {rec.get('error')}")
+            return
+        step_before = rec["progress"]["step"]
+        for i in range(3):
+            if i < 2:  # connections stay open and nothing answers
+                os.kill(ctx.redis.proc.pid, signal.SIGSTOP)
+                await asyncio.sleep(6)
+                os.kill(ctx.redis.proc.pid, signal.SIGCONT)
+                blips.append("hang")
+            else:
+                ctx.redis.stop()
+                await asyncio.sleep(6)
+                ctx.redis.start()
+                blips.append("restart-empty")
+            await asyncio.sleep(3)
+        step_after = (await wait(job, lambda j: True, 30)).get("progress", {}).get("step")
+        rec = await wait(job, lambda j: False, 240)
+    row.lost_steps = max(0, rec["progress"]["total_steps"] - rec["progress"]["step"])
+    row.notes.append(
+        f"Redis: {', '.join(blips)} (6 s each, 3 s apart) from step {step_before} to "
+        f"{step_after}; "
+        f"state {rec['state']}, attempt {rec['attempt']}, losses {rec['losses']}, "
+        f"final step {rec['progress']['step']}/{rec['progress']['total_steps']}"
+    )
+    if rec["state"] != "succeeded":
+        row.failures.append(f"job {rec['state']}: {rec.get('error')}")
+    if rec["losses"] or rec["attempt"] != 1:
+        row.failures.append(f"attempt {rec['attempt']}, {rec['losses']} loss(es) counted")
+    if worker.poll() is not None:
+        row.failures.append(f"the rq worker died (exit {worker.returncode})")
 
 
 # ---------------------------------------------------------------- offline attacks
@@ -648,6 +903,55 @@ def attack_checkpoint(ctx: Ctx, row: Row, how: str) -> None:
         row.failures.append(f"exit {p.returncode}: {p.stderr.strip()[-150:]}")
 
 
+def attack_divergence(ctx: Ctx, row: Row, lr: str) -> None:
+    """Train with plain SGD at an absurd lr, no clipping (lr 1e30: NaN at step 2; lr 1e6:
+    finite weights, held-out NLL of millions of nats). The trainer must stop with exit 2
+    and one line, keep only finite checkpoints, write no bare NaN/Infinity in any JSON,
+    and ``export`` must refuse the run."""
+    from pretrain.checkpoint import list_checkpoints, load_checkpoint, nonfinite_tensors
+
+    prepared = ctx.root / "prepared-divergence"
+    if not prepared.exists():
+        p = pretrain(ctx, "prepare", str(ctx.data / "corpora" / "book.txt"), "--out", str(prepared),
+                     "--tokenizer", "word", "--vocab-size", "300", "--no-progress")  # fmt: skip
+        assert p.returncode == 0, p.stderr
+    run = ctx.root / f"diverge-{lr}"
+    sets = [f"data.path={prepared}", f"optim.lr={lr}", "optim.name=sgd", "optim.clip_norm=0",
+            "optim.warmup_steps=0", "train.steps=30", "checkpoint.every_steps=1",
+            "train.progress=false", "train.eval_max_sentences=20"]  # fmt: skip
+    cmd = ["train", str(REPO / "configs" / "tiny.yaml"), "--run-dir", str(run)]
+    p = pretrain(ctx, *cmd, *[x for s in sets for x in ("--set", s)])
+    row.requests = 2
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    row.notes.append(f"train exit {p.returncode}: {lines[-1][:110] if lines else ''}")
+    if p.returncode != 2:
+        row.failures.append(f"train exit {p.returncode}, not 2")
+    if len(lines) != 1 or "diverged" not in lines[0]:
+        row.failures.append(f"{len(lines)} stderr lines, not one naming the divergence")
+
+    def no_bare_constants(c: str):
+        raise ValueError(c)
+
+    try:
+        recs = [json.loads(x, parse_constant=no_bare_constants)
+                for x in (run / "metrics.jsonl").read_text().splitlines()]  # fmt: skip
+        if recs[-1].get("reason") != "diverged":
+            row.failures.append(f"stop record reason {recs[-1].get('reason')!r}")
+    except ValueError as e:
+        row.failures.append(f"metrics.jsonl holds a bare {e}")
+    bad = [c.name for c in list_checkpoints(run) if nonfinite_tensors(load_checkpoint(c)["model"])]
+    if bad:
+        row.failures.append(f"non-finite checkpoints kept: {bad}")
+    out = ctx.root / f"diverge-{lr}-model"
+    p = pretrain(ctx, "export", str(run), str(out))
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    row.notes.append(f"export exit {p.returncode}")
+    if p.returncode != 2 or len(lines) != 1 or out.exists():
+        row.failures.append(
+            f"export exit {p.returncode}, {len(lines)} lines; folder written: {out.exists()}"
+        )
+
+
 # ---------------------------------------------------------------- the run
 
 
@@ -662,6 +966,8 @@ class Ctx:
     pool: list[str]
     worker_env: dict[str, str]
     worker: subprocess.Popen | None = None
+    server: subprocess.Popen | None = None
+    serve_env: dict[str, str] = field(default_factory=dict)
 
     def start_worker(self) -> subprocess.Popen:
         n = len(self.procs.procs)
@@ -677,10 +983,15 @@ SERVING = {
     "cache-corrupt": (attack_cache_corrupt, "cache payload checksums (issue 15, serving side)"),
     "flood": (attack_flood, "admission control: 429 + Retry-After (issue 15, serving side)"),
     "hot-swap": (attack_hot_swap, ""),
-}
+    "amplification": (attack_amplification, "the response bound and the send deadline"),
+    "idle-flood": (attack_idle_flood, "health routes exempt from the connection limit"),
+    "redis-nonsense": (attack_redis_nonsense, "Redis reply validation (cache, tasks)"),
+    "redis-nonsense-jobs": (lambda c, r: attack_redis_nonsense(c, r, jobs=True), "Redis reply validation in the jobs store"),
+}  # fmt: skip
 JOBS = {
     "trainer-kill": (attack_trainer_kill, ""),
     "worker-kill": (attack_worker_kill, ""),
+    "redis-blips-job": (attack_redis_blips_job, ""),
 }
 OFFLINE = {
     "artifact-trunc": (lambda c, r: attack_artifact(c, r, "trunc"), "one-line start-up errors (issue 15, serving side)"),
@@ -689,6 +1000,8 @@ OFFLINE = {
     "ckpt-truncated": (lambda c, r: attack_checkpoint(c, r, "truncated"), ""),
     "ckpt-bitflip": (lambda c, r: attack_checkpoint(c, r, "bitflip"), ""),
     "ckpt-all-bad": (lambda c, r: attack_checkpoint(c, r, "all"), ""),
+    "diverge-nan": (lambda c, r: attack_divergence(c, r, "1e30"), "divergence stops the trainer (issue 28, training side)"),
+    "diverge-overflow": (lambda c, r: attack_divergence(c, r, "1e6"), "divergence stops the trainer (issue 28, training side)"),
 }  # fmt: skip
 ALL = {**SERVING, **JOBS, **OFFLINE}
 
@@ -730,8 +1043,10 @@ async def main_async(args: argparse.Namespace, root: Path) -> list[Row]:
         )
         need_server = any(a in SERVING or a in JOBS for a in only)
         if need_server:
-            serve_env = {**env, "ELMO_THREADS": str(SERVE_THREADS)}
-            server = procs.start(
+            serve_env = {**env, "ELMO_THREADS": str(SERVE_THREADS),
+                         "ELMO_HTTP_SEND_TIMEOUT": str(SEND_TIMEOUT)}  # fmt: skip
+            ctx.serve_env = serve_env
+            server = ctx.server = procs.start(
                 "serve", [sys.executable, "-m", "api.cli", "serve", "--port", str(port)], serve_env
             )
             if not wait_ready(port, server):

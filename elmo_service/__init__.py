@@ -1,10 +1,12 @@
-"""elmo-service core: text -> tokens -> char ids -> biLM -> layers -> mix."""
+"""elmo-service core: text -> tokens -> char ids -> biLM -> layers -> mix.
 
-import sys
+A script that embeds calls :func:`configure_process` first (before torch loads),
+then ``Embedder.load``: see ``elmo_service/process.py``.
+"""
 
 from elmo_service.config import BiLMConfig
 from elmo_service.errors import ArtifactError, ConfigError, InputError, LimitError
-from elmo_service.openmp import spin_briefly
+from elmo_service.process import configure_process
 
 __all__ = [
     "ArtifactError",
@@ -15,19 +17,17 @@ __all__ = [
     "LimitError",
     "MixSpec",
     "ScalarMix",
+    "configure_process",
 ]
 
 
 def __getattr__(name: str):
-    # these pull in torch: import them only when asked, after OpenMP's spin is chosen
-    # (it only counts before torch loads libgomp; elmo_service/openmp.py says why)
-    if name in ("Embedder", "MixSpec", "ScalarMix"):
-        if "torch" not in sys.modules:
-            spin_briefly()
-        if name == "Embedder":
-            from elmo_service.embedder import Embedder
+    # these pull in torch: imported only when asked, so that `import elmo_service` is cheap
+    if name == "Embedder":
+        from elmo_service.embedder import Embedder
 
-            return Embedder
+        return Embedder
+    if name in ("MixSpec", "ScalarMix"):
         from elmo_service import scalar_mix
 
         return getattr(scalar_mix, name)

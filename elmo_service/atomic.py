@@ -12,16 +12,20 @@ was. Every file committed gets the permissions a plain ``open()`` would give it
 * :func:`atomic_open`: a file object, for writers that stream (``torch.save``, ``np.save``);
 * :func:`atomic_path`: a temporary path, for writers that want a file name
   (h5py, safetensors' ``save_file``);
-* :func:`atomic_dir`: a whole folder, built in a temporary sibling and swapped in.
+* :func:`atomic_dir`: a whole folder, built in a temporary sibling and swapped in
+  (one ``renameat2(RENAME_EXCHANGE)`` on Linux: the folder never goes missing).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import json
 import os
 import secrets
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -140,28 +144,84 @@ def _settle_tree(root: Path) -> None:
         fsync_dir(folder)
 
 
+# renameat2(2)'s RENAME_EXCHANGE: swap two paths in one step (Linux >= 3.15; ext4, xfs, btrfs,
+# tmpfs, overlayfs...). Elsewhere, or on a file system that refuses it, two renames.
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+_renameat2: Any = None
+
+
+def _load_renameat2() -> Any:
+    global _renameat2
+    if _renameat2 is None:
+        _renameat2 = False
+        if sys.platform.startswith("linux"):
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                fn = libc.renameat2
+                c_int, c_path = ctypes.c_int, ctypes.c_char_p
+                fn.argtypes = [c_int, c_path, c_int, c_path, ctypes.c_uint]
+                fn.restype = ctypes.c_int
+                _renameat2 = fn
+            except (OSError, AttributeError):  # glibc < 2.28, musl without it
+                pass
+    return _renameat2
+
+
+def exchange_paths(a: str | Path, b: str | Path) -> bool:
+    """Swap ``a`` and ``b`` atomically (both must exist): True when done, False when this
+    platform or file system cannot (the caller falls back); other errors raise OSError."""
+    fn = _load_renameat2()
+    if not fn:
+        return False
+    rc = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def _swap_in(tmp: Path, directory: Path) -> Path | None:
+    """Put ``tmp`` at ``directory``; -> where the old folder now is (to delete), or None.
+
+    With an old folder there, one atomic exchange when the platform has it: a reader
+    opening ``directory/...`` always finds the old folder or the new one, never neither.
+    The fallback moves the old one aside first (a window of two renames without it).
+    """
+    if not directory.exists():
+        os.replace(tmp, directory)
+        return None
+    if exchange_paths(tmp, directory):
+        return tmp  # holds the old folder now
+    old = _sibling(directory, lambda p: os.mkdir(p, 0o700))
+    os.replace(directory, old / "old")
+    try:
+        os.replace(tmp, directory)
+    except BaseException:
+        os.replace(old / "old", directory)  # put the previous one back
+        shutil.rmtree(old, ignore_errors=True)
+        raise
+    return old
+
+
 @contextlib.contextmanager
 def atomic_dir(directory: str | Path) -> Iterator[Path]:
     """Yield a new temporary folder next to ``directory``; on success its files get a
-    plain ``open()``'s mode and are fsync'ed, and it replaces ``directory`` (an old one is moved aside first, then
-    deleted, so it is never seen half-deleted); on failure it is removed."""
+    plain ``open()``'s mode and are fsync'ed, and it replaces ``directory`` in one atomic
+    exchange where the platform allows it (see :func:`_swap_in`); the old one is deleted
+    only once out of the way, so it is never seen half-deleted. On failure the temporary
+    folder is removed and ``directory`` is left as it was."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = _sibling(directory, lambda p: os.mkdir(p, 0o777))
-    old: Path | None = None
     try:
         yield tmp
         _settle_tree(tmp)
-        if directory.exists():
-            old = _sibling(directory, lambda p: os.mkdir(p, 0o700))
-            os.replace(directory, old / "old")
-        os.replace(tmp, directory)
+        old = _swap_in(tmp, directory)
     except BaseException:
-        if old is not None and (old / "old").exists() and not directory.exists():
-            os.replace(old / "old", directory)  # put the previous one back
         shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
         raise
     fsync_dir(directory.parent)
     if old is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from elmo_service.atomic import atomic_path
 from elmo_service.batching import DEFAULT_BATCH_TOKENS
 from elmo_service.config import PRECISIONS, WEIGHT_MODES
 from elmo_service.errors import PATH_ERRORS, ElmoServiceError, InputError
+from elmo_service.process import configure_process
 
 
 def _chunks(lines: Iterator[str], n: int) -> Iterator[list[str]]:
@@ -106,6 +108,7 @@ def cmd_embed_file(args: argparse.Namespace) -> int:
     else:
         spec = None
 
+    granularity = _granularity(args)
     sentence_to_index: dict[str, str] = {}
     out = Path(args.output)
     with (
@@ -129,7 +132,7 @@ def cmd_embed_file(args: argparse.Namespace) -> int:
                         field="input",
                     )
                 layers = res.layers
-                if args.granularity == "word":
+                if granularity == "word":
                     _, layers = words_of(res.tokens, layers, None if args.whitespace else sent)
                 if args.top:
                     data = layers[-1]
@@ -148,7 +151,60 @@ def cmd_embed_file(args: argparse.Namespace) -> int:
             bar.update(len(chunk))
         ds = fout.create_dataset("sentence_to_index", (1,), dtype=h5py.string_dtype())
         ds[0] = json.dumps(sentence_to_index)
-    print(f"wrote {index} sentences to {out} (model {model})", file=sys.stderr)
+        fout.attrs["granularity"] = granularity  # which positions the datasets hold
+    pieces = granularity == "token" and emb.tokenizer.kind == "sentencepiece"
+    note = "; one vector per sub-word piece, --granularity word gives one per word" * pieces
+    print(f"wrote {index} sentences to {out} (model {model}{note})", file=sys.stderr)
+    return 0
+
+
+def cmd_embed_bulk(args: argparse.Namespace) -> int:
+    """Ray Data over Parquet shards (elmo_service/bulk.py; docs/bulk.md)."""
+    from elmo_service.artifact import default_model_dir
+    from elmo_service.bulk import BulkOptions, run_bulk
+
+    output = args.output or ("mix" if args.task else "layers")
+    opts = BulkOptions(
+        output=output,
+        task=args.task,
+        pooling=args.pooling,
+        granularity=_granularity(args),
+        whitespace=args.whitespace,
+        shard_rows=args.shard_rows,
+        batch_tokens=args.batch_tokens,
+    )
+    try:
+        summary = run_bulk(
+            args.input,
+            args.out,
+            Path(args.model) if args.model else default_model_dir(),
+            opts,
+            actors=args.actors,
+            threads=args.threads,
+            address=args.address,
+            skip_bad=args.skip_bad,
+            verify=args.verify,
+            progress=not args.quiet,
+        )
+    except KeyboardInterrupt:
+        print(
+            "\ninterrupted: the shards written so far are kept; "
+            "run the same command again to resume",
+            file=sys.stderr,
+        )
+        # Ray (already shut down) can crash in the interpreter's teardown after an
+        # interrupt; nothing is left to flush but the standard streams
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    skipped = f", {len(summary.skipped)} lines skipped (see {args.out}/_skipped.jsonl)"
+    print(
+        f"{summary.rows} sentences in {summary.shards} shard{'s' * (summary.shards != 1)} "
+        f"under {args.out} "
+        f"({summary.written} written now, {summary.done_before} kept from before"
+        f"{skipped if summary.skipped else ''}; model {summary.version})",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -179,6 +235,29 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_tokenization(p: argparse.ArgumentParser) -> None:
+    """embed-file's and embed-bulk's shared options: how lines become positions."""
+    p.add_argument(
+        "--granularity",
+        choices=["token", "word"],
+        default=None,
+        help="word: one vector per word, its sub-word pieces averaged (AllenNLP's layout); "
+        "token: one per model token (a sentencepiece model splits words into pieces). "
+        "Default: word with --whitespace, else token",
+    )
+    p.add_argument(
+        "--whitespace",
+        action="store_true",
+        help="lines are pre-tokenized: split on whitespace, not by the model's tokenizer "
+        "(one vector per whitespace-separated word unless --granularity token)",
+    )
+
+
+def _granularity(args: argparse.Namespace) -> str:
+    """Pre-tokenized input means one vector per given word, as AllenNLP users expect."""
+    return args.granularity or ("word" if args.whitespace else "token")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="elmo-service", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -200,7 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="embed one sentence per line into HDF5 (AllenNLP 'elmo' layout)",
         description="Embed a text file, one sentence a line (no blank lines, as in AllenNLP's "
         "`elmo` command), into HDF5: dataset 'i' holds line i's vectors, and "
-        "'sentence_to_index' maps each line to its dataset.",
+        "'sentence_to_index' maps each line to its dataset. Positions are the model's tokens, "
+        "or words with --whitespace or --granularity word.",
     )
     e.add_argument("input", help="text file, UTF-8, one sentence a line")
     e.add_argument("output", help="HDF5 file to write (replaced only once complete)")
@@ -217,17 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--average", action="store_true", help="equal-weight mix of all layers [T, D]"
     )
     what.add_argument("--task", help="a task mix stored with the model (MODEL/tasks/) [T, D]")
-    e.add_argument(
-        "--granularity",
-        choices=["token", "word"],
-        default="token",
-        help="token: one vector per model token (subword piece); word: pieces averaged per word",
-    )
-    e.add_argument(
-        "--whitespace",
-        action="store_true",
-        help="lines are pre-tokenized: split on whitespace, not by the model's tokenizer",
-    )
+    _add_tokenization(e)
     e.add_argument(
         "--batch-tokens",
         type=int,
@@ -255,6 +325,67 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--quiet", action="store_true", help="no progress bar")
     e.set_defaults(func=cmd_embed_file)
 
+    b = sub.add_parser(
+        "embed-bulk",
+        help="embed a corpus into Parquet shards on Ray Data (pip install 'elmo-service[bulk]')",
+        description="Embed text files (one sentence a line) into Parquet shards under --out, "
+        "on a Ray Data actor pool (a local cluster, or --address). A re-run skips the shards "
+        "already written and verified. Layout: docs/bulk.md.",
+    )
+    b.add_argument("input", nargs="+", help="text files, UTF-8, one sentence a line")
+    b.add_argument("--out", required=True, help="folder of Parquet shards (shared by all nodes)")
+    b.add_argument("--model", default=None, help="model directory (default: as embed-file)")
+    b.add_argument(
+        "--output",
+        choices=["layers", "mix"],
+        default=None,
+        help="layers: all L+1 layers per position; mix: one scalar mix "
+        "(--task, else the model's 'default' task, else the average). Default: mix with "
+        "--task, else layers",
+    )
+    b.add_argument("--task", default=None, help="a task mix stored with the model (MODEL/tasks/)")
+    b.add_argument(
+        "--pooling",
+        choices=["none", "mean", "max"],
+        default="none",
+        help="none: a vector per token (or word); mean/max: one vector per sentence",
+    )
+    _add_tokenization(b)
+    b.add_argument(
+        "--actors", type=int, default=None, help="model actors (default: one per cluster CPU)"
+    )
+    b.add_argument("--threads", type=int, default=1, help="torch threads (and CPUs) per actor")
+    b.add_argument(
+        "--address", default=None, help="an existing Ray cluster (default: start a local one)"
+    )
+    b.add_argument(
+        "--shard-rows",
+        type=int,
+        default=10_000,
+        help="input lines per shard: the unit of work and of resume (default 10000)",
+    )
+    b.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=DEFAULT_BATCH_TOKENS,
+        help=f"padded tokens per model batch (default {DEFAULT_BATCH_TOKENS})",
+    )
+    b.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="skip blank, non-UTF-8 and over-limit lines (listed in OUT/_skipped.jsonl) "
+        "instead of stopping at the first",
+    )
+    b.add_argument(
+        "--verify",
+        choices=["full", "quick"],
+        default="full",
+        help="how a re-run checks the shards already written: full: size and sha256 "
+        "(reads them all); quick: size and the Parquet footer's row count",
+    )
+    b.add_argument("--quiet", action="store_true", help="no progress bar")
+    b.set_defaults(func=cmd_embed_bulk)
+
     i = sub.add_parser("info", help="print an artifact's config, version and provenance")
     i.add_argument("model")
     i.set_defaults(func=cmd_info)
@@ -264,6 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
 def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "role", "cli") == "cli":  # serve and worker set themselves up
+            configure_process("cli", getattr(args, "threads", None))
         return args.func(args)
     except ElmoServiceError as e:
         print(f"error: {e.message}", file=sys.stderr)

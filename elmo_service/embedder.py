@@ -10,18 +10,19 @@
    character CNN is most of the FLOPs of released-size models); misses run
    through the CNN once per distinct token;
 3. the biLSTM runs on the assembled ``[B, T, P]`` token vectors, from a zero
-   state, so a sentence's vectors do not depend on its batch mates. On the
-   CPU in fp32 it runs the serving kernel (``elmo_service/bilstm.py``: both
-   directions per step, weights packed once); ``weights="int8"`` (opt-in)
-   quantizes the big matmuls' weights (``elmo_service/packed.py``; speed and
-   error in ``docs/bench-embedder.md``).
+   state, so a sentence's vectors do not depend on its batch mates.
+
+Both halves run in the kernel chosen once at construction and logged
+(``elmo_service/kernels``): on the CPU in fp32, ``CpuBiLM`` (native kernels;
+``weights="int8"``, opt-in, quantizes the big matmuls' weights: speed and
+error in ``docs/bench-embedder.md``); otherwise the model's own torch code.
 
 Outputs are float32 numpy arrays ``[L+1, T, D]`` per sentence, markers removed.
 """
 
 from __future__ import annotations
 
-import functools
+import logging
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -41,14 +42,24 @@ from elmo_service.batching import (
 from elmo_service.char_ids import bos_ids, eos_ids, token_ids
 from elmo_service.config import DEFAULT_TOKEN_CACHE_SIZE
 from elmo_service.errors import ConfigError, InputError, LimitError
-from elmo_service.packed import check_weights_mode, kernel_cache
+from elmo_service.kernels.packed import KernelCache, check_weights_mode
+from elmo_service.kernels.select import choose_kernel
 from elmo_service.runtime import autocast, pick_device, resolve_precision, set_threads
-from elmo_service.scalar_mix import MixSpec, ScalarMix
+from elmo_service.scalar_mix import MixSpec, apply_mix
 from elmo_service.tokenizers import Token
 
 Sentence = str | Sequence[str]
-# keys for the sentence markers that no real token text can collide with
-_BOS, _EOS = "\x00<S>", "\x00</S>"
+# rows of a batch's token table: 0 the zero vector (padding), 1 and 2 the sentence markers,
+# then the batch's distinct token texts. The markers are rows, never keys: no token text
+# (not even "\x00<S>") can reach their vectors
+_PAD, _BOS_ROW, _EOS_ROW, _FIRST_TOKEN_ROW = 0, 1, 2, 3
+# what warm_up embeds: a batch, then one sentence alone (another path of the CPU kernel)
+WARMUP_SENTENCES = (
+    ("Hello", "world", "."),
+    ("The", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "near", "the", "river"),
+)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -79,63 +90,89 @@ def word_tokens(tokens: Sequence[Token], text: str | None = None) -> list[Token]
     return out
 
 
+def word_groups(tokens: Sequence[Token]) -> tuple[np.ndarray, int]:
+    """Dense word ids 0..W-1 in order, and W (a word with no tokens gets no slot)."""
+    raw = np.fromiter((t.word for t in tokens), dtype=np.int64, count=len(tokens))
+    if not len(raw):
+        return raw, 0
+    uniq, ids = np.unique(raw, return_inverse=True)
+    return ids.reshape(-1), len(uniq)
+
+
+def average_words(x: np.ndarray, tokens: Sequence[Token], axis: int) -> np.ndarray:
+    """Average the positions (along ``axis``) that belong to the same word, in float64."""
+    ids, n_words = word_groups(tokens)
+    if n_words == len(tokens) and (ids == np.arange(len(ids))).all():
+        return x  # one token per word
+    moved = np.moveaxis(x, axis, 0).astype(np.float64)
+    sums = np.zeros((n_words, *moved.shape[1:]), dtype=np.float64)
+    np.add.at(sums, ids, moved)
+    counts = np.bincount(ids, minlength=n_words).reshape(-1, *([1] * (moved.ndim - 1)))
+    out = (sums / np.maximum(counts, 1)).astype(np.float32)
+    return np.moveaxis(out, 0, axis)
+
+
 def words_of(
     tokens: Sequence[Token], layers: np.ndarray, text: str | None = None
 ) -> tuple[list[str], np.ndarray]:
     """Average the vectors of each word's tokens: the words' texts and ``[L+1, W, D]``."""
-    if not tokens:
-        return [], layers[:, :0]
-    word_ids = np.array([t.word for t in tokens])
-    n_words = int(word_ids.max()) + 1
-    sums = np.zeros((layers.shape[0], n_words, layers.shape[2]), dtype=np.float64)
-    np.add.at(sums, (slice(None), word_ids), layers.astype(np.float64))
-    counts = np.bincount(word_ids, minlength=n_words)
-    out = (sums / np.maximum(counts, 1)[None, :, None]).astype(np.float32)
-    return [t.text for t in word_tokens(tokens, text)], out
+    return [t.text for t in word_tokens(tokens, text)], average_words(layers, tokens, axis=1)
 
 
-def apply_mix(layers: np.ndarray, spec: MixSpec) -> np.ndarray:
-    """``[L+1, T, D]`` -> ``[T, D]`` with a task's scalar mix."""
-    mix = _mix_module(
-        tuple(spec.weights), spec.gamma, spec.per_direction, spec.layer_norm, layers.shape[0]
-    )
-    with torch.inference_mode():
-        return mix(torch.from_numpy(np.ascontiguousarray(layers))).numpy()
+def _where(field: str, i: int, j: int | None = None) -> str:
+    """How an error names sentence ``i`` (word ``j``): "sentence 3, word 1" for the library's
+    own ``sentences``, "input[3][1]" where the caller names another field."""
+    if field == "sentences":
+        return f"sentence {i}" if j is None else f"sentence {i}, word {j}"
+    return f"{field}[{i}]" if j is None else f"{field}[{i}][{j}]"
 
 
-@functools.lru_cache(maxsize=256)
-def _mix_module(
-    weights: tuple[float, ...], gamma: float, per_direction: bool, layer_norm: bool, n_layers: int
-) -> ScalarMix:
-    # building the module costs more than applying it; the serving hot path reuses it
-    spec = MixSpec(list(weights), gamma, per_direction, layer_norm)
-    return ScalarMix.from_spec(spec, n_layers).requires_grad_(False)
-
-
-def _check_words_kept(words: Sequence[str], toks: list[Token], i: int) -> None:
+def _check_words_kept(words: Sequence[str], toks: list[Token], i: int, field: str) -> None:
     """Pre-tokenized input: every word must keep at least one token, or the output would
     silently hold fewer words than the caller gave (and misalign with their labels)."""
     kept = {t.word for t in toks}
     for j, w in enumerate(words):
         if not w.strip():
             raise InputError(
-                f"sentence {i}, word {j} is empty or only whitespace: a pre-tokenized word "
+                f"{_where(field, i, j)} is empty or only whitespace: a pre-tokenized word "
                 "needs a character to embed",
-                field=f"sentences[{i}][{j}]",
+                field=f"{field}[{i}][{j}]",
             )
         if j not in kept:
             raise InputError(
-                f"sentence {i}, word {j} ({w!r}) has no character the tokenizer keeps",
-                field=f"sentences[{i}][{j}]",
+                f"{_where(field, i, j)} ({w!r}) has no character the tokenizer keeps",
+                field=f"{field}[{i}][{j}]",
             )
 
 
 class Embedder:
     """Load once, embed many times. Thread-safe: one forward pass at a time.
 
-    ``weights``: "fp32", or "int8" (CPU, fp32 precision, no compile) for int8
-    weights in the big matmuls; its replicas never share cached vectors with
-    fp32 ones (``cache_key_prefix``).
+    # Parameters
+
+    artifact : `Artifact`
+        The model, its tokenizer and tasks (``load_artifact``; :meth:`load` reads one).
+    device : `str`, optional (default = `"auto"`)
+        ``"cpu"``, ``"cuda[:n]"``, or ``"auto"`` (CUDA when available).
+    precision : `str`, optional (default = `"fp32"`)
+        ``"fp32"``, ``"bf16"``/``"fp16"`` autocast, or ``"auto"`` (bf16 where native).
+    token_cache_size : `int`, optional
+        Token vectors (the character CNN's output) kept in an LRU; 0 turns it off.
+    batch_tokens : `int`, optional
+        The padded-token budget of one model call (``len(batch) * longest``).
+    max_batch_sentences : `int`, optional
+        The most sentences in one model call.
+    max_sentence_tokens : `int`, optional (default = the model's own limit)
+        Longer sentences are refused with a ``LimitError`` naming them.
+    compile : `bool`, optional (default = `False`)
+        ``torch.compile`` the biLSTM (then the torch kernel runs, on any device).
+    weights : `str`, optional (default = `"fp32"`)
+        ``"int8"`` (CPU, fp32 precision, no compile): int8 weights in the big
+        matmuls; its replicas never share cached vectors with fp32 ones
+        (``cache_key_prefix``).
+
+    The kernel (``elmo_service/kernels``) is chosen here, once, from the device,
+    precision, weights and compile, and logged; :attr:`kernel_name` says which.
     """
 
     def __init__(
@@ -173,15 +210,10 @@ class Embedder:
         self.cache_hits = 0
         self.cache_misses = 0
         self._lock = threading.Lock()
-        self._compiled = compile
-        self._encode = functools.partial(self.model.token_encoder, weights=weights)
-        self._contextualize = functools.partial(self.model.contextualize, weights=weights)
-        if compile:
-            # only the biLSTM: the character CNN's inference path is table lookups
-            # with data-dependent shapes, which compile would slow down. The time
-            # loop unrolls, so each padded length (a multiple of 8, see _run_batch)
-            # compiles once (15-55 s); the batch dimension is dynamic.
-            self._contextualize = torch.compile(self.model.contextualize, dynamic=False)
+        self._compiled = compile  # padded lengths go in steps of 8 then (see _run_batch)
+        self.kernel = choose_kernel(self.model, self.device, self.precision, weights, compile)
+        self._markers = KernelCache()  # the sentence markers' vectors, per weight version
+        log.info("kernel: %s", self.kernel.name)
 
     @classmethod
     def load(
@@ -190,7 +222,19 @@ class Embedder:
         set_threads(threads)
         return cls(load_artifact(path, device="cpu"), device=device, **kwargs)
 
+    def warm_up(self) -> None:
+        """Compile what the chosen kernel compiles ahead of time, and run a batch and a
+        sentence alone through it, so that no request pays for a first call."""
+        self.kernel.warm_up()
+        self.embed_tokens(WARMUP_SENTENCES)
+        self.embed_tokens(WARMUP_SENTENCES[:1])
+
     # -- properties the service reports ---------------------------------
+    @property
+    def kernel_name(self) -> str:
+        """Which kernel runs the model: ``"cpu-native fp32"``, ``"cpu-native int8"``, ``"torch"``..."""
+        return self.kernel.name
+
     @property
     def version(self) -> str:
         return self.artifact.version
@@ -219,22 +263,28 @@ class Embedder:
         return f"{self.version}:{self.tokenizer.fingerprint}:{self.precision}{mode}"
 
     # -- public API -------------------------------------------------------
-    def tokenize(self, sentences: Iterable[Sentence]) -> list[list[Token]]:
+    def tokenize(
+        self, sentences: Iterable[Sentence], *, field: str = "sentences"
+    ) -> list[list[Token]]:
+        """Tokens per sentence. Errors name ``field[i]`` (the caller's name for the list:
+        an HTTP route passes its request field)."""
         out = []
         for i, s in enumerate(sentences):
             if not isinstance(s, str) and not (
                 isinstance(s, Sequence) and all(isinstance(w, str) for w in s)
             ):
                 raise InputError(
-                    f"sentence {i} must be a string or a list of strings", field=f"sentences[{i}]"
+                    f"{_where(field, i)} must be a string or a list of strings",
+                    field=f"{field}[{i}]",
                 )
             toks = self.tokenizer(s)
             if not isinstance(s, str):
-                _check_words_kept(s, toks, i)
+                _check_words_kept(s, toks, i, field)
             if len(toks) > self.max_sentence_tokens:
                 raise LimitError(
-                    f"sentence {i} has {len(toks)} tokens; the limit is {self.max_sentence_tokens}",
-                    field=f"sentences[{i}]",
+                    f"{_where(field, i)} has {len(toks)} tokens; "
+                    f"the limit is {self.max_sentence_tokens}",
+                    field=f"{field}[{i}]",
                 )
             out.append(toks)
         return out
@@ -327,24 +377,22 @@ class Embedder:
     def _marker_vectors(self) -> torch.Tensor:
         """``[2, P]``: the vectors of ``<S>`` and ``</S>``, in every sentence and fixed by the
         weights, so computed once per weight version (not in every batch's CNN call)."""
-        cnn = self.model.token_encoder
-        return kernel_cache(cnn).get_or_build(
-            ("markers", self.weights, self.precision),
-            list(cnn.parameters()),
-            lambda: self._encode_keys([_BOS, _EOS]),
+        w = self.cfg.max_chars_per_token
+        return self._markers.get_or_build(
+            "markers",
+            list(self.model.token_encoder.parameters()),
+            lambda: self._encode_ids(np.stack([bos_ids(w), eos_ids(w)])),
         )
 
     def _encode_keys(self, keys: list[str]) -> torch.Tensor:
-        """Token keys (``<S>``/``</S>`` markers included) -> ``[N, P]`` through the CNN."""
+        """Token texts -> ``[N, P]`` through the CNN."""
         w = self.cfg.max_chars_per_token
-        ids = np.stack(
-            [
-                bos_ids(w) if k == _BOS else eos_ids(w) if k == _EOS else token_ids(k, w)
-                for k in keys
-            ]
-        )
+        return self._encode_ids(np.stack([token_ids(k, w) for k in keys]))
+
+    def _encode_ids(self, ids: np.ndarray) -> torch.Tensor:
+        """Character ids ``[N, W]`` -> ``[N, P]`` through the CNN."""
         with autocast(self.device, self.precision):
-            return self._encode(torch.from_numpy(ids).to(self.device)).float()
+            return self.kernel.encode(torch.from_numpy(ids).to(self.device)).float()
 
     def _run_batch(self, sentences: list[Sequence[str]]) -> list[np.ndarray]:
         lengths = [len(s) + 2 for s in sentences]
@@ -353,14 +401,15 @@ class Embedder:
             b_pad, t_pad = max(b, 2), -(-t // 8) * 8
         else:
             b_pad, t_pad = b, t
-        keys: dict[str, int] = {_BOS: 0, _EOS: 1}  # the markers: rows 1 and 2 of the table
-        index = np.zeros((b_pad, t_pad), dtype=np.int64)  # 0 -> the zero row
+        keys: dict[str, int] = {}  # distinct token texts -> their row - _FIRST_TOKEN_ROW
+        index = np.full((b_pad, t_pad), _PAD, dtype=np.int64)
         for r, sent in enumerate(sentences):
-            for c, tok in enumerate((_BOS, *sent, _EOS)):
-                index[r, c] = keys.setdefault(tok, len(keys)) + 1
+            index[r, 0], index[r, len(sent) + 1] = _BOS_ROW, _EOS_ROW
+            for c, tok in enumerate(sent, start=1):
+                index[r, c] = keys.setdefault(tok, len(keys)) + _FIRST_TOKEN_ROW
         with self._lock, torch.inference_mode():
             markers = self._marker_vectors()
-            table = self._token_vectors(list(keys)[2:])
+            table = self._token_vectors(list(keys))
             table = torch.cat([markers.new_zeros(1, markers.shape[1]), markers, table])
             index_t = torch.from_numpy(index).to(self.device)
             tokens = table[index_t]
@@ -369,9 +418,7 @@ class Embedder:
                 torch._dynamo.mark_dynamic(tokens, 0)
                 torch._dynamo.mark_dynamic(lens, 0)
             with autocast(self.device, self.precision):
-                if self._compiled:
-                    layers = self._contextualize(tokens, lens)
-                else:  # the first layer's input matmul can then run once per distinct token
-                    layers = self._contextualize(tokens, lens, distinct=(table, index_t))
+                # distinct: the CPU kernel runs the first layer's input matmul per distinct token
+                layers = self.kernel.contextualize(tokens, lens, distinct=(table, index_t))
             layers = layers.float().cpu().numpy()
         return [np.ascontiguousarray(layers[:, r, 1 : lengths[r] - 1]) for r in range(b)]

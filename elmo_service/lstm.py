@@ -9,11 +9,11 @@ Math, gate order (i, f, o, g), and bilm-tf's clipping::
     h_t = clip((o * tanh(c_t)) W_proj, proj_clip)
 
 The input matmul runs for all steps at once; only ``h W_hh`` is sequential.
-Two kernels compute it, chosen by whether autograd is recording:
+Two loops compute it, chosen by whether autograd is recording:
 
 * **inference** (``_infer``): a plain step loop that can skip the padding of
   rows sorted longest first (``active``), with ``tanh(z) = 2 sigmoid(2z) - 1``
-  because torch's CPU tanh is ~6x slower than sigmoid.
+  because torch's CPU tanh is several times slower than its sigmoid.
 * **training** (``LstmpFunction``): the whole layer as one autograd node.
   Autograd through a Python time loop records ~15 nodes a step and computes
   each step's weight gradients as its own small matmul; here the forward loop
@@ -32,7 +32,10 @@ and the element-wise backward in float32.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -89,26 +92,36 @@ def step_backward(dh, dc_next, acts, c, c_prev, c_mask, h_mask, w_hh_t, w_proj_t
     return d_gates, d_pre, dh_prev, dc * f
 
 
-# the trainer may swap these for compiled versions (compile_training_kernels)
-_KERNELS = {"fwd": step_forward, "bwd": step_backward}
+class StepFns(NamedTuple):
+    """The per-step bodies a layer's loops run: eager, or compiled (:func:`compiled_steps`)."""
+
+    forward: Callable = step_forward
+    backward: Callable = step_backward
 
 
-def compile_training_kernels() -> None:
-    """``torch.compile`` the per-step bodies: one small fused kernel set, compiled once for every T."""
-    _KERNELS["fwd"] = torch.compile(step_forward)
-    _KERNELS["bwd"] = torch.compile(step_backward)
+EAGER_STEPS = StepFns()
+
+
+@functools.cache
+def compiled_steps() -> StepFns:
+    """``torch.compile``'d step bodies: one small fused kernel set, compiled once for
+    every T and shared by the layers that ask (``LstmLayer.use_compiled_steps``)."""
+    return StepFns(torch.compile(step_forward), torch.compile(step_backward))
 
 
 class LstmpFunction(torch.autograd.Function):
     """``x_gates [B, T, 4C], W_hh^T [P, 4C], W_proj^T [C, P], h0 [B, P], c0 [B, C], keep [B, T] | None``
-    -> ``(h [B, T, P], c_T [B, C])``."""
+    -> ``(h [B, T, P], c_T [B, C])``; ``steps``: the step bodies to run."""
 
     @staticmethod
-    def forward(ctx, x_gates, w_hh_t, w_proj_t, h0, c0, keep, cell_clip, proj_clip):
+    def forward(
+        ctx, x_gates, w_hh_t, w_proj_t, h0, c0, keep, cell_clip, proj_clip, steps=EAGER_STEPS
+    ):
         b, t, g4 = x_gates.shape
         n, p = g4 // 4, w_proj_t.shape[1]
         dt = x_gates.dtype
-        fwd = _KERNELS["fwd"]
+        fwd = steps.forward
+        ctx.steps = steps
         w_hh_t, w_proj_t = w_hh_t.to(dt), w_proj_t.to(dt)
         h, c = h0.to(dt), c0.float()
         keep_f = None if keep is None else keep.to(torch.float32).unsqueeze(-1)  # [B, T, 1]
@@ -134,7 +147,7 @@ class LstmpFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_hs, _d_c_last):
         w_hh_t, w_proj_t, h0, c0, hs, acts, cs, c_masks, h_masks, keep_f = ctx.saved_tensors
-        bwd = _KERNELS["bwd"]
+        bwd = ctx.steps.backward
         b, t, p = hs.shape
         n = cs.shape[2]
         f32 = {"dtype": torch.float32, "device": hs.device}
@@ -181,6 +194,7 @@ class LstmpFunction(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
 
 
@@ -206,6 +220,7 @@ class LstmLayer(nn.Module):
         self.w_hh = nn.Linear(p, 4 * c, bias=False)
         self.w_proj = nn.Linear(c, p, bias=False)
         self.projected = cfg.lstm_projection
+        self.steps = EAGER_STEPS
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -221,6 +236,10 @@ class LstmLayer(nn.Module):
         with torch.no_grad():
             self.w_ih.bias.zero_()
             self.w_ih.bias[c : 2 * c] = 1.0  # forget gate starts open
+
+    def use_compiled_steps(self) -> None:
+        """Run this layer's step bodies compiled (:func:`compiled_steps`)."""
+        self.steps = compiled_steps()
 
     def forward(
         self,
@@ -248,12 +267,19 @@ class LstmLayer(nn.Module):
         cc, pc = float(self.cell_clip or 0.0), float(self.proj_clip or 0.0)
         if active is None and torch.is_grad_enabled() and x_gates.requires_grad:
             w_hh_t, w_proj_t = self.w_hh.weight.t(), self.w_proj.weight.t()
-            hs, c_last = LstmpFunction.apply(x_gates, w_hh_t, w_proj_t, h0, c0, keep, cc, pc)
+            hs, c_last = LstmpFunction.apply(
+                x_gates, w_hh_t, w_proj_t, h0, c0, keep, cc, pc, self.steps
+            )
             h_last = hs[:, -1] if hs.shape[1] else h0
             return hs, (h_last, c_last)
-        return self._infer(x_gates, h0, c0, active, keep)
+        return self._infer(x_gates, h0, c0, active, keep, cc, pc)
 
-    def _infer(self, x_gates, h, cell, active, keep) -> tuple[Tensor, LstmState]:
+    def _infer(
+        self, x_gates, h, cell, active, keep, cell_clip, proj_clip
+    ) -> tuple[Tensor, LstmState]:
+        """The step loop without autograd: :func:`step_forward`'s math on the rows still
+        active, with ``tanh(z) = 2 sigmoid(2z) - 1`` (torch's CPU tanh is several times
+        slower than its sigmoid: ``docs/bench-embedder.md``) and no clip masks."""
         b, t, _ = x_gates.shape
         c = self.cell_dim
         # cast once per layer, not per step (autocast does not cache non-leaf views)
@@ -272,11 +298,11 @@ class LstmLayer(nn.Module):
             gates[:, 3 * c :] *= 2  # one sigmoid for all gates: tanh(g) = 2 sigmoid(2g) - 1
             i, f, o, g2 = torch.sigmoid(gates).chunk(4, dim=1)
             cell = torch.addcmul(f * cell - i, i, g2, value=2)  # f * cell + i * tanh(g)
-            if self.cell_clip is not None:
-                cell = cell.clamp(-self.cell_clip, self.cell_clip)
+            if cell_clip:
+                cell = cell.clamp(-cell_clip, cell_clip)
             hidden = torch.addcmul(-o, o, torch.sigmoid(2 * cell), value=2)  # o * tanh(cell)
             h = hidden @ w_proj_t
-            if self.proj_clip is not None:
-                h = h.clamp(-self.proj_clip, self.proj_clip)
+            if proj_clip:
+                h = h.clamp(-proj_clip, proj_clip)
             out[:n, step] = h
         return out, (h, cell.float())

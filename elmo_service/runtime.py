@@ -42,6 +42,8 @@ def set_threads(threads: int | None) -> int:
     """
     if threads is None:
         env = os.environ.get("ELMO_THREADS")
+        if env and not env.strip().isdigit():
+            raise ConfigError(f"ELMO_THREADS must be a whole number, got {env!r}", field="threads")
         threads = int(env) if env else (os.cpu_count() or 1)
     if threads < 1:
         raise ConfigError("threads must be >= 1", field="threads")

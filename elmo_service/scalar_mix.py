@@ -12,6 +12,11 @@ together, layer 0 being the token vector ``e``::
 ``layer_norm`` normalises each layer before mixing, as AllenNLP's
 ``do_layer_norm`` does, but per sentence (AllenNLP normalises over the whole
 batch, which makes a sentence's vector depend on its batch mates).
+
+Two forms of one formula: :class:`ScalarMix`, a torch module whose weights train
+(the task probes), and :func:`apply_mix`, numpy on one sentence's layers, which
+the library and the HTTP API apply to embedded (or cached) layers.
+``tests/elmo_service/test_scalar_mix.py`` holds them to each other.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -201,3 +207,43 @@ class ScalarMix(nn.Module):
             out = torch.cat([w[0] * tok + fwd, w[0] * tok + bwd], dim=-1)
         out = self.gamma.to(out.dtype) * out
         return out.squeeze(0) if unbatched else out
+
+
+def softmax(x: Sequence[float]) -> np.ndarray:
+    """Stable softmax: shifted by the max in float64, so any finite weights give finite
+    probabilities (a float32 cast first would turn 1e308 into inf, and inf - inf into NaN)."""
+    a = np.asarray(x, dtype=np.float64)
+    with np.errstate(over="ignore"):  # a gap beyond float64 is -inf: exp gives 0, as it should
+        e = np.exp(a - a.max())
+    return (e / e.sum()).astype(np.float32)
+
+
+def _layer_norm_np(h: np.ndarray, eps: float = 1e-12) -> np.ndarray:
+    """Normalise one sentence's layer ``[T, D]`` over all its positions and features."""
+    if h.size == 0:
+        return h
+    mean = h.mean(dtype=np.float64)
+    var = ((h - mean) ** 2).mean(dtype=np.float64)
+    return ((h - mean) / np.sqrt(var + eps)).astype(np.float32)
+
+
+def apply_mix(layers: np.ndarray, spec: MixSpec) -> np.ndarray:
+    """One sentence's ``[L+1, T, D]`` -> ``[T, D]`` float32: ``gamma * sum_j softmax(s)_j h_j``
+    (per direction if the spec says). Overflow gives inf, never an exception: callers
+    that must answer finite values check the result."""
+    n = layers.shape[0]
+    spec.validate(n)
+    if spec.layer_norm:
+        layers = np.stack([_layer_norm_np(h) for h in layers])
+    w = softmax(spec.weights)
+    if not spec.per_direction:
+        out = np.tensordot(w, layers, axes=1)
+    else:
+        p = layers.shape[-1] // 2
+        nl = n - 1
+        tok = layers[0, :, :p]
+        fwd = np.tensordot(w[1 : 1 + nl], layers[1:, :, :p], axes=1)
+        bwd = np.tensordot(w[1 + nl :], layers[1:, :, p:], axes=1)
+        out = np.concatenate([w[0] * tok + fwd, w[0] * tok + bwd], axis=-1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (np.float32(spec.gamma) * out).astype(np.float32, copy=False)

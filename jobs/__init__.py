@@ -17,7 +17,7 @@ exported here (``tests/test_boundaries.py`` holds both).
 from jobs.service import JobConflict, JobNotFound, JobService
 from jobs.settings import JobsSettings
 from jobs.spec import JobIn
-from jobs.state import JobRecord, StoreUnavailable
+from jobs.state import JobRecord, StoreUnavailable, Unreadable
 from jobs.worker import run_worker
 
 __all__ = [
@@ -28,5 +28,6 @@ __all__ = [
     "JobService",
     "JobsSettings",
     "StoreUnavailable",
+    "Unreadable",
     "run_worker",
 ]

@@ -37,11 +37,22 @@ from typing import Any
 from jobs.lifecycle import requeue
 from jobs.procs import runner_alive
 from jobs.settings import JobsSettings
-from jobs.state import FileJobStore, JobRecord, JobStore, RedisJobStore
+from jobs.state import (
+    JOB_ID,
+    FileJobStore,
+    JobRecord,
+    JobStore,
+    RedisJobStore,
+    StoreUnavailable,
+    name_holder_free,
+    store_errors,
+)
 
 log = logging.getLogger("jobs")
 
 QUEUED_GRACE = 30.0  # a queued record younger than this may still be being enqueued
+WORKER_SEEN = 30.0  # seconds without a sign of a worker before a queued job says so
+WORKERS_DIR = ".workers"  # <runs_dir>/.workers/<name>: a local worker's heartbeat (mtime)
 
 
 class JobBackend:
@@ -72,19 +83,41 @@ class JobBackend:
         return False
 
     def lost_reason(self, rec: JobRecord, now: float) -> str | None:
+        """Why a running record's attempt is lost, or None while it may still be alive.
+
+        A runner we can see alive is never lost, whatever the backend says (after a
+        Redis blip rq may have failed or forgotten an execution whose horse still runs);
+        nor is one whose heartbeat is fresh. Only then does the backend's evidence count.
+        """
         r = rec.runner
-        if r is not None and runner_alive(r) is False:
+        alive = runner_alive(r) if r is not None else None
+        if alive is False:
             return f"its runner (pid {r.pid} on {r.host}) is gone"
+        if alive:
+            return None
+        beat = rec.heartbeat_at or rec.started_at or rec.updated_at
+        if now - beat < self.fresh_beat:
+            return None
         found = self.execution_lost(rec)
         if found:
             return found
-        beat = rec.heartbeat_at or rec.started_at or rec.updated_at
         if now - beat > self.settings.jobs_heartbeat_timeout:
             return f"no heartbeat for {now - beat:.0f}s"
         return None
 
+    @property
+    def fresh_beat(self) -> float:
+        """A heartbeat younger than this (runners beat every 2 polls) outweighs what the
+        backend says about the execution: long enough to span a store blip's recovery."""
+        s = self.settings
+        return min(s.jobs_heartbeat_timeout / 2, max(15.0, 10 * s.jobs_poll_interval))
+
     def reconcile(self, min_interval: float = 0.0) -> list[str]:
-        """Re-queue lost running jobs, re-deliver lost queued ones. Returns the ids touched."""
+        """Re-queue lost running jobs, re-deliver lost queued ones. Returns the ids touched.
+
+        One record that cannot be handled (unreadable: skipped by the store; a failure
+        while re-queueing it) is logged and passed over; the others are still handled.
+        A store that cannot be reached raises StoreUnavailable."""
         if not self._reconcile_lock.acquire(blocking=False):
             return []
         try:
@@ -92,29 +125,62 @@ class JobBackend:
             if now - self._reconciled < min_interval:
                 return []
             self._reconciled = now
+            self.adopt_orphans()
             touched = []
             for rec in self.store.list():
-                if rec.state == "running":
-                    reason = self.lost_reason(rec, now)
-                    if reason is None:
-                        continue
-                    log.warning("job %s attempt %d lost: %s", rec.id, rec.attempt, reason)
-                    changed = requeue(self, rec.id, rec.attempt, reason, lost=True)
-                    if changed is not None:
+                try:
+                    if self._reconcile_one(rec, now):
                         touched.append(rec.id)
-                        if changed.state == "queued":
-                            self.deliver(changed)
-                elif (
-                    rec.state == "queued"
-                    and now - rec.updated_at > QUEUED_GRACE
-                    and self.delivery_lost(rec)
-                ):
-                    log.warning("job %s attempt %d: re-delivering", rec.id, rec.attempt)
-                    touched.append(rec.id)
-                    self.deliver(rec)
+                except StoreUnavailable:
+                    raise
+                except Exception:  # noqa: BLE001 - one bad record never stops the loop
+                    log.exception("job %s: reconcile failed; skipped this time", rec.id)
             return touched
         finally:
             self._reconcile_lock.release()
+
+    def _reconcile_one(self, rec: JobRecord, now: float) -> bool:
+        if rec.state == "running":
+            reason = self.lost_reason(rec, now)
+            if reason is None:
+                return False
+            log.warning("job %s attempt %d lost: %s", rec.id, rec.attempt, reason)
+            changed = requeue(self, rec.id, rec.attempt, reason, lost=True)
+            if changed is None:
+                return False
+            if changed.state == "queued":
+                self.deliver(changed)
+            return True
+        if (
+            rec.state == "queued"
+            and now - rec.updated_at > QUEUED_GRACE
+            and self.delivery_lost(rec)
+        ):
+            log.warning("job %s attempt %d: re-delivering", rec.id, rec.attempt)
+            self.deliver(rec)
+            return True
+        return False
+
+    def adopt_orphans(self) -> list[str]:
+        """Records the store lost but a run folder still holds (a Redis restarted empty)."""
+        return []
+
+    def workers_seen(self) -> float | None:
+        """Seconds since a worker last showed life (0: one is up now); None: never seen."""
+        return 0.0
+
+    def explain(self, rec: JobRecord) -> None:
+        """Say why a queued job does not start when no worker is there to run it."""
+        if rec.state != "queued":
+            return
+        try:
+            seen = self.workers_seen()
+        except Exception:  # noqa: BLE001 - a hint only
+            return
+        if seen is None:
+            rec.hint = "no worker is running: start `elmo-service worker`"
+        elif seen > WORKER_SEEN:
+            rec.hint = f"no worker has been seen for {seen:.0f} s: start `elmo-service worker`"
 
     def close(self) -> None:
         self.store.close()
@@ -130,36 +196,90 @@ def rq_job_id(rec: JobRecord) -> str:
 class RqBackend(JobBackend):
     kind = "rq"
 
-    def __init__(self, settings: JobsSettings) -> None:
+    def __init__(self, settings: JobsSettings, timeout: float | None = None) -> None:
+        """``timeout``: socket timeouts, seconds (default ``ELMO_JOBS_STORE_TIMEOUT``: short,
+        for the API; workers pass a longer one)."""
         import redis
         from rq import Queue
 
         super().__init__(settings)
         assert settings.redis_url
+        timeout = timeout or settings.jobs_store_timeout
         self.redis = redis.Redis.from_url(
-            settings.redis_url, socket_timeout=10, socket_connect_timeout=5
+            settings.redis_url,
+            socket_timeout=timeout,
+            socket_connect_timeout=min(timeout, 5.0),
+            health_check_interval=30,  # a connection that died during a blip is replaced
         )
         self.store = RedisJobStore(self.redis, settings.redis_prefix)
         self.queue = Queue(settings.jobs_queue, connection=self.redis)
+        self._workers_checked: tuple[float, float | None] = (0.0, None)
+
+    def adopt_orphans(self) -> list[str]:
+        """Refill the store from the run folders' copies of records it no longer has (a
+        Redis restarted without its data). A queued one is then delivered again by the
+        reconcile pass, a running one whose runner is gone re-queued; a live runner
+        re-creates its own record at its next heartbeat (:mod:`jobs.runner`)."""
+        runs = Path(self.settings.runs_dir)
+        if not runs.is_dir():
+            return []
+        known = self.store.ids()
+        adopted = []
+        for copy in runs.glob("j*/job.json"):
+            job_id = copy.parent.name
+            if job_id in known or not JOB_ID.match(job_id):
+                continue
+            try:
+                rec = JobRecord.model_validate_json(copy.read_bytes())
+            except (OSError, ValueError) as e:
+                log.error("job %s: the job store lost it and its run-folder copy is unreadable "
+                          "(%s); left in %s", job_id, e, copy.parent)  # fmt: skip
+                continue
+            rec.note("adopted from its run folder: the job store had lost its record")
+            if rec.state == "running":  # the copy's heartbeat is its claim's: give the
+                rec.heartbeat_at = time.time()  # runner (maybe on another host) time to beat
+            if self.store.create_if_absent(rec):
+                log.warning("job %s (%s): adopted from %s", job_id, rec.state, copy.parent)
+                adopted.append(job_id)
+                if rec.state not in ("failed", "cancelled"):  # its model name comes back too
+                    holder = self.store.reserve(rec.name, rec.id, name_holder_free(self.store))
+                    if holder is not None:
+                        log.error("job %s: its name %r is now taken by job %s; it will fail "
+                                  "at export", job_id, rec.name, holder)  # fmt: skip
+        return adopted
+
+    def workers_seen(self) -> float | None:
+        from rq import Worker
+
+        at, seen = self._workers_checked
+        if at and time.monotonic() - at < 2.0:
+            return seen
+        # rq workers register with a TTL: any on our queue is alive (or was, a minute ago)
+        with store_errors():
+            seen = 0.0 if Worker.count(queue=self.queue) else None
+        self._workers_checked = (time.monotonic(), seen)
+        return seen
 
     def deliver(self, rec: JobRecord) -> None:
-        self.queue.enqueue(
-            "jobs.worker.rq_entry",  # by name: rq imports it in the work-horse
-            rec.id,
-            rec.attempt,
-            job_id=rq_job_id(rec),
-            job_timeout=-1,  # the training budget (steps / max_minutes) bounds a job, not rq
-            result_ttl=7 * 24 * 3600,
-            failure_ttl=30 * 24 * 3600,
-            description=f"pretrain {rec.name} ({rec.id}, attempt {rec.attempt})",
-        )
+        with store_errors():  # rq parses Redis's replies: nonsense fails inside it
+            self.queue.enqueue(
+                "jobs.worker.rq_entry",  # by name: rq imports it in the work-horse
+                rec.id,
+                rec.attempt,
+                job_id=rq_job_id(rec),
+                job_timeout=-1,  # the training budget (steps / max_minutes) bounds a job, not rq
+                result_ttl=7 * 24 * 3600,
+                failure_ttl=30 * 24 * 3600,
+                description=f"pretrain {rec.name} ({rec.id}, attempt {rec.attempt})",
+            )
 
     def _rq_job(self, rec: JobRecord) -> Any:
         from rq.exceptions import NoSuchJobError
         from rq.job import Job
 
         try:
-            return Job.fetch(rq_job_id(rec), connection=self.redis)
+            with store_errors():
+                return Job.fetch(rq_job_id(rec), connection=self.redis)
         except NoSuchJobError:
             return None
 
@@ -175,7 +295,8 @@ class RqBackend(JobBackend):
             return "its rq job is gone"
         status = job.get_status(refresh=False)
         if status in ("failed", "stopped", "canceled"):
-            result = job.latest_result()
+            with store_errors():
+                result = job.latest_result()
             why = (result.exc_string or "").strip().splitlines() if result else []
             return f"rq marked its execution {status}" + (f" ({why[-1]})" if why else "")
         return None
@@ -216,6 +337,13 @@ class LocalBackend(JobBackend):
     def resume_pending(self) -> None:
         if self.embedded and self.next_queued() is not None:
             self.ensure_worker()
+
+    def workers_seen(self) -> float | None:
+        if self.worker_pid is not None:
+            return 0.0
+        beats = Path(self.settings.runs_dir) / WORKERS_DIR
+        times = [p.stat().st_mtime for p in beats.iterdir()] if beats.is_dir() else []
+        return time.time() - max(times) if times else None
 
     def next_queued(self) -> JobRecord | None:
         queued = [r for r in self.store.list() if r.state == "queued"]

@@ -12,8 +12,8 @@ The estimate, in bytes, fp32 master weights whatever the compute precision:
   (embedding, convolutions, highway ``2F x F`` each, projection ``F x P``),
   ``2 x n_layers`` LSTM layers (``4C x 2P`` input and recurrent weights,
   ``4C`` bias, ``C x P`` projection) and the softmax (``V x P``);
-* activations kept for the backward pass, per batch of ``T =
-  data.tokens_per_batch`` tokens: per LSTM layer and direction ``6C + 2P``
+* activations kept for the backward pass, per batch of ``T`` tokens
+  (``data.tokens_per_batch``; in stream mode ``data.rows x data.unroll``): per LSTM layer and direction ``6C + 2P``
   floats a token (gates, cell, its tanh, output, projection), the char CNN's
   ``max_chars x F`` conv outputs (and activations) per distinct token, the
   softmax's logits and their gradients (``V``, ``n_samples + 1`` or the
@@ -42,7 +42,8 @@ DEFAULT_VOCAB = 16000  # prepare's default --vocab-size
 # fields a job may set that the estimate depends on, with what a reset means
 _MODEL_FIELDS = ("lstm_dim", "projection_dim", "n_layers", "filters", "n_highway", "char_dim",
                  "max_chars_per_token")  # fmt: skip
-_OTHER_FIELDS = (("data", "tokens_per_batch"), ("softmax", "n_samples"), ("softmax", "kind"))
+_OTHER_FIELDS = (("data", "tokens_per_batch"), ("data", "rows"), ("data", "unroll"),
+                 ("softmax", "n_samples"), ("softmax", "kind"))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,13 @@ def estimate(cfg: dict[str, Any], vocab: int) -> Estimate:
     D, K, H = int(m["char_dim"]), int(m["max_chars_per_token"]), int(m["n_highway"])
     filters = [(int(w), int(n)) for w, n in m["filters"]]
     F = sum(n for _, n in filters)
-    V, T = int(vocab), int(d["tokens_per_batch"])
+    V = int(vocab)
+    # tokens a step (per process): stream windows are rows x unroll, whatever tokens_per_batch says
+    T = (
+        int(d["rows"]) * int(d["unroll"])
+        if d.get("mode") == "stream"
+        else int(d["tokens_per_batch"])
+    )
     dirs = 1 if cfg["train"].get("directions") == "forward" else 2
 
     cnn = CHAR_VOCAB * D + sum(n * w * D + n for w, n in filters) + H * (2 * F * F + 2 * F)

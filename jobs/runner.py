@@ -30,6 +30,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,23 @@ import yaml
 from jobs.lifecycle import Backend, requeue
 from jobs.procs import child_setup, runner_info
 from jobs.settings import JobsSettings
-from jobs.spec import PrepareIn, is_prepared_corpus, resolve_corpus
-from jobs.state import ArtifactInfo, JobRecord, Progress, StoreUnavailable
+from jobs.spec import (
+    PrepareIn,
+    check_device,
+    is_prepared_corpus,
+    machine_cores,
+    resolve_corpus,
+    visible_gpus,
+)
+from jobs.state import (
+    ArtifactInfo,
+    JobRecord,
+    Progress,
+    StoreUnavailable,
+    Unreadable,
+    figure,
+    name_holder_free,
+)
 from pretrain.checkpoint import list_checkpoints
 from pretrain.run_dir import metrics_path
 from pretrain.tracking import is_stop
@@ -92,10 +108,11 @@ def newest_checkpoint(train_dir: Path) -> str | None:
     return found[-1].name if found else None
 
 
-def numeric(d: dict[str, Any]) -> dict[str, float]:
-    """The numbers of a held-out result (it also carries labels, e.g. ``protocol``)."""
+def numeric(d: dict[str, Any]) -> dict[str, float | None]:
+    """The numbers of a held-out result (it also carries labels, e.g. ``protocol``);
+    a non-finite one (a diverged run) as None."""
     return {
-        k: float(v) for k, v in d.items() if isinstance(v, int | float) and not isinstance(v, bool)
+        k: figure(v) for k, v in d.items() if isinstance(v, int | float) and not isinstance(v, bool)
     }
 
 
@@ -120,25 +137,24 @@ class MetricsReader:
         p = self.progress
         for line in chunk[:end].splitlines():
             try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if is_stop(rec):
-                self.stop = rec
-            elif "heldout" in rec:
-                p.heldout = numeric(rec["heldout"])
-            elif "loss" in rec:
-                p.step, p.epoch = int(rec["step"]), rec.get("epoch")
-                p.tokens_seen = int(rec.get("tokens_seen", p.tokens_seen))
-                p.loss, p.perplexity = rec.get("loss"), rec.get("ppl")
-                p.tokens_per_s, p.elapsed_s, p.lr = (
-                    rec.get("tok_s"),
-                    rec.get("elapsed_s"),
-                    rec.get("lr"),
-                )
+                self._take(json.loads(line), p)
+            except (ValueError, TypeError, KeyError, AttributeError):
+                continue  # a line we cannot use never stops progress reporting
         if p.step and p.elapsed_s and p.total_steps:
             p.eta_s = round(p.elapsed_s / p.step * max(0, p.total_steps - p.step), 1)
         return p
+
+    def _take(self, rec: Any, p: Progress) -> None:
+        if is_stop(rec):
+            self.stop = rec
+        elif "heldout" in rec:
+            p.heldout = numeric(rec["heldout"])
+        elif "loss" in rec:
+            p.step, p.epoch = int(rec["step"]), rec.get("epoch")
+            p.tokens_seen = int(rec.get("tokens_seen", p.tokens_seen))
+            p.loss, p.perplexity = figure(rec.get("loss")), figure(rec.get("ppl"))
+            p.tokens_per_s = figure(rec.get("tok_s"))
+            p.elapsed_s, p.lr = figure(rec.get("elapsed_s")), figure(rec.get("lr"))
 
 
 # ---------------------------------------------------------------- the runner
@@ -211,12 +227,43 @@ class JobRunner:
 
         try:
             rec, written = self.store.update(self.job_id, fn)
-        except StoreUnavailable as e:  # keep training through a store outage
+        except (StoreUnavailable, Unreadable) as e:  # keep training through a store outage
             log.warning("job %s: heartbeat not stored: %s", self.job_id, e)
             return
-        if rec is None or not written:
+        if rec is None:  # the store lost it (a Redis restarted empty): we have it
+            self._recreate()
+            return
+        if not written:
             raise _Superseded()
+        self.rec = rec
         self._cancel = rec.cancel_requested
+
+    def _recreate(self) -> None:
+        """Write back our own copy of a record the store no longer has."""
+        rec = self.rec.model_copy(deep=True)
+        rec.note("re-created by its runner: the job store had lost the record")
+        try:
+            if self.store.create_if_absent(rec):
+                log.warning("job %s: the job store had lost its record; re-created", self.job_id)
+            self.store.reserve(rec.name, rec.id, name_holder_free(self.store))
+        except StoreUnavailable as e:
+            log.warning("job %s: record not re-created yet: %s", self.job_id, e)
+
+    def _stored(self, write: Callable[[], Any], what: str) -> Any:
+        """A final record write (finish, re-queue), retried through a job-store outage for
+        up to ``jobs_heartbeat_timeout``: a blip at the end of a job loses nothing. Past
+        that the record stays running; the reconciler re-queues it, and the next attempt
+        finds the work done (training resumes at its last step, export is skipped)."""
+        deadline = time.monotonic() + self.settings.jobs_heartbeat_timeout
+        while True:
+            try:
+                return write()
+            except (StoreUnavailable, Unreadable) as e:
+                if time.monotonic() > deadline:
+                    log.error("job %s: %s not stored, giving up: %s", self.job_id, what, e)
+                    return None
+                log.warning("job %s: %s not stored yet (%s); retrying", self.job_id, what, e)
+                time.sleep(min(2.0, self.settings.jobs_poll_interval * 4))
 
     def _progress(self) -> Progress | None:
         if self.metrics is None:
@@ -240,13 +287,25 @@ class JobRunner:
             r.finish(state, error)  # type: ignore[arg-type]
             return True
 
-        rec, written = self.store.update(self.job_id, fn)
-        return rec if written else None
+        def write() -> JobRecord | None:
+            rec, written = self.store.update(self.job_id, fn)
+            if rec is None:  # lost by the store: put ours back, then finish it
+                self._recreate()
+                rec, written = self.store.update(self.job_id, fn)
+            return rec if written else None
+
+        return self._stored(write, f"final state {state!r}")
 
     def _requeue(self, reason: str, lost: bool) -> None:
-        rec = requeue(self.backend, self.job_id, self.attempt, reason, lost=lost)
+        def write() -> JobRecord | None:
+            return requeue(self.backend, self.job_id, self.attempt, reason, lost=lost)
+
+        rec = self._stored(write, "re-queue")
         if rec is not None and rec.state == "queued":
-            self.backend.deliver(rec)
+            try:
+                self.backend.deliver(rec)
+            except Exception as e:  # noqa: BLE001 - the reconciler delivers a queued job again
+                log.warning("job %s: re-queued but not delivered yet: %s", self.job_id, e)
 
     # -- the job -----------------------------------------------------------------
     def run(self) -> str:
@@ -353,6 +412,7 @@ class JobRunner:
             cfg["train"]["threads"] = self.settings.threads
         cfg_path = self.run_dir / "train.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        self._check_worker(cfg)
         self._check_memory(cfg, data)
         total = int(cfg["train"]["steps"])
         self.metrics = MetricsReader(metrics_path(self.train_dir), total)
@@ -360,15 +420,38 @@ class JobRunner:
         self.metrics.stop = None  # only this attempt's stop record counts
         cmd = ["train", str(cfg_path), "--run-dir", str(self.train_dir), "--resume"]
         rc, _ = self._run_phase(cmd)
-        if rc != 0:
-            raise JobFailed(f"training failed (exit {rc}): {self._last_error()}")
         self.metrics.read()
         stop = self.metrics.stop or {}
+        if stop.get("reason") == "diverged":  # the trainer's divergence stop (exit 2)
+            detail = str(stop.get("detail") or "non-finite loss").strip().splitlines()[0]
+            raise JobFailed(
+                f"training diverged at step {stop.get('step')}: {detail}; no model exported "
+                "(its checkpoints are the last finite ones)"
+            )
+        if rc != 0:
+            raise JobFailed(f"training failed (exit {rc}): {self._last_error()}")
         if (
             stop.get("reason") == "signal"
         ):  # a SIGTERM we did not send: whoever sent it wants us gone
             raise _Stopped()
         self._say(f"training finished ({stop.get('detail', 'done')})")
+
+    def _check_worker(self, cfg: dict[str, Any]) -> None:
+        """The API checked threads and device against its settings; this worker's own
+        cores and GPUs decide (a job meant for a GPU worker fails here with the reason)."""
+        from elmo_service.errors import ConfigError
+
+        threads, cores = int(cfg["train"].get("threads") or 0), machine_cores()
+        if threads > cores:
+            raise JobFailed(
+                f"config.train.threads: {threads} threads, but this worker has {cores} cores"
+            )
+        try:
+            check_device(
+                str(cfg["train"].get("device", "auto")), visible_gpus(), "config.train.device"
+            )
+        except ConfigError as e:
+            raise JobFailed(f"{e.message} (on this worker)") from e
 
     def _check_memory(self, cfg: dict[str, Any], data: Path) -> None:
         """Checked at submit on the API's machine; again here, with the real vocabulary

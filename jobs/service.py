@@ -1,22 +1,33 @@
-"""The jobs module's face to the HTTP layer: submit, list, read, cancel.
+"""The jobs module's face to the HTTP layer: submit, list, read, cancel, retry.
 
-All methods block (files, Redis): the router calls them off the event loop.
+All methods block (files, Redis): the router runs them on :attr:`JobService.executor`,
+a small pool of this service's own, so a job store that hangs (each call bounded by
+``ELMO_JOBS_STORE_TIMEOUT``) stalls ``/v1/jobs`` and nothing else.
 """
 
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from jobs.backend import JobBackend, make_backend
 from jobs.memory import check_memory, memory_limit
 from jobs.settings import JobsSettings
-from jobs.spec import JobIn, resolve_corpus, resolve_train_config, softmax_size
-from jobs.state import JobRecord, new_job_id
+from jobs.spec import (
+    JobIn,
+    Limits,
+    check_limits,
+    resolve_corpus,
+    resolve_train_config,
+    softmax_size,
+)
+from jobs.state import JobRecord, Unreadable, name_holder_free, new_job_id
 
 log = logging.getLogger("jobs")
 
 RECONCILE_EVERY = 2.0  # seconds; reads of the job list re-check lost jobs at most this often
+EXECUTOR_THREADS = 4  # concurrent job-store calls from the API; more wait their turn
 
 
 class JobNotFound(Exception):
@@ -33,31 +44,47 @@ class JobService:
     def __init__(self, settings: JobsSettings, backend: JobBackend | None = None) -> None:
         self.settings = settings
         self.backend = backend or make_backend(settings, embedded=True)
+        self.limits = Limits.of_this_machine(
+            settings.jobs_max_steps, settings.jobs_max_threads, settings.jobs_gpus
+        )
+        self.executor = ThreadPoolExecutor(EXECUTOR_THREADS, thread_name_prefix="jobs")
 
     @property
     def kind(self) -> str:
         return self.backend.kind
+
+    @property
+    def unreadable(self) -> dict[str, str]:
+        """Records the last list skipped (id -> why)."""
+        return dict(self.backend.store.unreadable)
 
     def start(self) -> None:
         """On API start: pick up what an earlier run left (lost or still queued jobs)."""
         self.backend.reconcile()
         self.backend.resume_pending()
 
+    def _name_free(self, name: str, job_id: str, run_dir: str | None = None) -> None:
+        """Reserve ``name`` for ``job_id`` (atomic: one of many racing submits wins)."""
+        dest = Path(self.settings.models_dir) / name
+        if dest.exists() and not (run_dir and _exported_from(dest, run_dir)):
+            raise JobConflict(f"the models folder already holds a model named {name!r}", "name")
+        store = self.backend.store
+        holder = store.reserve(name, job_id, name_holder_free(store))
+        if holder is not None:
+            raise JobConflict(f"job {holder} already builds {name!r}", "name")
+
     def submit(self, job: JobIn) -> JobRecord:
-        """Validate (422 errors name the field), record as queued, deliver."""
+        """Validate (422 errors name the field), reserve the name, record as queued, deliver."""
         corpus = resolve_corpus(self.settings.data_dir, job.corpus)
         train_config = resolve_train_config(job)
+        check_limits(job, train_config, self.limits)
         s = self.settings
         vocab, vocab_field = softmax_size(corpus, job)
         limit = memory_limit(s.jobs_max_memory, s.jobs_memory_fraction)
         check_memory(train_config, vocab, limit, vocab_field)
         job_id = new_job_id()
         name = job.name or job_id
-        if (Path(self.settings.models_dir) / name).exists():
-            raise JobConflict(f"the models folder already holds a model named {name!r}", "name")
-        for other in self.backend.store.list():
-            if other.name == name and other.state not in ("failed", "cancelled"):
-                raise JobConflict(f"job {other.id} ({other.state}) already builds {name!r}", "name")
+        self._name_free(name, job_id)
         rec = JobRecord(
             id=job_id,
             name=name,
@@ -69,27 +96,34 @@ class JobService:
         rec.progress.total_steps = train_config["train"]["steps"]
         rec.note("queued")
         self.backend.store.create(rec)
+        self._deliver(rec)
+        log.info("job %s (%s) queued", job_id, name)
+        return rec
+
+    def _deliver(self, rec: JobRecord) -> None:
         try:
             self.backend.deliver(rec)
         except Exception as e:
             why = f"could not be queued: {e}"
-            self.backend.store.update(job_id, lambda r: r.finish("failed", why) or True)
+            self.backend.store.update(rec.id, lambda r: r.finish("failed", why) or True)
             raise
-        log.info("job %s (%s) queued", job_id, name)
-        return rec
 
     def list(self, state: str | None = None, limit: int = 100) -> list[JobRecord]:
         self.backend.reconcile(RECONCILE_EVERY)
         recs = self.backend.store.list()
         if state:
             recs = [r for r in recs if r.state == state]
-        return recs[:limit]
+        out = recs[:limit]
+        for r in out:
+            self.backend.explain(r)
+        return out
 
     def get(self, job_id: str) -> JobRecord:
         self.backend.reconcile(RECONCILE_EVERY)
         rec = self.backend.store.get(job_id)
         if rec is None:
             raise JobNotFound(job_id)
+        self.backend.explain(rec)
         return rec
 
     def cancel(self, job_id: str) -> JobRecord:
@@ -115,5 +149,51 @@ class JobService:
             self.backend.undeliver(rec)
         return rec
 
+    def retry(self, job_id: str) -> JobRecord:
+        """A failed or cancelled job goes back to the queue as its next attempt and resumes
+        from its run folder: the prepared corpus is reused, the trainer continues from
+        its newest checkpoint (``--resume``). Its loss count starts again."""
+        rec = self.backend.store.get(job_id)
+        if rec is None:
+            raise JobNotFound(job_id)
+        if rec.state not in ("failed", "cancelled"):
+            raise JobConflict(
+                f"job {job_id} is {rec.state}; only a failed or cancelled job can be retried",
+                "job_id",
+            )
+        self._name_free(rec.name, job_id, str(Path(rec.run_dir) / "train"))
+
+        def fn(r: JobRecord) -> bool:
+            if r.state not in ("failed", "cancelled"):
+                return False
+            r.state, r.attempt, r.losses = "queued", r.attempt + 1, 0
+            r.error, r.cancel_requested, r.finished_at = None, False, None
+            r.runner, r.heartbeat_at, r.phase = None, None, None
+            r.note(f"retried as attempt {r.attempt}: resumes from its run folder")
+            return True
+
+        rec, written = self.backend.store.update(job_id, fn)
+        if rec is None:
+            raise JobNotFound(job_id)
+        if not written:
+            raise JobConflict(f"job {job_id} is {rec.state} (changed meanwhile)", "job_id")
+        self._deliver(rec)
+        log.info("job %s (%s) retried as attempt %d", job_id, rec.name, rec.attempt)
+        return rec
+
     def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
         self.backend.close()
+
+
+def _exported_from(dest: Path, train_dir: str) -> bool:
+    """Whether the model folder ``dest`` is this run's own export (a retry may keep it)."""
+    from elmo_service.artifact import read_config
+
+    try:
+        return read_config(dest).get("provenance", {}).get("run") == str(Path(train_dir).resolve())
+    except Exception:  # noqa: BLE001 - unreadable: not ours
+        return False
+
+
+__all__ = ["JobConflict", "JobNotFound", "JobService", "Unreadable"]

@@ -28,3 +28,7 @@ class JobsSettings(Protocol):
     jobs_poll_interval: float
     jobs_max_memory: int | None
     jobs_memory_fraction: float
+    jobs_max_steps: int
+    jobs_max_threads: int | None
+    jobs_gpus: int | None
+    jobs_store_timeout: float

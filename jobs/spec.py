@@ -12,6 +12,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -26,6 +29,10 @@ from pretrain.prepare import JOB_FIELDS, PrepareOptions
 NAME_PATTERN = f"^{MODEL_NAME.pattern}$"  # the artifact's folder: one rule for every model name
 # directory corpora are walked to find symlinks that leave the data folder; bounded
 MAX_CORPUS_ENTRIES = 100_000
+NAME_MAX, PATH_MAX = 255, 4096  # bytes, Linux's limits: longer raises ENAMETOOLONG deep in os
+# the longest sentence a job's model may accept (the embedder's guard); serving caps
+# requests lower (ELMO_MAX_TOKENS_PER_SENTENCE), this keeps a config from asking 10^7
+MAX_SENTENCE_TOKENS = 8192
 
 
 class _PrepareBase(StrictModel):
@@ -116,23 +123,37 @@ def resolve_corpus(data_dir: Path, corpus: str) -> Path:
         raise bad("'..' is not allowed")
     if any(c in corpus for c in "*?["):
         raise bad("glob patterns are not allowed; give a file or a folder")
+    if len(corpus.encode("utf-8", "surrogateescape")) > PATH_MAX:
+        raise bad(f"longer than {PATH_MAX} bytes")
+    for part in p.parts:
+        if len(part.encode("utf-8", "surrogateescape")) > NAME_MAX:
+            raise bad(f"path component {part[:32]!r}... is longer than {NAME_MAX} bytes")
     root = Path(data_dir).resolve()
-    path = (root / p).resolve()
-    if not path.is_relative_to(root):
-        raise bad("resolves outside the data folder (symlink)")
-    if not path.exists():
-        raise bad(f"{corpus!r} not found in the data folder")
-    if path.is_dir():
-        seen = 0
-        for top, dirs, files in os.walk(path):
-            for name in dirs + files:
-                seen += 1
-                if seen > MAX_CORPUS_ENTRIES:
-                    raise bad(f"folder holds more than {MAX_CORPUS_ENTRIES} entries")
-                entry = Path(top) / name
-                if entry.is_symlink() and not entry.resolve().is_relative_to(root):
-                    raise bad(f"{entry.relative_to(root)} links outside the data folder")
+    try:
+        path = (root / p).resolve()
+        if not path.is_relative_to(root):
+            raise bad("resolves outside the data folder (symlink)")
+        if not path.exists():
+            raise bad(f"{corpus!r} not found in the data folder")
+        if path.is_dir():
+            _check_folder(path, root, bad)
+    except OSError as e:  # e.g. EACCES, ENAMETOOLONG through a symlink: the user's path
+        raise bad(f"cannot be read: {e.strerror or e}") from None
+    except RuntimeError:  # pathlib's word for a symlink loop (ELOOP)
+        raise bad("is a symlink loop") from None
     return path
+
+
+def _check_folder(path: Path, root: Path, bad: Callable[[str], InputError]) -> None:
+    seen = 0
+    for top, dirs, files in os.walk(path):
+        for name in dirs + files:
+            seen += 1
+            if seen > MAX_CORPUS_ENTRIES:
+                raise bad(f"folder holds more than {MAX_CORPUS_ENTRIES} entries")
+            entry = Path(top) / name
+            if entry.is_symlink() and not entry.resolve().is_relative_to(root):
+                raise bad(f"{entry.relative_to(root)} links outside the data folder")
 
 
 def is_prepared_corpus(path: Path) -> bool:
@@ -175,3 +196,86 @@ def resolve_train_config(job: JobIn) -> dict[str, Any]:
     cfg.data.path = "<prepared corpus>"
     cfg.train.progress = False  # no tqdm bar in a log file
     return cfg.to_dict()
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a worker can run: checked at submit (the settings, defaulting to the API
+    machine's) and again by the worker that claims the job (its own cores and GPUs)."""
+
+    max_threads: int
+    max_steps: int
+    gpus: int
+
+    @classmethod
+    def of_this_machine(cls, max_steps: int, max_threads: int | None = None,
+                        gpus: int | None = None) -> Limits:  # fmt: skip
+        return cls(
+            max_threads=max_threads or machine_cores(),
+            max_steps=max_steps,
+            gpus=visible_gpus() if gpus is None else gpus,
+        )
+
+
+def machine_cores() -> int:
+    """Cores this process may use (its CPU affinity; a cgroup quota lowers it)."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    with contextlib.suppress(OSError, ValueError):
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, int(quota) // int(period)))
+    return n
+
+
+def visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def check_limits(job: JobIn, cfg: dict[str, Any], limits: Limits) -> None:
+    """Bounds the trainer's own config does not set: ConfigError naming the field.
+
+    ``cfg`` is :func:`resolve_train_config`'s result (``train.steps`` already holds
+    ``budget.steps`` when given, so the field named is the one the client set).
+    """
+    tr, ck, m = cfg["train"], cfg["checkpoint"], cfg["model"]
+
+    def fail(field: str, msg: str) -> None:
+        raise ConfigError(f"{field}: {msg}", field=field)
+
+    steps_field = "budget.steps" if job.budget.steps is not None else "config.train.steps"
+    if tr["steps"] > limits.max_steps:
+        fail(steps_field, f"{tr['steps']} steps is over the quota of {limits.max_steps} "
+                          "(ELMO_JOBS_MAX_STEPS)")  # fmt: skip
+    if tr["threads"] > limits.max_threads:
+        fail("config.train.threads", f"{tr['threads']} threads, but a worker has "
+             f"{limits.max_threads} cores (ELMO_JOBS_MAX_THREADS); 0 = all of them")  # fmt: skip
+    for field, v, least in (
+        ("config.checkpoint.every_steps", ck["every_steps"], 0),
+        ("config.checkpoint.every_minutes", ck["every_minutes"], 0),
+        ("config.train.max_minutes", tr["max_minutes"], 0),
+        ("config.train.eval_every", tr["eval_every"], 0),
+        ("config.train.eval_max_sentences", tr["eval_max_sentences"], 0),  # 0 = all
+    ):
+        if v < least:
+            fail(field, f"must be >= {least} (got {v})" + (" (0 = never)" if least == 0 else ""))
+    if m["max_sentence_tokens"] > MAX_SENTENCE_TOKENS:
+        fail("config.model.max_sentence_tokens",
+             f"must be <= {MAX_SENTENCE_TOKENS} (got {m['max_sentence_tokens']})")  # fmt: skip
+    check_device(tr["device"], limits.gpus, "config.train.device")
+
+
+def check_device(device: str, gpus: int, field: str) -> None:
+    if device in ("auto", "cpu"):
+        return  # every worker has one
+    got = re.fullmatch(r"cuda(?::(\d+))?", device)
+    if got is None:
+        raise ConfigError(f"{field}: {device!r}: must be auto, cpu, cuda or cuda:N", field=field)
+    index = int(got.group(1) or 0)
+    if index >= gpus:
+        have = f"{gpus} CUDA device(s)" if gpus else "no CUDA device"
+        raise ConfigError(
+            f"{field}: {device!r}, but a worker has {have} (ELMO_JOBS_GPUS); use auto or cpu",
+            field=field,
+        )

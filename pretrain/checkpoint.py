@@ -31,15 +31,26 @@ trainer's ``--resume`` then fails with one line and exit 2, and nothing in
 the run folder is deleted; a run never silently restarts from step 0 over
 its own history.
 
+**Non-finite weights.** :func:`save_checkpoint` refuses a model state that
+holds a NaN or an infinity (:class:`NonFiniteCheckpoint`), so a diverged run
+never writes one. A non-finite checkpoint found on disk (written elsewhere, or
+by an older version) is *non-finite*: never resumed from, never counted as
+good by pruning, and left in place.
+
 **Pruning** (after each save) keeps the ``keep`` newest *good* checkpoints
 (verified or unhashed) by step and deletes older good ones, and deletes
 corrupt ones (they can never be resumed from; the save that prunes has just
-written a verified one). So a corrupt checkpoint never outlives, and never
-displaces, a good one, and the newest good checkpoint is never deleted.
+written a verified one). So a corrupt or non-finite checkpoint never
+displaces a good one, and the newest good checkpoint is never deleted.
+
+**A full disk** (or any write error) while saving is one
+:class:`CheckpointError` naming the file; the temporary file is removed and
+the checkpoints already there are untouched.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import re
@@ -59,7 +70,7 @@ _SIDECAR = re.compile(r"^([0-9a-f]{64})  (step-\d{8,}\.pt)\n?$")
 HASH_SUFFIX = ".sha256"
 _CHUNK = 1 << 20
 
-Status = Literal["verified", "unhashed", "corrupt"]
+Status = Literal["verified", "unhashed", "corrupt", "nonfinite"]
 
 
 class CheckpointError(ElmoServiceError):
@@ -70,6 +81,26 @@ class CheckpointError(ElmoServiceError):
 
 class CorruptCheckpoint(CheckpointError):
     """A checkpoint's content does not match its hash."""
+
+
+class NonFiniteCheckpoint(CheckpointError):
+    """A model state holds NaN or infinite values."""
+
+
+def nonfinite_tensors(state: dict[str, Any]) -> list[str]:
+    """Names of the floating-point tensors in ``state`` that hold a NaN or an infinity."""
+    return [
+        k
+        for k, t in state.items()
+        if isinstance(t, torch.Tensor)
+        and t.is_floating_point()
+        and not bool(torch.isfinite(t).all())
+    ]
+
+
+def describe_nonfinite(names: list[str], total: int) -> str:
+    shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    return f"{len(names)} of {total} weight tensors hold NaN or infinity ({shown})"
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
@@ -104,10 +135,15 @@ class _HashingWriter:
 
     def __init__(self, f: BinaryIO) -> None:
         self.f, self.sha = f, hashlib.sha256()
+        self.error: OSError | None = None  # torch.save reports a failed write as RuntimeError
 
     def write(self, b: bytes) -> int:
         self.sha.update(b)
-        return self.f.write(b)
+        try:
+            return self.f.write(b)
+        except OSError as e:
+            self.error = e
+            raise
 
     def flush(self) -> None:
         self.f.flush()
@@ -178,7 +214,15 @@ def checkpoint_status(path: str | Path) -> Status:
         return _verdicts[key]
     try:
         status: Status = "verified" if verify_checkpoint(p) else "unhashed"
+        try:  # mmap: the weights are read once, by the check, not copied into memory
+            st = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:  # a file torch cannot map (an old serialization format)
+            st = torch.load(p, map_location="cpu", weights_only=True)
+        if nonfinite_tensors(st.get("model", {}) if isinstance(st, dict) else {}):
+            status = "nonfinite"
     except (CorruptCheckpoint, OSError):
+        status = "corrupt"
+    except Exception:  # the hash matches but torch cannot read it: a file written broken
         status = "corrupt"
     if key is not None:
         _verdicts[key] = status
@@ -189,16 +233,39 @@ def checkpoint_status(path: str | Path) -> Status:
 
 
 def save_checkpoint(run_dir: str | Path, step: int, state: dict[str, Any], keep: int = 3) -> Path:
-    """Write ``state`` as ``step-<step>.pt`` with its hash, then prune. Returns the path."""
+    """Write ``state`` as ``step-<step>.pt`` with its hash, then prune. Returns the path.
+
+    Raises NonFiniteCheckpoint (nothing written) when the model state holds NaN or
+    infinity, and CheckpointError naming the file when it cannot be written (a full disk).
+    """
     d = checkpoint_dir(run_dir)
-    d.mkdir(parents=True, exist_ok=True)
     path = d / f"step-{step:08d}.pt"
-    with atomic_open(path, "wb") as f:
-        w = _HashingWriter(f)
-        torch.save(state, w)
-        # the hash lands first (the checkpoint is renamed when this block ends): a
-        # checkpoint under its final name always has one
-        write_text(sidecar(path), f"{w.sha.hexdigest()}  {path.name}\n", encoding="ascii")
+    model = state.get("model", {})
+    if bad := nonfinite_tensors(model):
+        raise NonFiniteCheckpoint(
+            f"{path.name} not written: {describe_nonfinite(bad, len(model))}", field="checkpoint"
+        )
+    w: _HashingWriter | None = None
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        with atomic_open(path, "wb") as f:
+            w = _HashingWriter(f)
+            torch.save(state, w)
+            # the hash lands first (the checkpoint is renamed when this block ends): a
+            # checkpoint under its final name always has one
+            write_text(sidecar(path), f"{w.sha.hexdigest()}  {path.name}\n", encoding="ascii")
+    except (OSError, RuntimeError) as e:
+        os_error = e if isinstance(e, OSError) else (w.error if w is not None else None)
+        if os_error is None:
+            raise
+        why = os_error.strerror or str(os_error)
+        name = errno.errorcode.get(os_error.errno or 0)
+        # one line: the chained torch/OSError tracebacks say nothing more
+        raise CheckpointError(
+            f"cannot write checkpoint {path}: {why}{f' ({name})' if name else ''}; "
+            "the checkpoints already there are intact",
+            field="checkpoint",
+        ) from None
     key = _stat_key(path)
     if key is not None:
         _verdicts[key] = "verified"
@@ -213,7 +280,7 @@ def prune(run_dir: str | Path, keep: int) -> list[Path]:
     Returns the deleted checkpoint paths."""
     ckpts = list_checkpoints(run_dir)
     status = {p: checkpoint_status(p) for p in ckpts}
-    good = [p for p in ckpts if status[p] != "corrupt"]
+    good = [p for p in ckpts if status[p] in ("verified", "unhashed")]
     if not good:  # never reached from save_checkpoint (it just wrote one); delete nothing
         return []
     doomed = good[:-keep] + [p for p in ckpts if status[p] == "corrupt"]
@@ -257,6 +324,9 @@ def load_latest(run_dir: str | Path, log=print) -> tuple[Path, dict[str, Any]] |
         try:
             hashed = verify_checkpoint(path)
             st = torch.load(path, map_location="cpu", weights_only=True)
+            model = st.get("model", {}) if isinstance(st, dict) else {}
+            if bad := nonfinite_tensors(model):
+                raise NonFiniteCheckpoint(describe_nonfinite(bad, len(model)))
         except Exception as e:  # hash mismatch, truncated zip, bad pickle opcode, ...
             reason = e.message if isinstance(e, CheckpointError) else f"{type(e).__name__}: {e}"
             reason = " ".join(str(reason).split())[:160]

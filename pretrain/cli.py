@@ -14,14 +14,15 @@ print one line to stderr and exit 2.
 from __future__ import annotations
 
 import argparse
-import json
+import gc
 import os
 import sys
 
-# Before torch loads OpenMP: spinning worker threads collapse (10x and worse)
-# when another process shares the cores; sleeping ones cost little. An
-# explicit OMP_WAIT_POLICY in the environment wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from elmo_service.process import configure_process
+
+# Before torch loads OpenMP (the imports below): training never spins (the one process
+# setup, elmo_service/process.py, says why); the commands set their thread counts
+configure_process("train", set_threads=False)
 
 from elmo_service.errors import PATH_ERRORS, ElmoServiceError  # noqa: E402
 from elmo_service.settings_base import add_arguments, from_args  # noqa: E402
@@ -85,6 +86,13 @@ def _add_train(sub) -> None:
         help="checkpoint and exit after N steps in this invocation (train in slices; --resume continues)",
     )
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument(
+        "--nproc-per-node",
+        type=int,
+        metavar="N",
+        help="train in N processes on this machine (DDP, as torchrun --standalone; Ctrl-C or "
+        "SIGTERM: each finishes its step, writes the checkpoint, exit 0)",
+    )
 
 
 def _add_eval(sub) -> None:
@@ -190,6 +198,10 @@ def cmd_train(a) -> int:
         return 0
     # refuse a run folder in the way before recording anything in it (the trainer checks again)
     mode = check_run_dir(run_dir, cfg, a.resume, a.force)
+    if a.nproc_per_node and a.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
+        from pretrain.launch import launch_local
+
+        return launch_local(a.nproc_per_node, _without_option(a.argv[1:], "--nproc-per-node"))
     if dist_env()[0] == 0:
         launch = read_launch(run_dir) if mode == "resume" else None
         if mode != "resume":
@@ -200,8 +212,22 @@ def cmd_train(a) -> int:
     return 0
 
 
+def _without_option(argv: list[str], flag: str) -> list[str]:
+    """``argv`` less ``flag VALUE`` / ``flag=VALUE`` (the workers' command line)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == flag:
+            skip = True
+        elif not arg.startswith(flag + "="):
+            out.append(arg)
+    return out
+
+
 def cmd_eval(a) -> int:
     from pretrain.evaluate import evaluate
+    from pretrain.tracking import dumps
 
     res = evaluate(
         a.run_dir,
@@ -212,9 +238,10 @@ def cmd_eval(a) -> int:
         threads=a.threads,
         max_sentences=a.max_sentences,
         stream=a.stream,
+        progress=not a.json and sys.stderr.isatty(),
     )
     if a.json:
-        print(json.dumps(res))
+        print(dumps(res))  # an overflowed perplexity as null, not a bare Infinity
     else:
         print(
             f"{res['source']} at {res['checkpoint']} (step {res['step']}), {res['protocol']} protocol: "
@@ -246,6 +273,7 @@ def cmd_export(a) -> int:
         evaluate_heldout=not a.no_eval,
         threads=a.threads,
         overwrite=a.overwrite,
+        progress=sys.stderr.isatty(),
     )
     print(
         f"exported {res['out']} (version {res['version']}, step {res['step']}, {res['tokens_seen']} tokens seen)"
@@ -255,7 +283,11 @@ def cmd_export(a) -> int:
     if res.get("heldout"):
         print(
             "  held-out: "
-            + ", ".join(f"{k} {v:.2f}" for k, v in res["heldout"].items() if k.endswith("ppl"))
+            + ", ".join(
+                f"{k} {v if v is None else format(v, '.2f')}"
+                for k, v in res["heldout"].items()
+                if k.endswith("ppl")
+            )
         )
     return 0
 
@@ -303,11 +335,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(handler(args) or 0)
     except ElmoServiceError as e:
-        print(f"elmo-pretrain {args.command}: error: {e.message}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # DDP: every rank stops alike, one says why
+            print(f"elmo-pretrain {args.command}: error: {e.message}", file=sys.stderr)
         return 2
     except PATH_ERRORS as e:  # one line, not a traceback
         print(f"elmo-pretrain {args.command}: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        # the interpreter's last garbage collection walks every object torch.compile left
+        # (seconds after a compiled run, e.g. on a SIGTERM); the OS frees them anyway
+        gc.freeze()
 
 
 if __name__ == "__main__":

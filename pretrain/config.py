@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -150,6 +151,16 @@ class OptimConfig(StrictModel):
         "held-out perplexity fell by less than plateau_threshold",
     )
     plateau_threshold: float = Field(1.0, ge=0, description="plateau: see plateau_factor")
+    nonfinite: Literal["stop", "skip"] = Field(
+        "stop",
+        description="a non-finite loss or gradient norm: stop (exit 2, the last good checkpoint "
+        "kept), or skip that update and multiply the lr by nonfinite_factor (stopping after "
+        "nonfinite_max_skips in a row)",
+    )
+    nonfinite_factor: float = Field(0.5, gt=0, lt=1, description="skip: lr multiplier per skip")
+    nonfinite_max_skips: int = Field(
+        5, ge=1, description="skip: consecutive skipped updates before the run stops"
+    )
 
 
 class TrainSection(StrictModel):
@@ -159,7 +170,7 @@ class TrainSection(StrictModel):
         1000, ge=1, description="optimizer steps in total (a resumed run may raise it)"
     )
     max_minutes: float = Field(
-        0.0, description="stop (with a checkpoint) after this wall time; 0 = no limit"
+        0.0, ge=0, description="stop (with a checkpoint) after this wall time; 0 = no limit"
     )
     seed: int = 1234
     directions: Literal["both", "forward"] = Field(
@@ -175,10 +186,10 @@ class TrainSection(StrictModel):
     )
     log_every: int = Field(10, ge=1, description="steps between metrics-log lines")
     eval_every: int = Field(
-        0, description="steps between held-out evaluations; 0 = only at the end"
+        0, ge=0, description="steps between held-out evaluations; 0 = only at the end"
     )
     eval_max_sentences: int = Field(
-        2000, description="cap for the periodic held-out check (export evaluates all)"
+        2000, ge=0, description="cap for the periodic held-out check (export evaluates all)"
     )
     progress: bool = Field(True, description="tqdm bar on rank 0")
 
@@ -186,8 +197,8 @@ class TrainSection(StrictModel):
 class CheckpointConfig(StrictModel):
     """Cadence and retention."""
 
-    every_steps: int = Field(500, description="0 = never by step count")
-    every_minutes: float = Field(15.0, description="0 = never by time")
+    every_steps: int = Field(500, ge=0, description="0 = never by step count")
+    every_minutes: float = Field(15.0, ge=0, description="0 = never by time")
     keep: int = Field(3, ge=1, description="newest checkpoints kept")
 
 
@@ -217,6 +228,10 @@ RESUMABLE_KEYS = frozenset(
         "checkpoint.every_minutes",
         "checkpoint.keep",
         "data.path",
+        # what to do about a non-finite step: a resumed run may switch to skipping
+        "optim.nonfinite",
+        "optim.nonfinite_factor",
+        "optim.nonfinite_max_skips",
     }
 )
 
@@ -269,7 +284,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise ConfigError(f"--set expects key=value, got {text!r}", field=text)
     key, raw = text.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.load(raw, Loader=_UniqueKeyLoader) if raw.strip() else ""  # noqa: S506
     except yaml.YAMLError as e:
         raise ConfigError(f"--set {key}: cannot parse value {raw!r}: {e}", field=key) from e
     return key.strip().split("."), value
@@ -309,6 +324,15 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 raise _DuplicateKey(str(key), key_node.start_mark.line + 1)
             seen.add(key)
         return super().construct_mapping(node, deep)
+
+
+# YAML 1.1 (PyYAML) reads ``1e-3`` and ``1e30`` as strings, which the strict config then
+# refuses as a float; accept them as YAML 1.2 does
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:

@@ -35,19 +35,69 @@ import torch
 
 from elmo_service.char_ids import bos_ids, eos_ids, token_ids
 from elmo_service.errors import InputError
-from pretrain.prepare import BOS, EOS, FORMAT, UNK
+from pretrain.prepare import BOS, EOS, FORMAT, UNK, file_sha256
+
+
+def _load_array(path: Path, expected_sha256: str | None, mmap: bool) -> np.ndarray:
+    """One shard file, its checksum verified (when the manifest records one) and its
+    type checked; every failure is one InputError naming the file."""
+    again = "; run `elmo-pretrain prepare` again"
+    if not path.is_file():
+        raise InputError(f"{path}: shard file missing{again}", field="data.path")
+    if expected_sha256 is not None and file_sha256(path) != expected_sha256:
+        raise InputError(
+            f"{path}: content does not match the sha256 in manifest.json (changed or "
+            f"damaged after prepare){again}",
+            field="data.path",
+        )
+    try:
+        arr = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        why = " ".join(str(e).split())[:120]
+        raise InputError(
+            f"{path}: not a readable .npy file ({why}){again}", field="data.path"
+        ) from None
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise InputError(
+            f"{path}: expected a 1-d integer array, found {arr.dtype} {arr.shape}{again}",
+            field="data.path",
+        )
+    return arr
+
+
+def load_shard(
+    folder: Path, shard: dict[str, Any], vocab_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """A shard's (tokens memory-mapped, offsets), checked: ids in ``[0, vocab_size)``,
+    offsets from 0, never decreasing, ending at the token count."""
+    base = folder / "shards" / shard["name"]
+    sums = shard.get("sha256") or {}  # corpora prepared before checksums have none
+    tok_path, off_path = Path(f"{base}.tokens.npy"), Path(f"{base}.offsets.npy")
+    tokens = _load_array(tok_path, sums.get("tokens"), mmap=True)
+    off = _load_array(off_path, sums.get("offsets"), mmap=False).astype(np.int64, copy=False)
+    if len(off) == 0 or off[0] != 0 or off[-1] != len(tokens) or bool((np.diff(off) < 0).any()):
+        raise InputError(
+            f"{off_path}: sentence offsets must start at 0, never decrease and end at the "
+            f"token count {len(tokens)}; run `elmo-pretrain prepare` again",
+            field="data.path",
+        )
+    if len(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+        raise InputError(
+            f"{tok_path}: token ids from {int(tokens.min())} to {int(tokens.max())}, outside the "
+            f"vocabulary's 0..{vocab_size - 1}; run `elmo-pretrain prepare` again",
+            field="data.path",
+        )
+    return tokens, off
 
 
 class Split:
-    """One split's sentences across its shards, memory-mapped."""
+    """One split's sentences across its shards, memory-mapped and checked at load."""
 
-    def __init__(self, folder: Path, shards: list[dict[str, Any]]) -> None:
-        self.tokens = [
-            np.load(folder / "shards" / f"{s['name']}.tokens.npy", mmap_mode="r") for s in shards
-        ]
+    def __init__(self, folder: Path, shards: list[dict[str, Any]], vocab_size: int) -> None:
+        loaded = [load_shard(folder, s, vocab_size) for s in shards]
+        self.tokens = [t for t, _ in loaded]
         starts, lens, shard = [], [], []
-        for k, s in enumerate(shards):
-            off = np.load(folder / "shards" / f"{s['name']}.offsets.npy")
+        for k, (_, off) in enumerate(loaded):
             starts.append(off[:-1])
             lens.append(np.diff(off).astype(np.int32))
             shard.append(np.full(len(off) - 1, k, dtype=np.int16))
@@ -112,7 +162,7 @@ class Corpus:
                 f"unknown split {name!r}; have {sorted(self.manifest['shards'])}", field="split"
             )
         if name not in self._splits:
-            self._splits[name] = Split(self.path, self.manifest["shards"][name])
+            self._splits[name] = Split(self.path, self.manifest["shards"][name], len(self.vocab))
         return self._splits[name]
 
     def char_table(self, max_chars: int, extra: list[str] | None = None) -> torch.Tensor:

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from elmo_service.errors import ConfigError, InputError
 from elmo_service.runtime import autocast, pick_device, set_threads
@@ -43,6 +44,7 @@ def perplexity(
     device,
     precision: str = "fp32",
     tokens_per_batch: int = 4096,
+    progress: bool = False,
 ) -> dict[str, float]:
     """Perplexity of ``sentences``, each from a zero state (see the module docstring)."""
 
@@ -50,7 +52,7 @@ def perplexity(
         return (*model.exact_nll(batch), None)
 
     batches = eval_batches(sentences, corpus, tokens_per_batch)
-    return _score(model, batches, score, device, precision, len(sentences), "sentences")
+    return _score(model, batches, score, device, precision, sentences, "sentences", progress)
 
 
 def stream_perplexity(
@@ -60,28 +62,46 @@ def stream_perplexity(
     device,
     precision: str = "fp32",
     window: int = 512,
+    progress: bool = False,
 ) -> dict[str, float]:
     """Perplexity of ``sentences`` read as one stream with carried state (see the module docstring)."""
     batches = stream_eval_batches(sentences, corpus, model.direction_names, window)
-    return _score(model, batches, model.stream_nll, device, precision, len(sentences), "stream")
+    return _score(
+        model, batches, model.stream_nll, device, precision, sentences, "stream", progress
+    )
 
 
 @torch.no_grad()
-def _score(model, batches, score, device, precision, n_sent: int, protocol: str):
+def _score(model, batches, score, device, precision, sentences, protocol: str, progress: bool):
     """Sum ``score(batch, state) -> (NLL_f, NLL_b, predictions, state)`` over batches, in eval mode."""
     was_training = model.training
     model.eval()
     nf = nb = 0.0
     n = 0
     state = None
+    total = sum(len(s) + 1 for s in sentences)  # predictions a direction: tokens + 1 a sentence
+    bar = tqdm(
+        total=total, desc="eval", unit="pred", unit_scale=True, disable=not progress, leave=False
+    )
     try:
         for batch in batches:
             with autocast(device, precision):
                 f, b, k, state = score(to_device(batch, device), state)
             nf, nb, n = nf + f, nb + b, n + k
+            bar.update(k)
     finally:
+        bar.close()
         model.train(was_training)
-    return _ppl_record(model, n_sent, n, nf, nb, protocol)
+    return _ppl_record(model, len(sentences), n, nf, nb, protocol)
+
+
+def exp_or_inf(x: float) -> float:
+    """``math.exp`` that gives ``inf`` instead of raising OverflowError (a diverged model's
+    mean NLL can pass 709 nats); NaN stays NaN. JSON writers turn both into null."""
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
 
 
 def _ppl_record(model, n_sent: int, n: int, nf: float, nb: float, protocol: str) -> dict[str, Any]:
@@ -90,13 +110,13 @@ def _ppl_record(model, n_sent: int, n: int, nf: float, nb: float, protocol: str)
         "sentences": n_sent,
         "predictions": n,
         "forward_nll": nf / n,
-        "forward_ppl": math.exp(nf / n),
+        "forward_ppl": exp_or_inf(nf / n),
     }
     if model.directions == "both":
         out.update(
             backward_nll=nb / n,
-            backward_ppl=math.exp(nb / n),
-            avg_ppl=math.exp((nf + nb) / (2 * n)),
+            backward_ppl=exp_or_inf(nb / n),
+            avg_ppl=exp_or_inf((nf + nb) / (2 * n)),
         )
     return out
 
@@ -174,6 +194,7 @@ def evaluate(
     threads: int | None = None,
     max_sentences: int = 0,
     stream: bool = False,
+    progress: bool = False,
 ) -> dict[str, Any]:
     if max_sentences < 0:
         raise InputError("max_sentences must be >= 0 (0: all)", field="max_sentences")
@@ -194,5 +215,7 @@ def evaluate(
         sents = sents[:max_sentences]
     device = pick_device(cfg.train.device)
     model.to(device)
-    res = (stream_perplexity if stream else perplexity)(model, corpus, sents, device)
+    res = (stream_perplexity if stream else perplexity)(
+        model, corpus, sents, device, progress=progress
+    )
     return {"source": source, **meta, **res}

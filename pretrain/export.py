@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -20,9 +21,12 @@ import torch
 from safetensors.torch import save_file
 
 from elmo_service.artifact import atomic_dir, save_artifact
+from elmo_service.errors import InputError
 from elmo_service.runtime import set_threads
+from pretrain.checkpoint import describe_nonfinite, nonfinite_tensors
 from pretrain.evaluate import load_run, perplexity
 from pretrain.run_dir import LM_WEIGHTS, RUN_FILE
+from pretrain.tracking import json_safe
 
 
 def _portable(path: str | Path) -> str:
@@ -44,6 +48,17 @@ def _source_manifest(inputs: list[str]) -> dict[str, Any] | None:
     return None
 
 
+def refuse_nonfinite(model: torch.nn.Module, meta: dict[str, Any]) -> None:
+    """A model with NaN or infinite weights is never exported (its vectors would be NaN)."""
+    state = model.state_dict()
+    if bad := nonfinite_tensors(state):
+        raise InputError(
+            f"{meta['checkpoint']} (step {meta['step']}) is not exported: "
+            f"{describe_nonfinite(bad, len(state))}; export an earlier checkpoint (--checkpoint)",
+            field="checkpoint",
+        )
+
+
 def export(
     run_dir: str | Path,
     out: str | Path,
@@ -53,10 +68,12 @@ def export(
     evaluate_heldout: bool = True,
     threads: int | None = None,
     overwrite: bool = False,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Write a serving artifact (BiLM + tokenizer; no softmax, no optimizer state) with provenance."""
     set_threads(threads)
     cfg, corpus, model, meta = load_run(run_dir, checkpoint, data_path)
+    refuse_nonfinite(model, meta)
     inputs = [i["path"] for i in corpus.manifest.get("inputs", {}).get("train", [])]
     provenance: dict[str, Any] = {
         "trainer": "elmo-pretrain",
@@ -76,7 +93,15 @@ def export(
     if evaluate_heldout and len(corpus.split("heldout")):
         data = corpus.split("heldout")
         sents = [np.asarray(data.sentence(i)) for i in range(len(data))]
-        provenance["heldout"] = perplexity(model, corpus, sents, torch.device("cpu"))
+        ev = perplexity(model, corpus, sents, torch.device("cpu"), progress=progress)
+        if not all(math.isfinite(v) for k, v in ev.items() if k.endswith("ppl")):
+            raise InputError(
+                f"{meta['checkpoint']} (step {meta['step']}) is not exported: its held-out "
+                f"perplexity is not finite (forward mean NLL {ev['forward_nll']:.4g} nats), the "
+                "run diverged; export an earlier checkpoint (--checkpoint)",
+                field="checkpoint",
+            )
+        provenance["heldout"] = json_safe(ev)
     if cfg.train.directions == "forward":
         provenance["warning"] = "forward-only LM: the backward LSTM layers were never trained"
     version = save_artifact(
@@ -107,6 +132,7 @@ def export_lm(
     ``elmo-pretrain eval OUT --file test.txt`` works without the run folder.
     """
     cfg, corpus, model, meta = load_run(run_dir, checkpoint, data_path)
+    refuse_nonfinite(model, meta)
     out = Path(out)
     with atomic_dir(out, overwrite) as tmp:
         state = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}

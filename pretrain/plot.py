@@ -8,11 +8,17 @@ Needs matplotlib (``pip install 'elmo-service[plot]'``).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from elmo_service.errors import ConfigError, InputError
 from pretrain.run_dir import METRICS_FILE
+
+
+def _finite(v: Any) -> bool:
+    """A figure to draw: a diverged run logs null (or, before that was fixed, NaN)."""
+    return isinstance(v, int | float) and math.isfinite(v)
 
 
 def read_metrics(source: str | Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -77,7 +83,7 @@ def plot_metrics(source: str | Path, out: str | Path, title: str | None = None) 
         ("avg_ppl", "held-out (fwd/bwd average)", "o"),
         ("forward_ppl", "held-out forward", "s"),
     ):
-        pts = [(r["step"], r[key]) for r in heldout if key in r]
+        pts = [(r["step"], r[key]) for r in heldout if _finite(r.get(key))]
         if pts:
             ax.plot(
                 *zip(*pts, strict=True),
@@ -91,8 +97,8 @@ def plot_metrics(source: str | Path, out: str | Path, title: str | None = None) 
             ax.annotate(f"{last:.1f}", (last_step, last), textcoords="offset points",
                         xytext=(-6, 8), ha="right", fontsize=9)  # fmt: skip
             break  # the average when both directions were trained, else forward
-    values = [r["ppl"] for r in train] + [
-        v for r in heldout for k, v in r.items() if k.endswith("ppl")
+    values = [r["ppl"] for r in train if _finite(r.get("ppl"))] + [
+        v for r in heldout for k, v in r.items() if k.endswith("ppl") and _finite(v)
     ]
     if values and max(values) > 10 * min(values):  # a log axis only where it spans a decade
         ax.set_yscale("log")

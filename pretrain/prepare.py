@@ -9,6 +9,9 @@
       shards/{split}-NNNNN.tokens.npy   int32 [n_tokens], token ids, no sentence markers
       shards/{split}-NNNNN.offsets.npy  int64 [n_sentences + 1], sentence starts in .tokens
 
+Each shard's two files have their sha256 in the manifest; loading a split checks them,
+and that ids are in the vocabulary and offsets never decrease (``data.load_shard``).
+
 Token ids are our own, sorted by training frequency so that a log-uniform
 sampler and an adaptive softmax see the usual Zipf order: 0 ``<S>``,
 1 ``</S>``, 2 ``<unk>``, then tokens by count. For word vocabularies the
@@ -122,6 +125,14 @@ JOB_FIELDS = (
     "heldout_fraction",
     "max_sentence_words",
 )
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def _inputs_fingerprint(files: list[Path]) -> list[dict[str, Any]]:
@@ -313,6 +324,11 @@ def _prepare_into(
         )
 
     vocab, counts, softmax_size, shards = _tokenize(tmp, paths, opts, log, progress)
+    for sh in (sh for split in shards.values() for sh in split):  # checked at every load
+        sh["sha256"] = {
+            kind: file_sha256(tmp / "shards" / f"{sh['name']}.{kind}.npy")
+            for kind in ("tokens", "offsets")
+        }
     if softmax_size < opts.vocab_size:
         why = (
             f"the training text has only {softmax_size - len(SPECIALS)} distinct words"

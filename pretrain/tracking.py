@@ -12,6 +12,7 @@ record's numbers as TensorBoard scalars under ``RUN_DIR/tensorboard/``
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -21,8 +22,9 @@ from pretrain.run_dir import METRICS_FILE, TB_DIR
 
 STOP_EVENT = "stop"
 # why a training segment ended: train.steps reached; the caller's stop_after steps;
-# train.max_minutes; SIGTERM/SIGINT (here or on another DDP rank); an exception
-STOP_REASONS = ("finished", "stop_after", "max_minutes", "signal", "error")
+# train.max_minutes; SIGTERM/SIGINT (here or on another DDP rank); a non-finite loss,
+# gradient norm or weights (nothing saved from that step on); an exception
+STOP_REASONS = ("finished", "stop_after", "max_minutes", "signal", "diverged", "error")
 
 # metrics.jsonl key -> TensorBoard tag (training windows)
 TRAIN_TAGS = {
@@ -50,6 +52,23 @@ def stop_record(
         "detail": detail,
         **extra,
     }
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with every non-finite float replaced by None: JSON has no NaN or Infinity
+    (``json.dumps`` would write bare ``NaN`` literals that strict readers refuse)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def dumps(rec: Any) -> str:
+    """One JSON line with non-finite figures as null."""
+    return json.dumps(json_safe(rec), allow_nan=False)
 
 
 def is_stop(rec: Any) -> bool:
@@ -108,8 +127,9 @@ class MetricsLog:
                 self.tb.add_scalar(f"heldout/{key}", value, step)
 
     def record(self, rec: dict[str, Any]) -> None:
-        """One record, flushed (a reader follows the file while training runs)."""
-        self.write(json.dumps(rec) + "\n")
+        """One record, flushed (a reader follows the file while training runs); non-finite
+        figures are written as null."""
+        self.write(dumps(rec) + "\n")
         self.flush()
 
     def flush(self) -> None:

@@ -13,7 +13,11 @@ each rank takes every world-th batch of the same epoch plan). Model init uses
 continues exactly where the run stopped (same losses in fp32 eager).
 
 SIGTERM / SIGINT set a flag; the current step finishes, a checkpoint is
-written and the process exits 0.
+written and the process exits 0 (before this process's first step, e.g. while it
+compiles, it stops at once: nothing new to save). A non-finite loss, gradient norm,
+weights or held-out perplexity stops the run (``TrainingDiverged``, exit 2) before
+anything of it is saved; ``optim.nonfinite: skip`` drops such updates instead.
+How a run ends, with its exit codes: docs/training.md.
 """
 
 from __future__ import annotations
@@ -34,10 +38,16 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from elmo_service.atomic import write_json, write_text
-from elmo_service.errors import ConfigError
-from elmo_service.lstm import compile_training_kernels
+from elmo_service.errors import ConfigError, ElmoServiceError, InputError
 from elmo_service.runtime import autocast, pick_device, resolve_precision, set_threads
-from pretrain.checkpoint import list_checkpoints, load_latest, save_checkpoint
+from pretrain.checkpoint import (
+    checkpoint_status,
+    describe_nonfinite,
+    list_checkpoints,
+    load_latest,
+    nonfinite_tensors,
+    save_checkpoint,
+)
 from pretrain.config import (
     RESUMABLE_KEYS,
     OptimConfig,
@@ -53,6 +63,9 @@ from pretrain.run_dir import CONFIG_FILE, LAUNCH_FILE, RUN_FILE, RUN_STATE
 from pretrain.tracking import MetricsLog, stop_record
 
 # ---------------------------------------------------------------- setup
+
+# steps before the progress bar measures its rate (torch.compile compiles each new shape)
+WARMUP_STEPS, WARMUP_STEPS_COMPILED = 3, 20
 
 
 def lr_at(step: int, o: OptimConfig, total: int) -> float:
@@ -116,6 +129,83 @@ def dist_env() -> tuple[int, int, int]:
 
 class RunDirError(ConfigError):
     pass
+
+
+class TrainingDiverged(ElmoServiceError):
+    """A non-finite loss, gradient norm or weights: the run stops, nothing of it is saved."""
+
+    code = "diverged"
+
+
+class CorpusMissing(InputError):
+    """The prepared corpus went away while training."""
+
+
+class _Interrupted(BaseException):
+    """SIGTERM/SIGINT before this process's first step (raised from the signal handler)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _Clock:
+    """Wall-clock bookkeeping of one ``fit``: training time across resumes, the time
+    since the last log line and since the last checkpoint."""
+
+    def __init__(self, elapsed0: float) -> None:
+        self.t0 = self.t_lap = self.t_ckpt = time.time()
+        self.elapsed0 = elapsed0
+
+    def since_start(self) -> float:
+        return time.time() - self.t0
+
+    def since_checkpoint(self) -> float:
+        return time.time() - self.t_ckpt
+
+    def checkpointed(self) -> None:
+        self.t_ckpt = time.time()
+
+    def elapsed(self) -> float:
+        return self.elapsed0 + self.since_start()
+
+    def lap(self) -> float:
+        """Seconds since the previous lap."""
+        now = time.time()
+        dt, self.t_lap = now - self.t_lap, now
+        return dt
+
+
+class _ProgressBar:
+    """tqdm over steps whose rate (and so the ETA) is measured after a warm-up: the first
+    steps compile (or fill caches) and would make the first ETA read hours."""
+
+    def __init__(self, total: int, initial: int, enabled: bool, compiled: bool) -> None:
+        self.warmup_until = initial + (WARMUP_STEPS_COMPILED if compiled else WARMUP_STEPS)
+        self.bar = tqdm(
+            total=total,
+            initial=initial,
+            unit="step",
+            disable=not enabled,
+            dynamic_ncols=True,
+            smoothing=0,  # the average since the warm-up, not a moving one
+            bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, warming up{postfix}]",
+        )
+
+    def update(self, step: int) -> None:
+        self.bar.update(step - self.bar.n)
+        if step == self.warmup_until:
+            self.bar.initial, self.bar.start_t = step, time.time()
+            self.bar.bar_format = None  # tqdm's own, with the rate and the remaining time
+
+    def set_postfix(self, **kw) -> None:
+        self.bar.set_postfix(**kw)
+
+    def write(self, text: str) -> None:
+        self.bar.write(text)
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def check_run_dir(run_dir: Path, cfg: TrainConfig, resume: bool, force: bool) -> str:
@@ -272,6 +362,11 @@ class Trainer:
             check_mode(self.run_dir, cfg)
         self.mode = check_run_dir(self.run_dir, cfg, resume, force)
         self.corpus = Corpus(cfg.data.path)
+        self._corpus_manifest = self.corpus.path / "manifest.json"
+        # open (and validate) the held-out shards now: a bad or missing one fails here, not
+        # after every step at the end-of-run evaluation
+        if "heldout" in self.corpus.manifest["shards"]:
+            self.corpus.split("heldout")
         self.stream = cfg.data.mode == "stream"
         if self.stream:
             self.batcher = StreamBatcher(
@@ -312,7 +407,8 @@ class Trainer:
             self._init_run_dir()
         self._barrier()
         torch.manual_seed(cfg.train.seed + 1000 * self.rank + 1)
-        self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
+        # fp16 needs loss scaling; elsewhere the scaler is a no-op, so the loop has no branches
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         if self.mode == "resume":
             self._restore()
         self.net = self.model
@@ -324,9 +420,13 @@ class Trainer:
             torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
             # small graphs, compiled once each; sizes that vary (U, B, N) turn dynamic on their second value
             self.model.encode_fn = torch.compile(self.model.bilm.token_encoder.forward)
-            compile_training_kernels()
+            self.model.bilm.use_compiled_steps()  # this model only, not a process-wide swap
             self.model.loss_fn = torch.compile(self.model.softmax.loss)
+        self._trainable = [p for p in self.model.parameters() if p.requires_grad]
         self._stop_signal: int | None = None
+        self._steps_here = 0  # optimizer steps taken by this process (a resume starts at 0)
+        self._before_first_step = False  # in the loop, no step taken yet: a signal stops at once
+        self._skips = 0  # consecutive non-finite steps skipped (optim.nonfinite: skip)
 
     # -- run folder ----------------------------------------------------
     def _init_run_dir(self) -> None:
@@ -386,7 +486,7 @@ class Trainer:
         }
         if self.device.type == "cuda":
             st["rng"]["cuda"] = torch.cuda.get_rng_state(self.device)
-        if self.scaler is not None:
+        if self.scaler.is_enabled():
             st["scaler"] = self.scaler.state_dict()
         if self.stream:
             st["lstm_state"] = self._gather_state()
@@ -438,7 +538,7 @@ class Trainer:
                     f"(auto picks {self.precision} on this machine for new runs)"
                 )
             self.precision = "fp32"
-            self.scaler = None
+            self.scaler = torch.amp.GradScaler(self.device.type, enabled=False)
         elif self.rank == 0:
             self.log(
                 f"precision auto: this run trained in {saved}; here it goes on in {self.precision}"
@@ -486,14 +586,23 @@ class Trainer:
             )
         if "cuda" in st["rng"] and self.device.type == "cuda":
             torch.cuda.set_rng_state(st["rng"]["cuda"], self.device)
-        if self.scaler is not None and "scaler" in st:
-            self.scaler.load_state_dict(st["scaler"])
+        if "scaler" in st:
+            self.scaler.load_state_dict(st["scaler"])  # a no-op when it is disabled
         if self.rank == 0:
             self.log(
                 f"resumed from {path.name}: step {self.step}, epoch {self.epoch}, batch {self.index}, {self.tokens_seen} tokens seen"
             )
 
     def save(self) -> Path | None:
+        # every rank holds the same weights, so every rank stops here alike
+        if bad := nonfinite_tensors(self.model.state_dict()):
+            raise TrainingDiverged(
+                f"training diverged at step {self.step}: the update left non-finite weights "
+                f"({describe_nonfinite(bad, len(self.model.state_dict()))}); not saved, "
+                f"{self._last_good()}; lower optim.lr or set optim.clip_norm and start over "
+                "(--force)",
+                field="optim.lr",
+            )
         st = self.state_dict()  # collective (RNG gather): every rank calls it
         path = None
         if self.rank == 0:
@@ -504,6 +613,10 @@ class Trainer:
     # -- signals ---------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:
         self._stop_signal = signum
+        if self._before_first_step:
+            # nothing trained since the run's last checkpoint (e.g. still compiling the first
+            # step, which can take half a minute): stop now instead of after that step
+            raise _Interrupted(signum)
 
     def _install_signals(self):
         old = {}
@@ -549,8 +662,7 @@ class Trainer:
         self.best_eval = value if self.best_eval is None else min(self.best_eval, value)
         if self.rank == 0:
             rec = {"step": self.step, "epoch": self.epoch, "heldout": ev, "lr_scale": self.lr_scale}
-            metrics.write(json.dumps(rec) + "\n")
-            metrics.flush()
+            metrics.record(rec)
             self.log(
                 f"epoch {self.epoch} done (step {self.step}): held-out ppl {value:.2f}"
                 + (f"; lr x{o.plateau_factor} -> {o.lr * self.lr_scale:g}" if decayed else "")
@@ -558,8 +670,10 @@ class Trainer:
 
     # -- the loop ----------------------------------------------------------
     def fit(self, stop_after: int | None = None) -> dict[str, Any]:
-        """Train until ``train.steps`` (or ``stop_after`` steps in this call, a signal, the time limit)."""
-        cfg, tc = self.cfg, self.cfg.train
+        """Train until ``train.steps`` (or ``stop_after`` steps in this call, a signal, the time
+        limit, a divergence). Each step: ``train_step`` (forward, backward, clip), one all-reduce
+        of its figures and flags, then the decisions every rank agrees on (``_decide``)."""
+        tc = self.cfg.train
         metrics = MetricsLog(self.run_dir) if self.rank == 0 else None  # + TensorBoard if installed
         old_handlers = self._install_signals()
         if self.rank == 0:
@@ -568,135 +682,40 @@ class Trainer:
                 f"training {n_params / 1e6:.2f}M params on {self.world} process(es), device {self.device}, "
                 f"{self.precision}{' + compile' if tc.compile else ''}; " + self._data_summary()
             )
-        bar = tqdm(
-            total=tc.steps,
-            initial=self.step,
-            unit="step",
-            disable=not (tc.progress and self.rank == 0),
-            dynamic_ncols=True,
-        )
-        t_start, last_ckpt = time.time(), time.time()
-        elapsed0 = self.elapsed
-        # since the last log line: NLL fwd, NLL bwd, predictions, tokens
-        window = torch.zeros(4, dtype=torch.float64)
-        t_window = time.time()
-        stop_reason, stop_kind = "done", "finished"
-        steps_here = 0
+        bar = _ProgressBar(tc.steps, self.step, tc.progress and self.rank == 0, tc.compile)
+        self._clock = _Clock(elapsed0=self.elapsed)
         self.model.train()
         try:
-            while self.step < tc.steps:
-                if self.index >= self._epoch_len():
-                    self._epoch_end(metrics)
-                    self.epoch, self.index = self.epoch + 1, 0
-                    self.lstm_state = None  # each epoch's stream starts from zeros
-                    continue
-                batch = self.batcher.batch(self.epoch, self.index)
-                batch = to_device(batch, self.device)
-                lr = self._lr(self.step)
-                for g in self.optimizer.param_groups:
-                    g["lr"] = lr
-                with autocast(self.device, self.precision):
-                    if self.stream:
-                        loss, nll_f, nll_b, self.lstm_state = self.net(
-                            batch, self.lstm_state, stream=True
-                        )
-                        n_pred = float(batch.windows["forward"].n_pred)
-                    else:
-                        loss, nll_f, nll_b = self.net(batch)
-                        n_pred = float((batch.lengths - 1).clamp_min(0).sum())
-                if self.scaler is not None:
-                    self.scaler.scale(loss).backward()
-                    self.scaler.unscale_(self.optimizer)
-                else:
-                    loss.backward()
-                gnorm = torch.nn.utils.clip_grad_norm_(
-                    [p for p in self.model.parameters() if p.requires_grad],
-                    cfg.optim.clip_norm if cfg.optim.clip_norm > 0 else float("inf"),
-                )
-                if self.scaler is not None:
-                    self.scaler.step(self.optimizer)
-                    self.scaler.update()
-                else:
-                    self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                self.step += 1
-                self.index += 1
-                # one small all-reduce a step: global metrics and an agreed stop decision
-                stop_local = float(
-                    self._stop_signal is not None
-                    or (tc.max_minutes > 0 and time.time() - t_start > 60 * tc.max_minutes)
-                )
-                ck = cfg.checkpoint
-                time_due = float(
-                    ck.every_minutes > 0 and time.time() - last_ckpt > 60 * ck.every_minutes
-                )
-                stats = torch.tensor(
-                    [
-                        nll_f.item(),
-                        nll_b.item(),
-                        n_pred,
-                        float(batch.n_tokens),
-                        stop_local,
-                        time_due,
-                    ],
-                    dtype=torch.float64,
-                )
-                if self.ddp:
-                    dist.all_reduce(stats)
-                window += stats[:4]
-                self.tokens_seen += int(stats[3])
-                self.elapsed = elapsed0 + time.time() - t_start
-                if self.step % tc.log_every == 0 or self.step == tc.steps:
-                    self._log_window(window, time.time() - t_window, lr, float(gnorm), bar, metrics)
-                    window.zero_()
-                    t_window = time.time()
-                bar.update(1)
-                if tc.eval_every and self.step % tc.eval_every == 0 and self.step < tc.steps:
-                    self._log_eval(metrics, tc.eval_max_sentences)
-                # decisions every rank agrees on (all-reduced), since saving is collective
-                stop = bool(stats[4] > 0)
-                steps_here += 1
-                hit_limit = (
-                    stop_after is not None and steps_here >= stop_after and self.step < tc.steps
-                )
-                due = (ck.every_steps and self.step % ck.every_steps == 0) or bool(stats[5] > 0)
-                if stop or hit_limit or due or self.step == tc.steps:
-                    path = self.save()
-                    last_ckpt = time.time()
-                    if self.rank == 0 and path is not None:
-                        bar.write(f"checkpoint {path.name}")
-                if stop:
-                    stop_reason = (
-                        f"signal {signal.Signals(self._stop_signal).name}"
-                        if self._stop_signal
-                        else "time limit"
-                    )
-                    stop_kind = "signal" if self._stop_signal else "max_minutes"
-                    if self._stop_signal is None and tc.max_minutes <= 0:
-                        stop_reason, stop_kind = "signal on another rank", "signal"
-                    break
-                if hit_limit:
-                    stop_reason, stop_kind = f"stop after {stop_after} steps", "stop_after"
-                    break
+            try:
+                stop = self._loop(stop_after, bar, metrics)
+            except _Interrupted as e:  # a signal before this process's first step: nothing new
+                stop = ("signal", f"signal {signal.Signals(e.signum).name} before the first step")
+            finally:
+                self._before_first_step = False  # from here a signal only sets the flag
+                bar.close()
+            stop_kind, stop_reason = stop or ("finished", "done")
+            result: dict[str, Any] = {
+                "step": self.step,
+                "tokens_seen": self.tokens_seen,
+                "stopped": stop_reason,
+            }
+            if self.ddp:
+                result["ddp_params_identical"] = self._check_replicas(metrics)
+            if stop_kind == "finished":
+                ev = self._log_eval(metrics, tc.eval_max_sentences)
+                if ev:
+                    result["heldout"] = ev
         except Exception as e:  # the reason, as data, for whoever follows metrics.jsonl
             if metrics:
-                metrics.record(stop_record("error", self.step, self.tokens_seen, f"{e!r}"[:500]))
+                kind = "diverged" if isinstance(e, TrainingDiverged) else "error"
+                detail = e.message if isinstance(e, ElmoServiceError) else f"{e!r}"
+                with contextlib.suppress(OSError):  # a full disk: the error itself says so
+                    metrics.record(stop_record(kind, self.step, self.tokens_seen, detail[:500]))
+                    metrics.close()
             raise
         finally:
-            bar.close()
             for s, h in old_handlers.items():
                 signal.signal(s, h)
-        result: dict[str, Any] = {
-            "step": self.step,
-            "tokens_seen": self.tokens_seen,
-            "stopped": stop_reason,
-        }
-        if self.ddp:
-            result["ddp_params_identical"] = self._check_replicas(metrics)
-        if stop_reason == "done":
-            ev = self._log_eval(metrics, tc.eval_max_sentences)
-            if ev:
-                result["heldout"] = ev
         if metrics:
             metrics.record(stop_record(stop_kind, self.step, self.tokens_seen, stop_reason))
             metrics.close()
@@ -705,6 +724,163 @@ class Trainer:
                 f"stopped at step {self.step} ({stop_reason}); {self.tokens_seen} tokens seen in {self.elapsed / 60:.1f} min"
             )
         return result
+
+    def _loop(self, stop_after: int | None, bar: _ProgressBar, metrics) -> tuple[str, str] | None:
+        """Steps until ``train.steps`` or a stop; returns (stop kind, words) or None when done."""
+        tc = self.cfg.train
+        window = torch.zeros(4, dtype=torch.float64)  # since the last log: NLL f, b, preds, tokens
+        stop: tuple[str, str] | None = None
+        self._before_first_step = self._steps_here == 0
+        while stop is None and self.step < tc.steps:
+            if self.index >= self._epoch_len():
+                self._epoch_end(metrics)
+                self.epoch, self.index = self.epoch + 1, 0
+                self.lstm_state = None  # each epoch's stream starts from zeros
+                continue
+            batch = to_device(self.batcher.batch(self.epoch, self.index), self.device)
+            lr = self._lr(self.step)
+            for g in self.optimizer.param_groups:
+                g["lr"] = lr
+            figures, gnorm = self.train_step(batch)
+            stats = self._agree(figures)  # the one all-reduce a step
+            if not self._finite_step(stats, gnorm, lr):
+                continue  # optim.nonfinite=skip: this update dropped, lr cut
+            self.scaler.step(self.optimizer)  # a plain optimizer.step() in fp32/bf16
+            self.scaler.update()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.step, self.index = self.step + 1, self.index + 1
+            self._steps_here += 1
+            self._before_first_step = False
+            window += stats[:4]
+            self.tokens_seen += int(stats[3])
+            self.elapsed = self._clock.elapsed()
+            if self.step % tc.log_every == 0 or self.step == tc.steps:
+                self._log_window(window, self._clock.lap(), lr, float(gnorm), bar, metrics)
+                window.zero_()
+            bar.update(self.step)
+            if tc.eval_every and self.step % tc.eval_every == 0 and self.step < tc.steps:
+                self._log_eval(metrics, tc.eval_max_sentences)
+            stop = self._decide(stats, stop_after, bar)
+        return stop
+
+    def train_step(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward and backward on one batch, gradients clipped; the optimizer has not stepped.
+        Returns this rank's ``[NLL fwd, NLL bwd, predictions, tokens]`` and the gradient norm."""
+        with autocast(self.device, self.precision):
+            if self.stream:
+                loss, nll_f, nll_b, self.lstm_state = self.net(batch, self.lstm_state, stream=True)
+                n_pred = float(batch.windows["forward"].n_pred)
+            else:
+                loss, nll_f, nll_b = self.net(batch)
+                n_pred = float((batch.lengths - 1).clamp_min(0).sum())
+        self.scaler.scale(loss).backward()  # GradScaler(enabled=False): loss.backward()
+        self.scaler.unscale_(self.optimizer)
+        clip = self.cfg.optim.clip_norm
+        gnorm = torch.nn.utils.clip_grad_norm_(self._trainable, clip if clip > 0 else float("inf"))
+        figures = torch.tensor(
+            [nll_f.item(), nll_b.item(), n_pred, float(batch.n_tokens)], dtype=torch.float64
+        )
+        return figures, gnorm
+
+    def _agree(self, figures: torch.Tensor) -> torch.Tensor:
+        """``figures`` summed over ranks, with the flags every rank must agree on:
+        [4] a stop was asked for (signal, time limit), [5] a checkpoint is due by time,
+        [6] the prepared corpus has gone."""
+        ck, tc = self.cfg.checkpoint, self.cfg.train
+        flags = [
+            self._stop_signal is not None
+            or (tc.max_minutes > 0 and self._clock.since_start() > 60 * tc.max_minutes),
+            ck.every_minutes > 0 and self._clock.since_checkpoint() > 60 * ck.every_minutes,
+            not self._corpus_present(),
+        ]
+        stats = torch.cat([figures, torch.tensor(flags, dtype=torch.float64)])
+        if self.ddp:
+            dist.all_reduce(stats)
+        return stats
+
+    def _finite_step(self, stats: torch.Tensor, gnorm: torch.Tensor, lr: float) -> bool:
+        """False: skip this update (``optim.nonfinite: skip``). Raises TrainingDiverged to stop.
+
+        The loss is checked on every rank's sum, the gradient norm after DDP averaged the
+        gradients, so every rank decides alike. Under fp16 the GradScaler skips steps with
+        non-finite gradients itself (and lowers its scale): that is routine, not divergence.
+        """
+        bad = (
+            [f"loss {float(stats[0] + stats[1]):g}"] if not bool(stats[:2].isfinite().all()) else []
+        )
+        if not self.scaler.is_enabled() and not bool(torch.isfinite(gnorm)):
+            bad.append(f"gradient norm {float(gnorm):g}")
+        if not bad:
+            self._skips = 0
+            return True
+        o = self.cfg.optim
+        self.optimizer.zero_grad(set_to_none=True)
+        if o.nonfinite == "skip" and self._skips < o.nonfinite_max_skips:
+            self._skips += 1
+            self.lr_scale *= o.nonfinite_factor
+            if self.stream:
+                self.lstm_state = None  # the carried state came from the same broken forward
+            if self.rank == 0:
+                self.log(
+                    f"step {self.step + 1}: non-finite {' and '.join(bad)}; update skipped, "
+                    f"lr x{o.nonfinite_factor} -> {lr * o.nonfinite_factor:g} "
+                    f"({self._skips}/{o.nonfinite_max_skips} in a row)"
+                )
+            self.index += 1  # the next batch: this one would fail the same way
+            return False
+        raise TrainingDiverged(
+            f"training diverged at step {self.step + 1}: non-finite {' and '.join(bad)} (lr {lr:g}); "
+            f"nothing from this step was saved, {self._last_good()}; lower optim.lr or set "
+            "optim.clip_norm and start over (--force), or --resume --set optim.nonfinite=skip",
+            field="optim.lr",
+        )
+
+    def _decide(self, stats: torch.Tensor, stop_after: int | None, bar) -> tuple[str, str] | None:
+        """After a step: checkpoint when due, and stop when asked (all ranks agree: the flags
+        were all-reduced, and saving is collective). Returns (stop kind, words) or None."""
+        ck, tc = self.cfg.checkpoint, self.cfg.train
+        asked, time_due, corpus_gone = (bool(x > 0) for x in stats[4:7])
+        hit_limit = (
+            stop_after is not None and self._steps_here >= stop_after and self.step < tc.steps
+        )
+        due = bool(ck.every_steps and self.step % ck.every_steps == 0) or time_due
+        if asked or hit_limit or due or corpus_gone or self.step == tc.steps:
+            path = self.save()
+            self._clock.checkpointed()
+            if self.rank == 0 and path is not None:
+                bar.write(f"checkpoint {path.name}")
+        if corpus_gone:
+            raise CorpusMissing(
+                f"the prepared corpus {self.cfg.data.path} disappeared during training (at step "
+                f"{self.step}; checkpoint written); restore it and --resume",
+                field="data.path",
+            )
+        if asked:
+            if self._stop_signal is not None:
+                return "signal", f"signal {signal.Signals(self._stop_signal).name}"
+            if tc.max_minutes > 0:
+                return "max_minutes", "time limit"
+            return "signal", "signal on another rank"
+        if hit_limit:
+            return "stop_after", f"stop after {stop_after} steps"
+        return None
+
+    def _last_good(self) -> str:
+        ckpts = [
+            p
+            for p in list_checkpoints(self.run_dir)
+            if checkpoint_status(p) in ("verified", "unhashed")
+        ]
+        return (
+            f"the last good checkpoint is {ckpts[-1].name}"
+            if ckpts
+            else "no checkpoint was written yet"
+        )
+
+    def _corpus_present(self) -> bool:
+        """The prepared corpus is still there (a stat a step: the shards are memory-mapped,
+        so its deletion would otherwise surface only at export)."""
+        return self._corpus_manifest.is_file()
 
     def _epoch_len(self) -> int:
         return len(self.batcher) if self.stream else len(self.batcher.plan(self.epoch))
@@ -736,8 +912,7 @@ class Trainer:
         same = all(torch.equal(gathered[0], g) for g in gathered[1:])
         if self.rank == 0:
             rec = {"step": self.step, "ddp_world": self.world, "ddp_params_identical": same}
-            metrics.write(json.dumps(rec) + "\n")
-            metrics.flush()
+            metrics.record(rec)
             if not same:
                 self.log("warning: DDP replicas hold different parameters")
         return same
@@ -769,8 +944,7 @@ class Trainer:
                 tok_s=f"{rec['tok_s']:.0f}",
                 refresh=False,
             )
-            metrics.write(json.dumps(rec) + "\n")
-            metrics.flush()
+            metrics.record(rec)
 
     def _log_eval(self, metrics, max_sentences: int | None):
         ev = None
@@ -778,13 +952,27 @@ class Trainer:
             ev = self.evaluate(max_sentences)
             self.model.train()
             if ev:
-                metrics.write(json.dumps({"step": self.step, "heldout": ev}) + "\n")
-                metrics.flush()
+                metrics.record({"step": self.step, "heldout": ev})
                 self.log(
                     f"step {self.step}: held-out ppl "
                     + ", ".join(f"{k} {v:.2f}" for k, v in ev.items() if k.endswith("ppl"))
                 )
-        self._barrier()
+        # a perplexity past float range (mean NLL > 709 nats) is a diverged model, even with
+        # finite weights: stop here rather than finish and ship it (rank 0 tells the others)
+        overflow = ev is not None and not all(
+            math.isfinite(v) for k, v in ev.items() if k.endswith("ppl")
+        )
+        flag = torch.tensor([float(overflow)], dtype=torch.float64)
+        if self.ddp:
+            dist.broadcast(flag, 0)
+        if flag.item():
+            nll = f" (forward mean NLL {ev['forward_nll']:.4g} nats)" if ev else ""
+            raise TrainingDiverged(
+                f"training diverged by step {self.step}: the held-out perplexity is not finite"
+                f"{nll}; its checkpoints hold these weights: lower optim.lr or set "
+                "optim.clip_norm and start over (--force)",
+                field="optim.lr",
+            )
         return ev
 
 

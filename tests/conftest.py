@@ -3,6 +3,9 @@
 * ``tiny_model_dir``: a small random biLM (``small_test_config``, word
   tokenizer) saved as an artifact, with one shipped task ``shipped``. Built
   once per session; treat it as read-only.
+* ``torch_threads`` (autouse): every test runs with one torch thread (the
+  suite shares 2 cores with other processes) and the count is restored after
+  it; a test that wants another count calls ``torch_threads(n)``.
 * ``redis_server``: a real ``redis-server`` on a free loopback port (no
   persistence), one per session; ``redis_server_factory()`` starts extra,
   isolated ones (for tests that stop and restart Redis). A missing
@@ -29,6 +32,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if REDIS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.redis)
+
+
+@pytest.fixture(autouse=True)
+def torch_threads() -> Iterator[Callable[[int], None]]:
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield torch.set_num_threads
+    finally:
+        torch.set_num_threads(before)
 
 
 def start_redis(workdir: Path) -> RedisServer:

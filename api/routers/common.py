@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-import numpy as np
 from starlette.requests import Request
 
 from api.batcher import BatcherClosed, QueueFull
 from api.errors import ApiError
 from api.middleware import TICKET_KEY
-from api.served import ServedModel
+from api.served import Embedded, ServedModel
 from api.settings import Settings
-from elmo_service.tokenizers import Token
 
 T = TypeVar("T")
 
@@ -49,27 +47,6 @@ def check_request_limits(
         )
 
 
-def tokenize(served: ServedModel, sentences: list, field: str) -> list[list[Token]]:
-    """Tokenize in the request path; errors name ``<field>[i]``; empty sentences are refused."""
-    try:
-        token_lists = served.tokenize(sentences)
-    except Exception as e:
-        f = getattr(e, "field", None)
-        if f and f.startswith("sentences") and field != "sentences":
-            e.field = field + f[len("sentences") :]  # type: ignore[attr-defined]
-            e.message = e.message.replace("sentence ", f"{field} ", 1)  # type: ignore[attr-defined]
-        raise
-    for i, toks in enumerate(token_lists):
-        if not toks:
-            raise ApiError(
-                422,
-                "invalid_input",
-                f"{field}[{i}] has no tokens (empty sentence)",
-                f"{field}[{i}]",
-            )
-    return token_lists
-
-
 async def _wait_disconnect(request: Request) -> None:
     while True:
         message = await request.receive()
@@ -97,12 +74,20 @@ async def run_guarded(request: Request, work: Awaitable[T]) -> T:
     raise ClientGone()
 
 
-async def embed_layers(
-    request: Request, served: ServedModel, token_lists: list[list[Token]]
-) -> tuple[list[np.ndarray], int, int]:
-    texts = [[t.text for t in toks] for toks in token_lists]
+async def embed_request(
+    request: Request,
+    served: ServedModel,
+    sentences: list,
+    field: str,
+    check: Callable[[list], None] | None = None,
+) -> Embedded:
+    """:meth:`ServedModel.embed` for a route: the request's ticket, cancelled when the client
+    goes, and the runner's refusals as HTTP errors. ``check(token_lists)`` runs between
+    tokenizing and the model (a bound on the answer's size)."""
+    ticket = request.scope.get(TICKET_KEY)
+    work = served.embed(sentences, field=field, ticket=ticket, check=check)
     try:
-        return await run_guarded(request, served.layers(texts, request.scope.get(TICKET_KEY)))
+        return await run_guarded(request, work)
     except QueueFull as e:  # refused at the door (queue full, or could not finish in time)
         raise ApiError(
             429,

@@ -6,14 +6,15 @@ import asyncio
 from typing import Any
 
 import numpy as np
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from api import outputs
-from api.deps import Serving, serving
+from api.deps import ServingDep
 from api.encoding import JSONBytesResponse, dumps
 from api.errors import ApiError
-from api.routers.common import ClientGone, check_request_limits, embed_layers, tokenize
+from api.responses import check_response_floats, streamed_json
+from api.routers.common import ClientGone, check_request_limits, embed_request
 from api.schemas import ERROR_RESPONSES, EmbedRequest, EmbedResponse
 from api.served import ServedModel
 from api.tasks_store import StoreUnavailable
@@ -22,8 +23,8 @@ from elmo_service.scalar_mix import MixSpec
 
 router = APIRouter(prefix="/v1", tags=["embed"])
 
-# responses with more floats than this are built off the event loop
-_OFFLOAD_FLOATS = 200_000
+# answers with more floats than this are built off the event loop and streamed
+_STREAM_FLOATS = 200_000
 
 
 async def resolve_mix(req: EmbedRequest, served: ServedModel) -> tuple[MixSpec | None, str | None]:
@@ -170,7 +171,7 @@ def build_sentence(
     return out
 
 
-def build_body(
+def build_parts(
     served: ServedModel,
     req: EmbedRequest,
     texts: list[str],
@@ -181,26 +182,55 @@ def build_body(
     task: str | None,
     hits: int,
     misses: int,
-) -> bytes:
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The answer without its ``data``, and its ``data`` entries (every check done)."""
     cause = mix_cause(req, task)
     data = [
         build_sentence(i, texts[i], token_lists[i], arrays[i], req, layer_idx, spec, cause)
         for i in range(len(arrays))
     ]
-    return dumps(
-        {
-            "object": "embed_result",
-            "model": {"id": served.name, "version": served.version},
-            "task": task,
-            "data": data,
-            "usage": {
-                "sentences": len(arrays),
-                "tokens": sum(len(t) for t in token_lists),
-                "cache_hits": hits,
-                "cache_misses": misses,
-            },
-        }
+    head = {
+        "object": "embed_result",
+        "model": {"id": served.name, "version": served.version},
+        "task": task,
+        "usage": {
+            "sentences": len(arrays),
+            "tokens": sum(len(t) for t in token_lists),
+            "cache_hits": hits,
+            "cache_misses": misses,
+        },
+    }
+    return head, data
+
+
+def build_body(*args: Any) -> bytes:
+    head, data = build_parts(*args)
+    return dumps({**head, "data": data})
+
+
+def response_floats(
+    req: EmbedRequest,
+    token_lists: list,
+    layer_idx: list[int] | None,
+    spec: MixSpec | None,
+    dim: int,
+) -> tuple[int, str]:
+    """The floats the answer will carry, and how (for the 413), from the request alone."""
+    outputs_per_position = (len(layer_idx) if layer_idx is not None else 0) + (spec is not None)
+    if req.pooling != "none":
+        positions = len(token_lists)
+        what = "pooled"
+    elif req.granularity == "word":
+        positions = sum(len({t.word for t in toks}) for toks in token_lists)
+        what = "words"
+    else:
+        positions = sum(len(toks) for toks in token_lists)
+        what = "tokens"
+    detail = (
+        f"{len(token_lists)} sentences, {positions:,} {what} x {outputs_per_position} "
+        f"output layers x {dim} dims"
     )
+    return positions * outputs_per_position * dim, detail
 
 
 @router.post(
@@ -217,24 +247,31 @@ def build_body(
 async def embed(
     req: EmbedRequest,
     request: Request,
-    ctx: Serving = Depends(serving),
+    ctx: ServingDep,
 ) -> Response:
     served, settings = ctx.served, ctx.settings
     check_request_limits(req.sentences, settings, "sentences")
     output = req.output or ("mix" if (req.task is not None or req.mix is not None) else "layers")
     spec, task = await resolve_mix(req, served)
     layer_idx = resolve_layers(req, served, output)
-    token_lists = tokenize(served, req.sentences, "sentences")
+
+    def bound(token_lists: list) -> None:  # before any work: the answer's size, from the request
+        n, detail = response_floats(req, token_lists, layer_idx, spec, served.dim)
+        check_response_floats(n, settings, "sentences", detail)
+
     try:
-        arrays, hits, misses = await embed_layers(request, served, token_lists)
+        embedded = await embed_request(request, served, req.sentences, "sentences", check=bound)
     except ClientGone:
         return Response(status_code=499)
+    token_lists, arrays = embedded.tokens, embedded.layers
+    hits, misses = embedded.hits, embedded.misses
+    n_floats, _ = response_floats(req, token_lists, layer_idx, spec, served.dim)
     texts = [s if isinstance(s, str) else " ".join(s) for s in req.sentences]
-    n_floats = sum(a.size for a in arrays)
     args = (served, req, texts, token_lists, arrays, layer_idx, spec, task, hits, misses)
-    body = (
-        await asyncio.to_thread(build_body, *args)
-        if n_floats > _OFFLOAD_FLOATS
-        else build_body(*args)
-    )
-    return JSONBytesResponse(body)
+    if n_floats <= _STREAM_FLOATS:
+        return JSONBytesResponse(build_body(*args))
+    # checked (finite, in range) before the status line goes out; then encoded and sent
+    # a sentence at a time, off the event loop
+    head, data = await asyncio.to_thread(build_parts, *args)
+    del arrays, args
+    return streamed_json(head, "data", data)

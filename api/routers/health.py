@@ -5,15 +5,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from starlette.responses import PlainTextResponse, Response
 
 from api.cache import RedisCache
-from api.deps import get_holder, get_metrics
+from api.deps import HolderDep, MetricsDep
 from api.encoding import JSONBytesResponse
 from api.errors import error_body
-from api.holder import ModelHolder
-from api.metrics import Metrics
 from api.schemas import Health, NotReady, Ready
 
 router = APIRouter(tags=["health"])
@@ -30,7 +28,7 @@ async def healthz() -> dict[str, Any]:
     responses={503: {"model": NotReady, "description": "Loading or warming up"}},
     summary="Readiness: model loaded and warmed; cache backend state",
 )
-async def readyz(request: Request, holder: ModelHolder = Depends(get_holder)) -> Response:
+async def readyz(request: Request, holder: HolderDep) -> Response:
     served = holder.current
     if not holder.ready or served is None:
         body = error_body(
@@ -61,7 +59,7 @@ async def readyz(request: Request, holder: ModelHolder = Depends(get_holder)) ->
     summary="Prometheus metrics (text exposition format)",
     response_class=PlainTextResponse,
 )
-async def metrics(m: Metrics | None = Depends(get_metrics)) -> Response:
+async def metrics(m: MetricsDep) -> Response:
     if m is None:
         return Response(status_code=503)
     data, content_type = m.render()

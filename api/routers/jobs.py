@@ -1,24 +1,35 @@
-"""Pretraining jobs (admin key required): submit, list, read, cancel.
+"""Pretraining jobs (admin key required): submit, list, read, cancel, retry.
 
-The router only translates HTTP to :class:`jobs.JobService` calls (run off
-the event loop) and its exceptions to ``{code, message, field}`` errors.
+The router only translates HTTP to :class:`jobs.JobService` calls and its exceptions
+to ``{code, message, field}`` errors. The calls run on the service's own executor, not
+the event loop's default one (which response encoding and artifact listing share), and
+each is bounded: a job store that hangs answers 503 here and slows nothing else.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Path, Query, Request
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 from api.deps import require_admin
 from api.encoding import JSONBytesResponse
 from api.errors import ApiError
 from api.schemas import ERROR_RESPONSES
-from jobs import JobConflict, JobIn, JobNotFound, JobRecord, JobService, StoreUnavailable
+from jobs import (
+    JobConflict,
+    JobIn,
+    JobNotFound,
+    JobRecord,
+    JobService,
+    StoreUnavailable,
+    Unreadable,
+)
 
 router = APIRouter(prefix="/v1", tags=["jobs"], dependencies=[Depends(require_admin)])
 
@@ -30,14 +41,24 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
     **ERROR_RESPONSES,
     403: ERROR_RESPONSES[401] | {"description": "Not an admin key, or no admin keys configured"},
     404: ERROR_RESPONSES[401] | {"description": "No such job"},
-    409: ERROR_RESPONSES[401] | {"description": "Conflict (name taken, job already finished)"},
+    409: ERROR_RESPONSES[401]
+    | {"description": "Conflict (name taken, job already finished, record unreadable)"},
 }
+
+
+class UnreadableRecord(BaseModel):
+    id: str
+    error: str
 
 
 class JobList(BaseModel):
     object: Literal["list"] = "list"
     backend: Literal["rq", "local"]
     data: list[JobRecord]
+    unreadable: list[UnreadableRecord] = Field(
+        default_factory=list,
+        description="Stored records that could not be read, skipped (also logged).",
+    )
 
 
 def get_jobs(request: Request) -> JobService:
@@ -47,9 +68,21 @@ def get_jobs(request: Request) -> JobService:
     return jobs
 
 
-async def _call(fn: Callable[..., T], *args: Any) -> T:
+async def _call(jobs: JobService, fn: Callable[..., T], *args: Any) -> T:
+    loop = asyncio.get_running_loop()
+    # the store's own timeouts bound each call; this bounds a queue of calls behind them
+    deadline = max(10.0, 5 * jobs.settings.jobs_store_timeout)
     try:
-        return await asyncio.to_thread(fn, *args)
+        return await asyncio.wait_for(
+            loop.run_in_executor(jobs.executor, functools.partial(fn, *args)), deadline
+        )
+    except TimeoutError as e:
+        raise ApiError(
+            503, "store_unavailable", f"the job store did not answer within {deadline:.0f}s",
+            None, {"Retry-After": "5"},
+        ) from e  # fmt: skip
+    except Unreadable as e:
+        raise ApiError(409, "unreadable_record", str(e), "job_id") from e
     except JobNotFound as e:
         raise ApiError(404, "not_found", f"no job {e.args[0]!r}", "job_id") from e
     except JobConflict as e:
@@ -69,7 +102,7 @@ def _out(rec: JobRecord) -> dict[str, Any]:
     summary="Submit a pretraining job (admin)",
 )
 async def submit_job(body: JobIn, jobs: JobService = Depends(get_jobs)) -> Response:
-    rec = await _call(jobs.submit, body)
+    rec = await _call(jobs, jobs.submit, body)
     return JSONBytesResponse(_out(rec), status_code=202, headers={"Location": f"/v1/jobs/{rec.id}"})
 
 
@@ -84,8 +117,14 @@ async def list_jobs(
     limit: int = Query(100, ge=1, le=1000),
     jobs: JobService = Depends(get_jobs),
 ) -> dict[str, Any]:
-    recs = await _call(jobs.list, state, limit)
-    return {"object": "list", "backend": jobs.kind, "data": [_out(r) for r in recs]}
+    recs = await _call(jobs, jobs.list, state, limit)
+    bad = [{"id": i, "error": why} for i, why in sorted(jobs.unreadable.items())]
+    return {
+        "object": "list",
+        "backend": jobs.kind,
+        "data": [_out(r) for r in recs],
+        "unreadable": bad,
+    }
 
 
 @router.get(
@@ -95,7 +134,7 @@ async def list_jobs(
     summary="A job: state, progress, log tail, artifact (admin)",
 )
 async def get_job(job_id: str = JobIdPath, jobs: JobService = Depends(get_jobs)) -> dict[str, Any]:
-    return _out(await _call(jobs.get, job_id))
+    return _out(await _call(jobs, jobs.get, job_id))
 
 
 @router.post(
@@ -107,4 +146,15 @@ async def get_job(job_id: str = JobIdPath, jobs: JobService = Depends(get_jobs))
 async def cancel_job(
     job_id: str = JobIdPath, jobs: JobService = Depends(get_jobs)
 ) -> dict[str, Any]:
-    return _out(await _call(jobs.cancel, job_id))
+    return _out(await _call(jobs, jobs.cancel, job_id))
+
+
+@router.post(
+    "/jobs/{job_id}/retry",
+    status_code=202,
+    responses={**RESPONSES, 202: {"model": JobRecord, "description": "Queued again"}},
+    summary="Retry a failed or cancelled job; it resumes from its run folder (admin)",
+)
+async def retry_job(job_id: str = JobIdPath, jobs: JobService = Depends(get_jobs)) -> Response:
+    rec = await _call(jobs, jobs.retry, job_id)
+    return JSONBytesResponse(_out(rec), status_code=202, headers={"Location": f"/v1/jobs/{rec.id}"})

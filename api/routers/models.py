@@ -1,9 +1,11 @@
-"""``GET /v1/models``: what is served and every artifact in the models folder;
-``POST /v1/models/{name}/activate`` (admin): serve another artifact, with no failed requests.
+"""``GET /v1/models``: what is served, by this replica and by the fleet, and every artifact
+in the models folder; ``POST /v1/models/{name}/activate`` (admin): serve another artifact,
+with no failed requests (with Redis: on every replica, see api/fleet.py).
 
 ``data`` stays OpenAI-compatible (the model(s) ``/v1/embeddings`` accepts: the
 served one); ``artifacts`` lists every artifact in ``ELMO_MODELS_DIR`` with its
-version and provenance, ``served: true`` on the one being served.
+version and a provenance summary (``?full=true``: the whole record), ``served: true``
+on the one being served; ``fleet`` shows which replica serves what, and whether they agree.
 """
 
 from __future__ import annotations
@@ -11,19 +13,19 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 
-from api.activation import activate_model
+from api.activation import activate_in_fleet, activate_model
 from api.artifacts import list_artifacts
-from api.deps import get_holder, get_model, get_settings, require_admin, require_key
+from api.deps import HolderDep, ModelDep, SettingsDep, require_admin, require_key
 from api.errors import ApiError
-from api.holder import ModelHolder
+from api.fleet import FleetAgent, FleetUnavailable, default_replica_id, standalone_view
 from api.schemas import ERROR_RESPONSES, Activated, ModelInfo, ModelList
-from api.served import ServedModel
-from api.settings import Settings
 from elmo_service.errors import ArtifactError
 
 router = APIRouter(prefix="/v1", tags=["models"], dependencies=[Depends(require_key)])
+
+FULL = Query(False, description="Whole provenance records (a corpus manifest can be KBs).")
 
 
 @router.get(
@@ -31,18 +33,26 @@ router = APIRouter(prefix="/v1", tags=["models"], dependencies=[Depends(require_
     response_model=ModelList,
     response_model_exclude_unset=True,  # an unreadable artifact lists its error, not nulls
     responses=ERROR_RESPONSES,
-    summary="Served model (OpenAI-style list) and every artifact in the models folder",
+    summary="Served model (OpenAI-style list), the fleet, and every artifact in the models folder",
 )
 async def list_models(
-    served: ServedModel = Depends(get_model), settings: Settings = Depends(get_settings)
+    request: Request, served: ModelDep, settings: SettingsDep, full: bool = FULL
 ) -> dict[str, Any]:
-    artifacts = await asyncio.to_thread(list_artifacts, settings.models_dir, served)
+    agent: FleetAgent | None = request.app.state.fleet
+    artifacts = await asyncio.to_thread(list_artifacts, settings.models_dir, served, full)
+    if agent is not None:
+        fleet = await agent.view()
+    else:
+        fleet = standalone_view(
+            request.app.state.holder, settings.replica_id or default_replica_id()
+        )
     return {
         "object": "list",
-        "data": [served.info()],
+        "data": [served.info(full=full)],
         "served": {"id": served.name, "version": served.version},
         "models_dir": str(settings.models_dir),
         "artifacts": artifacts,
+        "fleet": fleet,
     }
 
 
@@ -50,9 +60,9 @@ async def list_models(
     "/models/{model_id}",
     response_model=ModelInfo,
     responses=ERROR_RESPONSES,
-    summary="One served model",
+    summary="One served model, with its whole provenance",
 )
-async def get_model_info(model_id: str, served: ServedModel = Depends(get_model)) -> dict[str, Any]:
+async def get_model_info(model_id: str, served: ModelDep) -> dict[str, Any]:
     if model_id not in (served.name, served.version):
         raise ApiError(404, "not_found", f"model {model_id!r} is not served", "model_id")
     return served.info()
@@ -61,31 +71,50 @@ async def get_model_info(model_id: str, served: ServedModel = Depends(get_model)
 @router.post(
     "/models/{name}/activate",
     response_model=Activated,
-    responses={**ERROR_RESPONSES, 404: ERROR_RESPONSES[401] | {"description": "No such artifact"}},
-    summary="Serve another artifact of the models folder (admin); in-flight requests finish",
+    responses={
+        **ERROR_RESPONSES,
+        404: ERROR_RESPONSES[401] | {"description": "No such artifact"},
+    },
+    summary="Serve another artifact of the models folder (admin); in-flight requests finish. "
+    "With Redis: recorded as the fleet's model, which every replica converges to",
     dependencies=[Depends(require_admin)],
 )
 async def activate(
     request: Request,
+    holder: HolderDep,
+    settings: SettingsDep,
     name: str = Path(..., description="Artifact folder name in the models folder"),
-    holder: ModelHolder = Depends(get_holder),
-    settings: Settings = Depends(get_settings),
 ) -> dict[str, Any]:
     state = request.app.state
     if holder.current is None:
         raise ApiError(503, "not_ready", "the model is loading", None, {"Retry-After": "5"})
+    fleet = None
     try:
-        new, old = await activate_model(
-            holder, settings, state.cache_backend, state.io, state.metrics, name
-        )
+        if state.fleet is not None:
+            new, old, fleet = await activate_in_fleet(
+                state.fleet, settings, state.cache_backend, state.io, state.metrics, name
+            )
+        else:
+            new, old = await activate_model(
+                holder, settings, state.cache_backend, state.io, state.metrics, name
+            )
     except LookupError as e:
         raise ApiError(404, "not_found", f"no model {name!r} in the models folder", "name") from e
     except ArtifactError as e:  # still being written, or broken: the served model stays
         raise ApiError(
             422, "bad_artifact", f"model {name!r} cannot be loaded: {e.message}", "name"
         ) from e
+    except FleetUnavailable as e:  # nothing recorded, nothing swapped: serving goes on
+        raise ApiError(
+            503,
+            "fleet_unavailable",
+            f"cannot record {name!r} as the fleet's model ({e}); nothing changed",
+            None,
+            {"Retry-After": "5"},
+        ) from e
     return {
         "activated": new.info(),
         "previous": {"id": old.name, "version": old.version} if old is not None else None,
         "changed": old is not None,
+        "fleet": fleet,
     }

@@ -9,14 +9,15 @@ repeat it. ``base64`` is little-endian float32, as OpenAI's clients expect.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from api import outputs
-from api.deps import Serving, serving
+from api.deps import ServingDep
 from api.encoding import JSONBytesResponse, dumps
 from api.errors import ApiError
-from api.routers.common import ClientGone, check_request_limits, embed_layers, tokenize
+from api.responses import check_response_floats
+from api.routers.common import ClientGone, check_request_limits, embed_request
 from api.schemas import ERROR_RESPONSES, EmbeddingsRequest, EmbeddingsResponse
 from api.served import ServedModel
 
@@ -37,7 +38,7 @@ def model_matches(name: str, served: ServedModel) -> bool:
 async def embeddings(
     req: EmbeddingsRequest,
     request: Request,
-    ctx: Serving = Depends(serving),
+    ctx: ServingDep,
 ) -> Response:
     served, settings = ctx.served, ctx.settings
     if not model_matches(req.model, served):
@@ -56,12 +57,15 @@ async def embeddings(
         )
     inputs = [req.input] if isinstance(req.input, str) else list(req.input)
     check_request_limits(inputs, settings, "input")
-    token_lists = tokenize(served, inputs, "input")
+    check_response_floats(  # one pooled vector per input: only a very wide model gets here
+        len(inputs) * served.dim, settings, "input", f"{len(inputs)} inputs x {served.dim} dims"
+    )
     spec, task = await served.default_mix_async()
     try:
-        arrays, _, _ = await embed_layers(request, served, token_lists)
+        embedded = await embed_request(request, served, inputs, "input")
     except ClientGone:
         return Response(status_code=499)
+    token_lists, arrays = embedded.tokens, embedded.layers
     data = []
     for i, layers in enumerate(arrays):
         vec = outputs.pool(outputs.mix(layers, spec), "mean", axis=0)

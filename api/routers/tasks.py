@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Depends, Path
 from starlette.responses import Response
 
-from api.deps import get_model, require_admin, require_key
+from api.deps import ModelDep, require_admin, require_key
 from api.encoding import JSONBytesResponse
 from api.errors import ApiError
 from api.schemas import ERROR_RESPONSES, TaskDeleted, TaskIn, TaskList, TaskOut
@@ -37,7 +37,7 @@ async def _io(served: ServedModel, fn: Callable[..., T], *args: Any) -> T:
 
 
 @router.get("/tasks", response_model=TaskList, responses=ERROR_RESPONSES, summary="List tasks")
-async def list_tasks(served: ServedModel = Depends(get_model)) -> dict[str, Any]:
+async def list_tasks(served: ModelDep) -> dict[str, Any]:
     return {
         "object": "list",
         "n_layers": served.n_layers,
@@ -48,9 +48,7 @@ async def list_tasks(served: ServedModel = Depends(get_model)) -> dict[str, Any]
 @router.get(
     "/tasks/{name}", response_model=TaskOut, responses=ERROR_RESPONSES, summary="Get a task"
 )
-async def get_task(
-    name: str = NamePath, served: ServedModel = Depends(get_model)
-) -> dict[str, Any]:
+async def get_task(served: ModelDep, name: str = NamePath) -> dict[str, Any]:
     found = await _io(served, served.tasks.spec, name)
     if found is None:
         raise ApiError(404, "not_found", f"no task named {name!r}", "name")
@@ -65,9 +63,7 @@ async def get_task(
     summary="Create or replace a task (admin)",
     dependencies=[Depends(require_admin)],
 )
-async def put_task(
-    body: TaskIn, name: str = NamePath, served: ServedModel = Depends(get_model)
-) -> Response:
+async def put_task(body: TaskIn, served: ModelDep, name: str = NamePath) -> Response:
     check_task_name(name)
     spec = MixSpec(
         weights=list(body.weights),
@@ -90,9 +86,7 @@ async def put_task(
     summary="Delete a stored task (admin); shipped tasks are read-only",
     dependencies=[Depends(require_admin)],
 )
-async def delete_task(
-    name: str = NamePath, served: ServedModel = Depends(get_model)
-) -> dict[str, Any]:
+async def delete_task(served: ModelDep, name: str = NamePath) -> dict[str, Any]:
     result = await _io(served, served.tasks.delete, name)
     if result == "read_only":
         raise ApiError(

@@ -22,9 +22,18 @@ import sys
 from .fetch import FetchError
 
 
-def _print_manifest(manifest: dict) -> None:
-    json.dump(manifest, sys.stdout, indent=2, sort_keys=True)
-    sys.stdout.write("\n")
+def _summary(command: str, out: str, manifest: dict) -> str:
+    """One line for a person; the whole manifest is in OUT/manifest.json (or --json)."""
+    if "sources" in manifest:
+        s = manifest["sources"]
+        line = (
+            f"{command}: {len(s)} source(s), {manifest['total_bytes'] / 1e6:.1f} MB, "
+            f"{manifest['total_words']:,} words in {out}"
+        )
+        if manifest.get("skipped"):
+            line += f"; skipped {', '.join(x['name'] for x in manifest['skipped'])}"
+        return line + f" (details: {out}/manifest.json)"
+    return f"{command}: wrote {out} (details: {out}/manifest.json)"
 
 
 def _run(fn, args) -> int:
@@ -33,7 +42,11 @@ def _run(fn, args) -> int:
     except (FetchError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    _print_manifest(manifest)
+    if args.json:
+        json.dump(manifest, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        print(_summary(args.command, args.out, manifest))
     return 0
 
 
@@ -44,7 +57,11 @@ def _corpus(args) -> int:
 
     def go(a):
         m = fetch_corpus(
-            a.out, sources=sources, cache_dir=a.cache, log=lambda s: print(s, file=sys.stderr)
+            a.out,
+            sources=sources,
+            cache_dir=a.cache,
+            log=lambda s: print(s, file=sys.stderr),
+            progress=sys.stderr.isatty(),
         )
         return {k: m[k] for k in ("total_bytes", "total_words", "skipped")} | {
             "sources": {e["name"]: {"bytes": e["bytes"], "words": e["words"]} for e in m["sources"]}
@@ -84,6 +101,7 @@ def add_source_commands(subparsers) -> None:
             help="package download cache (default $ELMO_SOURCES_CACHE or "
             "~/.cache/elmo-service/sources)",
         )
+        p.add_argument("--json", action="store_true", help="print the manifest as JSON")
 
     p = subparsers.add_parser(
         "fetch-corpus",

@@ -48,10 +48,13 @@ import bz2
 import json
 import re
 import sqlite3
+import sys
 import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from tqdm import tqdm
 
 from elmo_service.atomic import write_bytes
 
@@ -463,6 +466,7 @@ def fetch_corpus(
     sources: Iterable[str] | None = None,
     cache_dir: str | Path | None = None,
     log: Callable[[str], None] | None = print,
+    progress: bool = False,
 ) -> dict:
     """Fetch and clean the chosen sources (all by default) into ``out_dir``.
 
@@ -479,18 +483,22 @@ def fetch_corpus(
         raise ValueError(f"unknown sources {unknown}; known: {', '.join(SOURCES)}")
 
     entries, skipped = [], []
-    for name in names:
+    bar = tqdm(names, desc="fetch", unit="source", disable=not progress, leave=False)
+    say = (lambda s: bar.write(s, file=sys.stderr)) if progress else log
+    for name in bar:
+        bar.set_postfix_str(name)
         try:
             entry = build_source(SOURCES[name], out_dir, cache)
         except Exception as e:  # skip-and-report: one bad source must not sink the rest
             reason = f"{type(e).__name__}: {e}".strip()
             skipped.append({"name": name, "reason": reason})
-            if log:
-                log(f"[corpus] skipped {name}: {reason}")
+            if say:
+                say(f"[corpus] skipped {name}: {reason}")
             continue
         entries.append(entry)
-        if log:
-            log(f"[corpus] {name}: {entry['bytes']:,} bytes, {entry['words']:,} words")
+        if say:
+            say(f"[corpus] {name}: {entry['bytes']:,} bytes, {entry['words']:,} words")
+    bar.close()
     manifest = write_manifest(out_dir, entries, skipped)
     if not entries:
         raise FetchError(

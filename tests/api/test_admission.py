@@ -12,15 +12,12 @@ import time
 
 import numpy as np
 import pytest
-import torch
 from fastapi.testclient import TestClient
 
 from api.batcher import Batcher, BatcherClosed, DirectRunner, Overloaded, WorkEstimate
 from api.main import create_app
 from api.metrics import Metrics
 from api.settings import load_settings
-
-torch.set_num_threads(1)
 
 
 class GatedModel:

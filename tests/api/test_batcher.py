@@ -10,7 +10,6 @@ import time
 import httpx
 import numpy as np
 import pytest
-import torch
 from fastapi.testclient import TestClient
 
 from api.batcher import Batcher, BatcherClosed, QueueFull
@@ -18,8 +17,6 @@ from api.main import create_app
 from api.metrics import Metrics
 from api.settings import load_settings
 from tests.support.live_server import LiveServer
-
-torch.set_num_threads(1)
 
 
 class FakeModel:

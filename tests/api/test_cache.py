@@ -7,7 +7,6 @@ import time
 
 import numpy as np
 import pytest
-import torch
 from fastapi.testclient import TestClient
 
 from api.cache import CircuitBreaker, CorruptEntry, LocalCache, pack, token_digest, unpack
@@ -15,9 +14,6 @@ from api.encoding import decode_array
 from api.main import create_app
 from api.settings import load_settings
 from elmo_service.embedder import Embedder
-
-torch.set_num_threads(1)
-
 
 # -- units ----------------------------------------------------------------------------------
 

@@ -5,13 +5,10 @@ from __future__ import annotations
 import re
 
 import pytest
-import torch
 from fastapi.testclient import TestClient
 
 from api.main import create_app
 from api.settings import load_settings
-
-torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from fastapi.testclient import TestClient
 
 from api.main import create_app
 from api.settings import load_settings
 from elmo_service.errors import ConfigError
-
-torch.set_num_threads(1)
 
 LIMITS = dict(max_sentences=4, max_tokens_per_sentence=8, max_chars=120, max_body_bytes=2048)
 

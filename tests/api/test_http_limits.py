@@ -13,14 +13,12 @@ import time
 
 import httpx
 import pytest
-import torch
 
 from api.http_protocol import uvicorn_options
 from api.main import create_app
 from api.settings import load_settings
 from tests.support.live_server import LiveServer
 
-torch.set_num_threads(1)
 pytestmark = pytest.mark.slow  # a live uvicorn server and socket read deadlines
 
 HEADER_S, BODY_S = 0.5, 0.8
@@ -54,8 +52,10 @@ def _read_all(sock: socket.socket) -> bytes:
 def test_settings_reach_uvicorn(tiny_model_dir, tmp_path):
     s = load_settings(model_path=tiny_model_dir, data_dir=tmp_path)
     opts = uvicorn_options(s)
-    assert opts["timeout_keep_alive"] == 5 and opts["limit_concurrency"] == 1024
+    # the connection limit is the protocol's (health routes exempt), not uvicorn's
+    assert opts["timeout_keep_alive"] == 5 and opts["limit_concurrency"] is None
     assert opts["http"].header_timeout == 10.0 and opts["http"].body_timeout == 30.0
+    assert opts["http"].send_timeout == 30.0 and opts["http"].max_connections == 1024
 
 
 def test_a_socket_that_never_sends_is_closed(live):
@@ -118,14 +118,72 @@ def test_an_idle_kept_alive_connection_is_closed(live):
     assert time.monotonic() - t0 < 1 + 2
 
 
-def test_connections_beyond_the_bound_are_refused_until_idle_ones_are_closed(live):
+def test_unparsable_http_gets_the_json_error_shape(live):
+    sock = _connect(live)
+    sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+    reply = _read_all(sock)
+    sock.close()
+    assert reply.startswith(b"HTTP/1.1 400 ") and b"application/json" in reply
+    assert json.loads(reply.split(b"\r\n\r\n", 1)[1])["code"] == "invalid_http"
+
+
+def _overloaded(r: httpx.Response) -> None:
+    assert r.status_code == 503 and r.headers["content-type"] == "application/json"
+    body = r.json()
+    assert body["code"] == "overloaded" and "ELMO_HTTP_MAX_CONNECTIONS" in body["message"]
+    assert r.headers["retry-after"] == "1"
+
+
+def test_connections_beyond_the_bound_get_json_503_but_health_routes_answer(live):
     socks = [_connect(live) for _ in range(64)]
     try:
-        time.sleep(0.1)
-        r = httpx.get(live.url + "/healthz")
-        assert r.status_code == 503  # uvicorn's limit_concurrency: at once, no queueing
+        time.sleep(0.1)  # well inside the 0.5 s header deadline that will close them
+        _overloaded(httpx.post(live.url + "/v1/embed", json={"sentences": ["a b"]}))
+        for path in ("/healthz", "/readyz", "/metrics"):  # probes see a live, ready server
+            assert httpx.get(live.url + path).status_code == 200, path
     finally:
         for sock in socks:
             sock.close()
     time.sleep(0.2)
-    assert httpx.get(live.url + "/healthz").status_code == 200
+    assert httpx.post(live.url + "/v1/embed", json={"sentences": ["a b"]}).status_code == 200
+
+
+@pytest.mark.slow
+def test_1024_idle_sockets_leave_health_routes_answering(tiny_model_dir, tmp_path):
+    """The issue's flood: the default limit (1,024) filled with real idle sockets."""
+    s = load_settings(model_path=tiny_model_dir, threads=1, data_dir=tmp_path,
+                      http_header_timeout=5)  # fmt: skip
+    assert s.http_max_connections == 1024
+    with LiveServer(create_app(s), **uvicorn_options(s)) as srv:
+        socks = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(1024)]
+        try:
+            deadline = time.monotonic() + 10
+            while len(srv.server.server_state.connections) < 1024:
+                assert time.monotonic() < deadline, "the server did not accept the sockets"
+                time.sleep(0.05)
+            with httpx.Client(base_url=srv.url, timeout=5) as c:
+                assert c.get("/healthz").json() == {"status": "ok"}
+                assert c.get("/readyz").json()["status"] == "ready"
+                assert c.get("/metrics").status_code == 200
+                _overloaded(c.post("/v1/embed", json={"sentences": ["a b"]}))
+                _overloaded(c.get("/v1/models"))
+        finally:
+            for sock in socks:
+                sock.close()
+
+
+def test_plain_uvicorn_limit_concurrency_gets_the_same_exemptions(tiny_model_dir, tmp_path):
+    """``uvicorn --http api.http_protocol:DeadlineHttpToolsProtocol --limit-concurrency N``."""
+    from api.http_protocol import DeadlineHttpToolsProtocol
+
+    s = load_settings(model_path=tiny_model_dir, threads=1, data_dir=tmp_path)
+    app = create_app(s)
+    with LiveServer(app, http=DeadlineHttpToolsProtocol, limit_concurrency=8) as srv:
+        socks = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(8)]
+        try:
+            time.sleep(0.2)
+            _overloaded(httpx.post(srv.url + "/v1/embed", json={"sentences": ["a b"]}))
+            assert httpx.get(srv.url + "/healthz").status_code == 200
+        finally:
+            for sock in socks:
+                sock.close()

@@ -32,8 +32,6 @@ from elmo_service.scalar_mix import MAX_GAMMA, MixSpec, ScalarMix
 from elmo_service.tokenizers import WordTokenizer
 from tests.support.core_fixtures import tiny_model
 
-torch.set_num_threads(1)
-
 REPO = Path(__file__).resolve().parents[2]
 ADMIN = {"Authorization": "Bearer admin-key"}
 

@@ -12,16 +12,15 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import numpy as np
 import pytest
-import torch
 
 from api.encoding import decode_array
 from api.main import create_app
 from api.settings import load_settings
 from elmo_service.embedder import Embedder, apply_mix
 from elmo_service.scalar_mix import MixSpec
+from tests.support.determinism import same_vectors
 from tests.support.live_server import LiveServer
 
-torch.set_num_threads(1)
 pytestmark = pytest.mark.slow  # a live uvicorn server, subprocesses
 
 WORDS = [
@@ -96,10 +95,7 @@ def test_many_concurrent_clients_get_their_own_answers(live, ref):
                     continue
                 for s, d in zip(req, r.json()["data"], strict=True):
                     toks = [t["text"] for t in d["tokens"]]
-                    if (
-                        toks != s.split()
-                        or np.abs(decode_array(d["layers"]) - want[s]).max() > 1e-5
-                    ):
+                    if toks != s.split() or not same_vectors(decode_array(d["layers"]), want[s]):
                         failures.append(f"client {c}: wrong vectors for {s!r}")
                     checked += 1
         return checked

@@ -11,7 +11,6 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-import torch
 
 from api.main import create_app
 from api.settings import load_settings
@@ -20,8 +19,6 @@ from elmo_service.embedder import Embedder
 from elmo_service.tokenizers import WordTokenizer
 from tests.support.core_fixtures import tiny_model
 from tests.support.live_server import LiveServer
-
-torch.set_num_threads(1)
 
 ADMIN = {"authorization": "Bearer admin"}
 USER = {"authorization": "Bearer user"}
@@ -169,13 +166,12 @@ def test_activate_under_load_fails_no_request(live, refs):
 
 def test_models_load_on_threads_that_end(models_dir, tmp_path, monkeypatch):
     """Startup, activation and ``elmo-service serve``'s preload load the model on a thread
-    that ends (elmo_service.runtime.in_transient_thread): a thread that lives on would keep
-    OpenMP workers beside the batcher's, and libgomp would stop spin-waiting in the model's
-    thread (batch-1 calls ~20 % slower, measured)."""
+    that ends, all through api/loading.py (elmo_service.runtime.in_transient_thread): a
+    thread that lives on would keep OpenMP workers beside the batcher's, and libgomp would
+    stop spin-waiting in the model's thread (batch-1 calls ~20 % slower, measured)."""
     from fastapi.testclient import TestClient
 
-    import api.activation
-    import api.main
+    import api.loading
     import api.server
     import elmo_service.artifact
 
@@ -188,8 +184,7 @@ def test_models_load_on_threads_that_end(models_dir, tmp_path, monkeypatch):
 
         return wrapper
 
-    monkeypatch.setattr(api.main, "load_served_model", spy(api.main.load_served_model))
-    monkeypatch.setattr(api.activation, "load_served_model", spy(api.activation.load_served_model))
+    monkeypatch.setattr(api.loading, "load_served_model", spy(api.loading.load_served_model))
     settings = dict(
         models_dir=models_dir, model="alpha", threads=1, data_dir=tmp_path / "data",
         runs_dir=tmp_path / "runs", admin_keys="admin",

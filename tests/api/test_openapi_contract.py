@@ -16,7 +16,6 @@ from typing import Any
 
 import jsonschema
 import pytest
-import torch
 from fastapi.testclient import TestClient
 
 from api.main import create_app
@@ -24,8 +23,6 @@ from api.schemas import EmbeddingsRequest, EmbedRequest, TaskIn
 from api.settings import load_settings
 from tests.jobs.test_jobs import write_corpus
 from tests.support.core_fixtures import tiny_artifact
-
-torch.set_num_threads(1)
 
 BUNDLED = Path(__file__).resolve().parents[2] / "models" / "default"
 

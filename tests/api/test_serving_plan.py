@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from fastapi.testclient import TestClient
 
 from api.encoding import decode_array
@@ -18,8 +17,6 @@ from api.settings import load_settings
 from elmo_service.batching import BatchBudget, plan_batches
 from elmo_service.embedder import Embedder
 from elmo_service.errors import ConfigError
-
-torch.set_num_threads(1)
 
 SENTENCES = [
     "a b c d e f g h i j k l",
@@ -92,10 +89,10 @@ def test_served_batches_are_planned_once(tiny_model_dir, tmp_path, monkeypatch):
 def test_int8_weights_setting_serves_int8_vectors_under_their_own_cache_key(
     tiny_model_dir, tmp_path, monkeypatch
 ):
-    import elmo_service.packed
+    import elmo_service.kernels.tuning as tuning
 
     # the tiny model's matrices are below the size where int8 pays; quantize them anyway
-    monkeypatch.setattr(elmo_service.packed, "INT8_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(tuning, "INT8_MIN_ELEMENTS", 0)
     fp32 = Embedder.load(tiny_model_dir, threads=1)
     expected = [e.layers for e in fp32.embed(SENTENCES[:3])]
     settings = load_settings(
@@ -122,9 +119,9 @@ def test_bad_weights_setting_fails_at_startup_naming_it(monkeypatch):
 
 
 def test_warm_up_runs_one_sentence_alone_too(tiny_model_dir, tmp_path, monkeypatch):
-    """A single sentence takes the native step loop (numba compiles it on first use):
-    the warm-up pays that before /readyz, not the first one-sentence request."""
-    import elmo_service.bilstm as bilstm
+    """A single sentence takes another path of the CPU kernel: the warm-up pays its first
+    call before /readyz, not the first one-sentence request."""
+    import elmo_service.kernels.bilstm as bilstm
 
     rows: list[int] = []
     real = bilstm.BiLstmKernel.__call__

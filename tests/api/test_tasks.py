@@ -7,7 +7,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 from fastapi.testclient import TestClient
 
 from api.encoding import decode_array
@@ -15,8 +14,6 @@ from api.main import create_app
 from api.settings import load_settings
 from elmo_service.embedder import Embedder, apply_mix
 from elmo_service.scalar_mix import MixSpec
-
-torch.set_num_threads(1)
 
 ADMIN = {"authorization": "Bearer admin"}
 

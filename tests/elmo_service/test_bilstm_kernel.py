@@ -1,4 +1,5 @@
-"""The serving kernels (elmo_service/bilstm.py, packed.py) give the numbers of the plain path."""
+"""The CPU kernel (elmo_service/kernels: CpuBiLM, bilstm.py, packed.py) gives the numbers of
+the model's torch path: threads, the single-sentence loop, distinct tokens, int8, weight updates."""
 
 import copy
 import threading
@@ -8,17 +9,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import elmo_service.bilstm as bilstm
-import elmo_service.model as model_mod
-import elmo_service.packed as packed
+import elmo_service.kernels.bilstm as bilstm
+import elmo_service.kernels.tuning as tuning
 from elmo_service.embedder import Embedder
 from elmo_service.errors import ConfigError
-from elmo_service.model import BiLM
-from elmo_service.packed import PackedLinear
+from elmo_service.kernels.cpu_bilm import CpuBiLM
+from elmo_service.kernels.packed import PackedLinear
+from elmo_service.model import BiLM, length_mask
 from tests.support.configs import small_test_config
 from tests.support.core_fixtures import tiny_artifact
+from tests.support.reference import char_cnn as ref_char_cnn
 
-torch.set_num_threads(1)
 TOL = 1e-5
 
 
@@ -35,19 +36,14 @@ def random_bilm(seed: int = 0, **overrides) -> BiLM:
 
 
 def plain(model: BiLM, tokens, lengths) -> torch.Tensor:
-    """``contextualize`` through ``run_direction`` / ``LstmLayer._infer`` (the old path)."""
-    orig = model_mod._fast_path_ok
-    model_mod._fast_path_ok = lambda x: False
-    try:
-        with torch.inference_mode():
-            return model.contextualize(tokens, lengths)
-    finally:
-        model_mod._fast_path_ok = orig
+    """The model's own torch path (``run_direction`` per direction)."""
+    with torch.inference_mode():
+        return model.contextualize(tokens, lengths)
 
 
 def fast(model: BiLM, tokens, lengths, weights="fp32") -> torch.Tensor:
     with torch.inference_mode():
-        return model.contextualize(tokens, lengths, weights=weights)
+        return CpuBiLM(model, weights=weights).contextualize(tokens, lengths)
 
 
 def batch(b: int, t: int, p: int, seed: int = 1):
@@ -90,12 +86,9 @@ def test_kernel_without_residual_or_clips(residual, clips):
 
 
 @pytest.fixture
-def two_threads():
+def two_threads(torch_threads):
     """Two torch threads, as a 2-core server runs: several rows split by direction."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
+    torch_threads(2)
 
 
 def spy_directions(monkeypatch, counts: list[int] | None = None) -> list[str]:
@@ -124,11 +117,11 @@ def test_directions_on_two_threads_give_one_threads_numbers(two_threads, monkeyp
     seen = spy_directions(monkeypatch, counts)
     guard = torch.inference_mode if mode == "inference" else torch.no_grad
     with guard():
-        split = model.contextualize(tokens, lengths)
+        split = CpuBiLM(model).contextualize(tokens, lengths)
     # one task per direction on the pool (a tiny model's first may end before the second starts)
     assert len(seen) == 2 and all(name.startswith("elmo-bilstm") for name in seen)
     assert counts == [1, 1]  # half each: two threads in all, not two OpenMP teams
-    monkeypatch.setattr(bilstm, "SPLIT_MIN_ROWS", 1 << 30)
+    monkeypatch.setattr(tuning, "SPLIT_MIN_ROWS", 1 << 30)
     caller = fast(model, tokens, lengths)
     assert seen[2:] == [threading.current_thread().name] * 2  # one direction after the other
     assert (split - caller).abs().max() <= 1e-6
@@ -168,30 +161,26 @@ def test_other_thread_counts_keep_the_directions_on_the_caller(monkeypatch, two_
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_one_sentence_runs_the_native_loop(monkeypatch, threads):
+def test_one_sentence_runs_the_native_loop(monkeypatch, torch_threads, threads):
     """Each direction's layers in numba (GIL released): on the two workers with two
     threads, on the caller with one. Same numbers as the plain path, every call alike."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        model = random_bilm()
-        native = spy_native(monkeypatch)
-        tokens, lengths = batch(1, 9, model.cfg.projection_dim)
-        got = fast(model, tokens, lengths)
-        n_layers = model.cfg.n_layers
-        assert len(native) == 2 * n_layers
-        if threads == 2:
-            # (a tiny model's first direction may end before the second starts, on the same worker)
-            assert all(name.startswith("elmo-bilstm") for name in native)
-        else:
-            assert set(native) == {threading.current_thread().name}
-        want = plain(model, tokens, lengths)
-        assert (want[1].abs() >= model.cfg.proj_clip - 1e-6).any()  # the clip was exercised
-        assert (got - want).abs().max() <= TOL
-        assert torch.equal(fast(model, tokens, lengths), got)
-        assert torch.get_num_threads() == threads
-    finally:
-        torch.set_num_threads(before)
+    torch_threads(threads)
+    model = random_bilm()
+    native = spy_native(monkeypatch)
+    tokens, lengths = batch(1, 9, model.cfg.projection_dim)
+    got = fast(model, tokens, lengths)
+    n_layers = model.cfg.n_layers
+    assert len(native) == 2 * n_layers
+    if threads == 2:
+        # (a tiny model's first direction may end before the second starts, on the same worker)
+        assert all(name.startswith("elmo-bilstm") for name in native)
+    else:
+        assert set(native) == {threading.current_thread().name}
+    want = plain(model, tokens, lengths)
+    assert (want[1].abs() >= model.cfg.proj_clip - 1e-6).any()  # the clip was exercised
+    assert (got - want).abs().max() <= TOL
+    assert torch.equal(fast(model, tokens, lengths), got)
+    assert torch.get_num_threads() == threads
 
 
 def test_native_loop_on_an_empty_sentence_and_without_residual_or_clips():
@@ -205,17 +194,15 @@ def test_native_loop_on_an_empty_sentence_and_without_residual_or_clips():
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("weights", ["fp32", "int8"])
-def test_a_sentence_gets_the_same_vectors_alone_and_in_any_batch(monkeypatch, weights, threads):
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        _same_alone_and_in_any_batch(monkeypatch, weights)
-    finally:
-        torch.set_num_threads(before)
+def test_a_sentence_gets_the_same_vectors_alone_and_in_any_batch(
+    monkeypatch, torch_threads, weights, threads
+):
+    torch_threads(threads)
+    _same_alone_and_in_any_batch(monkeypatch, weights)
 
 
 def _same_alone_and_in_any_batch(monkeypatch, weights):
-    monkeypatch.setattr(packed, "INT8_MIN_ELEMENTS", 0)  # int8 on the tiny model's matrices
+    monkeypatch.setattr(tuning, "INT8_MIN_ELEMENTS", 0)  # int8 on the tiny model's matrices
     model = random_bilm()
     tokens, lengths = batch(6, 8, model.cfg.projection_dim)
     together = fast(model, tokens, lengths, weights)
@@ -244,40 +231,36 @@ def spy_gathers(monkeypatch) -> list[tuple[int, int]]:
 
 @pytest.mark.parametrize("threads", [1, 2])  # the directions on the caller / on the workers
 @pytest.mark.parametrize("weights", ["fp32", "int8"])
-def test_first_layer_gates_from_the_distinct_tokens(monkeypatch, threads, weights):
+def test_first_layer_gates_from_the_distinct_tokens(monkeypatch, torch_threads, threads, weights):
     """A batch that repeats its tokens: the first layer's input matmul runs on the table,
     and every layer gets the numbers of the tokens written out row by row."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        monkeypatch.setattr(packed, "INT8_MIN_ELEMENTS", 0)
-        model = random_bilm()
-        p = model.cfg.projection_dim
-        g = torch.Generator().manual_seed(3)
-        table = torch.cat([torch.zeros(1, p), torch.randn(4, p, generator=g)])  # row 0: padding
-        lengths = torch.tensor([6, 9, 2, 9, 5])
-        index = torch.randint(1, 5, (5, 9), generator=g)
-        index[~model_mod.length_mask(lengths, 9)] = 0
-        tokens = table[index]
-        seen = spy_gathers(monkeypatch)
-        with torch.inference_mode():
-            got = model.contextualize(tokens, lengths, weights=weights, distinct=(table, index))
-        assert seen == [(5, int(lengths.sum()))] * 2  # layer 1, both directions
-        want = fast(model, tokens, lengths, weights)
-        assert len(seen) == 2  # without the table: rows as before
-        assert (got - want).abs().max() <= 1e-6
-        assert (got - plain(model, tokens, lengths)).abs().max() <= (
-            TOL if weights == "fp32" else 1
+    torch_threads(threads)
+    monkeypatch.setattr(tuning, "INT8_MIN_ELEMENTS", 0)
+    model = random_bilm()
+    p = model.cfg.projection_dim
+    g = torch.Generator().manual_seed(3)
+    table = torch.cat([torch.zeros(1, p), torch.randn(4, p, generator=g)])  # row 0: padding
+    lengths = torch.tensor([6, 9, 2, 9, 5])
+    index = torch.randint(1, 5, (5, 9), generator=g)
+    index[~length_mask(lengths, 9)] = 0
+    tokens = table[index]
+    seen = spy_gathers(monkeypatch)
+    with torch.inference_mode():
+        got = CpuBiLM(model, weights=weights).contextualize(
+            tokens, lengths, distinct=(table, index)
         )
-        for r, n in enumerate(lengths.tolist()):
-            assert (got[:, r, n:] == 0).all()
-        # a table nearly as long as the rows saves nothing: the rows' own matmul runs
-        many = torch.cat([table, torch.randn(40, p, generator=g)])
-        with torch.inference_mode():
-            model.contextualize(tokens, lengths, weights=weights, distinct=(many, index))
-        assert len(seen) == 2
-    finally:
-        torch.set_num_threads(before)
+    assert seen == [(5, int(lengths.sum()))] * 2  # layer 1, both directions
+    want = fast(model, tokens, lengths, weights)
+    assert len(seen) == 2  # without the table: rows as before
+    assert (got - want).abs().max() <= 1e-6
+    assert (got - plain(model, tokens, lengths)).abs().max() <= (TOL if weights == "fp32" else 1)
+    for r, n in enumerate(lengths.tolist()):
+        assert (got[:, r, n:] == 0).all()
+    # a table nearly as long as the rows saves nothing: the rows' own matmul runs
+    many = torch.cat([table, torch.randn(40, p, generator=g)])
+    with torch.inference_mode():
+        CpuBiLM(model, weights=weights).contextualize(tokens, lengths, distinct=(many, index))
+    assert len(seen) == 2
 
 
 def test_the_embedder_passes_its_distinct_tokens(monkeypatch, tmp_path):
@@ -293,12 +276,12 @@ def test_the_embedder_passes_its_distinct_tokens(monkeypatch, tmp_path):
 
 
 def test_int8_error_is_bounded_and_int8_really_ran(monkeypatch):
-    monkeypatch.setattr(packed, "INT8_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(tuning, "INT8_MIN_ELEMENTS", 0)
     model = random_bilm()
     tokens, lengths = batch(5, 10, model.cfg.projection_dim)
     ref, q = fast(model, tokens, lengths), fast(model, tokens, lengths, "int8")
-    kernel = model.lstm_kernel("int8")
-    assert all(w.is_int8 for layer in kernel.w_hh + kernel.w_proj for w in layer)
+    kernel = CpuBiLM(model, weights="int8")._bilstm()
+    assert all(w.is_int8 for pair in kernel.layers for d in pair for w in (d.w_hh, d.w_proj))
     lstm_ref, lstm_q = ref[1:], q[1:]
     rel = float((lstm_q - lstm_ref).norm() / lstm_ref.norm())
     assert 1e-4 < rel < 0.03, rel  # quantized, and close
@@ -309,7 +292,7 @@ def test_int8_error_is_bounded_and_int8_really_ran(monkeypatch):
 
 def test_int8_linear_error_is_the_weights_alone(monkeypatch):
     """The input rides at ~13 bits: the result is that of the int8-rounded weights."""
-    monkeypatch.setattr(packed, "INT8_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(tuning, "INT8_MIN_ELEMENTS", 0)
     g = torch.Generator().manual_seed(7)
     w, b = torch.randn(256, 64, generator=g), torch.randn(256, generator=g)
     x = torch.randn(5, 64, generator=g) * torch.tensor([[1e-3], [1.0], [30.0], [0.2], [5.0]])
@@ -331,18 +314,25 @@ def test_int8_leaves_small_matrices_in_fp32():
 
 def test_weight_updates_and_loads_invalidate_the_packed_weights():
     model = random_bilm()
+    kernel = CpuBiLM(model)  # one kernel, kept across the changes
     tokens, lengths = batch(3, 6, model.cfg.projection_dim)
-    before = fast(model, tokens, lengths)
+    ids = torch.randint(1, 262, (4, model.cfg.max_chars_per_token))
+    before = kernel.contextualize(tokens, lengths)
     with torch.no_grad():  # an optimizer step: in place
         model.backward_layers[1].w_hh.weight.mul_(0.5)
-    after = fast(model, tokens, lengths)
+        model.token_encoder.highways[0].weight.mul_(0.5)
+        model.token_encoder.convs[0].weight.mul_(2)
+    after = kernel.contextualize(tokens, lengths)
     assert (after - before).abs().max() > 1e-3
     assert (after - plain(model, tokens, lengths)).abs().max() <= TOL
+    assert (kernel.encode(ids) - ref_char_cnn(model, ids)).abs().max() <= TOL
     model.load_state_dict(random_bilm(seed=5).state_dict())  # a hot swap into the same module
-    assert (fast(model, tokens, lengths) - plain(model, tokens, lengths)).abs().max() <= TOL
-    copied = copy.deepcopy(model)  # a copy starts with an empty cache and agrees
-    assert not copied.__dict__.get("_kernel_cache")
-    assert (fast(copied, tokens, lengths) - fast(model, tokens, lengths)).abs().max() == 0
+    assert (
+        kernel.contextualize(tokens, lengths) - plain(model, tokens, lengths)
+    ).abs().max() <= TOL
+    assert (kernel.encode(ids) - ref_char_cnn(model, ids)).abs().max() <= TOL
+    copied = copy.deepcopy(model)  # a copy's own kernel agrees
+    assert (fast(copied, tokens, lengths) - kernel.contextualize(tokens, lengths)).abs().max() == 0
 
 
 def test_training_still_takes_the_autograd_path():
@@ -353,25 +343,18 @@ def test_training_still_takes_the_autograd_path():
     assert out.requires_grad
     out.sum().backward()
     assert model.forward_layers[0].w_hh.weight.grad is not None
-    with pytest.raises(ConfigError) as e:
-        model.contextualize(tokens, lengths, weights="int8")
-    assert e.value.field == "weights"
+    with pytest.raises(ConfigError) as e:  # the CPU kernel is fp32 (or int8 weights) only
+        CpuBiLM(copy.deepcopy(model).double())
+    assert e.value.field == "device"
 
 
-def test_character_cnn_packed_path_equals_linear():
+def test_character_cnn_packed_path_equals_the_reference():
     model = random_bilm()
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(1, 262, (11, model.cfg.max_chars_per_token), generator=g)
-    enc = model.token_encoder
     with torch.inference_mode():
-        got = enc(ids)
-        x = enc._filters_lookup(ids)
-        for hw in enc.highways:
-            transform, carry = F.linear(x, hw.weight, hw.bias).chunk(2, dim=-1)
-            gate = torch.sigmoid(carry)
-            x = gate * F.relu(transform) + (1.0 - gate) * x
-        want = F.linear(x, enc.projection.weight, enc.projection.bias)
-    assert (got - want).abs().max() <= TOL
+        got = CpuBiLM(model).encode(ids)
+    assert (got - ref_char_cnn(model, ids)).abs().max() <= TOL
 
 
 @pytest.mark.parametrize("n,k", [(64, 16), (16, 64), (1024, 1024)])  # wide, tall, oneDNN-sized

@@ -32,8 +32,8 @@ from elmo_service.model import BiLM
 from elmo_service.tokenizers import WordTokenizer
 from tests.support.bilm_fixtures import bilm_options, edit_hdf5, write_bilm
 from tests.support.core_fixtures import tiny_artifact, train_sentencepiece
+from tests.support.reference import reference_bilm
 
-torch.set_num_threads(1)
 pytestmark = pytest.mark.slow  # imports AllenNLP and runs it beside ours
 
 TOL = 1e-4
@@ -335,6 +335,18 @@ def test_reference_matches_allennlp(allennlp_elmo, tmp_path):
     ref, _ = allennlp_layers(allennlp_elmo, options, weights, SENTENCES[:1])
     want = bilm_tf_reference(json.loads(options.read_text()), weights, SENTENCES[0])
     assert np.abs(ref[:, 0].numpy() - want).max() <= TOL
+
+
+def test_the_bilm_tf_oracle_agrees_with_the_one_reference(tmp_path):
+    """The external check (numpy, from the hdf5) and the tests' own textbook biLM
+    (tests/support/reference.py, on the converted weights) are the same function."""
+    options, weights = write_bilm(tmp_path, n_characters=261, activation="tanh", n_highway=2)
+    model, _ = load_bilm(options, weights)
+    opts = json.loads(options.read_text())
+    for sentence in SENTENCES:
+        want = bilm_tf_reference(opts, weights, sentence)
+        got = reference_bilm(model, sentence, dtype=torch.float64).numpy()
+        assert np.abs(got - want).max() <= TOL
 
 
 @pytest.mark.parametrize("skip", [False, None])

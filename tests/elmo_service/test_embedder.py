@@ -2,14 +2,11 @@
 
 import numpy as np
 import pytest
-import torch
 
 from elmo_service.embedder import Embedder, apply_mix
 from elmo_service.errors import InputError, LimitError
 from elmo_service.scalar_mix import MixSpec
 from tests.support.core_fixtures import tiny_artifact, train_sentencepiece
-
-torch.set_num_threads(1)
 
 SENTS = [
     "The bank of the river.",
@@ -81,6 +78,13 @@ def test_bad_input_types(model_dir):
     assert e.value.field == "sentences[1]"
     with pytest.raises(InputError):
         emb.embed([["a", None]])
+    # a caller's own name for the list (an HTTP route's field) is in the field and the message
+    with pytest.raises(InputError) as e:
+        emb.tokenize(["fine", ["ok", " "]], field="input")
+    assert e.value.field == "input[1][1]" and e.value.message.startswith("input[1][1] is empty")
+    with pytest.raises(InputError) as e:
+        emb.tokenize(["fine", ["ok", " "]])
+    assert e.value.message.startswith("sentence 1, word 1 is empty")
 
 
 def test_long_tokens_are_cut_not_refused(tmp_path):

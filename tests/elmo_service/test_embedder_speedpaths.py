@@ -1,11 +1,10 @@
-"""The fast paths of the model and the embedder compute the plain ELMo function.
+"""The model's inference paths and the embedder compute the plain ELMo function.
 
-``model.py`` runs the character CNN by table lookup at inference, the LSTM
-with sigmoid-based tanh on length-sorted rows that shrink as sentences end,
-and the embedder caches token vectors and may ``torch.compile`` the biLSTM.
-Each is checked here against a reference written plainly in this file (a
-per-position convolution, a per-step LSTM with the input matmul inside the
-loop, one sentence at a time, no sorting, no cache).
+``model.py`` runs the character CNN by table lookup at inference and the LSTM
+on length-sorted rows that shrink as sentences end; the CPU kernel looks the
+filters up in native code; the embedder caches token vectors and may
+``torch.compile`` the biLSTM. Each is checked against the one reference
+(``tests/support/reference.py``).
 """
 
 from __future__ import annotations
@@ -15,17 +14,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from elmo_service.artifact import Artifact
 from elmo_service.char_ids import batch_ids, sentence_ids
 from elmo_service.config import BiLMConfig
 from elmo_service.embedder import Embedder
+from elmo_service.kernels.cpu_bilm import CpuBiLM
 from elmo_service.model import N_CHAR_IDS, BiLM
 from elmo_service.tokenizers import WordTokenizer
 from tests.support.configs import small_test_config
-
-torch.set_num_threads(1)
+from tests.support.reference import char_cnn as ref_char_cnn
+from tests.support.reference import reference_bilm as ref_bilm
 
 SENTENCES = [
     ["The", "bank", "of", "the", "river", "."],
@@ -57,60 +56,6 @@ def make_embedder(model: BiLM, **kwargs) -> Embedder:
         version="t",
     )
     return Embedder(art, device="cpu", **kwargs)
-
-
-# -- the plain reference --------------------------------------------------------
-def ref_char_cnn(model: BiLM, ids: torch.Tensor) -> torch.Tensor:
-    """``[N, W]`` -> ``[N, P]``: every window of every filter as its own dot product."""
-    enc, cfg = model.token_encoder, model.cfg
-    emb = enc.char_embed.weight[ids]  # [N, W, D]
-    act = torch.tanh if cfg.activation == "tanh" else F.relu
-    feats = []
-    for (width, _), conv in zip(cfg.filters, enc.convs, strict=True):
-        windows = [
-            torch.einsum("nkd,fdk->nf", emb[:, p : p + width], conv.weight) + conv.bias
-            for p in range(ids.shape[1] - width + 1)
-        ]
-        feats.append(act(torch.stack(windows, dim=1).max(dim=1).values))
-    x = torch.cat(feats, dim=-1)
-    for hw in enc.highways:
-        transform, carry = F.linear(x, hw.weight, hw.bias).chunk(2, dim=-1)
-        gate = torch.sigmoid(carry)
-        x = gate * F.relu(transform) + (1 - gate) * x
-    return F.linear(x, enc.projection.weight, enc.projection.bias)
-
-
-def ref_lstm(layer, xs: torch.Tensor) -> torch.Tensor:
-    """One direction over one sentence ``[T, in]``, one step at a time."""
-    c_dim = layer.cell_dim
-    h = torch.zeros(layer.proj_dim)
-    c = torch.zeros(c_dim)
-    outs = []
-    for x in xs:
-        gates = layer.w_ih.weight @ x + layer.w_ih.bias + layer.w_hh.weight @ h
-        i, f, o, g = (gates[k * c_dim : (k + 1) * c_dim] for k in range(4))
-        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-        if layer.cell_clip is not None:
-            c = c.clamp(-layer.cell_clip, layer.cell_clip)
-        h = layer.w_proj.weight @ (torch.sigmoid(o) * torch.tanh(c))
-        if layer.proj_clip is not None:
-            h = h.clamp(-layer.proj_clip, layer.proj_clip)
-        outs.append(h)
-    return torch.stack(outs) if outs else xs.new_zeros(0, layer.proj_dim)
-
-
-def ref_bilm(model: BiLM, tokens: list[str]) -> torch.Tensor:
-    """One sentence (markers included) -> ``[L+1, T+2, 2P]``."""
-    e = ref_char_cnn(model, torch.from_numpy(sentence_ids(tokens, model.cfg.max_chars_per_token)))
-    layers = [torch.cat([e, e], dim=-1)]
-    fwd_in, bwd_in = e, e.flip(0)
-    for i, (fwd, bwd) in enumerate(zip(model.forward_layers, model.backward_layers, strict=True)):
-        f, r = ref_lstm(fwd, fwd_in), ref_lstm(bwd, bwd_in)
-        if model.cfg.residual and i > 0:
-            f, r = f + fwd_in, r + bwd_in
-        fwd_in, bwd_in = f, r
-        layers.append(torch.cat([f, r.flip(0)], dim=-1))
-    return torch.stack(layers)
 
 
 # -- model vs reference ---------------------------------------------------------
@@ -166,36 +111,32 @@ def test_char_cnn_lookup_equals_conv_and_reference_on_odd_inputs():
 
 
 @pytest.mark.parametrize("threads", [1, 2])  # two: the tokens split over the workers
-def test_native_filter_lookup_is_the_torch_lookup_to_the_bit(monkeypatch, threads):
-    import elmo_service.model as model_mod
+def test_native_filter_lookup_is_the_torch_lookup_to_the_bit(monkeypatch, torch_threads, threads):
+    import elmo_service.kernels.native_filters as native_filters
+    import elmo_service.kernels.tuning as tuning
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        model = make_model(max_chars_per_token=12)
-        w = model.cfg.max_chars_per_token
-        rng = np.random.default_rng(1)
-        words = ["".join(rng.choice(list("abcdefgh"), size=n)) for n in rng.integers(0, 14, 70)]
-        ids = torch.from_numpy(np.stack([sentence_ids([x], w)[1] for x in words]))
-        ids = torch.cat([ids, torch.from_numpy(rng.integers(0, N_CHAR_IDS, size=(5, w)))])
-        enc = model.token_encoder
-        monkeypatch.setattr(model_mod, "NATIVE_SPLIT_MIN_TOKENS", 32)
-        calls = []
-        real = model_mod.char_filters
-        monkeypatch.setattr(
-            model_mod, "char_filters", lambda *a: calls.append(len(a[0])) or real(*a)
-        )
-        with torch.inference_mode():
-            native = enc._filters_lookup(ids)
-            assert sorted(calls) == ([37, 38] if threads == 2 else [75])
-            assert torch.equal(enc._filters_lookup(ids.to(torch.int32)), native)
-            assert torch.equal(enc._filters_lookup(ids[:1]), native[:1])  # alone
-            enc._tables_flat = None  # the torch loop
-            torch_loop = enc._filters_lookup(ids)
-        assert len(calls) == (5 if threads == 2 else 3)  # the torch loop added none
-        assert torch.equal(native, torch_loop)
-    finally:
-        torch.set_num_threads(before)
+    torch_threads(threads)
+    model = make_model(max_chars_per_token=12)
+    w = model.cfg.max_chars_per_token
+    rng = np.random.default_rng(1)
+    words = ["".join(rng.choice(list("abcdefgh"), size=n)) for n in rng.integers(0, 14, 70)]
+    ids = torch.from_numpy(np.stack([sentence_ids([x], w)[1] for x in words]))
+    ids = torch.cat([ids, torch.from_numpy(rng.integers(0, N_CHAR_IDS, size=(5, w)))])
+    enc, kernel = model.token_encoder, CpuBiLM(model)
+    monkeypatch.setattr(tuning, "NATIVE_SPLIT_MIN_TOKENS", 32)
+    calls = []
+    real = native_filters.char_filters
+    monkeypatch.setattr(
+        native_filters, "char_filters", lambda *a: calls.append(len(a[0])) or real(*a)
+    )
+    with torch.inference_mode():
+        native = kernel._filters(ids)
+        assert sorted(calls) == ([37, 38] if threads == 2 else [75])
+        assert torch.equal(kernel._filters(ids.to(torch.int32)), native)
+        assert torch.equal(kernel._filters(ids[:1]), native[:1])  # alone
+        torch_loop = enc._filters_lookup(ids)
+    assert len(calls) == (5 if threads == 2 else 3)  # the torch loop added none
+    assert torch.equal(native, torch_loop)
 
 
 def test_lookup_tables_follow_weight_changes():
@@ -230,29 +171,48 @@ def test_sentence_alone_in_a_batch_and_later_gives_the_same_vectors():
 
 @pytest.mark.parametrize("cache", [0, 1000])
 def test_sentence_markers_go_through_the_cnn_once_per_weight_version(monkeypatch, cache):
-    import elmo_service.embedder as embedder_mod
-
     model = make_model()
     emb = make_embedder(model, token_cache_size=cache)
-    asked: list[list[str]] = []
-    real = Embedder._encode_keys
-    monkeypatch.setattr(Embedder, "_encode_keys", lambda self, k: asked.append(k) or real(self, k))
-    markers = [embedder_mod._BOS, embedder_mod._EOS]
+    asked: list[int] = []  # rows of each CNN call
+    real = Embedder._encode_ids
+    monkeypatch.setattr(
+        Embedder, "_encode_ids", lambda self, ids: asked.append(len(ids)) or real(self, ids)
+    )
+    markers = 2  # the markers' call has two rows; the sentences' tokens come in other calls
     first = emb.embed_tokens(SENTENCES)
-    assert asked.count(markers) == 1 and sum(k.count(markers[0]) for k in asked) == 1
-    emb.embed_tokens([["new", "words"], []])  # an empty sentence: markers alone
     assert asked.count(markers) == 1
+    asked.clear()
+    emb.embed_tokens([["new", "words", "here"], []])  # an empty sentence: markers alone
+    assert asked == [3]  # the three new words, no markers
+    asked.clear()
     for got, sent in zip(first, SENTENCES, strict=True):
         assert np.abs(got - ref_bilm(model, sent)[:, 1:-1].detach().numpy()).max(initial=0) <= 1e-5
     with torch.no_grad():
         model.token_encoder.char_embed.weight.mul_(1.5)  # a new weight version
     emb._cache = None if cache == 0 else type(emb._cache)(cache)
     again = emb.embed_tokens(SENTENCES[:1])[0]
-    assert asked.count(markers) == 2
+    assert asked.count(markers) == 1
     assert (
         np.abs(again - ref_bilm(model, SENTENCES[0])[:, 1:-1].detach().numpy()).max(initial=0)
         <= 1e-5
     )
+
+
+@pytest.mark.parametrize("cache", [0, 1000])
+def test_a_token_spelled_like_a_marker_key_gets_its_own_vector(cache):
+    """#28 item 12: the markers used to be keyed "\x00<S>" / "\x00</S>" beside the token
+    texts, so a pre-tokenized word with those characters got the marker's vector."""
+    model = make_model()
+    emb = make_embedder(model, token_cache_size=cache)
+    sent = ["\x00<S>", "bank", "\x00</S>", "<S>", "</S>"]
+    for _ in range(2):  # the second time from the token cache, when there is one
+        got = emb.embed_tokens([sent, ["river"]])[0]
+        want = ref_bilm(model, sent)[:, 1:-1].numpy()
+        assert np.abs(got - want).max() <= 1e-5
+    markers = ref_bilm(model, [])[0]  # layer 0 of <S>, </S>
+    for pos in (0, 2):
+        assert np.abs(got[0, pos] - markers[0].numpy()).max() > 1e-3
+        assert np.abs(got[0, pos] - markers[1].numpy()).max() > 1e-3
 
 
 def test_token_cache_does_not_change_vectors():

@@ -5,20 +5,16 @@ import torch
 from elmo_service.lstm import LstmLayer, LstmpFunction
 from elmo_service.model import BiLM
 from tests.support.configs import small_test_config
+from tests.support.reference import lstmp_step
 
 
 def ref_layer(x_gates, w_hh_t, w_proj_t, h, c, keep, clip):
-    """Plain autograd through the textbook step loop (gates i, f, o, g)."""
-    n = c.shape[1]
+    """Plain autograd through the reference's step loop (tests/support/reference.py)."""
     outs = []
     for s in range(x_gates.shape[1]):
         if keep is not None:
             h, c = h * keep[:, s, None], c * keep[:, s, None]
-        z = x_gates[:, s] + h @ w_hh_t
-        i, f, o = (torch.sigmoid(z[:, k * n : (k + 1) * n]) for k in range(3))
-        g = torch.tanh(z[:, 3 * n :])
-        c = (f * c + i * g).clamp(-clip, clip)
-        h = ((o * torch.tanh(c)) @ w_proj_t).clamp(-clip, clip)
+        h, c = lstmp_step(x_gates[:, s], h, c, w_hh_t.t(), w_proj_t.t(), clip, clip)
         outs.append(h)
     return torch.stack(outs, 1), c
 
@@ -104,3 +100,16 @@ def test_language_model_runs_the_served_bilm():
     mask = (torch.arange(6)[None] < lengths[:, None])[..., None]
     assert torch.allclose((h_f * mask).detach(), served[..., :p], atol=1e-5)
     assert torch.allclose((h_b * mask).detach(), served[..., p:], atol=1e-5)
+
+
+def test_compiled_steps_are_per_model_not_a_process_wide_swap():
+    from elmo_service.lstm import EAGER_STEPS, compiled_steps
+
+    compiled, plain = BiLM(small_test_config()), BiLM(small_test_config())
+    compiled.use_compiled_steps()  # torch.compile is lazy: nothing compiles here
+    layers = [*compiled.forward_layers, *compiled.backward_layers]
+    assert all(layer.steps is compiled_steps() for layer in layers)
+    assert compiled_steps().forward is not EAGER_STEPS.forward
+    assert all(
+        layer.steps is EAGER_STEPS for layer in (*plain.forward_layers, *plain.backward_layers)
+    )

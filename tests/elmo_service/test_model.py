@@ -8,8 +8,6 @@ from elmo_service.char_ids import batch_ids
 from elmo_service.model import reverse_padded
 from tests.support.core_fixtures import tiny_model
 
-torch.set_num_threads(1)
-
 SENTS = [
     ["the", "bank", "of", "the", "river"],
     ["a"],
@@ -106,3 +104,21 @@ def test_clipping_bounds_hidden_states():
     model = tiny_model(proj_clip=0.05, residual=False)
     out, _ = run(model, SENTS)
     assert out[1:].abs().max() <= 0.05 + 1e-7
+
+
+def test_the_model_imports_no_kernel():
+    """model.py is plain torch: training and the GPU path never load numba or the CPU kernels
+    (the embedder imports them when it chooses them)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys, elmo_service.model, elmo_service.lstm, elmo_service.kernels.select; "
+        "print(sorted(m for m in sys.modules if m == 'numba' or m.startswith('elmo_service.kernels.')))"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    # tuning: constants only (the process setup reads them); select: the choice, no kernel
+    assert out.stdout.strip() == "['elmo_service.kernels.select', 'elmo_service.kernels.tuning']"

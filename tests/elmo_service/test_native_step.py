@@ -1,10 +1,13 @@
 """The native kernels (the single-sentence step loop, the filter lookup) import and run where
-numba can cache nothing."""
+numba can cache nothing, recompile a damaged cache, and their sigmoid is exact enough."""
 
+import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,7 +23,7 @@ def test_no_writable_cache_folder_is_not_an_import_error(tmp_path):
             raise PermissionError("read-only")
 
         caching._CacheLocator.ensure_cache_path = refuse  # every locator's writability check
-        from elmo_service import native_filters, native_step
+        from elmo_service.kernels import native_filters, native_step
 
         assert native_step.lstmp_row._cache.__class__.__name__ == "NullCache"
         assert native_step.lstm_cell._cache.__class__.__name__ == "NullCache"
@@ -37,8 +40,59 @@ def test_no_writable_cache_folder_is_not_an_import_error(tmp_path):
     assert out.stdout.strip() == "ran"
 
 
+WARM = """
+from elmo_service.kernels.cpu_bilm import CpuBiLM, compile_kernels
+from elmo_service.model import BiLM
+from tests.support.configs import small_test_config
+import torch
+
+compile_kernels()
+model = BiLM(small_test_config()).eval()
+x = torch.randn(2, 4, model.cfg.projection_dim)
+kernel = CpuBiLM(model)
+one = kernel.contextualize(x[:1], torch.tensor([4]))  # the single-sentence loop
+two = kernel.contextualize(x, torch.tensor([4, 2]))  # the batched cell
+print(float((one[:, 0] - two[:, 0]).abs().max()) < 1e-5)
+"""
+
+
+@pytest.mark.slow  # three fresh interpreters, two of them compiling (~1 min on 2 cores)
+def test_a_damaged_cache_file_is_recompiled_with_a_warning(tmp_path):
+    """#28 item 13: garbage and zero-length cache files (a real NUMBA_CACHE_DIR) used to fail
+    the first call (serve's warm-up) with a raw traceback."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+
+    def warm() -> subprocess.CompletedProcess:
+        run = {"cwd": ROOT, "env": env, "capture_output": True, "text": True, "timeout": 300}
+        return subprocess.run([sys.executable, "-c", WARM], **run)
+
+    first = warm()
+    assert first.returncode == 0, first.stderr[-2000:]
+    files = sorted(tmp_path.rglob("*.nbc"))
+    assert {f.name.split("-")[0] for f in files} >= {
+        "native_step.lstmp_row",
+        "native_step.lstm_cell",
+        "native_filters.char_filters",
+    }
+    for f in files:
+        if "lstmp_row" in f.name:
+            f.write_bytes(os.urandom(300))  # garbage
+        elif "lstm_cell" in f.name:
+            f.write_bytes(b"")  # zero length
+    damaged = warm()
+    assert damaged.returncode == 0, damaged.stderr[-2000:]
+    assert damaged.stdout.strip() == "True"
+    assert "Traceback" not in damaged.stderr
+    for name in ("lstmp_row", "lstm_cell"):
+        assert (
+            f"numba's cache of {name}" in damaged.stderr and "compiling it again" in damaged.stderr
+        )
+    again = warm()  # the recompile wrote good files back
+    assert again.returncode == 0 and "compiling it again" not in again.stderr, again.stderr
+
+
 def test_the_compiled_loop_is_cached_where_a_folder_is_writable():
-    from elmo_service import native_filters, native_step
+    from elmo_service.kernels import native_filters, native_step
 
     assert type(native_step.lstmp_row._cache).__name__ == "FunctionCache"
     assert type(native_step.lstm_cell._cache).__name__ == "FunctionCache"
@@ -50,7 +104,7 @@ def test_the_vectorized_sigmoid_is_within_1e7_of_float64():
     against the float64 one: the whole finite range, the clamps and both tails."""
     import numpy as np
 
-    from elmo_service.native_step import _sigmoid
+    from elmo_service.kernels.native_step import _sigmoid
 
     rng = np.random.default_rng(0)
     x = np.concatenate(

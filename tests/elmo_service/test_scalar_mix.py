@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from elmo_service.errors import ConfigError
-from elmo_service.scalar_mix import MixSpec, ScalarMix
+from elmo_service.scalar_mix import MixSpec, ScalarMix, apply_mix
 
 torch.manual_seed(0)
 L1, B, T, P = 3, 2, 5, 4
@@ -62,3 +62,18 @@ def test_spec_round_trip_and_unbatched_input():
 def test_non_finite_weights_rejected():
     with pytest.raises(ConfigError, match="finite"):
         MixSpec([0.0, float("nan"), 0.0]).validate(L1)
+
+
+@pytest.mark.parametrize("per_direction", [False, True])
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_the_numpy_mix_is_the_trainable_modules(per_direction, layer_norm):
+    """apply_mix (numpy, what the library and the API apply) and ScalarMix (torch, what the
+    probes train) are one formula: held to each other per sentence."""
+    n = 5 if per_direction else 3
+    spec = MixSpec([0.3 * k - 0.4 for k in range(n)], 1.3, per_direction, layer_norm)
+    module = ScalarMix.from_spec(spec, L1)
+    for b in range(B):
+        want = module(LAYERS[:, b]).detach().numpy()
+        got = apply_mix(LAYERS[:, b].numpy(), spec)
+        assert got.dtype.name == "float32"
+        assert abs(got - want).max() <= 1e-5

@@ -16,13 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from fastapi.testclient import TestClient
 
 from api.main import create_app
 from api.settings import load_settings
-
-torch.set_num_threads(1)
 
 ADMIN = {"authorization": "Bearer admin"}
 USER = {"authorization": "Bearer user"}

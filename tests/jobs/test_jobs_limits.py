@@ -22,7 +22,6 @@ from pretrain.config import TrainConfig, apply_overrides
 from pretrain.lm import LanguageModel
 from tests.jobs.test_jobs import ADMIN, TINY_CONFIG, dirs, job_body, settings_for
 
-torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
 from fastapi.testclient import TestClient
 
 from api.main import create_app
@@ -29,8 +28,6 @@ from tests.jobs.test_jobs import (
     wait_job,
 )
 from tests.support.procs import pids_of
-
-torch.set_num_threads(1)
 
 
 def trainer_pids(run_dir: str) -> list[int]:

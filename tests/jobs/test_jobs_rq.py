@@ -12,7 +12,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-import torch
 from fastapi.testclient import TestClient
 
 from api.main import create_app
@@ -30,7 +29,6 @@ from tests.jobs.test_jobs import (
     worker_env,
 )
 
-torch.set_num_threads(1)
 pytestmark = pytest.mark.slow  # every test trains a job through rq workers
 
 

@@ -70,3 +70,44 @@ def test_two_process_gloo_ddp(tmp_path):
     per_step = [r["tokens_seen"] for r in recs if "loss" in r]
     assert per_step[-1] > 8 * 48  # more than one rank's worth of the smallest batches
     shutil.rmtree(run)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
+def test_two_nodes_c10d_rendezvous(tmp_path):
+    """Two torchrun "nodes" (one process each) meet through c10d rendezvous on loopback,
+    as on two machines (docs/multi-node.md): one shared run folder and data, identical
+    parameters after the run."""
+    text = write_corpus(tmp_path / "book.txt", n_sentences=300, seed=7)
+    opts = PrepareOptions(vocab_size=200, byte_fallback=False, heldout_fraction=0.05)
+    prepare([str(text)], tmp_path / "prepared", opts, progress=False, log=lambda *_: None)
+    run = tmp_path / "run"  # "shared storage": both nodes read and write it
+    port = free_port()
+    node = torchrun() + [
+        "--nnodes", "2", "--nproc-per-node", "1",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+        "--rdzv-id", f"test-{port}",
+        "-m", "pretrain.cli", "train", str(ROOT / "configs" / "tiny.yaml"), "--run-dir", str(run),
+        "--set", f"data.path={tmp_path / 'prepared'}", "--set", "train.steps=6",
+        "--set", "train.progress=false", "--set", "checkpoint.every_steps=3",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    nodes = [
+        subprocess.Popen(
+            node, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for _ in range(2)
+    ]
+    try:
+        logs = [p.communicate(timeout=240)[0] for p in nodes]
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in nodes] == [0, 0], "\n".join(logs)
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    check = [r for r in recs if "ddp_params_identical" in r]
+    assert check == [{"step": 6, "ddp_world": 2, "ddp_params_identical": True}]
+    st = ckpt.load_checkpoint(ckpt.list_checkpoints(run)[-1])
+    assert st["world_size"] == 2 and st["step"] == 6 and len(st["rng"]["torch"]) == 2
+    shutil.rmtree(run)

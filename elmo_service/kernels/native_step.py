@@ -6,33 +6,29 @@ At one row each step of a layer is a matrix-vector product that streams the
 recurrent weights (2.5 MB for a 1024/128 layer) plus ~10 element-wise ops on
 4C values. Written as torch calls, that is ~12 Python-level calls a step,
 which hold the GIL between them: the two directions cannot run on the two
-cores at once (measured 1.5x *slower* on two Python threads than on one;
-``docs/bench-embedder.md``). Compiled by numba with ``nogil=True``, the whole loop of a layer
-is one call that releases the GIL, so :class:`~elmo_service.bilstm.BiLstmKernel`
+cores at once (slower on two Python threads than on one: ``docs/bench-embedder.md``).
+Compiled by numba with ``nogil=True``, the whole loop of a layer is one call
+that releases the GIL, so :class:`~elmo_service.kernels.bilstm.BiLstmKernel`
 runs each direction on its own core.
 
-The math is ``BiLstmKernel``'s, on its pre-scaled weights (g-gate rows doubled,
-the cell kept doubled, ``W_proj`` doubled: see ``elmo_service/bilstm.py``),
-products summed in float32 in a fixed order, the gate functions in float32
-by :func:`_sigmoid` (written so that the compiler vectorizes it: with libm's
-scalar ``exp`` the element-wise part was ~40 % of a step): the same numbers on
-every call. They differ from the torch loop's by a few float32 ulps (3-7e-7
-on the bench shapes), as the batched loops differ from each other.
+The math is ``BiLstmKernel``'s, on the pre-scaled weights of a
+:class:`~elmo_service.kernels.bilstm.ScaledLayer` (g-gate rows doubled, the
+cell kept doubled, ``W_proj`` doubled), whose methods are the only callers.
+NOTE: ``_cell_row`` reads exactly that layout; change the two together.
+Products are summed in float32 in a fixed order, the gate functions in float32
+by :func:`_sigmoid` (written so that the compiler vectorizes it): the same
+numbers on every call, a few float32 ulps from the torch loop's.
 
-numba compiles on first use (~1-2.5 s here) and keeps the machine code on disk
-(next to this file, or in numba's per-user cache when that is not writable;
-~0.2 s to load), so only a process's first single-sentence call pays; the
-server's warm-up makes that call, and the Docker image is built with the
-cache filled (:func:`compile_now`). Where no folder is writable (a read-only
-container without a home), each process compiles once instead of failing.
+Compilation and the on-disk cache: ``kernels/jit.py``. Measured speed-ups:
+``docs/bench-embedder.md``.
 """
 
 from __future__ import annotations
 
-import contextlib
-
 import numba
 import numpy as np
+
+from elmo_service.kernels.jit import JIT_OPTIONS, compile_checked, enable_caching
 
 # float32 constants, so that the arithmetic stays in float32 (8 lanes of AVX2)
 _F = np.float32
@@ -47,10 +43,6 @@ _T2, _T3, _T4, _T5, _T6, _T7 = (
     _F(1 / 720),
     _F(1 / 5040),
 )
-
-# error_model="numpy": a division by zero gives inf instead of a Python exception, so the
-# division needs no branch and the loops vectorize
-JIT_OPTIONS = dict(nogil=True, boundscheck=False, error_model="numpy")
 
 
 @numba.njit(**JIT_OPTIONS)
@@ -178,27 +170,15 @@ def lstm_cell(
         _cell_row(gates[r], c2[r], clip2, m[r], bits)
 
 
-def enable_caching(fn) -> None:
-    """The decorator's ``cache=True``, except that numba finding no writable cache folder
-    (it raises RuntimeError) means compiling once per process, not failing the import."""
-    with contextlib.suppress(RuntimeError):
-        fn.enable_caching()
-
-
 enable_caching(lstmp_row)
 enable_caching(lstm_cell)
 
 
 def compile_now() -> None:
-    """Compile (or load from numba's cache) :func:`lstmp_row` and :func:`lstm_cell` now,
-    e.g. while building an image, rather than on the first request."""
+    """Compile (or load from numba's cache) :func:`lstmp_row` and :func:`lstm_cell`."""
     z = np.zeros
-    lstmp_row(
-        z((1, 8), np.float32),
-        z((2, 8), np.float32),
-        z((2, 2), np.float32),
-        0.0,
-        0.0,
-        z((1, 2), np.float32),
+    args = (z((1, 8), np.float32), z((2, 8), np.float32), z((2, 2), np.float32), 0.0, 0.0)
+    compile_checked(lstmp_row, *args, z((1, 2), np.float32))
+    compile_checked(
+        lstm_cell, z((1, 8), np.float32), z((1, 2), np.float32), 0.0, z((1, 2), np.float32)
     )
-    lstm_cell(z((1, 8), np.float32), z((1, 2), np.float32), 0.0, z((1, 2), np.float32))

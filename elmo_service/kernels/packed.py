@@ -2,7 +2,7 @@
 
     PackedLinear(W [N, K], b [N] | None)(x [M, K], add=None) -> x W^T + b (+ add)  [M, N]
 
-Why, measured on this project's AVX2 CPU (``bench/bench_latency.py --kernels``):
+Why (measured by ``bench/bench_latency.py --kernels``; figures in ``docs/bench-embedder.md``):
 
 * ``M >= 2`` rows: MKL's sgemm re-packs the whole weight on every call. For
   ``[20, 512] x [512, 16384]`` (an LSTM step of the original ELMo at batch
@@ -10,11 +10,11 @@ Why, measured on this project's AVX2 CPU (``bench/bench_latency.py --kernels``):
   reordered once (``mkldnn._reorder_linear_weight``, the op inductor's
   freezing pass uses) runs at ~50-75 % of it.
 * ``M == 1`` (a single sentence's recurrent step) is a matrix-vector product,
-  bound by reading the weight: MKL with ``W^T [K, N]`` contiguous is ~1.8x
-  faster than with ``W [N, K]`` for wide matrices (``N > K``), and the other
-  way round for tall ones; oneDNN is slower than both here.
+  bound by reading the weight: MKL with ``W^T [K, N]`` contiguous is faster
+  than with ``W [N, K]`` for wide matrices (``N > K``), and the other way
+  round for tall ones; oneDNN is slower than both here.
 * ``int8`` (opt-in): fbgemm with per-output-channel int8 weights and int32
-  accumulation, 2-4x faster than fp32 on the big shapes. Each input row is
+  accumulation, faster than fp32 on the big shapes. Each input row is
   scaled by its own maximum, never by the batch's, so a row's result does not
   depend on its batch mates, and is carried at ~13 bits (two 7-bit passes in
   one call), so the error is the weights' 8 bits alone.
@@ -31,11 +31,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from elmo_service.config import WEIGHT_MODES
 from elmo_service.errors import ConfigError
+from elmo_service.kernels import tuning
 
 
 def check_weights_mode(weights: str) -> None:
@@ -60,17 +60,10 @@ def int8_available() -> bool:
     )
 
 
-# int8 only where it pays: smaller weights stay cache-resident, and at one row
-# the quantized kernel's fixed cost outweighs the bytes it saves
-INT8_MIN_ELEMENTS = 1 << 20
-# below this, and for tall matrices, MKL's per-call packing is cheap and its kernel faster
-ONEDNN_MIN_ELEMENTS = 1 << 20
-
-
 class PackedLinear:
     """``x W^T + b`` for inference, the weight packed once (see the module docstring).
 
-    ``int8``: for weights of at least ``INT8_MIN_ELEMENTS`` (smaller ones stay
+    ``int8``: for weights of at least ``tuning.INT8_MIN_ELEMENTS`` (smaller ones stay
     fp32), int8 weights quantized per output row; each input row is scaled by
     its own ``max |x|`` and carried at ~13 bits (see :meth:`_int8_call`), so a
     row's result depends on nothing else in the batch.
@@ -86,10 +79,10 @@ class PackedLinear:
         self._use_onednn = (
             self._cpu
             and onednn_available()
-            and (self.n > self.k or self.n * self.k >= ONEDNN_MIN_ELEMENTS)
+            and (self.n > self.k or self.n * self.k >= tuning.ONEDNN_MIN_ELEMENTS)
         )
         self._int8: Any = None
-        if int8 and self.n * self.k >= INT8_MIN_ELEMENTS:
+        if int8 and self.n * self.k >= tuning.INT8_MIN_ELEMENTS:
             self._int8 = _int8_pack(self.weight)
             self.weight = None  # type: ignore[assignment]  # the int8 pack replaces it
 
@@ -192,19 +185,3 @@ class KernelCache(dict):
                 hit = (key, build())
             self[slot] = hit
         return hit[1]
-
-
-def kernel_cache(module: torch.nn.Module) -> KernelCache:
-    """The :class:`KernelCache` attached to ``module`` (created on first use)."""
-    cache = module.__dict__.get("_kernel_cache")
-    if cache is None:
-        cache = module.__dict__["_kernel_cache"] = KernelCache()
-    return cache
-
-
-def linear(x: Tensor, packed: PackedLinear | None, module: torch.nn.Linear) -> Tensor:
-    """``module(x)`` through ``packed`` when given (any leading dims)."""
-    if packed is None:
-        return F.linear(x, module.weight, module.bias)
-    lead = x.shape[:-1]
-    return packed(x.reshape(-1, x.shape[-1])).view(*lead, packed.n)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from elmo_service.native_step import JIT_OPTIONS, enable_caching
+from elmo_service.kernels.jit import JIT_OPTIONS, compile_checked, enable_caching
 
 
 @numba.njit(**JIT_OPTIONS)
@@ -73,10 +73,10 @@ enable_caching(char_filters)
 
 
 def compile_now() -> None:
-    """Compile (or load from numba's cache) :func:`char_filters` now, e.g. while building
-    an image, rather than on the first request."""
+    """Compile (or load from numba's cache) :func:`char_filters`."""
     i = np.array
-    char_filters(
+    compile_checked(
+        char_filters,
         np.zeros((1, 3), np.int64),
         np.zeros(2 * 2 * 1, np.float32),
         i([2], np.int64),

@@ -2,15 +2,15 @@
 
     x [2, T, B, P] (direction, time, rows sorted longest first) --> per layer [2, T, B, P]
 
-The same function as ``LstmLayer``'s inference kernel (``elmo_service/lstm.py``)
-run for each direction and layer, with fewer, larger operations per step:
+The same function as ``LstmLayer`` (``elmo_service/lstm.py``) run for each
+direction and layer, with fewer, larger operations per step:
 
 * a step is the recurrent matmul (the input gates added in the same call), the
-  element-wise cell in one native call (``native_step.lstm_cell``, numba: ~8
-  torch ops before, ~27 % of a 32-row step), and the projection matmul;
-* weights are packed once per weight version (:class:`PackedLinear`: oneDNN
-  reordered for several rows, ``W^T`` for a single row, int8 when asked) and
-  pre-scaled so that no step multiplies by a constant: the g-gate rows of
+  element-wise cell in one native call (``native_step.lstm_cell``, numba), and
+  the projection matmul;
+* weights are packed once (:class:`PackedLinear`: oneDNN reordered for several
+  rows, ``W^T`` for a single row, int8 when asked) and pre-scaled
+  (:class:`ScaledLayer`) so that no step multiplies by a constant: the g-gate rows of
   ``W_ih``, ``b`` and ``W_hh`` are doubled, so one sigmoid gives
   ``sigmoid(2g)``, and ``tanh(g) = 2 sigmoid(2g) - 1``; the cell is kept
   doubled (``c2 = 2c``, exact in floating point), so ``tanh(c) =
@@ -20,17 +20,16 @@ run for each direction and layer, with fewer, larger operations per step:
   and the sigmoid's last bit;
 * the first layer's input matmul, hoisted over all steps, runs once per
   distinct token when the caller passes its token table (a batch of natural
-  sentences repeats words and boundary tokens: 659 rows -> 257 at 32 sentences).
+  sentences repeats words and boundary tokens).
 
 With two (or three) torch threads and two or more rows, the two directions run
 on two worker threads, each with one thread and its direction's whole stack
 of layers (the directions never meet before the output, so nothing
 synchronises per step): each core runs its own matmuls without OpenMP's fork
-and join around every op (``bench/bench_step_loop.py --batch``: 1.1-1.3x at
-4-32 rows). A single sentence runs each direction's step loop in native code
-(``elmo_service/native_step.py``, numba, GIL released), on the two workers
-when there are (else one direction after the other): ~2x faster than a loop
-of torch ops on the small shape.
+and join around every op. A single sentence runs each direction's step loop
+in native code (``kernels/native_step.py``, numba, GIL released), on the two
+workers when there are (else one direction after the other). Speed-ups are
+measured in ``docs/bench-embedder.md``.
 
 Layers run one after the other, each input matmul hoisted over all steps
 and computed for real rows only. Running layer l+1 one step behind layer l
@@ -52,72 +51,101 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from elmo_service.kernels import tuning
+from elmo_service.kernels.native_step import lstm_cell, lstmp_row
+from elmo_service.kernels.packed import PackedLinear
 from elmo_service.lstm import LstmLayer
-from elmo_service.native_step import lstm_cell, lstmp_row
-from elmo_service.packed import PackedLinear
 
 
-def _gate_scale(c: int, like: Tensor) -> Tensor:
-    """``[4C]``: 1 for the i, f, o rows, 2 for the g rows."""
-    s = like.new_ones(4 * c)
-    s[3 * c :] = 2.0
-    return s
+class ScaledLayer:
+    """One direction of one LSTMP layer in the kernels' pre-scaled layout.
+
+    Built from an :class:`~elmo_service.lstm.LstmLayer` by its one constructor;
+    the native loops (``kernels/native_step.py``) are called only through its
+    methods, so they never see plain weights. The scaling (exact: powers of 2):
+
+    * the g-gate rows of ``W_ih``, ``b`` and ``W_hh`` are doubled, so one sigmoid
+      of the gates gives ``sigmoid(2g)`` and ``tanh(g) = 2 sigmoid(2g) - 1``;
+    * the cell is kept doubled (``c2 = 2c``), so ``tanh(c) = 2 sigmoid(c2) - 1``
+      and the cell clip is doubled;
+    * ``W_proj`` is doubled, so the projection reads ``o * tanh(c) / 2``.
+
+    NOTE: ``native_step._cell_row`` reads exactly this layout; change the two together.
+
+    # Parameters
+
+    layer : `LstmLayer`
+        The layer whose weights are copied (later changes to it are not seen).
+    int8 : `bool`, optional (default = `False`)
+        int8 weights for the matrices big enough to gain (``tuning.INT8_MIN_ELEMENTS``).
+    """
+
+    def __init__(self, layer: LstmLayer, *, int8: bool = False) -> None:
+        c = layer.cell_dim
+        scale = layer.w_ih.weight.new_ones(4 * c)
+        scale[3 * c :] = 2.0
+        self.cell_clip2 = 2.0 * float(layer.cell_clip or 0.0)  # 0: no clip
+        self.proj_clip = float(layer.proj_clip or 0.0)
+        # the input matmul always has several rows (all steps): oneDNN only
+        self.w_ih = PackedLinear(
+            layer.w_ih.weight * scale[:, None], layer.w_ih.bias * scale, int8=int8
+        ).pack_now()
+        w_hh = layer.w_hh.weight * scale[:, None]  # [4C, P]
+        self.w_hh = PackedLinear(w_hh, int8=int8)
+        self.w_proj = PackedLinear(2.0 * layer.w_proj.weight, int8=int8)
+        # the single-sentence loop's (W_hh^T [P, 4C], 2 W_proj^T [C, P]); fp32 only, so
+        # that a sentence gets the same numbers alone as with int8 batch mates
+        self.row: tuple[np.ndarray, np.ndarray] | None = None
+        if not self.w_hh.is_int8:
+            w_hh_t = w_hh.t().contiguous()
+            self.w_hh.use_transposed(w_hh_t)  # W^T for one row, oneDNN for several
+            self.w_hh.pack_now()
+            if not self.w_proj.is_int8:
+                w_proj_t = (2.0 * layer.w_proj.weight).t().contiguous()
+                self.row = (w_hh_t.detach().numpy(), w_proj_t.detach().numpy())
+
+    def run_row(self, x_gates: Tensor, out: Tensor) -> None:
+        """One sentence's whole step loop in native code: the input gates ``[T, 4C]``
+        (from :attr:`w_ih`) -> ``out [T, P]``, written in place."""
+        assert self.row is not None, "the single-sentence loop is fp32 only"
+        w_hh_t, w_proj_t = self.row
+        lstmp_row(x_gates.numpy(), w_hh_t, w_proj_t, self.cell_clip2, self.proj_clip, out.numpy())
+
+    def step(self, x_gates: Tensor, h: Tensor, c2: Tensor) -> Tensor:
+        """One batched step: input gates ``[n, 4C]``, ``h [n, P]``, the doubled cell
+        ``c2 [n, C]`` (updated in place) -> the new ``h [n, P]``."""
+        gates = self.w_hh(h, add=x_gates)
+        m = gates.new_empty(c2.shape)  # o * tanh(c) / 2, by the native element-wise cell
+        lstm_cell(gates.numpy(), c2.numpy(), self.cell_clip2, m.numpy())
+        h = self.w_proj(m)
+        if self.proj_clip:
+            h.clamp_(-self.proj_clip, self.proj_clip)
+        return h
 
 
 class BiLstmKernel:
     """Kernel-layout weights of an L-layer biLSTM and its inference loop.
 
-    ``layers``: per layer, the (forward, backward) :class:`LstmLayer` pair.
-    ``weights``: "fp32", or "int8" for the matrices big enough to gain
-    (:data:`~elmo_service.packed.INT8_MIN_ELEMENTS`; see :class:`PackedLinear`).
+    # Parameters
+
+    layers : `list[tuple[LstmLayer, LstmLayer]]`
+        Per layer, the (forward, backward) pair.
+    residual : `bool`
+        Residual connections from the second layer on (``BiLMConfig.residual``).
+    weights : `str`, optional (default = `"fp32"`)
+        ``"int8"`` for int8 weights in the matrices big enough to gain (see
+        :class:`~elmo_service.kernels.packed.PackedLinear`).
     """
 
     def __init__(
         self, layers: list[tuple[LstmLayer, LstmLayer]], residual: bool, weights: str = "fp32"
     ) -> None:
-        first = layers[0][0]
-        self.cell_dim, self.proj_dim = first.cell_dim, first.proj_dim
-        self.cell_clip = float(first.cell_clip or 0.0)
-        self.proj_clip = float(first.proj_clip or 0.0)
         self.residual = residual
-        int8 = weights == "int8"
-        c = self.cell_dim
-        self.w_ih, self.w_hh, self.w_proj = [], [], []
-        # both directions' recurrent weights, W_hh^T [2, P, 4C] and 2 W_proj^T [2, C, P],
-        # as numpy views for the single-sentence native loop (W_hh^T is shared with
-        # the per-direction kernels)
-        self.single: list[tuple[np.ndarray, np.ndarray] | None] = []
-        for pair in layers:
-            scale = _gate_scale(c, pair[0].w_ih.weight)
-            # the input matmuls always have several rows (all steps): oneDNN only
-            self.w_ih.append(
-                [
-                    PackedLinear(
-                        m.w_ih.weight * scale[:, None], m.w_ih.bias * scale, int8=int8
-                    ).pack_now()
-                    for m in pair
-                ]
-            )
-            w_hh = torch.stack([m.w_hh.weight * scale[:, None] for m in pair])  # [2, 4C, P]
-            w_proj = torch.stack([2.0 * m.w_proj.weight for m in pair])
-            hh = [PackedLinear(w, int8=int8) for w in w_hh]
-            w_hh_t = None
-            if not hh[0].is_int8:
-                w_hh_t = w_hh.transpose(1, 2).contiguous()
-                for d, lin in enumerate(hh):
-                    lin.use_transposed(w_hh_t[d])
-                    lin.pack_now()  # W^T for one row, oneDNN for several
-            proj = [PackedLinear(w, int8=int8) for w in w_proj]
-            self.w_hh.append(hh)
-            self.w_proj.append(proj)
-            # the single-sentence loop is fp32 only: a sentence gets the same numbers alone
-            single = None
-            if w_hh_t is not None and not proj[0].is_int8:
-                single = (
-                    w_hh_t.detach().numpy(),
-                    w_proj.transpose(1, 2).contiguous().detach().numpy(),
-                )
-            self.single.append(single)
+        self.layers = [
+            tuple(ScaledLayer(m, int8=weights == "int8") for m in pair) for pair in layers
+        ]
+        # one sentence runs in the native loop where every layer has its fp32 row weights
+        self.has_row_loop = all(d.row is not None for pair in self.layers for d in pair)
 
     def __call__(
         self, x: Tensor, active: list[int], distinct: tuple[Tensor, Tensor] | None = None
@@ -132,7 +160,7 @@ class BiLstmKernel:
         of natural sentences repeats its frequent words and its boundary tokens).
         """
         t, b = x.shape[1], x.shape[2]
-        if b == 1 and self.single[0] is not None:
+        if b == 1 and self.has_row_loop:
             return self._single(x, active.count(1))
         # the input matmuls read only real rows: step s's rows are packed at
         # offset[s] (time-major, longest first, as a PackedSequence)
@@ -145,12 +173,12 @@ class BiLstmKernel:
             valid = torch.arange(b, device=x.device).unsqueeze(0) < steps.unsqueeze(1)  # [T, B]
             rows = valid.flatten().nonzero().squeeze(1)
         gather = None  # per direction, the real rows' index into the table
-        if distinct is not None and distinct[0].shape[0] <= DISTINCT_AT_MOST * offset[-1]:
+        if distinct is not None and distinct[0].shape[0] <= tuning.DISTINCT_AT_MOST * offset[-1]:
             table, index = distinct
             flat = index.reshape(2, -1)
             gather = (table, flat if rows is None else flat[:, rows])
-        pool = direction_pool() if b >= SPLIT_MIN_ROWS else None
-        outs = [x.new_zeros(2, t, b, x.shape[3]) for _ in self.w_ih]
+        pool = direction_pool() if b >= tuning.SPLIT_MIN_ROWS else None
+        outs = [x.new_zeros(2, t, b, x.shape[3]) for _ in self.layers]
         on_both_workers(
             pool, lambda d: self._direction_stack(d, x[d], active, offset, rows, outs, gather)
         )
@@ -160,7 +188,7 @@ class BiLstmKernel:
         """One sentence, ``x [2, T, 1, P]`` with ``length`` real steps -> per layer
         ``[2, T, 1, P]``: each direction's layers in the native loop, the two
         directions on the two worker threads when there are (else one after the other)."""
-        outs = [x.new_zeros(x.shape) for _ in self.w_ih]
+        outs = [x.new_zeros(x.shape) for _ in self.layers]
         if length > 0:
             on_both_workers(
                 direction_pool(), lambda d: self._native_stack(d, x[d, :length, 0], outs)
@@ -170,12 +198,9 @@ class BiLstmKernel:
     def _native_stack(self, d: int, x: Tensor, outs: list[Tensor]) -> None:
         """Direction ``d``'s layers for one sentence, ``x [L, P]`` -> ``outs[l][d, :L, 0]``."""
         n = x.shape[0]
-        cc2, pc = 2.0 * self.cell_clip, self.proj_clip
-        for layer, out in enumerate(outs):
+        for layer, (pair, out) in enumerate(zip(self.layers, outs, strict=True)):
             y = out[d, :n, 0]  # [L, P], contiguous
-            xg = self.w_ih[layer][d](x)  # the input gates of all steps, one matmul
-            w_hh_t, w_proj_t = self.single[layer]
-            lstmp_row(xg.numpy(), w_hh_t[d], w_proj_t[d], cc2, pc, y.numpy())
+            pair[d].run_row(pair[d].w_ih(x), y)  # the input gates of all steps: one matmul
             if self.residual and layer > 0:
                 y.add_(x)
             x = y
@@ -212,22 +237,17 @@ class BiLstmKernel:
         """One direction of one layer: ``x [T, B, P]`` -> ``out [T, B, P]`` (zeros past
         each row's length, as allocated)."""
         t, b, p = x.shape
-        c = self.cell_dim
-        w_hh, w_proj = self.w_hh[layer][d], self.w_proj[layer][d]
+        scaled = self.layers[layer][d]
         xg = self._input_gates(layer, d, x, rows, gather)
         h = x.new_zeros(b, p)
-        c2 = x.new_zeros(b, c)  # 2 * cell state
-        cc2, pc = 2.0 * self.cell_clip, self.proj_clip
+        c2 = x.new_zeros(b, scaled.w_proj.k)  # 2 * cell state
         for s in range(t):
             n = active[s]
             if n == 0:
                 break
             if n < h.shape[0]:  # rows sorted longest first: finished rows drop off the end
                 h, c2 = h[:n], c2[:n]
-            m = _cell(w_hh(h, add=xg.step(offset[s], n)), c2, cc2)
-            h = w_proj(m)
-            if pc:
-                h.clamp_(-pc, pc)
+            h = scaled.step(xg.step(offset[s], n), h, c2)
             out[s, :n] = h
 
     def _input_gates(
@@ -243,9 +263,10 @@ class BiLstmKernel:
         ``[2, R]`` index of the real rows): the first layer's matmul runs on the table."""
         if layer == 0 and gather is not None:
             table, index = gather
-            return _Gates(self.w_ih[0][d](table), index[d])
+            return _Gates(self.layers[0][d].w_ih(table), index[d])
         xd = x.reshape(-1, x.shape[-1])
-        return _Gates(self.w_ih[layer][d](xd if rows is None else xd.index_select(0, rows)))
+        w_ih = self.layers[layer][d].w_ih
+        return _Gates(w_ih(xd if rows is None else xd.index_select(0, rows)))
 
 
 class _Gates(NamedTuple):
@@ -263,12 +284,6 @@ class _Gates(NamedTuple):
             return self.gates[start : start + n]
         return self.gates.index_select(0, self.index[start : start + n])
 
-
-# at this many rows and more, the directions run on two threads (see the module docstring)
-SPLIT_MIN_ROWS = 2
-# the first layer's input matmul runs on the distinct tokens when they are at most this
-# share of the real rows (below, the gather costs less than the rows it saves)
-DISTINCT_AT_MOST = 0.75
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -333,13 +348,3 @@ def _forget_pool() -> None:  # a forked child has the object but not the threads
 
 
 os.register_at_fork(after_in_child=_forget_pool)
-
-
-def _cell(gates: Tensor, c2: Tensor, cc2: float) -> Tensor:
-    """Gates ``[n, 4C]`` (pre-activation, g rows doubled), doubled cell ``c2 [n, C]``
-    updated in place -> ``o * tanh(c) / 2 [n, C]``, by
-    :func:`~elmo_service.native_step.lstm_cell`: one native call instead of ~8 torch
-    ops over the whole step (the element-wise part was ~27 % of a 32-row step)."""
-    m = gates.new_empty(c2.shape)
-    lstm_cell(gates.numpy(), c2.numpy(), cc2, m.numpy())
-    return m

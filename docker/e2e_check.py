@@ -1,0 +1,94 @@
+"""Checks for docker/e2e.sh on the responses it saved (standard library only).
+
+    python3 docker/e2e_check.py vectors FILE                 # a /v1/embed answer holds finite vectors
+    python3 docker/e2e_check.py converged NAME N DIR         # N replicas all serve NAME
+
+The fleet view of GET /v1/models is read through the names in FLEET below, the one place that
+knows them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+# Where GET /v1/models keeps what: this replica's model, and the fleet list (one entry per replica).
+FLEET = {
+    "served": "served",  # {"id": name, "version": ...}: the replica that answered
+    "fleet": "fleet",  # [{...per replica...}]
+    "replica_served": ("served", "model"),  # the entry's model: {"id"|"name": ..., "version": ...}
+    "model_name": ("id", "name"),
+}
+REPLICA_HEADER = "x-elmo-replica"  # set by docker/haproxy/haproxy.cfg
+
+
+def vectors(node):
+    """Every list of floats (a vector; ids and shapes are ints) anywhere in the response."""
+    if isinstance(node, list):
+        if len(node) >= 2 and all(isinstance(x, float) for x in node):
+            yield node
+        else:
+            for item in node:
+                yield from vectors(item)
+    elif isinstance(node, dict):
+        for value in node.values():
+            yield from vectors(value)
+
+
+def check_vectors(path: str) -> None:
+    found = list(vectors(json.loads(Path(path).read_text())))
+    if not found:
+        sys.exit("no numeric vectors in the response")
+    bad = [v for v in found if not all(math.isfinite(x) for x in v)]
+    if bad:
+        sys.exit(f"{len(bad)} of {len(found)} vectors contain NaN/inf")
+    print(
+        f"[e2e] /v1/embed: {len(found)} vectors, dims {sorted({len(v) for v in found})}",
+        file=sys.stderr,
+    )
+
+
+def name_of(model) -> str | None:
+    if isinstance(model, str):
+        return model
+    if isinstance(model, dict):
+        for key in FLEET["model_name"]:
+            if isinstance(model.get(key), str):
+                return model[key]
+    return None
+
+
+def check_converged(target: str, replicas: int, folder: str) -> None:
+    seen: dict[str, str | None] = {}  # balancer's replica name -> what it serves
+    fleet = None
+    for body in sorted(Path(folder).glob("models-*.json")):
+        headers = body.with_suffix(".headers").read_text().lower().splitlines()
+        replica = next(
+            (h.split(":", 1)[1].strip() for h in headers if h.startswith(REPLICA_HEADER + ":")),
+            None,
+        )
+        doc = json.loads(body.read_text())
+        seen[replica or "?"] = name_of(doc.get(FLEET["served"]))
+        fleet = doc.get(FLEET["fleet"], fleet)
+    not_there = {r: s for r, s in seen.items() if s != target}
+    if len(seen) < replicas or not_there:
+        sys.exit(f"replicas seen through the balancer: {seen} (want {replicas} on {target})")
+    if fleet is not None:  # the shared view: one entry per live replica, all on the target
+        names = [
+            name_of(next((e[k] for k in FLEET["replica_served"] if k in e), None)) for e in fleet
+        ]
+        if len(names) < replicas or any(n != target for n in names):
+            sys.exit(f"fleet view disagrees: {names} (want {replicas} x {target})")
+    print(f"[e2e] {len(seen)} replicas serve {target}; fleet: {fleet is not None}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    command, *args = sys.argv[1:]
+    if command == "vectors":
+        check_vectors(*args)
+    elif command == "converged":
+        check_converged(args[0], int(args[1]), args[2])
+    else:
+        sys.exit(f"unknown check {command!r}")

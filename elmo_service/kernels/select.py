@@ -1,0 +1,73 @@
+"""The two kernels a BiLM runs in, and the choice between them (made once, by the embedder)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from elmo_service.model import BiLM
+
+
+class BiLMKernel(Protocol):
+    """What the embedder runs: the model's two halves, and a warm-up."""
+
+    name: str
+
+    def encode(self, char_ids: Tensor) -> Tensor:
+        """Character ids ``[N, W]`` -> token vectors ``[N, P]``."""
+
+    def contextualize(
+        self, tokens: Tensor, lengths: Tensor, distinct: tuple[Tensor, Tensor] | None = None
+    ) -> Tensor:
+        """Token vectors ``[B, T, P]`` -> layers ``[L+1, B, T, 2P]``."""
+
+    def warm_up(self) -> None:
+        """Compile whatever compiles ahead of time."""
+
+
+class TorchBiLM:
+    """The model's own torch code (``elmo_service/model.py``): any device and dtype.
+
+    # Parameters
+
+    bilm : `BiLM`
+        The model.
+    compile : `bool`, optional (default = `False`)
+        ``torch.compile`` the biLSTM (the character CNN's inference path is table
+        lookups with data-dependent shapes, which compile would slow down). The
+        time loop unrolls, so each padded length compiles once; the batch
+        dimension is dynamic.
+    """
+
+    def __init__(self, bilm: BiLM, *, compile: bool = False) -> None:
+        self.bilm = bilm
+        self.name = "torch (compiled)" if compile else "torch"
+        self._contextualize = (
+            torch.compile(bilm.contextualize, dynamic=False) if compile else bilm.contextualize
+        )
+
+    def encode(self, char_ids: Tensor) -> Tensor:
+        return self.bilm.token_encoder(char_ids)
+
+    def contextualize(
+        self, tokens: Tensor, lengths: Tensor, distinct: tuple[Tensor, Tensor] | None = None
+    ) -> Tensor:
+        return self._contextualize(tokens, lengths)
+
+    def warm_up(self) -> None:
+        pass  # torch.compile compiles per shape, on the first batch of each
+
+
+def choose_kernel(
+    bilm: BiLM, device: torch.device, precision: str, weights: str, compile: bool
+) -> BiLMKernel:
+    """The native kernels for fp32 on the CPU without compile; the model's torch code
+    otherwise (``weights="int8"`` needs the former: the caller checks)."""
+    if device.type == "cpu" and precision == "fp32" and not compile:
+        from elmo_service.kernels.cpu_bilm import CpuBiLM
+
+        return CpuBiLM(bilm, weights=weights)
+    return TorchBiLM(bilm, compile=compile)

@@ -1,0 +1,91 @@
+"""Stopping training cleanly: SIGTERM while the first step compiles is honoured at once,
+and Ctrl-C under the multi-process launcher writes the checkpoint and prints one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pretrain import checkpoint as ckpt
+from pretrain.prepare import PrepareOptions, prepare
+from pretrain.sources.synthetic import write_corpus
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "configs" / "tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("corpus")
+    text = write_corpus(d / "book.txt", n_sentences=300, seed=3)
+    opts = PrepareOptions(vocab_size=120, byte_fallback=False, heldout_fraction=0.05)
+    prepare([str(text)], d / "prepared", opts, progress=False, log=lambda *_: None)
+    return d / "prepared"
+
+
+def start(corpus_dir: Path, run: Path, *extra: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "pretrain.cli", "train", str(TINY), "--run-dir", str(run)]
+    for s in (f"data.path={corpus_dir}", "train.progress=false", "train.steps=100000"):
+        cmd += ["--set", s]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [*cmd, *extra], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def wait_for(pred, proc: subprocess.Popen, timeout: float = 240) -> None:
+    end = time.time() + timeout
+    while not pred():
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < end, "timed out"
+        time.sleep(0.2)
+
+
+def stop_record(run: Path) -> dict:
+    return json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_sigterm_while_compiling_the_first_step_stops_within_seconds(corpus_dir, tmp_path):
+    run = tmp_path / "run"
+    proc = start(corpus_dir, run, "--set", "train.compile=true")
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # "training ... + compile; ...": the loop starts next
+    assert line.startswith("training ") and "compile" in line, line
+    time.sleep(1.0)  # inside the first step's compilation (tens of seconds on a CPU)
+    sent = time.time()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    took = time.time() - sent
+    assert proc.returncode == 0, err
+    assert took < 10, f"{took:.1f} s to act on SIGTERM"
+    assert "Traceback" not in err
+    rec = stop_record(run)
+    assert rec["event"] == "stop" and rec["reason"] == "signal"
+    assert rec["detail"].startswith("signal SIGTERM")
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+def test_ctrl_c_under_the_launcher_checkpoints_and_prints_one_line(corpus_dir, tmp_path):
+    run = tmp_path / "run"
+    proc = start(corpus_dir, run, "--nproc-per-node", "2", "--set", "checkpoint.every_steps=0")
+    metrics = run / "metrics.jsonl"
+    wait_for(lambda: metrics.is_file() and '"loss"' in metrics.read_text(), proc)
+    proc.send_signal(signal.SIGINT)  # the launcher, as a terminal's Ctrl-C reaches it
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert err.strip().splitlines() == [
+        "elmo-pretrain train: stopped by SIGINT; --resume continues"
+    ]
+    rec = stop_record(run)
+    assert rec["reason"] == "signal" and rec["step"] > 0
+    assert [ckpt.checkpoint_step(p) for p in ckpt.list_checkpoints(run)] == [rec["step"]]
+    assert ckpt.load_checkpoint(ckpt.list_checkpoints(run)[-1])["world_size"] == 2
