@@ -8,7 +8,9 @@ artifact (a broken one raises ArtifactError naming what is wrong).
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -71,20 +73,45 @@ def run(
 
     from api.http_protocol import uvicorn_options
 
-    app, settings = build(model_dir, **overrides)
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("api").info("model directory: %s", settings.resolved_model_path)
-    uvicorn.run(
-        app,
-        host=host,
-        port=port,
-        log_level=log_level,
-        access_log=False,
-        timeout_graceful_shutdown=30,
-        **uvicorn_options(settings),
-    )
+    sock = listen(host, port)  # before the model loads: a port in use is one line, at once
+    try:
+        app, settings = build(model_dir, **overrides)
+        logging.basicConfig(
+            level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+        logging.getLogger("api").info("model directory: %s", settings.resolved_model_path)
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            access_log=False,
+            timeout_graceful_shutdown=30,
+            **uvicorn_options(settings),
+        )
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
 
 
-__all__ = ["Settings", "build", "run"]
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (uvicorn listens on it), or a ConfigError naming the port."""
+    from elmo_service.errors import ConfigError
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        hint = " (another process listens there: choose another with --port)"
+        raise ConfigError(
+            f"cannot listen on {host}:{port}: {e.strerror}"
+            + (hint if e.errno == errno.EADDRINUSE else ""),
+            field="port",
+        ) from e
+    return sock
+
+
+__all__ = ["Settings", "build", "listen", "run"]
