@@ -265,13 +265,13 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser(
         "convert", help="convert bilm-tf/AllenNLP options.json + weights.hdf5 to an artifact"
     )
-    c.add_argument("--options", required=True)
-    c.add_argument("--weights", required=True)
-    c.add_argument("--out", required=True)
+    c.add_argument("--options", required=True, help="the model's options.json (bilm-tf/AllenNLP)")
+    c.add_argument("--weights", required=True, help="its weights.hdf5")
+    c.add_argument("--out", required=True, help="artifact folder to write, e.g. models/elmo-small")
     c.add_argument(
         "--lowercase", action="store_true", help="the model was trained on lowercased text"
     )
-    c.add_argument("--overwrite", action="store_true")
+    c.add_argument("--overwrite", action="store_true", help="replace an existing artifact in --out")
     c.set_defaults(func=cmd_convert)
 
     e = sub.add_parser(
@@ -387,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_embed_bulk)
 
     i = sub.add_parser("info", help="print an artifact's config, version and provenance")
-    i.add_argument("model")
+    i.add_argument("model", help="an artifact folder, e.g. models/default")
     i.set_defaults(func=cmd_info)
     return p
 

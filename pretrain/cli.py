@@ -48,7 +48,7 @@ def _add_prepare(sub) -> None:
     p.add_argument(
         "--force", action="store_true", help="replace an existing, different preparation in --out"
     )
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def _add_train(sub) -> None:
@@ -97,7 +97,7 @@ def _add_train(sub) -> None:
 
 def _add_eval(sub) -> None:
     p = sub.add_parser("eval", help="exact held-out perplexity (forward, backward, average)")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", help="a run folder (or a model exported with --lm)")
     g = p.add_mutually_exclusive_group()
     g.add_argument(
         "--split", default="heldout", help="a split of the prepared corpus (default heldout)"
@@ -108,31 +108,33 @@ def _add_eval(sub) -> None:
         help="a checkpoint file, its name in the run folder, or a step (default: the newest)",
     )
     p.add_argument("--data", help="prepared corpus folder (default: the run's)")
-    p.add_argument("--max-sentences", type=int, default=0)
+    p.add_argument(
+        "--max-sentences", type=int, default=0, help="score the first N sentences (0 = all)"
+    )
     p.add_argument(
         "--stream",
         action="store_true",
         help="read the text as one stream with carried LSTM state (the LM literature's protocol); "
         "default: each sentence from a zero state, as served",
     )
-    p.add_argument("--threads", type=int)
+    p.add_argument("--threads", type=int, help="torch threads (default: all cores)")
     p.add_argument("--json", action="store_true", help="print JSON only")
 
 
 def _add_export(sub) -> None:
     p = sub.add_parser("export", help="write a serving artifact (no softmax, no optimizer state)")
-    p.add_argument("run_dir")
-    p.add_argument("out")
+    p.add_argument("run_dir", help="the run folder to export from")
+    p.add_argument("out", help="artifact folder to write, e.g. models/mine")
     p.add_argument(
         "--checkpoint",
         help="a checkpoint file, its name in the run folder, or a step (default: the newest)",
     )
-    p.add_argument("--data")
+    p.add_argument("--data", help="prepared corpus folder (default: the run's)")
     p.add_argument(
         "--no-eval", action="store_true", help="skip the held-out perplexity in the provenance"
     )
-    p.add_argument("--overwrite", action="store_true")
-    p.add_argument("--threads", type=int)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing artifact in OUT")
+    p.add_argument("--threads", type=int, help="torch threads (default: all cores)")
     p.add_argument(
         "--lm",
         action="store_true",
