@@ -262,7 +262,7 @@ class Settings(BaseSettings):
         description="Share of the machine's memory a job may need (see jobs_max_memory).",
     )
 
-    # -- pretraining jobs: bounds and the job store (issue 28) ---------------------------
+    # -- pretraining jobs: bounds and the job store ---------------------------
     jobs_max_steps: int = Field(
         10_000_000, ge=1, description="Quota: the most optimizer steps one job may ask for."
     )

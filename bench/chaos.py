@@ -980,8 +980,8 @@ class Ctx:
 SERVING = {
     "baseline": (attack_baseline, ""),
     "redis-kill": (attack_redis_kill, ""),
-    "cache-corrupt": (attack_cache_corrupt, "cache payload checksums (issue 15, serving side)"),
-    "flood": (attack_flood, "admission control: 429 + Retry-After (issue 15, serving side)"),
+    "cache-corrupt": (attack_cache_corrupt, "cache payload checksums"),
+    "flood": (attack_flood, "admission control: 429 + Retry-After"),
     "hot-swap": (attack_hot_swap, ""),
     "amplification": (attack_amplification, "the response bound and the send deadline"),
     "idle-flood": (attack_idle_flood, "health routes exempt from the connection limit"),
@@ -994,14 +994,14 @@ JOBS = {
     "redis-blips-job": (attack_redis_blips_job, ""),
 }
 OFFLINE = {
-    "artifact-trunc": (lambda c, r: attack_artifact(c, r, "trunc"), "one-line start-up errors (issue 15, serving side)"),
-    "artifact-trunc-rehash": (lambda c, r: attack_artifact(c, r, "trunc-rehash"), "one-line start-up errors (issue 15, serving side)"),
-    "artifact-nan": (lambda c, r: attack_artifact(c, r, "nan"), "non-finite weights refused at load (issue 15, serving side)"),
+    "artifact-trunc": (lambda c, r: attack_artifact(c, r, "trunc"), "one-line start-up errors"),
+    "artifact-trunc-rehash": (lambda c, r: attack_artifact(c, r, "trunc-rehash"), "one-line start-up errors"),
+    "artifact-nan": (lambda c, r: attack_artifact(c, r, "nan"), "non-finite weights refused at load"),
     "ckpt-truncated": (lambda c, r: attack_checkpoint(c, r, "truncated"), ""),
     "ckpt-bitflip": (lambda c, r: attack_checkpoint(c, r, "bitflip"), ""),
     "ckpt-all-bad": (lambda c, r: attack_checkpoint(c, r, "all"), ""),
-    "diverge-nan": (lambda c, r: attack_divergence(c, r, "1e30"), "divergence stops the trainer (issue 28, training side)"),
-    "diverge-overflow": (lambda c, r: attack_divergence(c, r, "1e6"), "divergence stops the trainer (issue 28, training side)"),
+    "diverge-nan": (lambda c, r: attack_divergence(c, r, "1e30"), "divergence stops the trainer"),
+    "diverge-overflow": (lambda c, r: attack_divergence(c, r, "1e6"), "divergence stops the trainer"),
 }  # fmt: skip
 ALL = {**SERVING, **JOBS, **OFFLINE}
 

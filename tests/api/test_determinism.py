@@ -1,6 +1,5 @@
-"""The stated determinism bound holds on the bundled model's hardest inputs (issue 28,
-item 15): byte-fallback pieces, long sentences, random batch mixes, alone vs batched,
-through the library and through the server (cached and not)."""
+"""The stated determinism bound holds on the bundled model's hardest inputs: byte-fallback
+pieces, long sentences, random batch mixes, alone vs batched, through the library and through the server (cached and not)."""
 
 from __future__ import annotations
 

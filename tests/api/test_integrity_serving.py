@@ -1,4 +1,4 @@
-"""Never a wrong or non-finite vector with a 200 (issue 15, the serving side).
+"""Never a wrong or non-finite vector with a 200.
 
 Each test is a reproducer of an attack: a mix that overflows, a stored task
 that would poison every user, a float16 overflow, a cache entry altered in

@@ -1,4 +1,4 @@
-"""A Redis that answers well-formed nonsense never causes a 500 (issue 28, item 3).
+"""A Redis that answers well-formed nonsense never causes a 500.
 
 The fake is a real process speaking RESP (:mod:`tests.support.fake_redis`): every
 reply parses, but has the wrong type or length (a wrong-length ``MGET`` array, an

@@ -1,4 +1,4 @@
-"""Response amplification (issue 28, item 2): a bound on the floats an answer carries,
+"""Response amplification: a bound on the floats an answer carries,
 streamed answers, and a send deadline for clients that never read.
 
 The bound is computed from the request before any embedding (413 naming the

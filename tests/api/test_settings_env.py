@@ -1,4 +1,4 @@
-"""Misspelt ``ELMO_*`` variables are not ignored silently (issue 32, item 11): each one
+"""Misspelt ``ELMO_*`` variables are not ignored silently: each one
 that names no setting is logged at start with the setting it was probably meant to be."""
 
 from __future__ import annotations

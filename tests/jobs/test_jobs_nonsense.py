@@ -1,4 +1,4 @@
-"""A job store whose Redis answers well-formed nonsense never causes a 500 (issue 28, item 3).
+"""A job store whose Redis answers well-formed nonsense never causes a 500.
 
 The fake is a real process speaking RESP (:mod:`tests.support.fake_redis`): every reply
 parses, but its type or length is not what the command returns (``+OK`` to everything,
