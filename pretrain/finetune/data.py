@@ -52,6 +52,14 @@ class Split:
     def __len__(self) -> int:
         return len(self.words)
 
+    def head(self, n: int) -> Split:
+        """The first ``n`` sentences (the same layer rows: offsets index into them)."""
+        if n >= len(self):
+            return self
+        return Split(
+            self.words[:n], self.chars[:n], self.labels[:n], self.offsets[: n + 1], self.elmo
+        )
+
 
 def encode(
     sentences: Sequence[Sequence[str]],

@@ -40,6 +40,12 @@ class FinetuneConfig(StrictModel):
         description="stop after this many epochs without a better dev score (counted once "
         "it is above 0: span F1 stays 0 until the first right span)",
     )
+    max_dev_sentences: int = Field(
+        1000,
+        ge=0,
+        description="early stopping watches the first N dev sentences (0: all); the "
+        "reported dev score is the whole split's",
+    )
     per_direction: bool = Field(False, description="per-direction mix (2L+1 weights)")
     elmo_at: Literal[ELMO_AT] = Field(  # type: ignore[valid-type]
         "input",

@@ -114,6 +114,9 @@ def train_run(arm: str, task: Task, cfg: FinetuneConfig, seed: int, log: Log = p
     )
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
     train, dev = task.splits["train"], task.splits["dev"]
+    # early stopping reads a slice of a big dev split (POS: 6k sentences); the run's dev
+    # score is the whole split's, at the chosen epoch
+    watch = dev.head(cfg.max_dev_sentences) if cfg.max_dev_sentences else dev
     best, best_state, best_epoch, epoch = -1.0, None, 0, 0
     t0 = time.monotonic()
     for epoch in range(1, cfg.epochs + 1):
@@ -129,7 +132,7 @@ def train_run(arm: str, task: Task, cfg: FinetuneConfig, seed: int, log: Log = p
             total, steps = total + float(loss.detach()), steps + 1
         if not np.isfinite(total):
             raise FloatingPointError(f"{arm} seed {seed}: the loss became {total} in epoch {epoch}")
-        score = evaluate(net, task, dev)
+        score = evaluate(net, task, watch)
         if score > best:
             best, best_epoch = score, epoch
             best_state = {k: v.detach().clone() for k, v in net.state_dict().items()}
@@ -141,8 +144,14 @@ def train_run(arm: str, task: Task, cfg: FinetuneConfig, seed: int, log: Log = p
         if best > 0 and epoch - best_epoch >= cfg.patience:
             break
     net.load_state_dict(best_state)
+    dev_score = best if watch is dev else evaluate(net, task, dev)
     test = evaluate(net, task, task.splits["test"])
-    return Run(arm, seed, best, test, epoch, time.monotonic() - t0, net)
+    seconds = time.monotonic() - t0
+    log(
+        f"[finetune] {arm:13s} seed {seed} done: dev {100 * dev_score:.2f} test {100 * test:.2f} "
+        f"(best epoch {best_epoch} of {epoch}, {seconds:.0f}s)"
+    )
+    return Run(arm, seed, dev_score, test, epoch, seconds, net)
 
 
 @dataclass
@@ -177,10 +186,14 @@ class ArmResult:
 def run_arms(
     arms: Sequence[str], task: Task, cfg: FinetuneConfig, seeds: int, log: Log = print
 ) -> list[ArmResult]:
+    # seed by seed, every arm: an interrupted benchmark still has paired runs in its log
+    runs: dict[str, list[Run]] = {arm: [] for arm in arms}
+    for seed in range(seeds):
+        for arm in arms:
+            runs[arm].append(train_run(arm, task, cfg, seed, log))
     out = []
     for arm in arms:
-        runs = [train_run(arm, task, cfg, seed, log) for seed in range(seeds)]
-        r = ArmResult(arm, runs)
+        r = ArmResult(arm, runs[arm])
         log(
             f"[finetune] {arm}: dev {100 * r.dev:.2f} ± {100 * r.dev_std:.2f}, "
             f"test {100 * r.test:.2f} ± {100 * r.std:.2f} over {seeds} seed(s)"

@@ -57,6 +57,7 @@ def _ner_data(folder):
 # ------------------------------------------------------------------ CRF and metric
 
 
+@torch.no_grad()
 def _brute_force(crf: CRF, em: torch.Tensor, n: int):
     """Every tag sequence of length n: its score; log Z and the best path by enumeration."""
     k = em.shape[-1]
