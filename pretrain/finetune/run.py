@@ -75,10 +75,11 @@ def finetune(
     task: Task,
     cfg: FinetuneConfig,
     arms: list[str],
-    seeds: int,
+    seeds: int | list[int],
     name: str,
     log: Log = print,
 ) -> Finetuned:
+    seeds = list(range(seeds)) if isinstance(seeds, int) else seeds
     results = run_arms(arms, task, cfg, seeds, log)
     ft = Finetuned(task, results, None)
     elmo = ft.arm("elmo+baseline")

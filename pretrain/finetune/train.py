@@ -184,11 +184,11 @@ class ArmResult:
 
 
 def run_arms(
-    arms: Sequence[str], task: Task, cfg: FinetuneConfig, seeds: int, log: Log = print
+    arms: Sequence[str], task: Task, cfg: FinetuneConfig, seeds: Sequence[int], log: Log = print
 ) -> list[ArmResult]:
     # seed by seed, every arm: an interrupted benchmark still has paired runs in its log
     runs: dict[str, list[Run]] = {arm: [] for arm in arms}
-    for seed in range(seeds):
+    for seed in seeds:
         for arm in arms:
             runs[arm].append(train_run(arm, task, cfg, seed, log))
     out = []
@@ -196,7 +196,7 @@ def run_arms(
         r = ArmResult(arm, runs[arm])
         log(
             f"[finetune] {arm}: dev {100 * r.dev:.2f} ± {100 * r.dev_std:.2f}, "
-            f"test {100 * r.test:.2f} ± {100 * r.std:.2f} over {seeds} seed(s)"
+            f"test {100 * r.test:.2f} ± {100 * r.std:.2f} over {len(seeds)} seed(s)"
         )
         out.append(r)
     return out

@@ -323,3 +323,35 @@ def test_ctrl_c_leaves_no_output_files(tmp_path, monkeypatch):
         write_report(report, "t", ft, "cmd")
     assert report.read_text() == "old report\n"
     assert sorted(p.name for p in report.parent.iterdir()) == ["report.md"]
+
+
+@pytest.mark.slow
+def test_finetune_registers_in_a_service_that_serves_its_model_only(tmp_path, capsys):
+    import httpx
+
+    from api.main import create_app
+    from api.settings import load_settings
+    from tests.support.live_server import LiveServer
+
+    model = tiny_artifact(tmp_path / "m")
+    other = tiny_artifact(tmp_path / "other", seed=1)
+    write_task(model, "shipped", MixSpec.average(3))
+    data = _ner_data(tmp_path / "ner")
+    settings = load_settings(model_path=model, threads=1, data_dir=tmp_path, admin_keys="admin")
+    with LiveServer(create_app(settings)) as srv:
+        service = ("--service", srv.url, "--admin-key", "admin")
+        # learned on another model version: refused before any work, both versions named
+        assert _finetune(tmp_path, other, data, *service) == 2
+        err = capsys.readouterr().err
+        assert "serves model version" in err and load_artifact(other).version in err
+        # a name the served model ships: refused unless --overwrite
+        assert _finetune(tmp_path, model, data, *service, "--task-name", "shipped") == 2
+        assert "ships a task named 'shipped'" in capsys.readouterr().err
+        assert not (tmp_path / "c").exists()
+
+        assert _finetune(tmp_path, model, data, *service, "--hidden", "8") == 0
+        assert f"task stored: {srv.url}/v1/tasks/t" in capsys.readouterr().out
+        got = httpx.get(f"{srv.url}/v1/tasks/t").json()
+        saved = json.loads((tmp_path / "run" / "task.json").read_text())
+        assert got["weights"] == saved["weights"] and got["gamma"] == saved["gamma"]
+        assert got["meta"]["model_version"] == load_artifact(model).version
