@@ -26,6 +26,7 @@ configure_process("train", set_threads=False)
 
 from elmo_service.errors import PATH_ERRORS, ElmoServiceError  # noqa: E402
 from elmo_service.settings_base import add_arguments, from_args  # noqa: E402
+from pretrain.finetune import add_finetune_commands  # noqa: E402
 from pretrain.prepare import CLI_FIELDS, PrepareOptions  # noqa: E402
 from pretrain.probe import add_probe_commands  # noqa: E402
 from pretrain.sources.cli import add_source_commands  # noqa: E402
@@ -175,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_synthetic(sub)
     add_source_commands(sub)  # fetch-corpus, fetch-ptb, fetch-brown, fetch-polarity
     add_probe_commands(sub)  # probe pos|polarity: learn a task's scalar mix
+    add_finetune_commands(sub)  # finetune pos|ner|polarity: ELMo + baseline vs baseline
     return parser
 
 

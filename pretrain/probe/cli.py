@@ -17,37 +17,49 @@ from pretrain.probe.options import (
     ProbeOptions,
     probe_config,
 )
-from pretrain.probe.tasks import task_file, task_kind
+from pretrain.probe.tasks import BUILT_IN, task_file, task_kind
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
     from elmo_service.artifact import default_model_dir, read_header
+    from elmo_service.atomic import write_json
     from elmo_service.runtime import set_threads
     from elmo_service.scalar_mix import check_task_name
     from pretrain.probe.learn import polarity_probe, pos_probe
     from pretrain.probe.report import results_table, write_report
-    from pretrain.probe.service import check_service, save_task
-    from pretrain.probe.tasks import label_set, load_task_data
+    from pretrain.probe.service import check_service, check_store, save_task
+    from pretrain.probe.tasks import label_set, load_task_data, split_files
 
     o = from_args(ProbeOptions, args)
     task, kind = o.task, task_kind(o.task)
     cfg = probe_config(kind, **{k: getattr(args, k) for k in CLI_CONFIG_FIELDS})
-    name = o.task_name or (task if task in ("pos", "polarity") else None)
+    name = o.task_name or (task if task in BUILT_IN else None)
     if name is None:
         raise InputError(
             f"probe {task} needs --task-name (what to call the task)", field="task_name"
         )
     check_task_name(name)
-    if o.service:
-        check_service(o.service, o.admin_key)
-    set_threads(o.threads)
     model_dir = Path(o.model) if o.model else default_model_dir()
-    read_header(model_dir)  # a wrong --model fails here, before any data is read or fetched
+    # a wrong --model fails here, before any data is read or fetched
+    header = read_header(model_dir)
+    if o.store:
+        check_store(model_dir, name, o.overwrite)
+    if o.service:
+        # the mix is learned on the local model: the service must serve that same version
+        check_service(
+            o.service,
+            o.admin_key,
+            model_version=header.version,
+            n_layers=header.config.n_output_layers,
+            task_name=name,
+            overwrite=o.overwrite,
+        )
+    set_threads(o.threads)
     data_dir = Path(o.data or f"data/{task_file(task) or task}")
     data = load_task_data(task, data_dir, o.fetch)
     if o.max_train:
         data["train"] = data["train"][: o.max_train]
-    classes = label_set(task, data)
+    classes = label_set(task, data, split_files(task, data_dir))
     cache = Path(o.cache) / name
     if kind == "tokens":
         results, spec = pos_probe(model_dir, data, classes, cache, cfg, task=name)
@@ -58,15 +70,20 @@ def cmd_probe(args: argparse.Namespace) -> int:
     print(results_table(results))
     argv = getattr(args, "argv", None) or sys.argv[1:]
     command = "elmo-pretrain " + " ".join(shlex.quote(a) for a in argv)
-    if o.report:
-        write_report(Path(o.report), f"{name} probe of {model_dir.name}", results, command)
+    # outputs go to a run folder; the model (a tracked file, maybe) only with --store
+    out = Path(o.out or f"runs/probe/{name}")
+    for report in [out / "report.md", *([Path(o.report)] if o.report else [])]:
+        write_report(report, f"{name} probe of {model_dir.name}", results, command)
+        print(f"report: {report}")
+    write_json(out / "task.json", spec.to_dict(), sort_keys=True)
+    print(f"task: {out / 'task.json'}")
     stored = save_task(
         spec,
         name,
         model_dir=model_dir if o.store else None,
         service=o.service,
         admin_key=o.admin_key,
-        fallback=cache / f"{name}.task.json",
+        fallback=out / "task.json",
     )
     for where in stored:
         print(f"task stored: {where}")

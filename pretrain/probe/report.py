@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from elmo_service import atomic
 from pretrain.probe.learn import ProbeResult
 
 
@@ -16,12 +16,11 @@ def results_table(results: Sequence[ProbeResult]) -> str:
 
 
 def write_report(path: Path, title: str, results: Sequence[ProbeResult], command: str) -> None:
+    """``path`` (markdown) and its ``.json``: each whole or not at all (atomic writes)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     body = f"## {title}\n\n```\n{command}\n```\n\n{results_table(results)}\n"
-    path.write_text(body)
-    path.with_suffix(".json").write_text(
-        json.dumps(
-            [{"name": r.name, "dev": r.dev_acc, "test": r.test_acc, **r.extra} for r in results],
-            indent=2,
-        )
+    atomic.write_json(
+        path.with_suffix(".json"),
+        [{"name": r.name, "dev": r.dev_acc, "test": r.test_acc, **r.extra} for r in results],
     )
+    atomic.write_text(path, body)

@@ -13,15 +13,17 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from elmo_service.artifact import write_task
+from elmo_service.artifact import TASKS, write_task
+from elmo_service.atomic import write_json
 from elmo_service.errors import InputError
 from elmo_service.scalar_mix import MixSpec
 
 
 def _request(
     method: str, url: str, admin_key: str | None, body: Any = None, timeout: float = 10
-) -> None:
-    """One request; raises urllib's HTTPError for a non-2xx answer, URLError/OSError if none."""
+) -> Any:
+    """One request, its JSON answer (None if not JSON); raises urllib's HTTPError for a
+    non-2xx answer, URLError/OSError if none."""
     headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
     data = None
     if body is not None:
@@ -29,7 +31,11 @@ def _request(
         headers["Content-Type"] = "application/json"
     req = urllib.request.Request(url, data=data, headers=headers, method=method)
     with urllib.request.urlopen(req, timeout=timeout) as r:
-        r.read()
+        text = r.read()
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def _service_error(service: str, e: Exception) -> str:
@@ -44,12 +50,59 @@ def _service_error(service: str, e: Exception) -> str:
     return f"{service} is not reachable: {reason}"
 
 
-def check_service(service: str, admin_key: str | None) -> None:
-    """Before any work: the service answers and knows the key (InputError naming --service)."""
+def check_service(
+    service: str,
+    admin_key: str | None,
+    model_version: str | None = None,
+    n_layers: int | None = None,
+    task_name: str | None = None,
+    overwrite: bool = False,
+) -> None:
+    """Before any work: the service answers and knows the key, serves the model the task
+    will be learned on (``model_version``, ``n_layers``), and ships no task ``task_name``
+    unless ``overwrite``. InputError naming --service (or --task-name) otherwise."""
+    base = service.rstrip("/")
     try:
-        _request("GET", f"{service.rstrip('/')}/v1/tasks", admin_key)
+        tasks = _request("GET", f"{base}/v1/tasks", admin_key)
+        models = _request("GET", f"{base}/v1/models", admin_key) if model_version else None
     except (OSError, ValueError) as e:  # URLError/HTTPError are OSErrors; ValueError: bad URL
         raise InputError(_service_error(service, e), field="service") from None
+    if model_version is not None:
+        served = (models or {}).get("served") or {}
+        if served.get("version") != model_version:
+            layers = (tasks or {}).get("n_layers")
+            extra = (
+                f" ({layers} output layers there, {n_layers} here)"
+                if n_layers is not None and layers is not None and layers != n_layers
+                else ""
+            )
+            raise InputError(
+                f"{service} serves model version {served.get('version')!r} "
+                f"({served.get('id', '?')}), not {model_version!r}, the one the task would be "
+                f"learned on{extra}: pass that model with --model, or serve this one",
+                field="service",
+            )
+    if task_name is not None and not overwrite:
+        shipped = {
+            t.get("name") for t in (tasks or {}).get("data", []) if t.get("source") == "model"
+        }
+        if task_name in shipped:
+            raise InputError(
+                f"{service}'s model ships a task named {task_name!r}: choose another "
+                "--task-name, or add --overwrite to register an override",
+                field="task_name",
+            )
+
+
+def check_store(model_dir: Path, name: str, overwrite: bool) -> None:
+    """Before any work: --store must not replace a task the model ships unless asked."""
+    path = model_dir / TASKS / f"{name}.json"
+    if path.exists() and not overwrite:
+        raise InputError(
+            f"{path} exists: the model ships a task named {name!r}; choose another "
+            "--task-name, or add --overwrite to replace it",
+            field="task_name",
+        )
 
 
 def save_task(
@@ -72,7 +125,7 @@ def save_task(
             msg = _service_error(service, e)
             if fallback is not None:
                 fallback.parent.mkdir(parents=True, exist_ok=True)
-                fallback.write_text(json.dumps(spec.to_dict(), indent=2, sort_keys=True) + "\n")
+                write_json(fallback, spec.to_dict(), sort_keys=True)
                 msg += f"; the learned task is saved in {fallback} (PUT it to {url} later)"
             raise InputError(msg, field="service") from None
         done.append(url)

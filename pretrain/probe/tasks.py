@@ -15,10 +15,12 @@ from elmo_service.errors import InputError
 # (fetched with --fetch); a user's own task reads <split>.jsonl from --data.
 TASKS = {
     "pos": ("brown", "tokens"),
+    "ner": ("wnut16", "tokens"),
     "polarity": ("polarity", "sentences"),
     "tagging": (None, "tokens"),
     "classification": (None, "sentences"),
 }
+BUILT_IN = tuple(t for t, (prefix, _) in TASKS.items() if prefix)
 SPLITS = ("train", "dev", "test")
 ROW_FORMAT = {
     "tokens": '{"words": ["The", "dog"], "tags": ["DET", "NOUN"]}',
@@ -87,9 +89,9 @@ def read_examples(path: Path, kind: str) -> list[tuple]:
 
 def load_task_data(task: str, data_dir: Path, fetch: bool) -> dict[str, list[tuple]]:
     """The three splits of a built-in (fetched if asked) or user task."""
-    files = {s: split_path(task, data_dir, s) for s in SPLITS}
+    files = split_files(task, data_dir)
     missing = [p.name for p in files.values() if not p.is_file()]
-    if missing and task in ("pos", "polarity"):
+    if missing and task in BUILT_IN:
         if not fetch:
             raise InputError(
                 f"{data_dir} lacks {task} data; add --fetch to download it", field="data"
@@ -98,6 +100,10 @@ def load_task_data(task: str, data_dir: Path, fetch: bool) -> dict[str, list[tup
             from pretrain.sources.brown import write_brown
 
             write_brown(data_dir)
+        elif task == "ner":
+            from pretrain.sources.wnut import write_wnut
+
+            write_wnut(data_dir)
         else:
             from pretrain.sources.polarity import write_polarity
 
@@ -112,8 +118,17 @@ def load_task_data(task: str, data_dir: Path, fetch: bool) -> dict[str, list[tup
     return {s: read_examples(p, task_kind(task)) for s, p in files.items()}
 
 
-def label_set(task: str, data: dict[str, list[tuple]]) -> list:
-    """The classes, in index order; dev/test may only use classes seen in training."""
+def split_files(task: str, data_dir: Path) -> dict[str, Path]:
+    return {s: split_path(task, data_dir, s) for s in SPLITS}
+
+
+def label_set(
+    task: str, data: dict[str, list[tuple]], files: dict[str, Path] | None = None
+) -> list:
+    """The classes, in index order; dev/test may only use classes seen in training.
+
+    With ``files`` (split -> path), an unknown class is reported at its first line.
+    """
     kind = task_kind(task)
     if task == "pos":
         from pretrain.sources.brown import UNIVERSAL_TAGS
@@ -126,7 +141,8 @@ def label_set(task: str, data: dict[str, list[tuple]]) -> list:
     else:
         classes = sorted({y for _, y in data["train"]}, key=lambda y: (isinstance(y, str), y))
     if len(classes) < 2:
-        raise InputError("the training data has fewer than 2 classes", field="data")
+        where = f"{files['train']}: " if files else ""
+        raise InputError(f"{where}the training data has fewer than 2 classes", field="data")
     known = set(classes)
     for split in SPLITS:
         seen = (
@@ -135,10 +151,25 @@ def label_set(task: str, data: dict[str, list[tuple]]) -> list:
             else {y for _, y in data[split]}
         )
         if seen - known:
-            what = "tags" if task == "tagging" else "classes"
+            what = "tags" if kind == "tokens" else "classes"
+            where = _first_line_with(files[split], kind, known) if files else split
             raise InputError(
-                f"{split}: {what} {sorted(map(str, seen - known))} are not in the "
-                f"{'task' if task in ('pos', 'polarity') else 'training data'}'s {what} {list(map(str, classes))}",
+                f"{where}: {what} {sorted(map(str, seen - known))} are not in the "
+                f"{'task' if task in ('pos', 'polarity') else 'training data'}'s {what} "
+                f"{list(map(str, classes))}",
                 field="data",
             )
     return classes
+
+
+def _first_line_with(path: Path, kind: str, known: set) -> str:
+    """``path:line`` of the first example using a class outside ``known`` (already parsed once)."""
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            used = {str(t) for t in r["tags"]} if kind == "tokens" else {r["label"]}
+            if used - known:
+                return f"{path}:{n}"
+    return str(path)

@@ -8,8 +8,16 @@ import pytest
 
 from elmo_service.artifact import load_artifact
 from elmo_service.embedder import Embedder
+from elmo_service.scalar_mix import MixSpec
 from pretrain.probe import ProbeConfig, polarity_probe, pos_probe, results_table, save_task
 from tests.support.core_fixtures import tiny_artifact
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    """Default run folders (runs/probe/...) land in the test's folder, not the checkout."""
+    monkeypatch.chdir(tmp_path)
+
 
 VOCAB = {
     "dog": "NOUN",
@@ -230,7 +238,7 @@ def test_probe_learns_a_users_own_classification_task(tmp_path, capsys):
         ("classification", {"train": '{"text": "fine", "label": 1}\n\n{"text": "", "label": 0}\n'},
          "train.jsonl:3: 'text' must be a non-empty string"),
         ("classification", {"train": '{"text": "a", "label": true}\n'}, "'label' must be a string or an integer"),
-        ("classification", {"dev": '{"text": "a", "label": "new"}\n'}, "dev: classes ['new'] are not in the training data"),
+        ("classification", {"dev": '{"text": "a", "label": "new"}\n'}, "dev.jsonl:1: classes ['new'] are not in the training data"),
         ("tagging", {"test": ""}, "test.jsonl: no examples"),
         ("tagging", {"dev": None}, "lacks dev.jsonl"),
     ],
@@ -299,6 +307,70 @@ def test_probe_registers_the_task_in_a_running_service(tmp_path, capsys):
         # a refused PUT keeps what was learned, and says where
         assert probe("--service", srv.url, "--admin-key", "wrong") == 2
         err = capsys.readouterr().err
-        assert "answered 401" in err and "tags.task.json" in err
-        saved = json.loads((tmp_path / "c" / "tags" / "tags.task.json").read_text())
+        assert "answered 401" in err and "runs/probe/tags/task.json" in err
+        saved = json.loads((tmp_path / "runs" / "probe" / "tags" / "task.json").read_text())
         assert saved["meta"]["task"] == "tags" and len(saved["weights"]) == 3
+
+
+@pytest.mark.slow
+def test_probe_refuses_a_service_that_serves_another_model(tmp_path, capsys):
+    """The mix is learned on --model: a service serving another version is refused
+    before any embedding, naming both versions."""
+    from api.main import create_app
+    from api.settings import load_settings
+    from pretrain.cli import main
+    from tests.support.live_server import LiveServer
+
+    model = tiny_artifact(tmp_path / "m")
+    other = tiny_artifact(tmp_path / "other", seed=1)  # same shape, other weights
+    data = tmp_path / "tags"
+    data.mkdir()
+    for split, n, seed in (("train", 20, 0), ("dev", 10, 1), ("test", 10, 2)):
+        _write_jsonl(
+            data / f"{split}.jsonl", [{"words": w, "tags": t} for w, t in _pos_data(n, seed)]
+        )
+    settings = load_settings(model_path=other, threads=1, data_dir=tmp_path, admin_keys="admin")
+    with LiveServer(create_app(settings)) as srv:
+        rc = main([
+            "probe", "tagging", "--model", str(model), "--data", str(data), "--task-name", "tags",
+            "--cache", str(tmp_path / "c"), "--threads", "1", "--service", srv.url,
+            "--admin-key", "admin",
+        ])  # fmt: skip
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "serves model version" in err
+    assert load_artifact(other).version in err and load_artifact(model).version in err
+    assert not (tmp_path / "c").exists() and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_probe_writes_to_a_run_folder_and_leaves_the_model_alone(tmp_path, capsys):
+    """Without --store the model folder is untouched; --store over a task the model
+    ships needs --overwrite."""
+    from pretrain.cli import main
+
+    model = tiny_artifact(tmp_path / "m")
+    save_task(MixSpec.average(3), "pos", model_dir=model)
+    shipped = (model / "tasks" / "pos.json").read_bytes()
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in model.rglob("*"))
+    data = tmp_path / "brown"
+    data.mkdir()
+    for split, n, seed in (("train", 40, 0), ("dev", 10, 1), ("test", 10, 2)):
+        _write_jsonl(
+            data / f"brown.{split}.jsonl", [{"words": w, "tags": t} for w, t in _pos_data(n, seed)]
+        )
+    args = ["probe", "pos", "--model", str(model), "--data", str(data),
+            "--cache", str(tmp_path / "c"), "--epochs", "1", "--threads", "1"]  # fmt: skip
+    assert main(args) == 0
+    out = tmp_path / "runs" / "probe" / "pos"
+    assert (out / "report.md").is_file() and (out / "report.json").is_file()
+    assert json.loads((out / "task.json").read_text())["meta"]["task"] == "pos"
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in model.rglob("*")) == before
+
+    # the model ships "pos": --store refuses before any work, --overwrite replaces it
+    assert main([*args, "--store", "--cache", str(tmp_path / "c2")]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert not (tmp_path / "c2").exists()
+    assert (model / "tasks" / "pos.json").read_bytes() == shipped
+    assert main([*args, "--store", "--overwrite"]) == 0
+    assert (model / "tasks" / "pos.json").read_bytes() != shipped

@@ -1,0 +1,75 @@
+"""The finetune's results: the paper's table (markdown) and its rows as JSON, written atomically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from elmo_service import atomic
+from pretrain.finetune.run import Finetuned
+from pretrain.finetune.train import METRIC_NAMES
+
+TITLES = {
+    "baseline": "baseline (word embedding + character CNN)",
+    "elmo+baseline": "ELMo + baseline",
+    "probe": "linear probe (ELMo mix + linear)",
+}
+
+
+def rows(ft: Finetuned) -> list[dict]:
+    """One row per arm: ``name``, ``dev``, ``test`` (means over seeds), ``std`` (of test),
+    the per-seed scores; the ELMo + baseline row also holds the increase over the baseline."""
+    out = []
+    inc = ft.increase
+    for r in ft.results:
+        row = {
+            "name": r.arm,
+            "metric": ft.task.metric,
+            "dev": r.dev,
+            "test": r.test,
+            "std": r.std,
+            "dev_std": r.dev_std,
+            "seeds": [
+                {
+                    "seed": x.seed,
+                    "dev": x.dev,
+                    "test": x.test,
+                    "epochs": x.epochs,
+                    "seconds": round(x.seconds, 1),
+                }
+                for x in r.runs
+            ],  # fmt: skip
+        }
+        if r.arm == "elmo+baseline" and inc is not None:
+            row["increase"] = inc["absolute"]
+            row["relative_error_reduction"] = inc["relative_error_reduction"]
+        out.append(row)
+    return out
+
+
+def results_table(ft: Finetuned) -> str:
+    n = len(ft.results[0].runs)
+    lines = [
+        f"| network input | dev | test (mean ± std, {n} seed{'s' if n > 1 else ''}) |",
+        "|---|---|---|",
+    ]
+    for r in ft.results:
+        lines.append(
+            f"| {TITLES[r.arm]} | {100 * r.dev:.2f} | {100 * r.test:.2f} ± {100 * r.std:.2f} |"
+        )
+    inc = ft.increase
+    if inc is not None:
+        lines += [
+            "",
+            f"Increase: **{100 * inc['absolute']:+.2f}** absolute, "
+            f"**{100 * inc['relative_error_reduction']:.1f} %** relative error reduction.",
+        ]
+    return "\n".join(lines)
+
+
+def write_report(path: Path, title: str, ft: Finetuned, command: str) -> None:
+    """``path`` (markdown) and ``path.json``: each whole or not at all (atomic writes)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    metric = METRIC_NAMES[ft.task.metric]
+    body = f"## {title}\n\nMetric: {metric}.\n\n```\n{command}\n```\n\n{results_table(ft)}\n"
+    atomic.write_json(path.with_suffix(".json"), rows(ft))
+    atomic.write_text(path, body)

@@ -1,0 +1,88 @@
+"""One finetune from checked data to results: build the task, train the arms, pick the mix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from elmo_service.artifact import Artifact
+from elmo_service.scalar_mix import MixSpec
+from pretrain.finetune.data import Vocab, elmo_layers, encode
+from pretrain.finetune.options import FinetuneConfig
+from pretrain.finetune.train import ArmResult, Log, Task, increase, is_bio, run_arms, task_spec
+from pretrain.probe.tasks import SPLITS
+
+
+@dataclass
+class Finetuned:
+    task: Task
+    results: list[ArmResult]
+    spec: MixSpec | None  # the ELMo + baseline arm's best mix
+
+    def arm(self, name: str) -> ArmResult | None:
+        return next((r for r in self.results if r.arm == name), None)
+
+    @property
+    def increase(self) -> dict[str, float] | None:
+        base, elmo = self.arm("baseline"), self.arm("elmo+baseline")
+        return increase(base, elmo) if base and elmo else None
+
+
+def choose_metric(metric: str, task_name: str, tokens: bool, classes: list) -> str:
+    if metric != "auto":
+        return metric
+    if tokens and (task_name == "ner" or is_bio(list(map(str, classes)))):
+        return "span-f1"
+    return "accuracy"
+
+
+def build_task(
+    art: Artifact,
+    data: dict[str, list[tuple]],
+    classes: list,
+    tokens: bool,
+    metric: str,
+    crf: bool,
+    cfg: FinetuneConfig,
+    cache_dir: Path,
+    log: Log = print,
+) -> Task:
+    """``data[split]``: (words, tags) or (text, label) rows, already checked (probe.tasks)."""
+    index = {c: i for i, c in enumerate(classes)}
+    if tokens:
+        sents = {s: [list(w) for w, _ in data[s]] for s in SPLITS}
+        labels = {s: [[index[t] for t in tags] for _, tags in data[s]] for s in SPLITS}
+    else:
+        sents = {s: [text.split() for text, _ in data[s]] for s in SPLITS}
+        labels = {s: [index[y] for _, y in data[s]] for s in SPLITS}
+    layers = elmo_layers(art, sents, cache_dir, cfg.precision, cfg.embed_batch_tokens, log)
+    vocab = Vocab.build(sents["train"], cfg.min_word_count)
+    splits = {s: encode(sents[s], labels[s], vocab, cfg.max_word_chars, layers[s]) for s in SPLITS}
+    return Task(
+        tokens=tokens,
+        classes=list(classes),
+        metric=metric,
+        crf=crf,
+        vocab=vocab,
+        splits=splits,
+        n_layers=layers["train"].shape[1],
+        elmo_dim=layers["train"].shape[2],
+    )
+
+
+def finetune(
+    art: Artifact,
+    task: Task,
+    cfg: FinetuneConfig,
+    arms: list[str],
+    seeds: int | list[int],
+    name: str,
+    log: Log = print,
+) -> Finetuned:
+    seeds = list(range(seeds)) if isinstance(seeds, int) else seeds
+    results = run_arms(arms, task, cfg, seeds, log)
+    ft = Finetuned(task, results, None)
+    elmo = ft.arm("elmo+baseline")
+    if elmo is not None:
+        ft.spec = task_spec(elmo, name, art.version, task, cfg)
+    return ft

@@ -1,0 +1,357 @@
+"""`elmo-pretrain finetune`: the CRF, the span metric, a tiny finetune end to end, the
+served task mix against the network's input, and bad input refused before any work."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from elmo_service.artifact import load_artifact, write_task
+from elmo_service.scalar_mix import MixSpec
+from pretrain.finetune import CRF, FinetuneConfig, build_task, finetune, span_f1, spans
+from pretrain.finetune.data import batches, make_batch
+from tests.support.core_fixtures import tiny_artifact
+
+torch.set_num_threads(1)
+
+# tiny but learnable: an entity is a capitalised known name, typed by the word before it
+NAMES = {"Ann": "PER", "Bob": "PER", "Rome": "LOC", "Oslo": "LOC"}
+FILLER = ["the", "dog", "runs", "sees", "a", "red", "cat"]
+
+
+def _ner_rows(n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        words, tags = [], []
+        for _ in range(rng.randint(2, 5)):
+            if rng.random() < 0.3:
+                name = rng.choice(sorted(NAMES))
+                words.append(name)
+                tags.append("B-" + NAMES[name])
+            else:
+                words.append(rng.choice(FILLER))
+                tags.append("O")
+        rows.append({"words": words, "tags": tags})
+    return rows
+
+
+def _write(folder, rows_by_split):
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, rows in rows_by_split.items():
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def _ner_data(folder):
+    return _write(
+        folder, {"train": _ner_rows(60, 0), "dev": _ner_rows(20, 1), "test": _ner_rows(20, 2)}
+    )
+
+
+# ------------------------------------------------------------------ CRF and metric
+
+
+@torch.no_grad()
+def _brute_force(crf: CRF, em: torch.Tensor, n: int):
+    """Every tag sequence of length n: its score; log Z and the best path by enumeration."""
+    k = em.shape[-1]
+    scores = {}
+    for path in itertools.product(range(k), repeat=n):
+        tags = torch.tensor([path])
+        mask = torch.ones(1, n, dtype=torch.bool)
+        scores[path] = crf.path_score(em[None, :n], tags, mask)[0]
+    all_ = torch.stack(list(scores.values()))
+    return torch.logsumexp(all_, 0), max(scores, key=lambda p: float(scores[p]))
+
+
+def test_crf_forward_algorithm_and_viterbi_match_enumeration():
+    torch.manual_seed(0)
+    crf = CRF(3)
+    for p in crf.parameters():
+        torch.nn.init.normal_(p)
+    em = torch.randn(2, 4, 3)
+    mask = torch.tensor([[True] * 4, [True, True, False, False]])  # the second is 2 long
+    log_z = crf.log_partition(em, mask).detach()
+    best = crf.decode(em, mask)
+    for b, n in enumerate((4, 2)):
+        want_z, want_path = _brute_force(crf, em[b], n)
+        assert abs(float(log_z[b]) - float(want_z)) < 1e-5
+        assert best[b] == list(want_path)
+    nll = crf.nll(em, torch.tensor([[0, 1, 2, 0], [2, 2, 0, 0]]), mask)
+    assert bool((nll > 0).all())  # a probability below 1
+
+
+def test_spans_are_exact_bio_spans():
+    assert spans(["B-PER", "I-PER", "O", "B-LOC"]) == {(0, 2, "PER"), (3, 4, "LOC")}
+    # conlleval: an I- that does not continue its type starts a span
+    assert spans(["O", "I-PER", "I-LOC"]) == {(1, 2, "PER"), (2, 3, "LOC")}
+    assert span_f1([["B-PER", "I-PER"]], [["B-PER", "I-PER"]]) == 1.0
+    # a span cut short is wrong, not half right
+    assert span_f1([["B-PER", "I-PER", "O"]], [["B-PER", "O", "O"]]) == 0.0
+    assert span_f1([["B-PER", "O", "B-LOC"]], [["B-PER", "O", "O"]]) == pytest.approx(2 / 3)
+
+
+# ------------------------------------------------------------------ end to end
+
+
+@pytest.mark.slow
+def test_tiny_finetune_reports_both_arms_and_stores_the_mix(tmp_path, capsys):
+    from pretrain.cli import main
+
+    model = tiny_artifact(tmp_path / "m")
+    data = _ner_data(tmp_path / "ner")
+    out, report = tmp_path / "run", tmp_path / "r" / "ner.md"
+    rc = main([
+        "finetune", "tagging", "--model", str(model), "--data", str(data), "--task-name", "names",
+        "--cache", str(tmp_path / "c"), "--out", str(out), "--report", str(report),
+        "--seeds", "2", "--epochs", "1", "--hidden", "8", "--threads", "1", "--store",
+    ])  # fmt: skip
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "| ELMo + baseline |" in text and "relative error reduction" in text
+    md = report.read_text()
+    assert "Metric: span F1 (exact BIO spans)" in md  # the tags are BIO: span F1, with a CRF
+    assert "elmo-pretrain finetune tagging" in md
+    rows = json.loads(report.with_suffix(".json").read_text())
+    assert [r["name"] for r in rows] == ["baseline", "elmo+baseline", "probe"]
+    for r in rows:
+        assert len(r["seeds"]) == 2 and 0.0 <= r["test"] <= 1.0 and r["std"] >= 0.0
+        assert r["test"] == pytest.approx(np.mean([s["test"] for s in r["seeds"]]))
+    elmo = rows[1]
+    assert elmo["increase"] == pytest.approx(elmo["test"] - rows[0]["test"])
+    err = 1 - rows[0]["test"]
+    if err > 0:
+        assert elmo["relative_error_reduction"] == pytest.approx(elmo["increase"] / err)
+    # the run folder holds the same report and the task; the model holds the task too
+    assert (out / "report.md").is_file() and json.loads((out / "report.json").read_text()) == rows
+    stored = load_artifact(model).tasks["names"]
+    assert stored.meta["learned_by"] == "elmo-pretrain finetune"
+    assert stored.meta["labels"] == ["B-LOC", "B-PER", "O"]
+    assert json.loads((out / "task.json").read_text())["weights"] == stored.weights
+
+
+@pytest.mark.slow
+def test_the_served_task_mix_is_the_finetuned_networks_input(tmp_path):
+    """Stored with the model, the task's mix in /v1/embed equals ELMo_k as the trained
+    network consumed it, within 1e-5."""
+    from fastapi.testclient import TestClient
+
+    from api.main import create_app
+    from api.settings import load_settings
+    from pretrain.probe.service import save_task
+    from pretrain.probe.tasks import label_set, load_task_data
+
+    model = tiny_artifact(tmp_path / "m")
+    data_dir = _ner_data(tmp_path / "ner")
+    data = load_task_data("tagging", data_dir, fetch=False)
+    classes = label_set("tagging", data)
+    cfg = FinetuneConfig(epochs=3, hidden=16, lr=1e-2)
+    art = load_artifact(model)
+    task = build_task(art, data, classes, True, "span-f1", True, cfg, tmp_path / "c", log=print)
+    ft = finetune(art, task, cfg, ["elmo+baseline"], 1, "names", log=lambda _: None)
+    net = ft.arm("elmo+baseline").best().network.eval()
+    # the mix moved away from its initial uniform weights and gamma 1
+    assert ft.spec.weights != [0.0] * 3 or ft.spec.gamma != 1.0
+    save_task(ft.spec, "names", model_dir=model)
+
+    split = task.splits["test"]
+    idx = np.arange(4)
+    with torch.no_grad():
+        want = net.elmo_input(make_batch(split, idx, True)).numpy()
+    sentences = [data["test"][i][0] for i in idx]
+    settings = load_settings(model_path=model, threads=1, data_dir=tmp_path)
+    with TestClient(create_app(settings)) as client:
+        r = client.post(
+            "/v1/embed", json={"sentences": sentences, "task": "names", "granularity": "word"}
+        )
+        assert r.status_code == 200, r.text
+        for j, sent in enumerate(r.json()["data"]):
+            got = np.array(sent["mix"]["data"], dtype=np.float32)
+            assert got.shape == (len(sentences[j]), want.shape[-1])
+            np.testing.assert_allclose(got, want[j, : len(sentences[j])], rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_sentence_classification_with_elmo_at_both(tmp_path, capsys):
+    from pretrain.cli import main
+
+    model = tiny_artifact(tmp_path / "m")
+    rng = random.Random(0)
+    topics = {"pets": ["dog", "cat"], "moves": ["runs", "sees"]}
+
+    def rows(n):
+        out = []
+        for _ in range(n):
+            label = rng.choice(sorted(topics))
+            out.append(
+                {"text": " ".join(rng.choice(topics[label]) for _ in range(3)), "label": label}
+            )
+        return out
+
+    data = _write(tmp_path / "topic", {"train": rows(40), "dev": rows(12), "test": rows(12)})
+    rc = main([
+        "finetune", "classification", "--model", str(model), "--data", str(data),
+        "--task-name", "topic", "--cache", str(tmp_path / "c"), "--out", str(tmp_path / "run"),
+        "--seeds", "1", "--epochs", "2", "--hidden", "8", "--threads", "1", "--elmo-at", "both",
+        "--no-baseline", "--no-probe",
+    ])  # fmt: skip
+    assert rc == 0
+    rows_ = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert [r["name"] for r in rows_] == ["elmo+baseline"] and "increase" not in rows_[0]
+    assert "Metric: accuracy" in (tmp_path / "run" / "report.md").read_text()
+    task = json.loads((tmp_path / "run" / "task.json").read_text())
+    assert task["meta"]["elmo_at"].startswith("both") and len(task["weights"]) == 3
+
+
+def test_batches_cover_every_sentence_once():
+    from pretrain.finetune.data import Vocab, encode
+
+    sents = [["a"] * n for n in (3, 1, 5, 2, 4, 1, 2)]
+    split = encode(sents, [[0] * len(s) for s in sents], Vocab.build(sents, 1), 4, None)
+    for rng in (None, np.random.default_rng(0)):
+        got = np.concatenate(batches(split, 3, rng))
+        assert sorted(got.tolist()) == list(range(len(sents)))
+    b = make_batch(split, np.array([1, 2]), True)
+    assert b.mask.sum().item() == 6 and b.words.shape == (2, 5)
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def _finetune(tmp_path, model, data, *extra):
+    from pretrain.cli import main
+
+    return main([
+        "finetune", "tagging", "--model", str(model), "--data", str(data), "--task-name", "t",
+        "--cache", str(tmp_path / "c"), "--out", str(tmp_path / "run"), "--threads", "1",
+        "--epochs", "1", "--seeds", "1", *extra,
+    ])  # fmt: skip
+
+
+GOOD = '{"words": ["a", "b"], "tags": ["B-X", "O"]}\n'
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({"train": '{"words": ["a", "b"], "tags": ["O"]}\n'}, "train.jsonl:1: 2 words but 1 tags"),
+        ({"dev": ""}, "dev.jsonl: no examples"),
+        ({"test": GOOD + '{"words": ["a"], "tags": ["B-NEW"]}\n'},
+         "test.jsonl:2: tags ['B-NEW'] are not in the training data's tags"),
+    ],
+)  # fmt: skip
+def test_bad_data_is_one_line_naming_the_file_and_line_before_any_work(
+    tmp_path, capsys, files, message
+):
+    model = tiny_artifact(tmp_path / "m")
+    data = tmp_path / "d"
+    data.mkdir()
+    for split in ("train", "dev", "test"):
+        (data / f"{split}.jsonl").write_text(files.get(split, GOOD))
+    assert _finetune(tmp_path, model, data) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "c").exists() and not (tmp_path / "run").exists()
+
+
+def test_a_task_name_the_model_ships_is_refused_unless_overwrite(tmp_path, capsys):
+    model = tiny_artifact(tmp_path / "m")
+    write_task(model, "t", MixSpec.average(3))
+    data = tmp_path / "d"
+    data.mkdir()
+    for split in ("train", "dev", "test"):
+        (data / f"{split}.jsonl").write_text(GOOD)
+    assert _finetune(tmp_path, model, data, "--store") == 2
+    err = capsys.readouterr().err
+    assert "ships a task named 't'" in err and "--overwrite" in err
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_shipped_task_with_another_layer_count_is_named(tmp_path, capsys):
+    model = tiny_artifact(tmp_path / "m")
+    (model / "tasks").mkdir()
+    (model / "tasks" / "old.json").write_text(json.dumps({"weights": [0.0] * 5, "gamma": 1.0}))
+    data = tmp_path / "d"
+    data.mkdir()
+    for split in ("train", "dev", "test"):
+        (data / f"{split}.jsonl").write_text(GOOD)
+    assert _finetune(tmp_path, model, data) == 2
+    err = capsys.readouterr().err.strip()
+    assert "old.json" in err and "3 weights" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "c").exists()
+
+
+def test_ctrl_c_leaves_no_output_files(tmp_path, monkeypatch):
+    """Interrupted in training: no report, no task. Interrupted while the report is
+    being committed: the previous report stays whole, and no temporary is left."""
+    import pretrain.finetune.run as run_mod
+    from elmo_service import atomic
+    from pretrain.finetune.report import write_report
+    from pretrain.finetune.run import Finetuned
+    from pretrain.finetune.train import ArmResult, Run
+
+    model = tiny_artifact(tmp_path / "m")
+    data = _ner_data(tmp_path / "ner")
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_mod, "run_arms", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _finetune(tmp_path, model, data, "--store")
+    assert not (tmp_path / "run").exists()
+    assert not (model / "tasks").exists()
+
+    # an interrupt at the rename of an atomic write
+    monkeypatch.undo()
+    report = tmp_path / "r" / "report.md"
+    report.parent.mkdir()
+    report.write_text("old report\n")
+    monkeypatch.setattr(atomic.os, "replace", interrupted)
+
+    task = type("T", (), {"metric": "accuracy"})()  # all the report reads of a Task
+    ft = Finetuned(
+        task, [ArmResult("baseline", [Run("baseline", 0, 0.5, 0.4, 1, 1.0, None)])], None
+    )
+    with pytest.raises(KeyboardInterrupt):
+        write_report(report, "t", ft, "cmd")
+    assert report.read_text() == "old report\n"
+    assert sorted(p.name for p in report.parent.iterdir()) == ["report.md"]
+
+
+@pytest.mark.slow
+def test_finetune_registers_in_a_service_that_serves_its_model_only(tmp_path, capsys):
+    import httpx
+
+    from api.main import create_app
+    from api.settings import load_settings
+    from tests.support.live_server import LiveServer
+
+    model = tiny_artifact(tmp_path / "m")
+    other = tiny_artifact(tmp_path / "other", seed=1)
+    write_task(model, "shipped", MixSpec.average(3))
+    data = _ner_data(tmp_path / "ner")
+    settings = load_settings(model_path=model, threads=1, data_dir=tmp_path, admin_keys="admin")
+    with LiveServer(create_app(settings)) as srv:
+        service = ("--service", srv.url, "--admin-key", "admin")
+        # learned on another model version: refused before any work, both versions named
+        assert _finetune(tmp_path, other, data, *service) == 2
+        err = capsys.readouterr().err
+        assert "serves model version" in err and load_artifact(other).version in err
+        # a name the served model ships: refused unless --overwrite
+        assert _finetune(tmp_path, model, data, *service, "--task-name", "shipped") == 2
+        assert "ships a task named 'shipped'" in capsys.readouterr().err
+        assert not (tmp_path / "c").exists()
+
+        assert _finetune(tmp_path, model, data, *service, "--hidden", "8") == 0
+        assert f"task stored: {srv.url}/v1/tasks/t" in capsys.readouterr().out
+        got = httpx.get(f"{srv.url}/v1/tasks/t").json()
+        saved = json.loads((tmp_path / "run" / "task.json").read_text())
+        assert got["weights"] == saved["weights"] and got["gamma"] == saved["gamma"]
+        assert got["meta"]["model_version"] == load_artifact(model).version
