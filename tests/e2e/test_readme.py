@@ -46,27 +46,47 @@ def command_lines(text: str) -> list[str]:
     return out
 
 
+SHELL_OPERATORS = {"&", "&&", "|", "||", ";", ">", ">>", "<", "2>&1", "2>"}
+
+
+def until_operator(words: list[str]) -> list[str]:
+    """A command's own arguments: the words before a shell operator (``&``, ``|``, ``>`` ...)."""
+    for i, w in enumerate(words):
+        if w in SHELL_OPERATORS:
+            return words[:i]
+    return words
+
+
 def cli_calls(text: str) -> list[tuple[str, list[str]]]:
     calls = []
     for line in command_lines(text):
         words = shlex.split(line, comments=True)
+        # a shell variable stands for some value: a number parses as any argument type
+        words = ["1" if re.fullmatch(r"\$\{?\w+\}?", w) else w for w in words]
         while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):  # VAR=value prefixes
             words = words[1:]
         for i, w in enumerate(words):
             name = Path(w).name
             if name in ("elmo-pretrain", "elmo-service"):
-                calls.append((name, words[i + 1 :]))
+                calls.append((name, until_operator(words[i + 1 :])))
                 break
             if w == "pretrain.cli" and i > 0 and words[i - 1] == "-m":
-                calls.append(("elmo-pretrain", words[i + 1 :]))
+                calls.append(("elmo-pretrain", until_operator(words[i + 1 :])))
                 break
     return calls
 
 
+DOC_CALLS = [
+    call
+    for doc in [ROOT / "README.md", *DOCS, ROOT / "models" / "README.md"]
+    for call in cli_calls(doc.read_text())
+]
+
+
 @pytest.mark.parametrize(
-    "prog,args", cli_calls(README), ids=lambda v: v if isinstance(v, str) else " ".join(v)[:60]
+    "prog,args", DOC_CALLS, ids=lambda v: v if isinstance(v, str) else " ".join(v)[:60]
 )
-def test_readme_commands_parse(prog, args):
+def test_documented_commands_parse(prog, args):
     from api.cli import parser as service_parser
     from pretrain.cli import build_parser as pretrain_parser
 
