@@ -147,6 +147,9 @@ def test_every_route_returns_what_the_document_says(api):
     ok("GET", "/v1/jobs", c.get("/v1/jobs", headers=ADMIN))
     ok("GET", "/v1/jobs/{job_id}", c.get(f"/v1/jobs/{job_id}", headers=ADMIN))
     ok("POST", "/v1/jobs/{job_id}/cancel", c.post(f"/v1/jobs/{job_id}/cancel", headers=ADMIN))
+    retry = "/v1/jobs/{job_id}/retry"
+    ok("POST", retry, c.post(f"/v1/jobs/{job_id}/retry", headers=ADMIN))  # 409: not failed yet
+    ok("POST", retry, c.post("/v1/jobs/jnosuch/retry", headers=ADMIN))  # 404
 
     ok("GET", "/healthz", c.get("/healthz"))
     assert ok("GET", "/readyz", c.get("/readyz"))["status"] == "ready"

@@ -317,7 +317,9 @@ def test_job_runs_to_success_and_its_model_is_activated_and_served(local_api):
     assert any("phase train" in line for line in rec["log_tail"])
     assert rec["phase"] is None and rec["error"] is None and rec["attempt"] == 1
 
-    listed = {a["id"]: a for a in c.get("/v1/models", headers=USER).json()["artifacts"]}
+    # ?full=true: the whole provenance (the default list summarises it)
+    models = c.get("/v1/models", params={"full": "true"}, headers=USER).json()
+    listed = {a["id"]: a for a in models["artifacts"]}
     assert listed["tiny-lm"]["version"] == art["version"] and not listed["tiny-lm"]["served"]
     prov = listed["tiny-lm"]["provenance"]
     assert prov["trainer"] == "elmo-pretrain" and prov["step"] == 40
