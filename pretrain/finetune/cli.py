@@ -17,7 +17,7 @@ from pathlib import Path
 from elmo_service.errors import InputError
 from elmo_service.settings_base import add_arguments, from_args
 from pretrain.finetune.options import CLI_CONFIG_FIELDS, FinetuneConfig, FinetuneOptions
-from pretrain.probe.tasks import BUILT_IN, task_file, task_kind
+from pretrain.probe.tasks import BUILT_IN, task_kind
 
 
 def task_name_of(o: FinetuneOptions) -> str:
@@ -40,8 +40,8 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     from elmo_service.runtime import set_threads
     from pretrain.finetune.report import results_table, write_report
     from pretrain.finetune.run import build_task, choose_metric, finetune
-    from pretrain.probe.service import check_service, check_store, save_task
-    from pretrain.probe.tasks import label_set, load_task_data, split_files
+    from pretrain.probe.service import check_destinations, save_task
+    from pretrain.probe.tasks import load_for_command
 
     o = from_args(FinetuneOptions, args)
     cfg = FinetuneConfig(
@@ -52,23 +52,11 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     model_dir = Path(o.model) if o.model else default_model_dir()
     # the model and every task it ships (a task with another layer count fails here, by file)
     art = load_artifact(model_dir)
-    if o.store:
-        check_store(model_dir, name, o.overwrite)
-    if o.service:
-        check_service(
-            o.service,
-            o.admin_key,
-            model_version=art.version,
-            n_layers=art.config.n_output_layers,
-            task_name=name,
-            overwrite=o.overwrite,
-        )
-    data_dir = Path(o.data or f"data/{task_file(o.task) or o.task}")
-    data = load_task_data(o.task, data_dir, o.fetch)
-    if o.max_train:
-        data["train"] = data["train"][: o.max_train]
+    check_destinations(
+        o, model_dir, name, model_version=art.version, n_layers=art.config.n_output_layers
+    )
+    data, classes = load_for_command(o.task, o.data, o.fetch, o.max_train)
     tokens = task_kind(o.task) == "tokens"
-    classes = label_set(o.task, data, split_files(o.task, data_dir))
     metric = choose_metric(o.metric, o.task, tokens, classes)
     if metric == "span-f1" and not tokens:
         raise InputError("--metric span-f1 needs a tagging task", field="metric")

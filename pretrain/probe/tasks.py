@@ -118,6 +118,18 @@ def load_task_data(task: str, data_dir: Path, fetch: bool) -> dict[str, list[tup
     return {s: read_examples(p, task_kind(task)) for s, p in files.items()}
 
 
+def load_for_command(
+    task: str, data: str | None, fetch: bool, max_train: int = 0
+) -> tuple[dict[str, list[tuple]], list]:
+    """A command's data (``--data``, default ``data/<task>``; ``--fetch``; the first
+    ``max_train`` training examples, 0 = all) and its classes."""
+    data_dir = Path(data or f"data/{task_file(task) or task}")
+    splits = load_task_data(task, data_dir, fetch)
+    if max_train:
+        splits["train"] = splits["train"][:max_train]
+    return splits, label_set(task, splits, split_files(task, data_dir))
+
+
 def split_files(task: str, data_dir: Path) -> dict[str, Path]:
     return {s: split_path(task, data_dir, s) for s in SPLITS}
 
