@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from tests.support.ports import free_port
+from tests.support.procs import terminate
 
 MODES = ("ok", "int", "short", "types")
 
@@ -176,13 +177,7 @@ class FakeRedis:
         self.mode = mode
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        terminate(self.proc)
         self.proc = None
 
     def __enter__(self) -> FakeRedis:

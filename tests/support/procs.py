@@ -1,7 +1,9 @@
-"""Finding processes by command line (a job's trainer, to kill it in fault tests)."""
+"""Processes of the tests: finding them by command line (a job's trainer, to kill it in
+fault tests), and stopping the servers the fixtures start."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 
@@ -22,3 +24,15 @@ def pids_of(*args: str, containing: str = "") -> list[int]:
         if all(a in argv for a in want) and any(part in a for a in argv):
             out.append(int(p.name))
     return out
+
+
+def terminate(proc: subprocess.Popen | None, wait: float = 5) -> None:
+    """SIGTERM, ``wait`` seconds to exit, then SIGKILL; nothing if it already ended."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(wait)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)

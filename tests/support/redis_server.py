@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from tests.support.ports import free_port
+from tests.support.procs import terminate
 
 INSTALL_HINT = "apt-get update && apt-get install -y redis-server"
 
@@ -64,13 +65,7 @@ class RedisServer:
             return False
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        terminate(self.proc)
         self.proc = None
 
     def client(self):

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 
 from tests.support.ports import free_port
+from tests.support.procs import terminate
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -61,11 +62,5 @@ class Replica:
         raise RuntimeError(f"{self.name} not ready in {timeout}s: {self.log.read_text()[-2000:]}")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        terminate(self.proc, wait=20)
         self.proc = None
