@@ -35,12 +35,11 @@ def task_name_of(o: FinetuneOptions) -> str:
 
 
 def cmd_finetune(args: argparse.Namespace) -> int:
-    from elmo_service import atomic
     from elmo_service.artifact import default_model_dir, load_artifact
     from elmo_service.runtime import set_threads
     from pretrain.finetune.report import results_table, write_report
     from pretrain.finetune.run import build_task, choose_metric, finetune
-    from pretrain.probe.service import check_destinations, save_task
+    from pretrain.probe.service import check_destinations, write_and_store
     from pretrain.probe.tasks import load_for_command
 
     o = from_args(FinetuneOptions, args)
@@ -79,18 +78,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     for report in [out / "report.md", *([Path(o.report)] if o.report else [])]:
         write_report(report, title, ft, command)
         print(f"report: {report}")
-    atomic.write_json(out / "task.json", ft.spec.to_dict(), sort_keys=True)
-    print(f"task: {out / 'task.json'}")
-    stored = save_task(
-        ft.spec,
-        name,
-        model_dir=model_dir if o.store else None,
-        service=o.service,
-        admin_key=o.admin_key,
-        fallback=out / "task.json",
-    )
-    for where in stored:
-        print(f"task stored: {where}")
+    write_and_store(ft.spec, name, out, model_dir, o)
     return 0
 
 

@@ -22,12 +22,11 @@ from pretrain.probe.tasks import BUILT_IN, task_kind
 
 def cmd_probe(args: argparse.Namespace) -> int:
     from elmo_service.artifact import default_model_dir, read_header
-    from elmo_service.atomic import write_json
     from elmo_service.runtime import set_threads
     from elmo_service.scalar_mix import check_task_name
     from pretrain.probe.learn import polarity_probe, pos_probe
     from pretrain.probe.report import results_table, write_report
-    from pretrain.probe.service import check_destinations, save_task
+    from pretrain.probe.service import check_destinations, write_and_store
     from pretrain.probe.tasks import load_for_command
 
     o = from_args(ProbeOptions, args)
@@ -63,18 +62,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     for report in [out / "report.md", *([Path(o.report)] if o.report else [])]:
         write_report(report, f"{name} probe of {model_dir.name}", results, command)
         print(f"report: {report}")
-    write_json(out / "task.json", spec.to_dict(), sort_keys=True)
-    print(f"task: {out / 'task.json'}")
-    stored = save_task(
-        spec,
-        name,
-        model_dir=model_dir if o.store else None,
-        service=o.service,
-        admin_key=o.admin_key,
-        fallback=out / "task.json",
-    )
-    for where in stored:
-        print(f"task stored: {where}")
+    write_and_store(spec, name, out, model_dir, o)
     return 0
 
 

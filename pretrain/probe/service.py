@@ -148,3 +148,20 @@ def save_task(
             raise InputError(msg, field="service") from None
         done.append(url)
     return done
+
+
+def write_and_store(spec: MixSpec, name: str, out: Path, model_dir: Path, o: Any) -> None:
+    """The run folder's ``task.json``, then ``--store`` / ``--service`` (``o``: the command's
+    options; a service that cannot be reached leaves the task.json to register later)."""
+    write_json(out / "task.json", spec.to_dict(), sort_keys=True)
+    print(f"task: {out / 'task.json'}")
+    stored = save_task(
+        spec,
+        name,
+        model_dir=model_dir if o.store else None,
+        service=o.service,
+        admin_key=o.admin_key,
+        fallback=out / "task.json",
+    )
+    for where in stored:
+        print(f"task stored: {where}")
