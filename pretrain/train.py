@@ -29,6 +29,7 @@ import os
 import shutil
 import signal
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -615,7 +616,11 @@ class Trainer:
         self._stop_signal = signum
         if self._before_first_step:
             # nothing trained since the run's last checkpoint (e.g. still compiling the first
-            # step, which can take half a minute): stop now instead of after that step
+            # step, which can take half a minute): stop now instead of after that step.
+            # torch.compile traces the backward under autograd's anomaly mode, which would
+            # print this interruption as "Error detected in ...Backward0. Traceback ...":
+            # the stop is ours, not an error
+            warnings.filterwarnings("ignore", message="Error detected in")
             raise _Interrupted(signum)
 
     def _install_signals(self):
