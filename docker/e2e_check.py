@@ -14,12 +14,15 @@ import math
 import sys
 from pathlib import Path
 
-# Where GET /v1/models keeps what: this replica's model, and the fleet list (one entry per replica).
+# Where GET /v1/models keeps what (api/schemas.py: ModelList, FleetOut, ReplicaOut, ModelRef).
 FLEET = {
     "served": "served",  # {"id": name, "version": ...}: the replica that answered
-    "fleet": "fleet",  # [{...per replica...}]
-    "replica_served": ("served", "model"),  # the entry's model: {"id"|"name": ..., "version": ...}
-    "model_name": ("id", "name"),
+    "fleet": "fleet",  # {"desired": ModelRef-like, "agree": bool, "replicas": [...], ...}
+    "desired": "desired",  # the last activation recorded: {"id": name, "version": ..., ...}
+    "agree": "agree",  # every replica serves the desired version
+    "replicas": "replicas",  # one entry per live replica (heartbeats in Redis)
+    "replica_served": "served",  # a replica entry's model: {"id": name, "version": ...}
+    "model_name": "id",
 }
 REPLICA_HEADER = "x-elmo-replica"  # set by docker/haproxy/haproxy.cfg
 
@@ -51,12 +54,8 @@ def check_vectors(path: str) -> None:
 
 
 def name_of(model) -> str | None:
-    if isinstance(model, str):
-        return model
-    if isinstance(model, dict):
-        for key in FLEET["model_name"]:
-            if isinstance(model.get(key), str):
-                return model[key]
+    if isinstance(model, dict) and isinstance(model.get(FLEET["model_name"]), str):
+        return model[FLEET["model_name"]]
     return None
 
 
@@ -75,13 +74,19 @@ def check_converged(target: str, replicas: int, folder: str) -> None:
     not_there = {r: s for r, s in seen.items() if s != target}
     if len(seen) < replicas or not_there:
         sys.exit(f"replicas seen through the balancer: {seen} (want {replicas} on {target})")
-    if fleet is not None:  # the shared view: one entry per live replica, all on the target
-        names = [
-            name_of(next((e[k] for k in FLEET["replica_served"] if k in e), None)) for e in fleet
-        ]
-        if len(names) < replicas or any(n != target for n in names):
-            sys.exit(f"fleet view disagrees: {names} (want {replicas} x {target})")
-    print(f"[e2e] {len(seen)} replicas serve {target}; fleet: {fleet is not None}", file=sys.stderr)
+    # The shared view (any answer's): the recorded activation, one entry per live replica.
+    if not isinstance(fleet, dict):
+        sys.exit(f"no fleet view in GET /v1/models: {fleet!r:.200}")
+    desired = name_of(fleet.get(FLEET["desired"]))
+    entries = fleet.get(FLEET["replicas"]) or []
+    names = [name_of(e.get(FLEET["replica_served"])) for e in entries if isinstance(e, dict)]
+    if desired != target or fleet.get(FLEET["agree"]) is not True:
+        sys.exit(
+            f"fleet view: desired {desired}, agree {fleet.get(FLEET['agree'])} (want {target})"
+        )
+    if len(names) < replicas or any(n != target for n in names):
+        sys.exit(f"fleet view disagrees: {names} (want {replicas} x {target})")
+    print(f"[e2e] {len(seen)} replicas serve {target}; fleet: {len(names)} agree", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -668,10 +668,31 @@ def test_e2e_script():
     assert "docker build " not in text, "build through compose (reads .env, no CLI builder warning)"
 
 
-def _saved(folder: Path, i: int, replica: str, served: str, fleet: list | None = None) -> None:
-    body: dict = {"served": {"id": served, "version": "v"}}
-    if fleet is not None:
-        body["fleet"] = fleet
+def _fleet(desired: str, served: list[str]) -> dict:
+    """A `fleet` view as GET /v1/models gives it: built and validated by the api's own code."""
+    from api.fleet import Desired, fleet_summary
+    from api.schemas import FleetOut
+
+    beats = [
+        {
+            "id": f"r{i}",
+            "host": f"h{i}",
+            "pid": 7,
+            "served": {"id": name, "version": "v1"},
+            "state": "serving",
+            "error": None,
+            "generation": 1,
+            "started_at": 0.0,
+            "heartbeat_at": 1.0,
+        }
+        for i, name in enumerate(served)
+    ]
+    summary = fleet_summary(Desired(desired, "v1", 1, 0.0, "r0"), beats, "r0")
+    return FleetOut.model_validate(summary).model_dump(mode="json")
+
+
+def _saved(folder: Path, i: int, replica: str, served: str, fleet: dict) -> None:
+    body = {"served": {"id": served, "version": "v1"}, "fleet": fleet}
     (folder / f"models-{i}.json").write_text(json.dumps(body))
     (folder / f"models-{i}.headers").write_text(f"HTTP/1.1 200 OK\r\nX-Elmo-Replica: {replica}\r\n")
 
@@ -682,17 +703,22 @@ def _converged(folder: Path, replicas: int = 2) -> subprocess.CompletedProcess[s
 
 
 def test_e2e_convergence_check(tmp_path):
-    """docker/e2e_check.py, on saved answers: every replica (by the balancer's header) on NAME."""
-    _saved(tmp_path, 0, "api1", "new")
-    _saved(tmp_path, 1, "api2", "new")
-    assert _converged(tmp_path).returncode == 0
+    """docker/e2e_check.py, on GET /v1/models answers shaped by api/schemas.py: every replica
+    (by the balancer's header) serves NAME, and so does every entry of the fleet view."""
+    both = _fleet("new", ["new", "new"])
+    _saved(tmp_path, 0, "api1", "new", both)
+    _saved(tmp_path, 1, "api2", "new", both)
+    assert _converged(tmp_path).returncode == 0, _converged(tmp_path).stderr
     assert _converged(tmp_path, replicas=3).returncode != 0, "a replica never seen"
-    _saved(tmp_path, 2, "api2", "default")
+    _saved(tmp_path, 2, "api2", "default", both)
     assert "api2" in _converged(tmp_path).stderr, "a replica on the old model"
-    fleet = [{"served": {"id": "new"}}, {"served": {"id": "default"}}]
-    _saved(tmp_path, 2, "api2", "new", fleet)
-    assert "fleet view disagrees" in _converged(tmp_path).stderr
-    _saved(tmp_path, 2, "api2", "new", [{"model": {"name": "new"}}, {"served": {"id": "new"}}])
+    _saved(tmp_path, 2, "api2", "new", _fleet("new", ["new", "default"]))
+    assert "agree False" in _converged(tmp_path).stderr, "the fleet view names a laggard"
+    _saved(tmp_path, 2, "api2", "new", _fleet("new", ["new"]))
+    assert "fleet view disagrees" in _converged(tmp_path).stderr, "one heartbeat for 2 replicas"
+    _saved(tmp_path, 2, "api2", "new", _fleet("other", ["new", "new"]))
+    assert "desired other" in _converged(tmp_path).stderr, "another activation recorded"
+    _saved(tmp_path, 2, "api2", "new", both)
     assert _converged(tmp_path).returncode == 0
 
 
