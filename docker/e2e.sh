@@ -214,9 +214,14 @@ for ((round = 1; round <= ROUNDS; round++)); do
     wait_converged
 
     # 5. A replica that restarts comes back on the activated model, not on ELMO_MODEL.
+    # (the fleet's entry for its hostname must be a process started after the restart)
+    host_one="$(docker inspect -f '{{.Config.Hostname}}' "$api_one")"
+    restarted_at="$(date +%s)"
     docker restart --time 20 "$api_one" > /dev/null
     wait_ready "$READY_TIMEOUT"
     wait_converged
+    python3 docker/e2e_check.py restarted "$TARGET" "$host_one" "$restarted_at" "$WORK" \
+      || die "the restarted replica is not a new process serving ${TARGET}"
     embed_once
   fi
 

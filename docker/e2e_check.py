@@ -2,6 +2,8 @@
 
     python3 docker/e2e_check.py vectors FILE                 # a /v1/embed answer holds finite vectors
     python3 docker/e2e_check.py converged NAME N DIR         # N replicas all serve NAME
+    python3 docker/e2e_check.py restarted NAME HOST SINCE DIR
+        # the replica on HOST is a process started after SINCE (Unix time) and serves NAME
 
 The fleet view of GET /v1/models is read through the names in FLEET below, the one place that
 knows them.
@@ -22,6 +24,8 @@ FLEET = {
     "agree": "agree",  # every replica serves the desired version
     "replicas": "replicas",  # one entry per live replica (heartbeats in Redis)
     "replica_served": "served",  # a replica entry's model: {"id": name, "version": ...}
+    "replica_host": "host",  # the container's hostname
+    "replica_started": "started_at",  # Unix time the replica's process started serving
     "model_name": "id",
 }
 REPLICA_HEADER = "x-elmo-replica"  # set by docker/haproxy/haproxy.cfg
@@ -89,11 +93,33 @@ def check_converged(target: str, replicas: int, folder: str) -> None:
     print(f"[e2e] {len(seen)} replicas serve {target}; fleet: {len(names)} agree", file=sys.stderr)
 
 
+def check_restarted(target: str, host: str, since: float, folder: str) -> None:
+    """After `docker restart`: the fleet lists the container's replica as a new process (started
+    after SINCE), serving TARGET: it read the activated model at startup, not ELMO_MODEL."""
+    answers = sorted(Path(folder).glob("models-*.json"))
+    if not answers:
+        sys.exit(f"no GET /v1/models answers saved in {folder}")
+    fleet = json.loads(answers[-1].read_text()).get(FLEET["fleet"]) or {}
+    mine = [
+        e
+        for e in fleet.get(FLEET["replicas"]) or []
+        if isinstance(e, dict) and e.get(FLEET["replica_host"]) == host
+    ]
+    old = [e for e in mine if not (e.get(FLEET["replica_started"]) or 0) >= since]
+    if not mine or old or any(name_of(e.get(FLEET["replica_served"])) != target for e in mine):
+        sys.exit(
+            f"restarted replica on {host}: fleet entries {mine} (want one started after {since})"
+        )
+    print(f"[e2e] restarted replica {host} is a new process on {target}", file=sys.stderr)
+
+
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
     if command == "vectors":
         check_vectors(*args)
     elif command == "converged":
         check_converged(args[0], int(args[1]), args[2])
+    elif command == "restarted":
+        check_restarted(args[0], args[1], float(args[2]), args[3])
     else:
         sys.exit(f"unknown check {command!r}")

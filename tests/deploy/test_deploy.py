@@ -668,26 +668,28 @@ def test_e2e_script():
     assert "docker build " not in text, "build through compose (reads .env, no CLI builder warning)"
 
 
-def _fleet(desired: str, served: list[str]) -> dict:
-    """A `fleet` view as GET /v1/models gives it: built and validated by the api's own code."""
+def _fleet(desired: str, served: list[str], started: list[float] | None = None) -> dict:
+    """A `fleet` view as GET /v1/models gives it: built and validated by the api's own code.
+    Replica i runs on host h<i>, started at started[i]."""
     from api.fleet import Desired, fleet_summary
     from api.schemas import FleetOut
 
+    started = started or [0.0] * len(served)
     beats = [
         {
-            "id": f"r{i}",
+            "id": f"h{i}-7",
             "host": f"h{i}",
             "pid": 7,
             "served": {"id": name, "version": "v1"},
             "state": "serving",
             "error": None,
             "generation": 1,
-            "started_at": 0.0,
-            "heartbeat_at": 1.0,
+            "started_at": at,
+            "heartbeat_at": at + 1,
         }
-        for i, name in enumerate(served)
+        for i, (name, at) in enumerate(zip(served, started, strict=True))
     ]
-    summary = fleet_summary(Desired(desired, "v1", 1, 0.0, "r0"), beats, "r0")
+    summary = fleet_summary(Desired(desired, "v1", 1, 0.0, "h0-7"), beats, "h0-7")
     return FleetOut.model_validate(summary).model_dump(mode="json")
 
 
@@ -720,6 +722,20 @@ def test_e2e_convergence_check(tmp_path):
     assert "desired other" in _converged(tmp_path).stderr, "another activation recorded"
     _saved(tmp_path, 2, "api2", "new", both)
     assert _converged(tmp_path).returncode == 0
+
+
+def test_e2e_restart_check(tmp_path):
+    """docker/e2e_check.py restarted: the restarted container's fleet entry is a new process."""
+
+    def restarted(fleet: dict) -> subprocess.CompletedProcess[str]:
+        _saved(tmp_path, 0, "api1", "new", fleet)
+        check = ROOT / "docker" / "e2e_check.py"
+        return run(sys.executable, str(check), "restarted", "new", "h1", "100", str(tmp_path))
+
+    assert restarted(_fleet("new", ["new", "new"], [50.0, 101.5])).returncode == 0
+    assert restarted(_fleet("new", ["new", "new"], [50.0, 99.0])).returncode != 0, "not restarted"
+    assert restarted(_fleet("new", ["new", "default"], [50.0, 101.5])).returncode != 0, "ELMO_MODEL"
+    assert restarted(_fleet("new", ["new"], [50.0])).returncode != 0, "not in the fleet"
 
 
 # --------------------------------------------------------------------------- make stack
