@@ -9,7 +9,7 @@
 # GET /readyz through the balancer; POSTs one sentence to /v1/embed and checks for a 200 carrying
 # finite vectors; activates a second model through the balancer and checks that every replica
 # converged to it (each replica's own /v1/models, told apart by the balancer's X-Elmo-Replica
-# header, and the fleet list of /v1/models); restarts one replica and checks it comes back on the
+# header, and the fleet view of /v1/models); restarts one replica and checks it comes back on the
 # activated model; checks Docker's health checks. Everything is removed afterwards
 # (`docker compose down -v`), pass or fail. Published on 127.0.0.1 only.
 #
@@ -151,7 +151,7 @@ embed_once() {
 }
 
 # Every replica serves $TARGET: each replica's own answer (the balancer names the replica that
-# answered) and the fleet list. Replicas are told apart by the balancer's X-Elmo-Replica header.
+# answered) and the fleet view. Replicas are told apart by the balancer's X-Elmo-Replica header.
 converged() {
   local i
   rm -f "$WORK"/models-*.json
