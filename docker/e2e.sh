@@ -19,7 +19,8 @@
 #   E2E_REPLICAS=2              api replicas
 #   E2E_ROUNDS=1                fresh bring-ups in a row
 #   E2E_READY_TIMEOUT=600       seconds to wait for /readyz (model load + warm-up)
-#   E2E_CONVERGE_TIMEOUT=120    seconds for every replica to serve the activated model
+#   E2E_CONVERGE_TIMEOUT=120    seconds for every replica to serve the activated model (after
+#                               the restart: E2E_READY_TIMEOUT, it loads the model again)
 #   E2E_ACTIVATE=1              0 = skip the activation, convergence and restart steps (a build
 #                               whose replicas do not share the served model yet)
 #   E2E_BUILD=1                 0 = use existing $ELMO_IMAGE / $ELMO_LB_IMAGE instead of building
@@ -163,9 +164,11 @@ converged() {
 }
 
 wait_converged() {
-  local deadline=$((SECONDS + CONVERGE_TIMEOUT))
+  local limit=${1:-$CONVERGE_TIMEOUT}
+  local deadline=$((SECONDS + limit))
   until converged; do
-    ((SECONDS < deadline)) || die "replicas did not all serve ${TARGET} within ${CONVERGE_TIMEOUT}s"
+    ((SECONDS < deadline)) || die "replicas did not all serve ${TARGET} within ${limit}s"
+    check_api_containers
     sleep 3
   done
   log "all ${REPLICAS} replicas serve ${TARGET}"
@@ -217,9 +220,10 @@ for ((round = 1; round <= ROUNDS; round++)); do
     # (the fleet's entry for its hostname must be a process started after the restart)
     host_one="$(docker inspect -f '{{.Config.Hostname}}' "$api_one")"
     restarted_at="$(date +%s)"
+    # /readyz through the balancer answers from the other replicas meanwhile, so the wait is
+    # for every replica to be seen again, with the time a start may take (load + warm-up)
     docker restart --time 20 "$api_one" > /dev/null
-    wait_ready "$READY_TIMEOUT"
-    wait_converged
+    wait_converged "$READY_TIMEOUT"
     python3 docker/e2e_check.py restarted "$TARGET" "$host_one" "$restarted_at" "$WORK" \
       || die "the restarted replica is not a new process serving ${TARGET}"
     embed_once
