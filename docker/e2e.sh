@@ -9,7 +9,7 @@
 # GET /readyz through the balancer; POSTs one sentence to /v1/embed and checks for a 200 carrying
 # finite vectors; activates a second model through the balancer and checks that every replica
 # converged to it (each replica's own /v1/models, told apart by the balancer's X-Elmo-Replica
-# header, and the fleet list of /v1/models); restarts one replica and checks it comes back on the
+# header, and the fleet view of /v1/models); restarts one replica and checks it comes back on the
 # activated model; checks Docker's health checks. Everything is removed afterwards
 # (`docker compose down -v`), pass or fail. Published on 127.0.0.1 only.
 #
@@ -19,7 +19,8 @@
 #   E2E_REPLICAS=2              api replicas
 #   E2E_ROUNDS=1                fresh bring-ups in a row
 #   E2E_READY_TIMEOUT=600       seconds to wait for /readyz (model load + warm-up)
-#   E2E_CONVERGE_TIMEOUT=120    seconds for every replica to serve the activated model
+#   E2E_CONVERGE_TIMEOUT=120    seconds for every replica to serve the activated model (after
+#                               the restart: E2E_READY_TIMEOUT, it loads the model again)
 #   E2E_ACTIVATE=1              0 = skip the activation, convergence and restart steps (a build
 #                               whose replicas do not share the served model yet)
 #   E2E_BUILD=1                 0 = use existing $ELMO_IMAGE / $ELMO_LB_IMAGE instead of building
@@ -151,7 +152,7 @@ embed_once() {
 }
 
 # Every replica serves $TARGET: each replica's own answer (the balancer names the replica that
-# answered) and the fleet list. Replicas are told apart by the balancer's X-Elmo-Replica header.
+# answered) and the fleet view. Replicas are told apart by the balancer's X-Elmo-Replica header.
 converged() {
   local i
   rm -f "$WORK"/models-*.json
@@ -163,9 +164,11 @@ converged() {
 }
 
 wait_converged() {
-  local deadline=$((SECONDS + CONVERGE_TIMEOUT))
+  local limit=${1:-$CONVERGE_TIMEOUT}
+  local deadline=$((SECONDS + limit))
   until converged; do
-    ((SECONDS < deadline)) || die "replicas did not all serve ${TARGET} within ${CONVERGE_TIMEOUT}s"
+    ((SECONDS < deadline)) || die "replicas did not all serve ${TARGET} within ${limit}s"
+    check_api_containers
     sleep 3
   done
   log "all ${REPLICAS} replicas serve ${TARGET}"
@@ -214,9 +217,15 @@ for ((round = 1; round <= ROUNDS; round++)); do
     wait_converged
 
     # 5. A replica that restarts comes back on the activated model, not on ELMO_MODEL.
+    # (the fleet's entry for its hostname must be a process started after the restart)
+    host_one="$(docker inspect -f '{{.Config.Hostname}}' "$api_one")"
+    restarted_at="$(date +%s)"
+    # /readyz through the balancer answers from the other replicas meanwhile, so the wait is
+    # for every replica to be seen again, with the time a start may take (load + warm-up)
     docker restart --time 20 "$api_one" > /dev/null
-    wait_ready "$READY_TIMEOUT"
-    wait_converged
+    wait_converged "$READY_TIMEOUT"
+    python3 docker/e2e_check.py restarted "$TARGET" "$host_one" "$restarted_at" "$WORK" \
+      || die "the restarted replica is not a new process serving ${TARGET}"
     embed_once
   fi
 

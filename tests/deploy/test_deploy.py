@@ -668,10 +668,33 @@ def test_e2e_script():
     assert "docker build " not in text, "build through compose (reads .env, no CLI builder warning)"
 
 
-def _saved(folder: Path, i: int, replica: str, served: str, fleet: list | None = None) -> None:
-    body: dict = {"served": {"id": served, "version": "v"}}
-    if fleet is not None:
-        body["fleet"] = fleet
+def _fleet(desired: str, served: list[str], started: list[float] | None = None) -> dict:
+    """A `fleet` view as GET /v1/models gives it: built and validated by the api's own code.
+    Replica i runs on host h<i>, started at started[i]."""
+    from api.fleet import Desired, fleet_summary
+    from api.schemas import FleetOut
+
+    started = started or [0.0] * len(served)
+    beats = [
+        {
+            "id": f"h{i}-7",
+            "host": f"h{i}",
+            "pid": 7,
+            "served": {"id": name, "version": "v1"},
+            "state": "serving",
+            "error": None,
+            "generation": 1,
+            "started_at": at,
+            "heartbeat_at": at + 1,
+        }
+        for i, (name, at) in enumerate(zip(served, started, strict=True))
+    ]
+    summary = fleet_summary(Desired(desired, "v1", 1, 0.0, "h0-7"), beats, "h0-7")
+    return FleetOut.model_validate(summary).model_dump(mode="json")
+
+
+def _saved(folder: Path, i: int, replica: str, served: str, fleet: dict) -> None:
+    body = {"served": {"id": served, "version": "v1"}, "fleet": fleet}
     (folder / f"models-{i}.json").write_text(json.dumps(body))
     (folder / f"models-{i}.headers").write_text(f"HTTP/1.1 200 OK\r\nX-Elmo-Replica: {replica}\r\n")
 
@@ -682,18 +705,37 @@ def _converged(folder: Path, replicas: int = 2) -> subprocess.CompletedProcess[s
 
 
 def test_e2e_convergence_check(tmp_path):
-    """docker/e2e_check.py, on saved answers: every replica (by the balancer's header) on NAME."""
-    _saved(tmp_path, 0, "api1", "new")
-    _saved(tmp_path, 1, "api2", "new")
-    assert _converged(tmp_path).returncode == 0
+    """docker/e2e_check.py, on GET /v1/models answers shaped by api/schemas.py: every replica
+    (by the balancer's header) serves NAME, and so does every entry of the fleet view."""
+    both = _fleet("new", ["new", "new"])
+    _saved(tmp_path, 0, "api1", "new", both)
+    _saved(tmp_path, 1, "api2", "new", both)
+    assert _converged(tmp_path).returncode == 0, _converged(tmp_path).stderr
     assert _converged(tmp_path, replicas=3).returncode != 0, "a replica never seen"
-    _saved(tmp_path, 2, "api2", "default")
+    _saved(tmp_path, 2, "api2", "default", both)
     assert "api2" in _converged(tmp_path).stderr, "a replica on the old model"
-    fleet = [{"served": {"id": "new"}}, {"served": {"id": "default"}}]
-    _saved(tmp_path, 2, "api2", "new", fleet)
-    assert "fleet view disagrees" in _converged(tmp_path).stderr
-    _saved(tmp_path, 2, "api2", "new", [{"model": {"name": "new"}}, {"served": {"id": "new"}}])
+    _saved(tmp_path, 2, "api2", "new", _fleet("new", ["new", "default"]))
+    assert "agree False" in _converged(tmp_path).stderr, "the fleet view names a laggard"
+    _saved(tmp_path, 2, "api2", "new", _fleet("new", ["new"]))
+    assert "fleet view disagrees" in _converged(tmp_path).stderr, "one heartbeat for 2 replicas"
+    _saved(tmp_path, 2, "api2", "new", _fleet("other", ["new", "new"]))
+    assert "desired other" in _converged(tmp_path).stderr, "another activation recorded"
+    _saved(tmp_path, 2, "api2", "new", both)
     assert _converged(tmp_path).returncode == 0
+
+
+def test_e2e_restart_check(tmp_path):
+    """docker/e2e_check.py restarted: the restarted container's fleet entry is a new process."""
+
+    def restarted(fleet: dict) -> subprocess.CompletedProcess[str]:
+        _saved(tmp_path, 0, "api1", "new", fleet)
+        check = ROOT / "docker" / "e2e_check.py"
+        return run(sys.executable, str(check), "restarted", "new", "h1", "100", str(tmp_path))
+
+    assert restarted(_fleet("new", ["new", "new"], [50.0, 101.5])).returncode == 0
+    assert restarted(_fleet("new", ["new", "new"], [50.0, 99.0])).returncode != 0, "not restarted"
+    assert restarted(_fleet("new", ["new", "default"], [50.0, 101.5])).returncode != 0, "ELMO_MODEL"
+    assert restarted(_fleet("new", ["new"], [50.0])).returncode != 0, "not in the fleet"
 
 
 # --------------------------------------------------------------------------- make stack
