@@ -30,7 +30,8 @@ TORCH_PLAN = $(BIN)/python deploy/torch_plan.py --torch $(TORCH) --version $(TOR
 $(STAMP): pyproject.toml deploy/torch_plan.py | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
 	args=$$($(TORCH_PLAN)) && $(BIN)/pip install --quiet $$args
-	@$(BIN)/python -c "import torch; print('torch', torch.__version__, 'CUDA ' + torch.version.cuda if torch.version.cuda else 'CPU build')"
+	@# -W ignore: torch warns that numpy is missing; it comes with the project, next
+	@$(BIN)/python -W ignore -c "import torch; print('torch', torch.__version__, 'CUDA ' + torch.version.cuda if torch.version.cuda else 'CPU build')"
 	$(BIN)/pip install --quiet -e ".$(if $(EXTRAS),[$(EXTRAS)])"
 	touch $@
 
