@@ -610,9 +610,14 @@ async def attack_redis_nonsense(ctx: Ctx, row: Row, jobs: bool = False) -> None:
                         if r.status_code >= 500:
                             row.failures.append(f"{mode}: {method} {path} {r.status_code}")
         if not row.failures:  # the per-call 503 notes folded into one line
+            n503 = sum(n.endswith(" 503") for n in row.notes)
+            served = (
+                "the jobs routes (list, get, submit)"
+                if jobs
+                else "the task routes; embeddings served uncached and checked"
+            )
             row.notes[:] = [n for n in row.notes if not n.endswith(" 503")] + [
-                f"modes {', '.join(MODES)}: no 5xx but 503 store_unavailable from the "
-                "store routes; embeddings served uncached and checked"
+                f"modes {', '.join(MODES)}: no 5xx; {n503} x 503 store_unavailable from {served}"
             ]
     finally:
         ctx.procs.stop(proc)
