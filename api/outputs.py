@@ -2,7 +2,7 @@
 
 Pure numpy, run by the HTTP layer on cached or freshly computed layers. The mix
 and the word averages are the core's (``elmo_service.scalar_mix.apply_mix``,
-``elmo_service.embedder.average_words``), the ones the library applies.
+``elmo_service.words.average_words``), the ones the library applies.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from api.encoding import DType, Encoding, as_dtype, encode_array
-from elmo_service.embedder import average_words as to_words
 from elmo_service.errors import ElmoServiceError, InputError
 from elmo_service.scalar_mix import apply_mix as mix
 from elmo_service.scalar_mix import softmax
 from elmo_service.tokenizers import Token
+from elmo_service.words import average_words as to_words
 
 __all__ = [
     "NonFiniteOutput",
