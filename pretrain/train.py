@@ -995,4 +995,8 @@ def run_training(
         return trainer.fit(stop_after=stop_after)
     finally:
         if trainer.ddp and dist.is_initialized():
+            # every rank leaves its last collective (rank 0's end-of-run evaluation and its
+            # broadcast) before the group goes: none tears it down under another
+            with contextlib.suppress(Exception):
+                dist.barrier()
             dist.destroy_process_group()

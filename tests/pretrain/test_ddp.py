@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -91,12 +94,21 @@ def test_two_nodes_c10d_rendezvous(tmp_path):
         "--set", "train.progress=false", "--set", "checkpoint.every_steps=3",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    nodes = [
-        subprocess.Popen(
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen(
             node, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
-        for _ in range(2)
-    ]
+
+    # the first node hosts the rendezvous store (as the first machine would); the second
+    # joins once it listens, so the two never race to bind the endpoint
+    nodes = [start()]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and nodes[0].poll() is None:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            break
+        time.sleep(0.1)
+    nodes.append(start())
     try:
         logs = [p.communicate(timeout=240)[0] for p in nodes]
     finally:
