@@ -9,7 +9,7 @@ finished run (``[finetune] ARM seed K done: dev D test T (...)``): pass logs
 too, and those lines are pooled.
 
     .venv/bin/python bench/finetune_table.py runs/finetune/bench/pos-seed*/report.json
-    .venv/bin/python bench/finetune_table.py /tmp/ner-seed*.log runs/finetune/bench/ner-elmo-*/report.json
+    .venv/bin/python bench/finetune_table.py runs/finetune/bench/ner-seed*.log runs/finetune/bench/ner-elmo-*/report.json
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 # The Python packages a bare GPU machine (CUDA image with PyTorch, no package index) lacks for
 # bench/gpu_check.py, as wheels in .whl/ (ignored by git): carried with the check (docs/gpu.md).
 #   bash bench/gpu_wheels.sh [PYTHON_VERSION]    # the GPU machine's Python, default 3.12
-# There: pip install --no-index --no-deps --target /tmp/site .whl/*.whl; PYTHONPATH=/tmp/site
+# There: pip install --no-index --no-deps --target "$SITE" .whl/*.whl; PYTHONPATH="$SITE"
+# (SITE: any writable folder outside the repository; docs/gpu.md has the whole command)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYV="${1:-3.12}"

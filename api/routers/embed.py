@@ -255,9 +255,11 @@ async def embed(
     spec, task = await resolve_mix(req, served)
     layer_idx = resolve_layers(req, served, output)
 
+    size = [0]  # the answer's floats, counted once by the check below
+
     def bound(token_lists: list) -> None:  # before any work: the answer's size, from the request
-        n, detail = response_floats(req, token_lists, layer_idx, spec, served.dim)
-        check_response_floats(n, settings, "sentences", detail)
+        size[0], detail = response_floats(req, token_lists, layer_idx, spec, served.dim)
+        check_response_floats(size[0], settings, "sentences", detail)
 
     try:
         embedded = await embed_request(request, served, req.sentences, "sentences", check=bound)
@@ -265,7 +267,7 @@ async def embed(
         return Response(status_code=499)
     token_lists, arrays = embedded.tokens, embedded.layers
     hits, misses = embedded.hits, embedded.misses
-    n_floats, _ = response_floats(req, token_lists, layer_idx, spec, served.dim)
+    n_floats = size[0]
     texts = [s if isinstance(s, str) else " ".join(s) for s in req.sentences]
     args = (served, req, texts, token_lists, arrays, layer_idx, spec, task, hits, misses)
     if n_floats <= _STREAM_FLOATS:

@@ -1,8 +1,7 @@
 """The serving kernels' tuning constants, in one place.
 
 Measured on the project's machine: 2 cores of an AMD EPYC (AVX-512 with bf16,
-32 MB L3), PyTorch 2.13 CPU with MKL and oneDNN, 2 torch threads
-(``/work/shared/reference/cpu-measurements.md``). Each constant is a crossover
+32 MB L3), PyTorch 2.13 CPU with MKL and oneDNN, 2 torch threads. Each constant is a crossover
 point on that machine; the measurements behind them are in
 ``docs/bench-embedder.md`` ("Where the constants come from"). On another CPU
 they may be off, never wrong: every setting computes the same function.
