@@ -192,8 +192,10 @@ def cmd_train(a) -> int:
     from pathlib import Path
 
     from pretrain.config import dump_config
+    from pretrain.ddp import dist_env
     from pretrain.launch import read_launch, write_launch
-    from pretrain.train import check_run_dir, dist_env, resolve_config, run_training
+    from pretrain.run_checks import check_run_dir, resolve_config
+    from pretrain.train import run_training
 
     run_dir = Path(a.run_dir)
     cfg = resolve_config(a.config, a.overrides, run_dir, a.resume)  # all config errors surface here
@@ -212,7 +214,14 @@ def cmd_train(a) -> int:
             write_launch(run_dir, a.config, a.overrides)
         elif launch is not None:  # later resumes keep what this one changed (e.g. train.steps)
             write_launch(run_dir, launch.get("config"), [*launch["overrides"], *a.overrides])
-    run_training(cfg, a.run_dir, resume=a.resume, force=a.force, stop_after=a.stop_after)
+    run_training(
+        cfg,
+        a.run_dir,
+        resume=a.resume,
+        force=a.force,
+        stop_after=a.stop_after,
+        hand_on_signals=False,  # this process is the run: a signal means checkpoint, exit 0
+    )
     return 0
 
 
