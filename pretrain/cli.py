@@ -98,7 +98,7 @@ def _add_train(sub) -> None:
 
 
 def _add_adapt(sub) -> None:
-    from pretrain.adapt import AdaptOptions
+    from pretrain.adapt_options import AdaptOptions
 
     p = sub.add_parser(
         "adapt",
@@ -253,7 +253,8 @@ def cmd_train(a) -> int:
 
 
 def cmd_adapt(a) -> int:
-    from pretrain.adapt import AdaptOptions, adapt
+    from pretrain.adapt import adapt
+    from pretrain.adapt_options import AdaptOptions
 
     adapt(
         a.model,

@@ -15,9 +15,9 @@ import pytest
 
 from elmo_service.artifact import load_artifact
 from elmo_service.embedder import Embedder
-from pretrain import adapt as adapt_mod
 from pretrain import train as train_mod
-from pretrain.adapt import SOFTMAX_FILE, AdaptOptions, adapt
+from pretrain.adapt import SOFTMAX_FILE, adapt
+from pretrain.adapt_options import ADAPT_FILE, AdaptOptions
 from pretrain.cli import main
 from pretrain.config import load_config
 from pretrain.data import Corpus
@@ -189,4 +189,4 @@ def test_bad_input_is_one_line(base_model, domain, tmp_path, capsys, case):
     rc = main(["adapt", model, corpus, "--out", str(out), *work])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and want in err, err
-    assert not (tmp_path / "w" / adapt_mod.ADAPT_FILE).exists()
+    assert not (tmp_path / "w" / ADAPT_FILE).exists()
