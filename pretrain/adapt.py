@@ -275,10 +275,10 @@ def adapt(
     record = work / ADAPT_FILE
     if resume and not record.is_file():
         raise InputError(f"--resume: {work} holds no adaptation to continue", field="resume")
-    if not resume and record.is_file():
+    if not resume and not overwrite and record.is_file():
         raise InputError(
-            f"{work} already holds an adaptation; pass --resume to continue it, or another "
-            "--work-dir (or delete it) to start over",
+            f"{work} already holds an adaptation; pass --resume to continue it, or "
+            "--overwrite to start it over",
             field="work_dir",
         )
     t0 = time.time()

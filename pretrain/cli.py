@@ -113,7 +113,11 @@ def _add_adapt(sub) -> None:
     add_arguments(p, AdaptOptions)  # every option a flag: --steps, --lr, --max-minutes, ...
     g = p.add_mutually_exclusive_group()
     g.add_argument("--resume", action="store_true", help="continue the work folder's adaptation")
-    g.add_argument("--overwrite", action="store_true", help="replace an existing NEW_MODEL")
+    g.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing NEW_MODEL, starting the adaptation over",
+    )
     p.add_argument(
         "--stop-after",
         type=int,
