@@ -140,6 +140,13 @@ class Settings(BaseSettings):
     )
 
     # -- HTTP connections (uvicorn) ---------------------------------------------------
+    http_first_byte_timeout: float = Field(
+        2.0,
+        gt=0,
+        description="Seconds a new connection may stay silent before its first byte -> 408 "
+        "and closed: idle sockets cannot pile up (they never count against "
+        "ELMO_HTTP_MAX_CONNECTIONS either).",
+    )
     http_header_timeout: float = Field(
         10.0,
         gt=0,
@@ -159,8 +166,9 @@ class Settings(BaseSettings):
     http_max_connections: int = Field(
         1024,
         ge=1,
-        description="Open connections (and requests in progress) beyond which a request is "
-        "answered 503 at once (JSON, Retry-After); /healthz, /readyz and /metrics always answer.",
+        description="Busy connections (a request begun, not yet answered; idle ones do not "
+        "count) and requests in progress beyond which a request is answered 503 at once "
+        "(JSON, Retry-After); /healthz, /readyz and /metrics always answer.",
     )
     http_send_timeout: float = Field(
         30.0,
