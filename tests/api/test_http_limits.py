@@ -163,7 +163,7 @@ def test_connections_beyond_the_bound_get_json_503_but_health_routes_answer(live
 
 
 def test_idle_sockets_lock_no_one_out_of_a_real_server(tiny_model_dir, tmp_path):
-    """issue 39.8: 1,100 sockets that send nothing (above the default limit of 1,024) against a
+    """1,100 sockets that send nothing (above the default limit of 1,024) against a
     real `elmo-service serve` process: other clients' embeds are answered at once, and the
     server closes the silent sockets after the first-byte deadline (2 s)."""
     from tests.support.replicas import Replica

@@ -76,7 +76,7 @@ def test_keys_from_a_dotenv_file_are_said_and_compose_names_are_known(
 
 
 def test_the_auth_tests_pass_beside_a_stack_dotenv(tmp_path):
-    """issue 41.1: with the compose `.env` (an admin key) in the working directory, the tests that
+    """With the compose `.env` (an admin key) in the working directory, the tests that
     need *no* admin key still see none, in-process and in the servers they start."""
     (tmp_path / ".env").write_text(STACK_ENV)
     env = {k: v for k, v in os.environ.items() if k not in ("ELMO_ENV_FILE", "ELMO_ADMIN_KEYS")}

@@ -176,7 +176,7 @@ def test_redis_persistence_memory_policy_and_healthcheck(model):
         return cmd[cmd.index(flag) + 1]
 
     assert opt("--appendonly") == "yes"
-    # a password every client is given, and protected mode on (issue 39 item 9)
+    # a password every client is given, and protected mode on
     assert opt("--requirepass") == REDIS_PASSWORD and opt("--protected-mode") == "yes"
     assert redis["environment"]["REDISCLI_AUTH"] == REDIS_PASSWORD, "the health check's redis-cli"
     assert opt("--dir") == "/data"

@@ -247,7 +247,7 @@ def test_rendering_keeps_the_shipped_config():
 
 
 def test_a_replica_killed_under_load_cuts_no_request(stack: Stack):
-    """issue 39.5: SIGKILL a replica while requests are in flight on it. Every request is
+    """SIGKILL a replica while requests are in flight on it. Every request is
     answered: retried on the other replica (200), or a 502/503 that haproxy logged; none is cut
     (a closed connection with no answer)."""
     wait_for(

@@ -320,7 +320,7 @@ def test_seed_models_init_container(objects, tmp_path):
     assert sorted(p.name for p in volume.iterdir()) == ["default"], "no partial copies left"
 
 
-# --------------------------------------------------------------------------- hardening (issue 39.9)
+# --------------------------------------------------------------------------- hardening
 
 
 def pods(objects: list[dict], job: dict) -> list[tuple[str, dict]]:
