@@ -88,8 +88,13 @@ chaos: $(TEST_STAMP) system-deps
 # a GPU machine brings its own CUDA torch (the venv's, else python3's).
 GPU_REPORT ?= runs/gpu-check
 GPU_PY := $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+# The script exits 3 without a CUDA device; make reports any failure as its own status 2 (with a
+# `make: ***` line), so the recipe says which failure it was. Scripts: call the script for the 3.
 gpu-check:
-	$(GPU_PY) bench/gpu_check.py --out $(GPU_REPORT) $(if $(GPU_DATA),--data $(GPU_DATA))
+	@$(GPU_PY) bench/gpu_check.py --out $(GPU_REPORT) $(if $(GPU_DATA),--data $(GPU_DATA)); rc=$$?; \
+	if [ $$rc -eq 3 ]; then echo "make gpu-check: nothing was checked (no CUDA device; bench/gpu_check.py exited 3)" >&2; \
+	elif [ $$rc -ne 0 ]; then echo "make gpu-check: a check failed (exit $$rc): see $(GPU_REPORT)/gpu-report.md" >&2; fi; \
+	exit $$rc
 
 deploy-check: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q tests/deploy/test_deploy.py
