@@ -261,6 +261,14 @@ def test_environment_contract(model):
             assert key in env and env[key] is None, (name, key, env.get(key))
 
 
+def test_every_container_has_a_read_only_root(model):
+    """Writes go to named volumes or tmpfs only; elmo's long-running containers get a /tmp."""
+    for name, svc in model["services"].items():
+        assert svc.get("read_only") is True, name
+    for name in ELMO_SERVICES:
+        assert {"/tmp", "/home/elmo"} <= set(model["services"][name]["tmpfs"]), name
+
+
 def test_compose_refuses_to_start_without_a_redis_password():
     """Fail closed: no ELMO_REDIS_PASSWORD (shell or .env), no stack, and the error says which."""
     env = {k: v for k, v in compose_env().items() if k != "ELMO_REDIS_PASSWORD"}
