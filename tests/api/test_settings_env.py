@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from api.settings import OTHER_VARIABLES, load_settings, unknown_variables
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,6 +77,7 @@ def test_keys_from_a_dotenv_file_are_said_and_compose_names_are_known(
     assert not [r for r in caplog.records if r.name == "api.settings"]
 
 
+@pytest.mark.slow  # a pytest subprocess
 def test_the_auth_tests_pass_beside_a_stack_dotenv(tmp_path):
     """With the compose `.env` (an admin key) in the working directory, the tests that
     need *no* admin key still see none, in-process and in the servers they start."""
