@@ -197,6 +197,39 @@ class WorkEstimate:
         )
 
 
+def token_cost(tokens: Sequence[str]) -> int:
+    """What admission counts for a sentence: its tokens and the model's <S> and </S>."""
+    return len(tokens) + 2
+
+
+def admit(
+    *,
+    waiting: int,
+    sentences: int,
+    max_queue: int,
+    estimate: WorkEstimate,
+    pending_cost: int,
+    cost: int,
+    timeout: float | None,
+    metrics: Metrics | None,
+    protect: Callable[[int], float | None] | None = None,
+) -> None:
+    """Both runners' admission: raise QueueFull when ``sentences`` more would pass
+    ``max_queue`` waiting, Overloaded when the queued work (``pending_cost`` tokens) and
+    this request's ``cost`` would not finish in time (:meth:`WorkEstimate.check`; ``protect``
+    gives the earliest deadline this request could push back). Each refusal is counted."""
+    if waiting + sentences > max_queue:
+        if metrics:
+            metrics.rejected.labels("queue_full").inc()
+        raise QueueFull(f"queue full: {waiting} sentences waiting, limit {max_queue}")
+    try:
+        estimate.check(pending_cost, cost, timeout, protect(cost) if protect else None)
+    except Overloaded:
+        if metrics:
+            metrics.rejected.labels("overloaded").inc()
+        raise
+
+
 class BatcherClosed(Exception):
     """The batcher was stopped (shutdown or model swap) before the work ran."""
 
@@ -211,7 +244,7 @@ class _Item:
 
     @property
     def cost(self) -> int:
-        return len(self.tokens) + 2  # the model adds <S> and </S>
+        return token_cost(self.tokens)
 
 
 def _set_results(
@@ -363,19 +396,12 @@ class Batcher:
                 self._incoming -= 1
             if self._closed:
                 raise BatcherClosed("the model is shutting down")
-            if len(self._queue) + len(items) > self.max_queue:
-                if self.metrics:
-                    self.metrics.rejected.labels("queue_full").inc()
-                raise QueueFull(
-                    f"queue full: {len(self._queue)} sentences waiting, limit {self.max_queue}"
-                )
             cost = sum(it.cost for it in items)
-            try:
-                self.estimate.check(self._pending_cost, cost, timeout, self._protect(cost))
-            except Overloaded:
-                if self.metrics:
-                    self.metrics.rejected.labels("overloaded").inc()
-                raise
+            admit(
+                waiting=len(self._queue), sentences=len(items), max_queue=self.max_queue,
+                estimate=self.estimate, pending_cost=self._pending_cost, cost=cost,
+                timeout=timeout, metrics=self.metrics, protect=self._protect,
+            )  # fmt: skip
             if timeout is not None:
                 deadline = time.perf_counter() + self.estimate.headroom * timeout
                 for it in items:
@@ -618,7 +644,7 @@ class DirectRunner:
         with self._lock:
             start = time.perf_counter()
             out = self.embed_fn(token_lists)
-            self.estimate.observe(time.perf_counter() - start, sum(len(t) + 2 for t in token_lists))
+            self.estimate.observe(time.perf_counter() - start, sum(map(token_cost, token_lists)))
         if self.metrics:
             m = self.metrics
             m.batch_seconds.observe(time.perf_counter() - start)
@@ -636,19 +662,12 @@ class DirectRunner:
             return []
         if self._closed:
             raise BatcherClosed("the model is shutting down")
-        if self._pending + len(token_lists) > self.max_queue:
-            if self.metrics:
-                self.metrics.rejected.labels("queue_full").inc()
-            raise QueueFull(
-                f"queue full: {self._pending} sentences waiting, limit {self.max_queue}"
-            )
-        cost = sum(len(t) + 2 for t in token_lists)
-        try:
-            self.estimate.check(self._pending_cost, cost, timeout)
-        except Overloaded:
-            if self.metrics:
-                self.metrics.rejected.labels("overloaded").inc()
-            raise
+        cost = sum(token_cost(t) for t in token_lists)
+        admit(
+            waiting=self._pending, sentences=len(token_lists), max_queue=self.max_queue,
+            estimate=self.estimate, pending_cost=self._pending_cost, cost=cost,
+            timeout=timeout, metrics=self.metrics,
+        )  # fmt: skip
         self._pending += len(token_lists)
         self._pending_cost += cost
         try:

@@ -39,6 +39,8 @@ def parser() -> argparse.ArgumentParser:
     w = sub.add_parser("worker", help="run a pretraining-job worker")
     w.add_argument("--burst", action="store_true", help="exit when the queue is empty")
     w.set_defaults(func=cmd_worker, role="worker")
+    # the core parser's description names only its own commands: say all of them
+    p.description = "elmo-service: " + ", ".join(sub.choices) + " (one command per line below)."
     return p
 
 

@@ -5,6 +5,8 @@ deadline on *reading a request*: a socket that connects and never sends, or
 sends its headers a byte at a time (slowloris), holds a connection forever.
 :class:`DeadlineHttpToolsProtocol` arms one timer per connection:
 
+* from connecting until the first byte: ``first_byte_timeout`` (short: a socket
+  that sends nothing is closed soon, with a ``408``);
 * from connecting (or from the first byte of a kept-alive connection's next
   request) until the request's headers are complete: ``header_timeout``; when
   it fires the client gets a ``408`` JSON error and the connection is closed;
@@ -25,6 +27,9 @@ Two more guards, for what the server sends and for floods:
   ``limit_concurrency``): beyond it a request is answered 503 in the JSON error
   shape, except the health routes (``/healthz``, ``/readyz``, ``/metrics``), which
   always answer, so a liveness probe does not restart a pod that is only flooded.
+  It counts *busy* connections (a request begun and not yet answered) and requests
+  in progress, never idle ones: sockets that send nothing cannot lock other clients
+  out (they only wait for ``first_byte_timeout``).
 """
 
 from __future__ import annotations
@@ -110,6 +115,7 @@ def _kernel_send_queue(transport: asyncio.Transport) -> int:
 if HttpToolsProtocol is not None:
 
     class DeadlineHttpToolsProtocol(HttpToolsProtocol):  # type: ignore[misc,valid-type]
+        first_byte_timeout: float = 2.0
         header_timeout: float = 10.0
         body_timeout: float = 30.0
         send_timeout: float = 30.0
@@ -120,6 +126,9 @@ if HttpToolsProtocol is not None:
             self._deadline: asyncio.TimerHandle | None = None
             self._send_deadline: asyncio.TimerHandle | None = None
             self._send_left = 0  # bytes buffered when the send deadline was armed
+            self._busy = False  # a request begun and not yet answered: counts for the limit
+            self._connected_at = 0.0
+            self._first_byte = True  # nothing received yet on this connection
             # uvicorn's limit becomes ours (see on_headers_complete): under the plain
             # uvicorn CLI, --limit-concurrency then also exempts the health routes
             if self.max_connections is None:
@@ -141,7 +150,11 @@ if HttpToolsProtocol is not None:
         # -- connection ----------------------------------------------------
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            self._arm(self.header_timeout, self._headers_late)
+            self._connected_at = self.loop.time()
+            if self.first_byte_timeout < self.header_timeout:
+                self._arm(self.first_byte_timeout, self._first_byte_late)
+            else:
+                self._arm(self.header_timeout, self._headers_late)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
@@ -195,13 +208,25 @@ if HttpToolsProtocol is not None:
         # -- parser callbacks ------------------------------------------------
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            if self._deadline is None:  # a kept-alive connection's next request began
+            self._busy = True
+            if self._first_byte:  # the headers' deadline still counts from connecting
+                self._first_byte = False
+                spent = self.loop.time() - self._connected_at
+                self._arm(max(0.0, self.header_timeout - spent), self._headers_late)
+            elif self._deadline is None:  # a kept-alive connection's next request began
                 self._arm(self.header_timeout, self._headers_late)
+
+        def on_response_complete(self) -> None:
+            self._busy = bool(self.pipeline)  # a pipelined request starts next
+            super().on_response_complete()
+
+        def _busy_connections(self) -> int:
+            return sum(1 for c in self.connections if getattr(c, "_busy", True))
 
         def on_headers_complete(self) -> None:
             limit, app = self.max_connections, self.app
             over = limit is not None and (
-                len(self.connections) >= limit or len(self.tasks) >= limit
+                len(self.tasks) >= limit or self._busy_connections() >= limit
             )
             if over and self.url.split(b"?", 1)[0] not in EXEMPT_PATHS:
                 self.app = self._overloaded  # this request only
@@ -216,6 +241,15 @@ if HttpToolsProtocol is not None:
             self._disarm()
 
         # -- deadlines -------------------------------------------------------
+        def _first_byte_late(self) -> None:
+            self._deadline = None
+            if self.transport.is_closing():
+                return
+            self.transport.write(
+                _timeout_response(f"no request received within {self.first_byte_timeout:g}s")
+            )
+            self.transport.close()
+
         def _headers_late(self) -> None:
             self._deadline = None
             if self.transport.is_closing():
@@ -244,6 +278,7 @@ def deadline_protocol(
     body_timeout: float,
     send_timeout: float = 30.0,
     max_connections: int | None = None,
+    first_byte_timeout: float = 2.0,
 ) -> type | str:
     """The protocol class with these deadlines and connection limit (``"h11"`` without
     httptools: no deadlines)."""
@@ -254,7 +289,8 @@ def deadline_protocol(
         "DeadlineHttpToolsProtocol",
         (DeadlineHttpToolsProtocol,),
         {"header_timeout": header_timeout, "body_timeout": body_timeout,
-         "send_timeout": send_timeout, "max_connections": max_connections},
+         "send_timeout": send_timeout, "max_connections": max_connections,
+         "first_byte_timeout": first_byte_timeout},
     )  # fmt: skip
 
 
@@ -265,6 +301,7 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         settings.http_body_timeout,
         settings.http_send_timeout,
         settings.http_max_connections,
+        settings.http_first_byte_timeout,
     )
     return {
         "http": http,

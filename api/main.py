@@ -110,6 +110,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             settings.resolved_cache_redis_url,
         )
     if settings.warmup:
+        # a few seconds on a CPU, before /readyz says ready: said, so the wait is not a mystery
+        log.info(
+            "warming up %s (one embed of every kernel path; ELMO_WARMUP=false skips it)",
+            served.name,
+        )
         await served.warm_up()
     else:
         served.warmed = True

@@ -1,7 +1,9 @@
 """Service settings: ``ELMO_*`` environment variables (plus ``REDIS_URL``) and ``.env``.
 
 A bad value fails at startup with one message naming every offending variable
-(:func:`load_settings`), never later in a request.
+(:func:`load_settings`), never later in a request. The dotenv file is ``.env`` in the
+working directory, another with ``ELMO_ENV_FILE=path``, none with ``ELMO_ENV_FILE=``
+(the tests set that: a checkout's compose ``.env`` must not change what they see).
 """
 
 from __future__ import annotations
@@ -22,7 +24,13 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    DotEnvSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from api.batcher import DEFAULT_FILL_WAIT_MS, DEFAULT_MAX_QUEUE
 from elmo_service.batching import DEFAULT_BATCH_TOKENS, DEFAULT_MAX_BATCH_SENTENCES
@@ -33,6 +41,14 @@ log = logging.getLogger("api.settings")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENV_PREFIX = "ELMO_"
+ENV_FILE_VARIABLE = "ELMO_ENV_FILE"
+# read from a dotenv file, these are said at start: the compose stack's `.env` holds its keys
+_SECRET_NAMES = ("ELMO_ADMIN_KEYS", "ELMO_API_KEYS")
+
+
+def env_file() -> str | None:
+    """The dotenv file settings read now (``ELMO_ENV_FILE``, default ``.env``; empty: none)."""
+    return os.environ.get(ENV_FILE_VARIABLE, ".env") or None
 
 
 def _split_keys(v: object) -> object:
@@ -55,6 +71,19 @@ class Settings(BaseSettings):
         populate_by_name=True,
         allow_inf_nan=False,  # ELMO_REQUEST_TIMEOUT=inf would pass gt=0 and break timers later
     )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # the file is chosen per instance, not at import: ELMO_ENV_FILE may change in between
+        dotenv = DotEnvSettingsSource(settings_cls, env_file=env_file())
+        return init_settings, env_settings, dotenv, file_secret_settings
 
     # -- the model -------------------------------------------------------------
     models_dir: Path = Field(REPO_ROOT / "models", description="Directory holding model artifacts.")
@@ -111,6 +140,13 @@ class Settings(BaseSettings):
     )
 
     # -- HTTP connections (uvicorn) ---------------------------------------------------
+    http_first_byte_timeout: float = Field(
+        2.0,
+        gt=0,
+        description="Seconds a new connection may stay silent before its first byte -> 408 "
+        "and closed: idle sockets cannot pile up (they never count against "
+        "ELMO_HTTP_MAX_CONNECTIONS either).",
+    )
     http_header_timeout: float = Field(
         10.0,
         gt=0,
@@ -130,8 +166,9 @@ class Settings(BaseSettings):
     http_max_connections: int = Field(
         1024,
         ge=1,
-        description="Open connections (and requests in progress) beyond which a request is "
-        "answered 503 at once (JSON, Retry-After); /healthz, /readyz and /metrics always answer.",
+        description="Busy connections (a request begun, not yet answered; idle ones do not "
+        "count) and requests in progress beyond which a request is answered 503 at once "
+        "(JSON, Retry-After); /healthz, /readyz and /metrics always answer.",
     )
     http_send_timeout: float = Field(
         30.0,
@@ -369,7 +406,7 @@ def format_validation_error(e: ValidationError) -> str:
 # not Settings fields, but not typos either. Add yours here.
 OTHER_VARIABLES = frozenset({
     "ELMO_JOBS_PARENT_PID", "ELMO_SOURCES_CACHE", "ELMO_TENSORBOARD", "ELMO_IMAGE",
-    "ELMO_CUDA_IMAGE",
+    "ELMO_CUDA_IMAGE", "ELMO_ENV_FILE", "ELMO_API_REPLICAS", "ELMO_LB_IMAGE",
 })  # fmt: skip
 
 
@@ -394,10 +431,10 @@ def unknown_variables(names: Iterable[str]) -> list[str]:
 _ENV_LINE = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=", re.MULTILINE)
 
 
-def _env_file_names(path: str | Path = ".env") -> list[str]:
-    """The names a ``.env`` file sets (only the names: values are pydantic-settings' job)."""
+def _env_file_names(path: str | Path | None) -> list[str]:
+    """The names a dotenv file sets (only the names: values are pydantic-settings' job)."""
     try:
-        return _ENV_LINE.findall(Path(path).read_text(errors="replace"))
+        return _ENV_LINE.findall(Path(path).read_text(errors="replace")) if path else []
     except OSError:
         return []
 
@@ -411,6 +448,14 @@ def load_settings(**overrides: object) -> Settings:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as e:
         raise ConfigError(format_validation_error(e), field="settings") from e
-    for line in unknown_variables([*os.environ, *_env_file_names()]):
+    path = env_file()
+    from_file = _env_file_names(path)
+    for line in unknown_variables([*os.environ, *from_file]):
         log.warning("%s", line)
+    taken = [n for n in _SECRET_NAMES if n in from_file and n not in os.environ]
+    if taken:  # the compose stack's `.env` holds its keys: never take them silently
+        log.warning(
+            "%s taken from %s (the compose stack reads that file too); %s= reads no file",
+            " and ".join(taken), Path(str(path)).resolve(), ENV_FILE_VARIABLE,
+        )  # fmt: skip
     return settings

@@ -503,9 +503,10 @@ def main(argv: list[str] | None = None) -> int:
         f"serve at batch {p['serve_batches']} on the device and the CPU"
     )
     if args.device.startswith("cuda") and not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU build"
         print(
-            f"gpu-check: no CUDA device here (torch {torch.__version__}, "
-            f"CUDA build {torch.version.cuda}). It would run: environment; pytest -m cuda; "
+            f"gpu-check: no CUDA device here (torch {torch.__version__}, {build}). "
+            f"It would run: environment; pytest -m cuda; "
             f"{steps_line}; and write {args.out}/gpu-report.json and .md. "
             "Run it on a GPU machine (docs/gpu.md), or `--device cpu --quick` for the dry run.",
             file=sys.stderr,

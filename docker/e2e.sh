@@ -54,6 +54,8 @@ ADMIN_KEY="${E2E_ADMIN_KEY:-e2e-admin}"
 export ELMO_IMAGE="${ELMO_IMAGE:-elmo-service:e2e}"
 export ELMO_LB_IMAGE="${ELMO_LB_IMAGE:-elmo-service-lb:e2e}"
 export ELMO_ADMIN_KEYS="$ADMIN_KEY"
+# Redis's password (required by the compose file): a fresh one per run unless .env gives one
+export ELMO_REDIS_PASSWORD="${ELMO_REDIS_PASSWORD:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}"
 export ELMO_API_REPLICAS="$REPLICAS"
 export API_BIND=127.0.0.1
 export API_PORT="$PORT"

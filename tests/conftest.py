@@ -16,10 +16,16 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+# No dotenv file: the checkout's `.env` (the compose stack's, with its keys) must not change what
+# the tests see. Set here, at import, so every server and worker the tests start inherits it; a
+# test of the dotenv file itself sets ELMO_ENV_FILE back (tests/api/test_settings_env.py).
+os.environ["ELMO_ENV_FILE"] = ""
 
 from tests.support.redis_server import RedisMissing, RedisServer
 

@@ -24,3 +24,11 @@ def _options():
 )
 def test_every_option_has_help(name, action):
     assert action.help and action.help.strip(), f"{name} has no help text"
+
+
+def test_the_service_description_names_every_command():
+    """`elmo-service --help` once said "core commands: convert, embed-file, info" above six."""
+    p = service_parser()
+    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [cmd for cmd in sub.choices if cmd not in (p.description or "")]
+    assert not missing, f"elmo-service --help does not name {missing}"

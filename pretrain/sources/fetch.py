@@ -116,6 +116,8 @@ def _run(cmd: list[str], *, cwd: Path, what: str) -> subprocess.CompletedProcess
     exe = cmd[0]
     if exe != sys.executable and shutil.which(exe) is None:
         raise FetchError(f"cannot fetch {what}: the `{exe}` client is not installed (not on PATH)")
+    # said, so a download (seconds to a minute) is not a silent pause; cached after
+    print(f"downloading {what} into {cwd} (once: kept there)", file=sys.stderr, flush=True)
     try:
         return subprocess.run(
             cmd,

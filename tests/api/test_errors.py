@@ -290,6 +290,7 @@ def test_no_500_on_garbage_bodies(client):
 
 def test_settings_from_env_file_and_plain_redis_url(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ELMO_ENV_FILE", ".env")  # the default outside the tests
     (tmp_path / ".env").write_text(
         "ELMO_MAX_SENTENCES=7\nELMO_ADMIN_KEYS=a, b\nREDIS_URL=redis://127.0.0.1:1/0\nELMO_MODEL=other\n"
     )

@@ -56,6 +56,7 @@ def test_settings_reach_uvicorn(tiny_model_dir, tmp_path):
     assert opts["timeout_keep_alive"] == 5 and opts["limit_concurrency"] is None
     assert opts["http"].header_timeout == 10.0 and opts["http"].body_timeout == 30.0
     assert opts["http"].send_timeout == 30.0 and opts["http"].max_connections == 1024
+    assert opts["http"].first_byte_timeout == 2.0
 
 
 def test_a_socket_that_never_sends_is_closed(live):
@@ -134,8 +135,21 @@ def _overloaded(r: httpx.Response) -> None:
     assert r.headers["retry-after"] == "1"
 
 
+def _busy(sock: socket.socket) -> socket.socket:
+    """A request begun and never finished: the connection counts against the limit."""
+    sock.sendall(b"POST /v1/embed HTTP/1.1\r\nHost: x\r\n")
+    return sock
+
+
 def test_connections_beyond_the_bound_get_json_503_but_health_routes_answer(live):
-    socks = [_connect(live) for _ in range(64)]
+    idle = [_connect(live) for _ in range(100)]  # more than the limit, but silent: not counted
+    try:
+        time.sleep(0.1)
+        assert httpx.post(live.url + "/v1/embed", json={"sentences": ["a b"]}).status_code == 200
+    finally:
+        for sock in idle:
+            sock.close()
+    socks = [_busy(_connect(live)) for _ in range(64)]
     try:
         time.sleep(0.1)  # well inside the 0.5 s header deadline that will close them
         _overloaded(httpx.post(live.url + "/v1/embed", json={"sentences": ["a b"]}))
@@ -148,28 +162,35 @@ def test_connections_beyond_the_bound_get_json_503_but_health_routes_answer(live
     assert httpx.post(live.url + "/v1/embed", json={"sentences": ["a b"]}).status_code == 200
 
 
-@pytest.mark.slow
-def test_1024_idle_sockets_leave_health_routes_answering(tiny_model_dir, tmp_path):
-    """The issue's flood: the default limit (1,024) filled with real idle sockets."""
-    s = load_settings(model_path=tiny_model_dir, threads=1, data_dir=tmp_path,
-                      http_header_timeout=5)  # fmt: skip
-    assert s.http_max_connections == 1024
-    with LiveServer(create_app(s), **uvicorn_options(s)) as srv:
-        socks = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(1024)]
-        try:
-            deadline = time.monotonic() + 10
-            while len(srv.server.server_state.connections) < 1024:
-                assert time.monotonic() < deadline, "the server did not accept the sockets"
-                time.sleep(0.05)
-            with httpx.Client(base_url=srv.url, timeout=5) as c:
-                assert c.get("/healthz").json() == {"status": "ok"}
-                assert c.get("/readyz").json()["status"] == "ready"
-                assert c.get("/metrics").status_code == 200
-                _overloaded(c.post("/v1/embed", json={"sentences": ["a b"]}))
-                _overloaded(c.get("/v1/models"))
-        finally:
-            for sock in socks:
-                sock.close()
+def test_idle_sockets_lock_no_one_out_of_a_real_server(tiny_model_dir, tmp_path):
+    """1,100 sockets that send nothing (above the default limit of 1,024) against a
+    real `elmo-service serve` process: other clients' embeds are answered at once, and the
+    server closes the silent sockets after the first-byte deadline (2 s)."""
+    from tests.support.replicas import Replica
+
+    replica = Replica({"ELMO_MODEL_PATH": str(tiny_model_dir)}, tmp_path, "idle")
+    replica.start()
+    socks: list[socket.socket] = []
+    try:
+        replica.wait_ready()
+        t0 = time.monotonic()
+        socks = [socket.create_connection(("127.0.0.1", replica.port)) for _ in range(1100)]
+        with httpx.Client(base_url=replica.url, timeout=5) as c:
+            for _ in range(5):
+                r = c.post("/v1/embed", json={"sentences": ["a b"]})
+                assert r.status_code == 200, r.text
+            assert c.get("/readyz").status_code == 200
+        assert time.monotonic() - t0 < 2, "the embeds waited for the idle sockets to go"
+        for sock in socks:  # each is closed by the server: a 408, then EOF
+            sock.settimeout(10)
+            reply = _read_all(sock)
+            assert reply.startswith(b"HTTP/1.1 408 "), reply[:80]
+        assert time.monotonic() - t0 < 2 + 5
+        assert b"no request received within 2s" in reply
+    finally:
+        for sock in socks:
+            sock.close()
+        replica.stop()
 
 
 def test_plain_uvicorn_limit_concurrency_gets_the_same_exemptions(tiny_model_dir, tmp_path):
@@ -179,7 +200,7 @@ def test_plain_uvicorn_limit_concurrency_gets_the_same_exemptions(tiny_model_dir
     s = load_settings(model_path=tiny_model_dir, threads=1, data_dir=tmp_path)
     app = create_app(s)
     with LiveServer(app, http=DeadlineHttpToolsProtocol, limit_concurrency=8) as srv:
-        socks = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(8)]
+        socks = [_busy(socket.create_connection(("127.0.0.1", srv.port))) for _ in range(8)]
         try:
             time.sleep(0.2)
             _overloaded(httpx.post(srv.url + "/v1/embed", json={"sentences": ["a b"]}))

@@ -82,11 +82,15 @@ def compose_env() -> dict[str, str]:
         "TORCH_INDEX_URL",
         "CUDA_IMAGE",
     }
-    return {
+    env = {
         k: v
         for k, v in os.environ.items()
         if k not in interpolated | passthrough and not k.startswith(("COMPOSE_", "DOCKER_"))
     }
+    return env | {"ELMO_REDIS_PASSWORD": REDIS_PASSWORD}  # required by the file
+
+
+REDIS_PASSWORD = "test-redis-password"
 
 
 def compose(*args: str) -> subprocess.CompletedProcess[str]:
@@ -172,7 +176,9 @@ def test_redis_persistence_memory_policy_and_healthcheck(model):
         return cmd[cmd.index(flag) + 1]
 
     assert opt("--appendonly") == "yes"
-    assert opt("--protected-mode") == "no", "other containers must be able to connect"
+    # a password every client is given, and protected mode on
+    assert opt("--requirepass") == REDIS_PASSWORD and opt("--protected-mode") == "yes"
+    assert redis["environment"]["REDISCLI_AUTH"] == REDIS_PASSWORD, "the health check's redis-cli"
     assert opt("--dir") == "/data"
     assert re.fullmatch(r"\d+(mb|gb)", opt("--maxmemory"))
     # Queue keys have no TTL and must never be evicted: only volatile-* policies are acceptable.
@@ -249,9 +255,28 @@ def test_environment_contract(model):
         assert env["ELMO_RUNS_DIR"] == "/runs"
         assert env["ELMO_MODEL"] == "default"
         assert int(env["ELMO_THREADS"]) >= 1 and env["OMP_NUM_THREADS"] == env["ELMO_THREADS"]
+        assert env["ELMO_REDIS_PASSWORD"] == REDIS_PASSWORD, (name, "every Redis client")
         # Secrets and optional settings are passed through only when set: never as "".
         for key in ("ELMO_ADMIN_KEYS", "ELMO_API_KEYS", "ELMO_CACHE_DTYPE"):
             assert key in env and env[key] is None, (name, key, env.get(key))
+
+
+def test_every_container_has_a_read_only_root(model):
+    """Writes go to named volumes or tmpfs only; elmo's long-running containers get a /tmp."""
+    for name, svc in model["services"].items():
+        assert svc.get("read_only") is True, name
+    for name in ELMO_SERVICES:
+        assert {"/tmp", "/home/elmo"} <= set(model["services"][name]["tmpfs"]), name
+
+
+def test_compose_refuses_to_start_without_a_redis_password():
+    """Fail closed: no ELMO_REDIS_PASSWORD (shell or .env), no stack, and the error says which."""
+    env = {k: v for k, v in compose_env().items() if k != "ELMO_REDIS_PASSWORD"}
+    proc = run(
+        tool("docker-compose"), "--env-file", os.devnull, "-f", str(COMPOSE_FILE), "config",
+        env=env,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "ELMO_REDIS_PASSWORD" in proc.stderr, proc.stderr
 
 
 def test_environment_passthrough_and_overrides():

@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -94,7 +95,7 @@ class Stack:
         self.procs.append(proc)
         return proc
 
-    def start(self) -> None:
+    def start_api(self, name: str) -> None:
         env = os.environ | {
             "PYTHONPATH": str(ROOT),
             "OMP_NUM_THREADS": "1",
@@ -102,10 +103,13 @@ class Stack:
             "ELMO_THREADS": "1",
         }
         env.pop("REDIS_URL", None)
-        self.api = {}
+        cmd = [sys.executable, "-m", "api.cli", "serve", "--port", str(self.ports[name])]
+        self.api[name] = self.spawn(cmd, f"{name}.log", env)
+
+    def start(self) -> None:
+        self.api: dict[str, subprocess.Popen] = {}
         for name in ("api1", "api2"):
-            cmd = [sys.executable, "-m", "api.cli", "serve", "--port", str(self.ports[name])]
-            self.api[name] = self.spawn(cmd, f"{name}.log", env)
+            self.start_api(name)
         self.spawn(
             [sys.executable, "-c", STUB, str(self.flag), str(self.ports["stub"])], "stub.log"
         )
@@ -240,3 +244,64 @@ def test_rendering_keeps_the_shipped_config():
     assert all(ln in rendered.splitlines() for ln in kept)
     for directive in ("balance leastconn", "http-check expect status 200", "uri /readyz"):
         assert directive in cfg
+
+
+def test_a_replica_killed_under_load_cuts_no_request(stack: Stack):
+    """SIGKILL a replica while requests are in flight on it. Every request is
+    answered: retried on the other replica (200), or a 502/503 that haproxy logged; none is cut
+    (a closed connection with no answer)."""
+    wait_for(
+        lambda: all(stack.transitions(s, "UP") for s in ("api1", "api2")),
+        120,
+        "api1 and api2 UP",
+    )
+    # several sentences per request: each takes a while, so the victim has some in flight
+    body = {"sentences": [f"The bank of the river number {i} was steep." for i in range(24)]}
+    outcomes: list[tuple[float, object]] = []  # (when, status code or the exception's name)
+    stop = threading.Event()
+
+    def load() -> None:
+        with httpx.Client(base_url=stack.url, timeout=60) as client:
+            while not stop.is_set():
+                try:
+                    r = client.post("/v1/embed", json=body)
+                    r.json()  # a whole answer, not a truncated one
+                    outcomes.append((time.monotonic(), r.status_code))
+                except (httpx.HTTPError, ValueError) as e:
+                    outcomes.append((time.monotonic(), f"{type(e).__name__}: {e}"))
+
+    threads = [threading.Thread(target=load, daemon=True) for _ in range(6)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: len(outcomes) >= 12, 60, "load running")
+    killed_at = time.monotonic()
+    # two kills (api2, back, then api1): a kill can land between two requests
+    for victim in ("api2", "api1"):
+        n, downs = len(outcomes), stack.transitions(victim, "DOWN")
+        wait_for(lambda n=n: len(outcomes) >= n + 8, 60, "requests on both replicas")
+        stack.api[victim].kill()  # SIGKILL: no draining, connections reset mid-request
+        wait_for(lambda v=victim, d=downs: stack.transitions(v, "DOWN") > d, 30, f"{victim} DOWN")
+        if victim == "api2":
+            ups = stack.transitions("api2", "UP")
+            stack.start_api("api2")
+            wait_for(lambda u=ups: stack.transitions("api2", "UP") > u, 120, "api2 UP again")
+    time.sleep(2)  # and some more requests after haproxy noticed
+    stop.set()
+    for t in threads:
+        t.join(90)
+
+    cut = [o for _, o in outcomes if not isinstance(o, int)]
+    assert not cut, f"{len(cut)} requests cut without an answer: {Counter(cut)}"
+    statuses = Counter(o for _, o in outcomes)
+    # a replica's own answers (200, or 429 when it is full) and haproxy's 502/503
+    assert set(statuses) <= {200, 429, 502, 503}, statuses
+    after = [o for when, o in outcomes if when > killed_at]
+    assert len(after) >= 6, "the load must go on after the kill"
+    # every error answer is haproxy's own, and logged (httplog: ... backend/server ... status)
+    log = stack.log.read_text(errors="replace")
+    logged = Counter(int(m) for m in re.findall(r" api/\S+ \S+ (50[23]) ", log))
+    for code in (502, 503):
+        assert logged[code] >= statuses[code], (code, statuses, logged)
+    # the kill was felt: requests met the dead replica and were sent on (httplog's retries field,
+    # "+N" when redispatched; no replica was dead before the kill)
+    assert re.search(r" \d+/\d+/\d+/\d+/\+[1-9] ", log), "no request was redispatched"

@@ -248,6 +248,7 @@ def test_redis_has_the_compose_policy(objects):
         return cmd[cmd.index(flag) + 1]
 
     for flag in (
+        "--protected-mode",
         "--appendonly",
         "--appendfsync",
         "--maxmemory-policy",
@@ -293,7 +294,7 @@ def test_disruption_budget_and_autoscaler_fit_the_deployment(objects):
     assert (target["kind"], target["name"]) == ("Deployment", "api")
     # a drain can always evict one pod: the autoscaler's floor is above the budget's
     assert hpa["spec"]["minReplicas"] > pdb["spec"]["minAvailable"]
-    assert hpa["spec"]["minReplicas"] <= api["spec"]["replicas"] <= hpa["spec"]["maxReplicas"]
+    assert hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
     assert api["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
 
 
@@ -317,6 +318,113 @@ def test_seed_models_init_container(objects, tmp_path):
     manifest.write_text('{"kept": true}')  # a seeded volume is never overwritten
     assert run().returncode == 0 and json.loads(manifest.read_text()) == {"kept": True}
     assert sorted(p.name for p in volume.iterdir()) == ["default"], "no partial copies left"
+
+
+# --------------------------------------------------------------------------- hardening
+
+
+def pods(objects: list[dict], job: dict) -> list[tuple[str, dict]]:
+    """(name, pod spec) of every workload: the base's and the training job's ranks."""
+    found = []
+    for o in objects:
+        if o["kind"] in ("Deployment", "StatefulSet"):
+            spec = copy.deepcopy(pod_spec(o))  # a StatefulSet's claims are volumes too
+            claims = o["spec"].get("volumeClaimTemplates", [])
+            spec["volumes"] = spec.get("volumes", []) + [
+                {"name": t["metadata"]["name"], "persistentVolumeClaim": {}} for t in claims
+            ]
+            found.append((o["metadata"]["name"], spec))
+    for role, spec in job["spec"]["pytorchReplicaSpecs"].items():
+        found.append((f"pytorchjob/{role}", spec["template"]["spec"]))
+    return found
+
+
+def all_containers(spec: dict) -> list[dict]:
+    return spec.get("initContainers", []) + spec["containers"]
+
+
+def test_every_container_has_a_read_only_root(objects, job):
+    """Writes go to declared volumes only; elmo's containers get an emptyDir /tmp."""
+    for name, spec in pods(objects, job):
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        for c in all_containers(spec):
+            where = f"{name}/{c['name']}"
+            assert c["securityContext"]["readOnlyRootFilesystem"] is True, where
+            assert c["securityContext"]["allowPrivilegeEscalation"] is False, where
+            for m in c.get("volumeMounts", []):
+                assert m["name"] in volumes, (where, m)
+            if c["image"].startswith("elmo-service") and c in spec["containers"]:
+                (tmp,) = [m for m in c["volumeMounts"] if m["mountPath"] == "/tmp"]
+                assert "emptyDir" in volumes[tmp["name"]], (where, "a writable /tmp")
+
+
+def secret_refs(spec: dict) -> list[tuple[str, dict]]:
+    refs = []
+    for c in all_containers(spec):
+        refs += [(c["name"], s["secretRef"]) for s in c.get("envFrom", []) if "secretRef" in s]
+        for e in c.get("env", []):
+            if "secretKeyRef" in e.get("valueFrom", {}):
+                refs.append((c["name"], e["valueFrom"]["secretKeyRef"]))
+    return refs
+
+
+def test_secrets_are_required_fail_closed(objects, job):
+    """A missing Secret keeps the pod from starting: it never runs with open routes."""
+    for name, spec in pods(objects, job):
+        for container_name, ref in secret_refs(spec):
+            assert not ref.get("optional", False), (name, container_name, ref)
+    for name in ("api", "worker"):
+        c = container(one(objects, "Deployment", name), name)
+        assert {"secretRef": {"name": "elmo-keys"}} in c["envFrom"], name
+
+
+def secret_env(c: dict, name: str) -> dict:
+    (entry,) = [e for e in c.get("env", []) if e["name"] == name]
+    return entry["valueFrom"]["secretKeyRef"]
+
+
+def test_redis_has_a_password_every_client_is_given(objects):
+    sts = one(objects, "StatefulSet", "redis")
+    redis = container(sts, "redis")
+    args = redis["args"]
+    assert args[args.index("--protected-mode") + 1] == "yes"
+    # $(VAR) in args is expanded by the kubelet from the container's own environment
+    assert args[args.index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
+    source = secret_env(redis, "REDIS_PASSWORD")
+    assert source == {"name": "redis-auth", "key": "password"}
+    assert secret_env(redis, "REDISCLI_AUTH") == source, "the probes' redis-cli authenticates"
+    assert all(
+        "redis-cli" in redis[p]["exec"]["command"] for p in ("readinessProbe", "livenessProbe")
+    )
+    for name in ("api", "worker"):  # every pod that reaches Redis (the NetworkPolicy's list)
+        c = container(one(objects, "Deployment", name), name)
+        assert secret_env(c, "ELMO_REDIS_PASSWORD") == source, name
+    probe = container(one(objects, "Deployment", "worker"), "worker")["livenessProbe"]
+    assert "password=os.environ.get('ELMO_REDIS_PASSWORD')" in probe["exec"]["command"][-1]
+
+
+def test_no_replicas_beside_an_autoscaler(objects):
+    """An HPA's Deployment has no `replicas`: every `apply -k` would scale a grown fleet back."""
+    hpas = by_kind(objects, "HorizontalPodAutoscaler")
+    assert hpas
+    for hpa in hpas:
+        target = one(
+            objects, hpa["spec"]["scaleTargetRef"]["kind"], hpa["spec"]["scaleTargetRef"]["name"]
+        )
+        assert "replicas" not in target["spec"], target["metadata"]["name"]
+
+
+def test_images_are_pinned(objects, job):
+    """No `latest`: the project's image carries the project's version, others a fixed tag."""
+    import tomllib
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    for name, spec in pods(objects, job):
+        for c in all_containers(spec):
+            image, _, tag = c["image"].rpartition(":")
+            assert image and tag and tag != "latest", (name, c["image"])
+            if image == "elmo-service":
+                assert tag == version, (name, c["image"], version)
 
 
 # --------------------------------------------------------------------------- training job

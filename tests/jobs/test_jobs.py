@@ -266,6 +266,26 @@ def test_invalid_config_is_rejected_at_submit_naming_the_field(idle):
     assert r.status_code == 400
 
 
+def test_the_typo_refusal_docs_jobs_md_quotes_is_the_real_one(idle):
+    """docs/jobs.md shows a typo in a job's config and the answer: the answer is today's."""
+    import json
+    import re
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "jobs.md").read_text()
+    m = re.search(r"-d '(\{[^']*lstm_dimm[^']*\})'\n# (\d+) (\{.*\})\n", text)
+    assert m, "docs/jobs.md no longer shows the typo example"
+    sent, status, shown = json.loads(m.group(1)), int(m.group(2)), m.group(3)
+    body = job_body()
+    body["config"] = {**body["config"], **sent["config"]}
+    r = idle.post("/v1/jobs", json=body, headers=ADMIN)
+    assert r.status_code == status, r.text
+    real = r.json()
+    quoted = dict(re.findall(r'"(\w+)": "((?:[^"\\]|\\.)*)"', shown))
+    assert quoted["code"] == real["code"] and quoted["field"] == real["field"], (quoted, real)
+    head = quoted["message"].split("...")[0]  # the docs shorten the list of known keys
+    assert real["message"].startswith(head), (head, real["message"])
+
+
 def test_queued_job_lists_cancels_and_names_are_unique(idle):
     c = idle
     (c.dirs["models"] / "taken").mkdir()
