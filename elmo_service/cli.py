@@ -55,7 +55,9 @@ def cmd_embed_file(args: argparse.Namespace) -> int:
     )
     pieces = granularity == "token" and emb.tokenizer.kind == "sentencepiece"
     note = "; one vector per sub-word piece, --granularity word gives one per word" * pieces
-    print(f"wrote {n} sentences to {out} (model {model}{note})", file=sys.stderr)
+    print(
+        f"wrote {n} sentence{'' if n == 1 else 's'} to {out} (model {model}{note})", file=sys.stderr
+    )
     return 0
 
 

@@ -1,4 +1,4 @@
-"""`elmo-pretrain`: prepare | train | adapt | eval | export | plot | synthetic (and pretrain.sources' fetchers).
+"""`elmo-pretrain`: prepare | train | adapt | eval | export | plot | synthetic | fetch-* | probe | finetune.
 
     elmo-pretrain prepare corpus/*.txt --out data/prepared --vocab-size 16000
     elmo-pretrain train configs/default.yaml --run-dir runs/default [--set optim.lr=3e-4] [--resume | --force]
@@ -372,7 +372,7 @@ def cmd_synthetic(a) -> int:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_corpus(out, n_sentences=a.sentences, seed=a.seed)
-    print(f"wrote {a.sentences} sentences to {out}")
+    print(f"wrote {a.sentences} sentence{'' if a.sentences == 1 else 's'} to {out}")
     return 0
 
 
