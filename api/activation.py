@@ -87,7 +87,7 @@ async def activate_in_fleet(
     -> (new, old or None, the fleet view just after, with ``recorded``: this call's record;
     ``desired`` may already be a newer one). Nothing is recorded unless this
     replica could load it (LookupError, ArtifactError); a Redis that does not answer
-    (FleetUnavailable) leaves everything as it was. The other replicas converge on their own.
+    (StoreUnavailable) leaves everything as it was. The other replicas converge on their own.
     """
     path = await asyncio.to_thread(resolve_artifact, settings.models_dir, name)
     async with agent.lock:  # one load-and-swap at a time on this replica

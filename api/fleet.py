@@ -42,10 +42,11 @@ from pydantic import ValidationError
 from api.artifacts import resolve_artifact
 from api.holder import ModelHolder
 from api.schemas import ReplicaOut
-from api.served import SERVED_KEY, ServedModel
+from api.served import ServedModel
 from api.settings import Settings
 from elmo_service.artifact import MANIFEST, WEIGHTS, read_manifest
 from elmo_service.errors import ArtifactError, ElmoServiceError
+from storage import StoreUnavailable, connect, describe, unavailable
 
 log = logging.getLogger("api.fleet")
 
@@ -72,10 +73,6 @@ return v
 """
 
 
-class FleetUnavailable(Exception):
-    """Redis did not answer, or answered something that is not the fleet's state."""
-
-
 class DesiredMismatch(ArtifactError):
     """The folder of the desired name holds another version than the one activated."""
 
@@ -100,7 +97,9 @@ class Desired:
                 str(d["by"]),
             )
         except (TypeError, ValueError, KeyError, json.JSONDecodeError) as e:
-            raise FleetUnavailable(f"unexpected desired-state record in redis: {raw!r:.80}") from e
+            raise StoreUnavailable(
+                f"fleet state (redis) holds an unreadable desired record: {raw!r:.80}"
+            ) from e
         return out
 
     def ref(self) -> dict[str, Any]:
@@ -114,18 +113,13 @@ def default_replica_id() -> str:
 
 class FleetStore:
     """The fleet's keys in Redis; blocking calls (run them off the event loop).
-    Every failure, including a reply of the wrong shape, is :class:`FleetUnavailable`."""
+    Every failure, including a reply of the wrong shape, is :class:`StoreUnavailable`."""
 
-    def __init__(self, url: str, prefix: str = "elmo", timeout: float = 0.5) -> None:
-        import redis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
-        self.url, self.timeout = url, timeout
-        self.client = redis.Redis.from_url(
-            url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0)
-        )
-        self._errors = (redis.RedisError, OSError)
+    def __init__(
+        self, url: str, prefix: str = "elmo", timeout: float = 0.5, password: Any = None
+    ) -> None:
+        self.url, self.timeout, self.password = url, timeout, password
+        self.client = connect(url, password=password, timeout=timeout)
         base = f"{prefix}:fleet"
         self.k_generation, self.k_desired = f"{base}:generation", f"{base}:desired"
         self.channel, self.k_index = f"{base}:events", f"{base}:replicas"
@@ -134,19 +128,13 @@ class FleetStore:
         self._restore = self.client.register_script(_RESTORE)
 
     def _call(self, fn, *args, **kw):
-        try:
+        with unavailable("fleet state"):
             return fn(*args, **kw)
-        except self._errors as e:
-            raise FleetUnavailable(f"redis unavailable: {type(e).__name__}: {e}") from e
-        except Exception as e:  # noqa: BLE001 - the client choking on a reply it cannot parse
-            raise FleetUnavailable(
-                f"redis answered something unexpected: {type(e).__name__}: {e}"
-            ) from e
 
     def desired(self) -> Desired | None:
         raw = self._call(self.client.get, self.k_desired)
         if raw is not None and not isinstance(raw, bytes):
-            raise FleetUnavailable(f"unexpected reply to GET: {type(raw).__name__}")
+            raise StoreUnavailable(f"fleet state (redis) answered garbage: GET {describe(raw)}")
         return None if raw is None else Desired.parse(raw)
 
     def record(self, name: str, version: str, by: str) -> Desired:
@@ -178,12 +166,14 @@ class FleetStore:
     def replicas(self) -> list[dict[str, Any]]:
         ids = self._call(self.client.zrangebyscore, self.k_index, time.time(), "+inf")
         if not isinstance(ids, list):
-            raise FleetUnavailable(f"unexpected reply to ZRANGEBYSCORE: {type(ids).__name__}")
+            raise StoreUnavailable(
+                f"fleet state (redis) answered garbage: ZRANGEBYSCORE {describe(ids)}"
+            )
         if not ids:
             return []
         raws = self._call(self.client.mget, [self.k_replica + i.decode() for i in ids])
         if not isinstance(raws, list) or len(raws) != len(ids):
-            raise FleetUnavailable("unexpected reply to MGET")
+            raise StoreUnavailable(f"fleet state (redis) answered garbage: MGET {describe(raws)}")
         out = []
         for raw in raws:
             if raw is None:  # expired between the two calls
@@ -199,10 +189,13 @@ class FleetStore:
     def pubsub(self):
         """A pub/sub connection of its own: no read timeout (it waits for messages), a
         health check every 5 s so a dead connection is noticed."""
-        import redis
-
-        client = redis.Redis.from_url(
-            self.url, socket_connect_timeout=self.timeout, health_check_interval=5
+        client = connect(
+            self.url,
+            password=self.password,
+            timeout=None,
+            connect_timeout=self.timeout,
+            retries=None,
+            health_check_interval=5,
         )
         ps = client.pubsub(ignore_subscribe_messages=True)
         ps.subscribe(self.channel)
@@ -217,7 +210,10 @@ def fleet_store(settings: Settings) -> FleetStore | None:
     if not settings.redis_url:
         return None
     return FleetStore(
-        settings.redis_url, settings.redis_prefix, timeout=max(settings.redis_timeout, 0.5)
+        settings.redis_url,
+        settings.redis_prefix,
+        timeout=max(settings.redis_timeout, 0.5),
+        password=settings.redis_password,
     )
 
 
@@ -245,7 +241,7 @@ def startup_model_path(settings: Settings, store: FleetStore | None) -> tuple[Pa
         return default, None
     try:
         desired = store.desired()
-    except FleetUnavailable as e:
+    except StoreUnavailable as e:
         return default, f"cannot read the fleet's desired model ({e}); serving {default.name}"
     if desired is None:
         return default, None
@@ -349,7 +345,7 @@ class FleetAgent:
         for t in self._tasks:
             with contextlib.suppress(BaseException):
                 await t
-        with contextlib.suppress(FleetUnavailable):
+        with contextlib.suppress(StoreUnavailable):
             await self.call(self.store.leave, self.id)
         if self._listener is not None:
             await asyncio.to_thread(self._listener.join, 5)
@@ -398,7 +394,7 @@ class FleetAgent:
                     await self.converge(desired)
                 elif self.state == "failed":  # e.g. Redis was down at start: nothing to serve
                     self.state, self.error = "serving", None
-            except FleetUnavailable as e:
+            except StoreUnavailable as e:
                 self._redis_failed(e)
             except asyncio.CancelledError:
                 raise
@@ -485,7 +481,7 @@ class FleetAgent:
         try:
             await self.call(self.store.heartbeat, self.id, self.heartbeat(), self.ttl)
             self._redis_ok()
-        except FleetUnavailable as e:
+        except StoreUnavailable as e:
             self._redis_failed(e)
 
     async def view(self) -> dict[str, Any]:
@@ -495,7 +491,7 @@ class FleetAgent:
             desired = await self.call(self.store.desired)
             replicas = await self.call(self.store.replicas)
             error = None
-        except FleetUnavailable as e:
+        except StoreUnavailable as e:
             desired, replicas, error = self.desired, [], str(e)
         replicas = [r for r in replicas if r.get("id") != self.id] + [me]
         replicas.sort(key=lambda r: str(r["id"]))
@@ -543,30 +539,3 @@ def standalone_view(holder: ModelHolder, replica_id: str) -> dict[str, Any]:
         "heartbeat_at": time.time(),
     }
     return fleet_summary(None, [me], replica_id, shared=False)
-
-
-class ModelVersionMiddleware:
-    """``X-Model-Id`` / ``X-Model-Version`` on every answer computed by a model: the one
-    the route resolved (``api.deps.serving`` leaves it in the scope), so a client behind
-    a balancer can tell which version computed its vectors, across swaps and replicas."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def send_with_version(message: Any) -> None:
-            served = scope.get(SERVED_KEY)
-            if message["type"] == "http.response.start" and served is not None:
-                headers = [
-                    *message.get("headers", ()),
-                    (b"x-model-id", served.name.encode("latin-1", "replace")),
-                    (b"x-model-version", served.version.encode("latin-1", "replace")),
-                ]
-                message = {**message, "headers": headers}
-            await send(message)
-
-        await self.app(scope, receive, send_with_version)

@@ -284,7 +284,8 @@ class ModelInfo(BaseModel):
     created: int
     owned_by: str
     version: str
-    path: str
+    path: str = Field(..., description="The artifact's folder name in the models folder "
+                      "(never the server's absolute path).")  # fmt: skip
     n_layers: int = Field(..., description="Output layers (L+1: the token layer and L biLSTM).")
     dim: int = Field(..., description="Vector width (2 x projection_dim).")
     max_tokens_per_sentence: int
@@ -302,7 +303,7 @@ class ArtifactEntry(BaseModel):
 
     id: str
     object: Literal["model"] = "model"
-    path: str
+    path: str = Field(..., description="Its folder name in the models folder.")
     version: str | None = None
     created: int | None = None
     n_layers: int | None = None
@@ -365,7 +366,7 @@ class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelInfo] = Field(..., description="The served model (OpenAI-compatible).")
     served: ModelRef = Field(..., description="The model of the replica that answered.")
-    models_dir: str
+    models_dir: str = Field(..., description="The models folder's name (not its server path).")
     artifacts: list[ArtifactEntry]
     fleet: FleetOut
 

@@ -18,6 +18,7 @@ from pydantic import (
     AliasChoices,
     ByteSize,
     Field,
+    SecretStr,
     ValidationError,
     field_validator,
     model_validator,
@@ -162,6 +163,12 @@ class Settings(BaseSettings):
     cache_ttl: int = Field(7 * 24 * 3600, ge=1, description="Seconds; every cache entry expires.")
     cache_max_bytes: int = Field(
         256 * 1024 * 1024, ge=0, description="In-process LRU bound (no Redis)."
+    )
+    redis_password: SecretStr | None = Field(
+        None,
+        description="Password of every Redis client (cache, tasks, fleet, jobs, rq) whose URL "
+        "carries none (a URL's own redis://:PASSWORD@host wins). A wrong or missing one fails "
+        "startup with one line (fail closed).",
     )
     redis_timeout: float = Field(0.25, gt=0, description="Redis socket timeouts, seconds.")
     redis_retry_interval: float = Field(

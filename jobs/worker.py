@@ -21,10 +21,12 @@ import socket
 import time
 from pathlib import Path
 
+from elmo_service.errors import ConfigError
 from jobs.backend import WORKERS_DIR, LocalBackend, RqBackend
 from jobs.procs import die_with_parent
 from jobs.runner import JobRunner
 from jobs.settings import JobsSettings
+from storage import RedisAuthError, check_auth
 
 log = logging.getLogger("jobs.worker")
 
@@ -225,5 +227,9 @@ def run_worker(settings: JobsSettings, burst: bool = False) -> int:
     """``elmo-service worker``: an rq worker with ``REDIS_URL``, else the local one."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if settings.redis_url:
+        try:  # a refused password fails closed, in one line; an outage is ridden out
+            check_auth(settings.redis_url, getattr(settings, "redis_password", None))
+        except RedisAuthError as e:
+            raise ConfigError(str(e), field="redis_password") from None
         return run_rq_worker(settings, burst)
     return LocalWorker(settings).work(burst)
