@@ -123,6 +123,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             store,
             holder,
             lambda path: load_warm(settings, backend, io, metrics, path),
+            metrics=metrics,
         )
         await app.state.fleet.start(fleet_note)
     app.state.jobs = await asyncio.to_thread(start_jobs, settings)

@@ -193,7 +193,16 @@ class Settings(BaseSettings):
         10.0,
         gt=0,
         le=600,
-        description="Seconds a heartbeat lives: a replica silent that long leaves the fleet view.",
+        description="Seconds a heartbeat lives: a replica silent that long leaves the fleet view "
+        "(listed missing for 6x that); also the bound past which a replica that cannot read the "
+        "fleet's state says it is stale.",
+    )
+    fleet_stale_ready: Literal["ready", "unready"] = Field(
+        "ready",
+        description="/readyz of a replica that could not read the fleet's state for over "
+        "ELMO_FLEET_TTL: ready (default: it still embeds, with the model it has; a Redis "
+        "outage must not empty the balancer) or unready (503: out of rotation until it reads "
+        "the state again). Either way the view, /readyz's body and /metrics say stale.",
     )
 
     @model_validator(mode="after")

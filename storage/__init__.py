@@ -15,6 +15,7 @@ from storage.replies import (
     client_errors,
     describe,
     expect,
+    never_sent,
     unavailable,
 )
 
@@ -29,6 +30,7 @@ __all__ = [
     "describe",
     "expect",
     "file_lock",
+    "never_sent",
     "redact",
     "unavailable",
 ]

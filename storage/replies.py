@@ -67,3 +67,16 @@ def unavailable(what: str) -> Iterator[None]:
         raise StoreUnavailable(f"{what} (redis) unavailable: {type(e).__name__}: {e}") from e
     except REPLY_SHAPE_ERRORS as e:
         raise StoreUnavailable(f"{what} (redis) answered garbage: {type(e).__name__}: {e}") from e
+
+
+def never_sent(e: BaseException) -> bool:
+    """Whether the failure ``e`` (or its cause) happened before a command reached Redis: no
+    connection could be made, or the password was refused. Any other failure (a timeout, a
+    connection lost mid-call) leaves the command's outcome unknown."""
+    import redis
+
+    cause = e.__cause__ if isinstance(e, StoreUnavailable) and e.__cause__ else e
+    if isinstance(cause, redis.AuthenticationError):
+        return True
+    # redis-py's connect failures read "Error <errno> connecting to <host>:<port>. ..."
+    return isinstance(cause, redis.ConnectionError) and " connecting to " in str(cause)
