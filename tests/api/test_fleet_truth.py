@@ -1,5 +1,5 @@
-"""The fleet never rolls back and never claims what it cannot see (issue 39, items 1-3),
-and its answers show no server path (item 10): replicas in this process (their agents
+"""The fleet never rolls back and never claims what it cannot see, and its answers show
+no server path: replicas in this process (their agents
 are the real ones) on a real ``redis-server`` that is killed, restarted from an older
 snapshot and SIGSTOPped, or on a fake Redis answering nonsense, or on none at all."""
 
