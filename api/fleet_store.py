@@ -152,16 +152,16 @@ class FleetStore:
         self.k_generation, self.k_desired = f"{base}:generation", f"{base}:desired"
         self.channel, self.k_index = f"{base}:events", f"{base}:replicas"
         self.k_replica = f"{base}:replica:"
-        self._record = self.client.register_script(_RECORD)
-        self._restore = self.client.register_script(_RESTORE)
 
     def _call(self, fn, *args, **kw):
         with unavailable("fleet state"):
             return fn(*args, **kw)
 
-    @property
-    def _keys(self) -> list[str]:
-        return [self.k_generation, self.k_desired, self.channel]
+    def _eval(self, script: str, args: list[Any]) -> Desired:
+        """EVAL, not EVALSHA: one command whatever Redis's script cache holds (empty after
+        a restart), so a record sent into a stalled Redis lands or not as a whole."""
+        keys = [self.k_generation, self.k_desired, self.channel]
+        return Desired.parse(self._call(self.client.eval, script, len(keys), *keys, *args))
 
     def desired(self) -> Desired | None:
         raw = self._call(self.client.get, self.k_desired)
@@ -172,14 +172,12 @@ class FleetStore:
     def record(self, name: str, version: str, by: str, seen: int = 0, op: str = "") -> Desired:
         """Record ``name``/``version`` as the fleet's model, above generation ``seen``;
         -> the record Redis holds now (the current one when it is that model already)."""
-        args = [name, version, time.time(), by, op or new_op(), seen]
-        return Desired.parse(self._call(self._record, keys=self._keys, args=args))
+        return self._eval(_RECORD, [name, version, time.time(), by, op or new_op(), seen])
 
     def restore(self, desired: Desired) -> Desired:
         """Put ``desired`` back unless Redis holds a record at least as new; -> what it holds."""
         d = desired
-        args = [d.name, d.version, d.generation, d.at, d.by, d.op]
-        return Desired.parse(self._call(self._restore, keys=self._keys, args=args))
+        return self._eval(_RESTORE, [d.name, d.version, d.generation, d.at, d.by, d.op])
 
     def heartbeat(self, replica_id: str, state: dict[str, Any], ttl: float) -> None:
         now = time.time()

@@ -11,12 +11,14 @@ own that keeps a snapshot folder, under load, every 200 checked (``bench/chaos.p
   replica-kill-lb   load through the shipped HAProxy config (docker/haproxy/haproxy.cfg,
                     rendered for loopback as tests/deploy/test_haproxy.py does); one replica
                     SIGKILLed: no request cut without an answer, every 5xx in haproxy's log
+                    (``CHAOS_HAPROXY_CFG=path``: try a candidate config instead)
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
 import signal
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -280,9 +283,11 @@ _HTTPLOG_STATUS = re.compile(r" \d+/\d+/-?\d+/-?\d+/\+?\d+ (\d{3}) ")
 
 
 def _render_shipped_haproxy(lb_port: int, servers: dict[str, int]) -> str:
+    """The shipped config (or ``$CHAOS_HAPROXY_CFG``: a candidate) rendered for loopback."""
     from tests.deploy.test_haproxy import HAPROXY_CFG, render
 
-    return render(HAPROXY_CFG.read_text(), lb_port, servers)
+    path = Path(os.environ.get("CHAOS_HAPROXY_CFG") or HAPROXY_CFG)
+    return render(path.read_text(), lb_port, servers)
 
 
 async def attack_replica_kill_lb(ctx: Any, row: Row) -> None:
@@ -299,16 +304,20 @@ async def attack_replica_kill_lb(ctx: Any, row: Row) -> None:
     try:
         async with httpx.AsyncClient(timeout=10) as c:
 
-            async def both_up() -> bool:
-                text = log.read_text(errors="replace") if log.exists() else ""
-                return all(f"api/{r.name} is UP" in text for r in f.replicas) or (
-                    (await c.get(f"http://127.0.0.1:{lb_port}/lb/healthz")).status_code == 200
-                    and time.monotonic() - t0 > 6  # rise 2 x inter 2s
-                )
+            async def in_rotation() -> bool:  # every replica answered through the balancer
+                seen = set()
+                for _ in range(8):
+                    try:
+                        r = await c.post(
+                            f"http://127.0.0.1:{lb_port}/v1/embed", json={"sentences": ["a ."]}
+                        )
+                    except httpx.HTTPError:
+                        return False
+                    seen.add(r.headers.get("x-elmo-replica"))
+                return seen >= {r.name for r in f.replicas}
 
-            t0 = time.monotonic()
-            if not await until(both_up, 60):
-                row.failures.append("haproxy never put the replicas in rotation")
+            if not await until(in_rotation, 60):
+                row.failures.append("haproxy never put both replicas in rotation")
                 return
         victim = f.replicas[1]
         probe = Row("lb")
