@@ -137,13 +137,21 @@ def run_rq_worker(settings: JobsSettings, burst: bool = False) -> int:
     _settings = settings
     backend = RqBackend(settings, timeout=WORKER_STORE_TIMEOUT * settings.jobs_store_timeout)
     cls = _make_rq_worker_class()
-    worker = cls(
-        [backend.queue],
-        connection=backend.redis,
-        name=f"elmo-{socket.gethostname()}-{os.getpid()}",
-        maintenance_interval=30,
-        job_monitoring_interval=5,
-    )
+    pause = 1.0
+    while True:  # rq talks to Redis as it builds the worker: a Redis still away is waited for
+        try:
+            worker = cls(
+                [backend.queue],
+                connection=backend.redis,
+                name=f"elmo-{socket.gethostname()}-{os.getpid()}",
+                maintenance_interval=30,
+                job_monitoring_interval=5,
+            )
+            break
+        except redis.RedisError as e:
+            log.warning("rq worker: Redis unavailable at start (%s); retrying in %.0fs", e, pause)
+            time.sleep(pause)
+            pause = min(pause * 2, 30.0)
     worker.backend = backend
     worker._reconcile()  # jobs whose worker died before we started
     pause = 1.0

@@ -218,3 +218,32 @@ def test_an_adopted_running_job_on_another_host_is_not_requeued(tmp_path, redis_
     assert got is not None and got.state == "running" and got.attempt == 1 and got.losses == 0
     assert "adopted from its run folder" in got.events[-1].event
     backend.close()
+
+
+def test_a_worker_started_while_redis_is_away_waits_for_it(tmp_path, redis_server_factory):
+    """rq talks to Redis as the worker is built: a worker started during an outage (a
+    restart, a blip) waits for Redis instead of dying with a traceback."""
+    import subprocess
+    import sys
+
+    redis = redis_server_factory()
+    redis.stop()  # the port stays ours: the worker meets a refused connection
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1",
+           "REDIS_URL": redis.url, "ELMO_RUNS_DIR": str(tmp_path), "ELMO_DATA_DIR": str(tmp_path),
+           "ELMO_REDIS_PREFIX": f"w{uuid.uuid4().hex[:6]}"}  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "api.cli", "worker", "--burst"], env=env, cwd=root,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        time.sleep(4)
+        assert proc.poll() is None, proc.communicate()[0][-2000:]  # still waiting, not dead
+        redis.start()
+        out, _ = proc.communicate(timeout=90)  # burst: registers, finds no job, exits
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out[-2000:]
+    assert "Redis unavailable at start" in out and "Traceback" not in out
