@@ -308,19 +308,27 @@ class FleetAgent:
     async def record(self, name: str, version: str) -> Desired:
         """Record ``name``/``version`` as the fleet's model (call it holding ``lock``).
 
-        A call that fails after reaching Redis (a stall past the timeout) may still land:
-        the record is then read back, twice in a row (the second read is queued behind
-        whatever the stalled Redis had pending, our record included), for up to
-        ``READBACK_SECONDS``. -> the record (ours, or the same model already recorded);
-        NotRecorded or OutcomeUnknown otherwise."""
+        A record that never reached Redis (no connection) is sent again for up to
+        ``READBACK_SECONDS`` (recording is idempotent). One that failed after reaching it (a
+        stall past the timeout) may still land: it is read back, twice in a row (the second
+        read is queued behind whatever the stalled Redis had pending, our record included),
+        for up to ``READBACK_SECONDS``. -> the record (ours, or the same model already
+        recorded); NotRecorded or OutcomeUnknown otherwise."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + READBACK_SECONDS
         op = new_op()
         seen = self.desired.generation if self.desired is not None else 0
-        try:
-            rec = await self.call(self.store.record, name, version, self.id, seen, op)
-        except StoreUnavailable as e:
-            if never_sent(e):
-                raise NotRecorded(f"{e}; nothing changed") from e
-            rec = await self._read_back(name, version, op, e)
+        while True:
+            try:
+                rec = await self.call(self.store.record, name, version, self.id, seen, op)
+                break
+            except StoreUnavailable as e:
+                if not never_sent(e):
+                    rec = await self._read_back(name, version, op, e)
+                    break
+                if loop.time() >= deadline:
+                    raise NotRecorded(f"{e}; nothing changed") from e
+                await asyncio.sleep(0.2)
         self.desired = rec
         return rec
 
