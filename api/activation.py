@@ -86,8 +86,10 @@ async def activate_in_fleet(
 
     -> (new, old or None, the fleet view just after, with ``recorded``: this call's record;
     ``desired`` may already be a newer one). Nothing is recorded unless this
-    replica could load it (LookupError, ArtifactError); a Redis that does not answer
-    (FleetUnavailable) leaves everything as it was. The other replicas converge on their own.
+    replica could load it (LookupError, ArtifactError); a record that Redis did not take
+    (NotRecorded) or whose outcome is unknown (OutcomeUnknown: it may land later, and the
+    fleet converges on it then) swaps nothing here. Activating the fleet's model again is a
+    no-op, so a retry is safe. The other replicas converge on their own.
     """
     path = await asyncio.to_thread(resolve_artifact, settings.models_dir, name)
     async with agent.lock:  # one load-and-swap at a time on this replica
@@ -96,8 +98,7 @@ async def activate_in_fleet(
         served = cur if same else await load_warm(settings, backend, io, metrics, path)
         assert served is not None
         try:
-            recorded = await agent.call(agent.store.record, name, served.version, agent.id)
-            agent.desired = recorded
+            recorded = await agent.record(name, served.version)
         except BaseException:
             if not same:
                 await asyncio.to_thread(served.close)

@@ -18,7 +18,7 @@ def _served_entry(served: ServedModel, full: bool) -> dict[str, Any]:
     return {
         "id": served.name,
         "object": "model",
-        "path": str(served.path),
+        "path": served.path.name,
         "version": served.version,
         "created": served.created,
         "n_layers": served.n_layers,
@@ -51,7 +51,8 @@ def list_artifacts(
     out = []
     for d in found:
         is_served = served is not None and d.resolve() == served_path
-        entry: dict[str, Any] = {"id": d.name, "object": "model", "path": str(d)}
+        # the folder's name in the models folder: an answer never shows a server path
+        entry: dict[str, Any] = {"id": d.name, "object": "model", "path": d.name}
         try:
             head = read_header(d)
             entry.update(

@@ -44,6 +44,7 @@ import numpy as np
 from cachetools import TTLCache
 
 from api.metrics import Metrics
+from storage import REPLY_SHAPE_ERRORS, BadReply, client_errors, connect, describe
 
 log = logging.getLogger("api.cache")
 
@@ -120,25 +121,6 @@ def unpack(
     if not np.isfinite(arr).all():
         raise CorruptEntry("non-finite values")
     return arr.astype(np.float32, copy=False)  # read-only view when stored as float32
-
-
-class BadReply(Exception):
-    """Redis answered, but not with what the command returns (type or length)."""
-
-
-# what redis-py's reply callbacks raise on a reply of the wrong shape
-REPLY_SHAPE_ERRORS: tuple[type[BaseException], ...] = (
-    BadReply, TypeError, ValueError, AttributeError, IndexError, KeyError,
-)  # fmt: skip
-
-
-def describe(reply: object) -> str:
-    """A short name for an unexpected reply, for logs and errors."""
-    if isinstance(reply, list | tuple):
-        return f"an array of {len(reply)}"
-    if isinstance(reply, bytes | str):
-        return f"a string {reply[:16]!r}"
-    return f"{type(reply).__name__} {reply!r:.32}"
 
 
 def check_mget(reply: object, n: int) -> list[bytes | None]:
@@ -279,32 +261,24 @@ class RedisCache(CacheBackend):
         self,
         url: str,
         *,
+        password: Any = None,
         timeout: float = 0.25,
         retry_interval: float = 5.0,
         metrics: Metrics | None = None,
         client: Any = None,
     ) -> None:
         import redis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
 
         self.url = url
         self.metrics = metrics
         self.breaker = CircuitBreaker(retry_interval)
-        self.client = client or redis.Redis.from_url(
-            url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0),
-            health_check_interval=0,
-            max_connections=64,
+        self.client = client or connect(
+            url, password=password, timeout=timeout, health_check_interval=0, max_connections=64
         )
         # a refused write (the server is up and says no) pauses writes alone
         self.write_breaker = CircuitBreaker(retry_interval)
         self._refused: type[BaseException] = redis.ResponseError
-        self._errors: tuple[type[BaseException], ...] = (
-            redis.RedisError, OSError, *REPLY_SHAPE_ERRORS,
-        )  # fmt: skip
+        self._errors = client_errors()
 
     def _failed(self, e: BaseException, op: str) -> None:
         was = self.breaker.state

@@ -11,13 +11,13 @@ that cannot (the folder is missing, holds another version, or is broken) keeps s
 what it has, stays ready, reports why in its heartbeat, and retries when the folder
 changes. A replica that starts reads the desired state before ``ELMO_MODEL``.
 
-Keys (``<prefix>`` is ``ELMO_REDIS_PREFIX``)::
-
-    <prefix>:fleet:generation       INCR counter
-    <prefix>:fleet:desired          JSON {name, version, generation, at, by}
-    <prefix>:fleet:events           pub/sub channel (the same JSON)
-    <prefix>:fleet:replica:<id>     JSON heartbeat, expires after ELMO_FLEET_TTL
-    <prefix>:fleet:replicas         sorted set: id -> heartbeat expiry (an index: no SCAN)
+The keys and the scripts are :mod:`api.fleet_store`'s. Generations never go back: an
+agent that holds a newer record than Redis (a Redis restarted from an older snapshot,
+or empty) puts it back and logs it. No view claims what it cannot see: ``agree`` is
+false while the desired record cannot be read, a replica is missing (silent without
+leaving) or its heartbeat is unreadable, or the answering replica has not read the
+fleet's state for over ``ELMO_FLEET_TTL`` (``stale``; also ``/metrics``
+``elmo_fleet_stale``, and ``/readyz`` per ``ELMO_FLEET_STALE_READY``).
 
 Without Redis none of this runs: one process serves as before.
 """
@@ -26,198 +26,56 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from api.artifacts import resolve_artifact
+from api.fleet_store import Desired, FleetStore, Members, new_op
 from api.holder import ModelHolder
-from api.schemas import ReplicaOut
-from api.served import SERVED_KEY, ServedModel
+from api.served import ServedModel
 from api.settings import Settings
 from elmo_service.artifact import MANIFEST, WEIGHTS, read_manifest
 from elmo_service.errors import ArtifactError, ElmoServiceError
+from storage import StoreUnavailable, never_sent
 
 log = logging.getLogger("api.fleet")
 
-# INCR and SET in one step: generations are in the order the records were made
-_RECORD = """
-local g = redis.call('INCR', KEYS[1])
-local v = cjson.encode({name=ARGV[1], version=ARGV[2], generation=g, at=tonumber(ARGV[3]), by=ARGV[4]})
-redis.call('SET', KEYS[2], v)
-redis.call('PUBLISH', KEYS[3], v)
-return v
-"""
 
-# a Redis that lost the record (restarted without persistence, flushed): a replica puts
-# back the last one it read, unless another did first; the counter never goes back
-_RESTORE = """
-local cur = redis.call('GET', KEYS[2])
-if cur then return cur end
-local g = tonumber(ARGV[3])
-if tonumber(redis.call('GET', KEYS[1]) or '0') < g then redis.call('SET', KEYS[1], g) end
-local v = cjson.encode({name=ARGV[1], version=ARGV[2], generation=g, at=tonumber(ARGV[4]), by=ARGV[5]})
-redis.call('SET', KEYS[2], v)
-redis.call('PUBLISH', KEYS[3], v)
-return v
-"""
-
-
-class FleetUnavailable(Exception):
-    """Redis did not answer, or answered something that is not the fleet's state."""
+READBACK_SECONDS = 5.0  # how long an activation whose record stalled reads it back
 
 
 class DesiredMismatch(ArtifactError):
     """The folder of the desired name holds another version than the one activated."""
 
 
-@dataclass(frozen=True)
-class Desired:
-    name: str
-    version: str
-    generation: int
-    at: float
-    by: str
+class NotRecorded(StoreUnavailable):
+    """The activation is not the fleet's model: Redis was not reached, or was read back
+    and holds another record."""
 
-    @classmethod
-    def parse(cls, raw: object) -> Desired:
-        try:
-            d = json.loads(raw)  # type: ignore[arg-type]
-            out = cls(
-                str(d["name"]),
-                str(d["version"]),
-                int(d["generation"]),
-                float(d["at"]),
-                str(d["by"]),
-            )
-        except (TypeError, ValueError, KeyError, json.JSONDecodeError) as e:
-            raise FleetUnavailable(f"unexpected desired-state record in redis: {raw!r:.80}") from e
-        return out
 
-    def ref(self) -> dict[str, Any]:
-        d = asdict(self)
-        return {"id": d.pop("name"), **d}
+class OutcomeUnknown(StoreUnavailable):
+    """The record was sent, Redis did not answer, and could not be read back: it may have
+    landed. Reading ``GET /v1/models`` tells; activating again is safe (a no-op once in)."""
 
 
 def default_replica_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class FleetStore:
-    """The fleet's keys in Redis; blocking calls (run them off the event loop).
-    Every failure, including a reply of the wrong shape, is :class:`FleetUnavailable`."""
-
-    def __init__(self, url: str, prefix: str = "elmo", timeout: float = 0.5) -> None:
-        import redis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
-        self.url, self.timeout = url, timeout
-        self.client = redis.Redis.from_url(
-            url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0)
-        )
-        self._errors = (redis.RedisError, OSError)
-        base = f"{prefix}:fleet"
-        self.k_generation, self.k_desired = f"{base}:generation", f"{base}:desired"
-        self.channel, self.k_index = f"{base}:events", f"{base}:replicas"
-        self.k_replica = f"{base}:replica:"
-        self._record = self.client.register_script(_RECORD)
-        self._restore = self.client.register_script(_RESTORE)
-
-    def _call(self, fn, *args, **kw):
-        try:
-            return fn(*args, **kw)
-        except self._errors as e:
-            raise FleetUnavailable(f"redis unavailable: {type(e).__name__}: {e}") from e
-        except Exception as e:  # noqa: BLE001 - the client choking on a reply it cannot parse
-            raise FleetUnavailable(
-                f"redis answered something unexpected: {type(e).__name__}: {e}"
-            ) from e
-
-    def desired(self) -> Desired | None:
-        raw = self._call(self.client.get, self.k_desired)
-        if raw is not None and not isinstance(raw, bytes):
-            raise FleetUnavailable(f"unexpected reply to GET: {type(raw).__name__}")
-        return None if raw is None else Desired.parse(raw)
-
-    def record(self, name: str, version: str, by: str) -> Desired:
-        keys = [self.k_generation, self.k_desired, self.channel]
-        raw = self._call(self._record, keys=keys, args=[name, version, time.time(), by])
-        return Desired.parse(raw)
-
-    def restore(self, desired: Desired) -> Desired:
-        """Put ``desired`` back if Redis holds no record; -> the record Redis holds now."""
-        keys = [self.k_generation, self.k_desired, self.channel]
-        d = desired
-        args = [d.name, d.version, d.generation, d.at, d.by]
-        return Desired.parse(self._call(self._restore, keys=keys, args=args))
-
-    def heartbeat(self, replica_id: str, state: dict[str, Any], ttl: float) -> None:
-        now = time.time()
-        pipe = self.client.pipeline(transaction=True)
-        pipe.set(self.k_replica + replica_id, json.dumps(state), px=int(ttl * 1000))
-        pipe.zadd(self.k_index, {replica_id: now + ttl})
-        pipe.zremrangebyscore(self.k_index, "-inf", now)  # replicas that went silent
-        self._call(pipe.execute)
-
-    def leave(self, replica_id: str) -> None:
-        pipe = self.client.pipeline(transaction=True)
-        pipe.delete(self.k_replica + replica_id)
-        pipe.zrem(self.k_index, replica_id)
-        self._call(pipe.execute)
-
-    def replicas(self) -> list[dict[str, Any]]:
-        ids = self._call(self.client.zrangebyscore, self.k_index, time.time(), "+inf")
-        if not isinstance(ids, list):
-            raise FleetUnavailable(f"unexpected reply to ZRANGEBYSCORE: {type(ids).__name__}")
-        if not ids:
-            return []
-        raws = self._call(self.client.mget, [self.k_replica + i.decode() for i in ids])
-        if not isinstance(raws, list) or len(raws) != len(ids):
-            raise FleetUnavailable("unexpected reply to MGET")
-        out = []
-        for raw in raws:
-            if raw is None:  # expired between the two calls
-                continue
-            try:  # what GET /v1/models may show: a stray or foreign entry is left out
-                beat = ReplicaOut.model_validate_json(raw).model_dump()
-            except (ValidationError, TypeError, ValueError):
-                log.debug("fleet: unreadable heartbeat skipped: %r", raw[:200])
-                continue
-            out.append(beat)
-        return sorted(out, key=lambda b: str(b["id"]))
-
-    def pubsub(self):
-        """A pub/sub connection of its own: no read timeout (it waits for messages), a
-        health check every 5 s so a dead connection is noticed."""
-        import redis
-
-        client = redis.Redis.from_url(
-            self.url, socket_connect_timeout=self.timeout, health_check_interval=5
-        )
-        ps = client.pubsub(ignore_subscribe_messages=True)
-        ps.subscribe(self.channel)
-        return client, ps
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.client.close()
-
-
 def fleet_store(settings: Settings) -> FleetStore | None:
     if not settings.redis_url:
         return None
     return FleetStore(
-        settings.redis_url, settings.redis_prefix, timeout=max(settings.redis_timeout, 0.5)
+        settings.redis_url,
+        settings.redis_prefix,
+        timeout=max(settings.redis_timeout, 0.5),
+        password=settings.redis_password,
     )
 
 
@@ -245,7 +103,7 @@ def startup_model_path(settings: Settings, store: FleetStore | None) -> tuple[Pa
         return default, None
     try:
         desired = store.desired()
-    except FleetUnavailable as e:
+    except StoreUnavailable as e:
         return default, f"cannot read the fleet's desired model ({e}); serving {default.name}"
     if desired is None:
         return default, None
@@ -306,6 +164,7 @@ class FleetAgent:
         holder: ModelHolder,
         load,  # async (path) -> ServedModel, loaded and warmed (api.activation.load_warm)
         replica_id: str | None = None,
+        metrics: Any = None,
     ) -> None:
         self.settings, self.store, self.holder, self._load = settings, store, holder, load
         self.id = replica_id or settings.replica_id or default_replica_id()
@@ -317,6 +176,10 @@ class FleetAgent:
         self.desired: Desired | None = None
         self.redis_error: str | None = None
         self.started_at = time.time()
+        self.read_at: float | None = None  # the last successful read of the desired record
+        if metrics is not None:  # evaluated at each scrape
+            metrics.fleet_state_age.set_function(self.state_age)
+            metrics.fleet_stale.set_function(lambda: float(self.stale))
         self._failed: tuple | None = None  # (generation, disk key) of the last failed load
         self._wake = asyncio.Event()
         self._stop = threading.Event()
@@ -349,7 +212,7 @@ class FleetAgent:
         for t in self._tasks:
             with contextlib.suppress(BaseException):
                 await t
-        with contextlib.suppress(FleetUnavailable):
+        with contextlib.suppress(StoreUnavailable):
             await self.call(self.store.leave, self.id)
         if self._listener is not None:
             await asyncio.to_thread(self._listener.join, 5)
@@ -389,16 +252,15 @@ class FleetAgent:
             self._wake.clear()
             try:
                 desired = await self.call(self.store.desired)
-                if desired is None and self.desired is not None:  # Redis lost it
-                    desired = await self.call(self.store.restore, self.desired)
-                    log.warning("fleet: redis had no desired model; restored %s", desired)
+                self.read_at = time.time()
+                desired = await self._never_back(desired)
                 self._redis_ok()
                 self.desired = desired
                 if desired is not None:
                     await self.converge(desired)
                 elif self.state == "failed":  # e.g. Redis was down at start: nothing to serve
                     self.state, self.error = "serving", None
-            except FleetUnavailable as e:
+            except StoreUnavailable as e:
                 self._redis_failed(e)
             except asyncio.CancelledError:
                 raise
@@ -406,6 +268,32 @@ class FleetAgent:
                 log.exception("fleet: convergence failed")
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.interval)
+
+    async def _never_back(self, desired: Desired | None) -> Desired | None:
+        """Redis lost the record, or holds an older one than this agent has read (restarted
+        from an older snapshot, a restored backup): put ours back, never roll back."""
+        mine = self.desired
+        if mine is None or (desired is not None and desired.generation >= mine.generation):
+            return desired
+        now = await self.call(self.store.restore, mine)
+        held = "no desired model" if desired is None else (
+            f"{desired.name} ({desired.version}) at generation {desired.generation}"
+        )  # fmt: skip
+        log.warning(
+            "fleet: redis held %s, older than %s (%s) at generation %d here: put back; now %s "
+            "at generation %d",
+            held, mine.name, mine.version, mine.generation, now.name, now.generation,
+        )  # fmt: skip
+        return now
+
+    def state_age(self) -> float:
+        """Seconds since this replica last read the fleet's desired record (since it
+        started, when it never has)."""
+        return time.time() - (self.read_at or self.started_at)
+
+    @property
+    def stale(self) -> bool:
+        return self.state_age() > self.ttl
 
     def _redis_ok(self) -> None:
         if self.redis_error is not None:
@@ -416,6 +304,65 @@ class FleetAgent:
         if self.redis_error is None:
             log.warning("fleet: %s; serving on, retrying every %.1fs", e, self.interval)
         self.redis_error = str(e)
+
+    async def record(self, name: str, version: str) -> Desired:
+        """Record ``name``/``version`` as the fleet's model (call it holding ``lock``).
+
+        A record that never reached Redis (no connection) is sent again for up to
+        ``READBACK_SECONDS`` (recording is idempotent). One that failed after reaching it (a
+        stall past the timeout) may still land: it is read back, twice in a row (the second
+        read is queued behind whatever the stalled Redis had pending, our record included),
+        for up to ``READBACK_SECONDS``. -> the record (ours, or the same model already
+        recorded); NotRecorded or OutcomeUnknown otherwise."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + READBACK_SECONDS
+        op = new_op()
+        seen = self.desired.generation if self.desired is not None else 0
+        while True:
+            try:
+                rec = await self.call(self.store.record, name, version, self.id, seen, op)
+                break
+            except StoreUnavailable as e:
+                if not never_sent(e):
+                    rec = await self._read_back(name, version, op, e)
+                    break
+                if loop.time() >= deadline:
+                    raise NotRecorded(f"{e}; nothing changed") from e
+                await asyncio.sleep(0.2)
+        self.desired = rec
+        return rec
+
+    async def _read_back(self, name: str, version: str, op: str, failure: Exception) -> Desired:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + READBACK_SECONDS
+        reads: list[Desired | None] = []
+        while len(reads) < 2:
+            try:
+                reads.append(await self.call(self.store.desired))
+            except StoreUnavailable as e:
+                reads.clear()
+                if loop.time() >= deadline:
+                    raise OutcomeUnknown(
+                        f"the record of {name} ({version}) was sent and redis did not answer "
+                        f"({failure}), nor a read-back for {READBACK_SECONDS:.0f}s ({e})"
+                    ) from e
+                await asyncio.sleep(0.2)
+        now = reads[-1]
+        if now is not None and (now.op == op or (now.name, now.version) == (name, version)):
+            log.warning(
+                "fleet: recording %s did not answer (%s); read back: recorded at generation %d",
+                name, failure, now.generation,
+            )  # fmt: skip
+            return now
+        held = (
+            "no record"
+            if now is None
+            else f"{now.name} ({now.version}), generation {now.generation}"
+        )
+        raise NotRecorded(
+            f"recording {name} did not answer ({failure}); read back: the fleet's model is "
+            f"{held}, not {name}"
+        ) from failure
 
     async def converge(self, desired: Desired) -> None:
         """Serve ``desired`` if this replica can; else keep serving and report why."""
@@ -485,7 +432,7 @@ class FleetAgent:
         try:
             await self.call(self.store.heartbeat, self.id, self.heartbeat(), self.ttl)
             self._redis_ok()
-        except FleetUnavailable as e:
+        except StoreUnavailable as e:
             self._redis_failed(e)
 
     async def view(self) -> dict[str, Any]:
@@ -493,13 +440,20 @@ class FleetAgent:
         me = self.heartbeat()
         try:
             desired = await self.call(self.store.desired)
-            replicas = await self.call(self.store.replicas)
+            self.read_at = time.time()
+            members = await self.call(self.store.members)
             error = None
-        except FleetUnavailable as e:
-            desired, replicas, error = self.desired, [], str(e)
-        replicas = [r for r in replicas if r.get("id") != self.id] + [me]
+        except StoreUnavailable as e:
+            desired, members, error = self.desired, Members([], []), str(e)
+        if desired is not None and self.desired is not None:  # never show an older one
+            desired = max(desired, self.desired, key=lambda d: d.generation)
+        replicas = [r for r in members.live if r.get("id") != self.id] + [me]
         replicas.sort(key=lambda r: str(r["id"]))
-        return fleet_summary(desired, replicas, self.id, error)
+        missing = [m for m in members.missing if m != self.id]
+        return fleet_summary(
+            desired, replicas, self.id, error, missing=missing,
+            unreadable=members.unreadable, state_age=self.state_age(), stale=self.stale,
+        )  # fmt: skip
 
 
 def fleet_summary(
@@ -508,13 +462,21 @@ def fleet_summary(
     me: str,
     error: str | None = None,
     shared: bool = True,
+    missing: list[str] | None = None,
+    unreadable: int = 0,
+    state_age: float | None = None,
+    stale: bool = False,
 ) -> dict[str, Any]:
-    """``agree``: every replica serves one version (the desired one, when there is one)."""
+    """``agree``: every replica serves one version (the desired one, when there is one),
+    and this view saw it all: the desired record read now, every replica accounted for
+    (none ``missing``, no ``unreadable`` heartbeat), this replica's state not ``stale``."""
     want = None if desired is None else {"id": desired.name, "version": desired.version}
     served = [r.get("served") for r in replicas]
     versions = {None if s is None else (s.get("id"), s.get("version")) for s in served}
     converged = sum(1 for s in served if want is not None and s == want)
-    agree = len(versions) == 1 and (want is None or converged == len(replicas))
+    missing = missing or []
+    seen_all = error is None and not missing and not unreadable and not stale
+    agree = seen_all and len(versions) == 1 and (want is None or converged == len(replicas))
     for r in replicas:
         r["self"] = r.get("id") == me
     return {
@@ -524,6 +486,10 @@ def fleet_summary(
         "converged": converged if want is not None else None,
         "replicas_total": len(replicas),
         "replicas": replicas,
+        "missing": missing,
+        "unreadable": unreadable,
+        "state_age": state_age,
+        "stale": stale,
         "error": error,
     }
 
@@ -543,30 +509,3 @@ def standalone_view(holder: ModelHolder, replica_id: str) -> dict[str, Any]:
         "heartbeat_at": time.time(),
     }
     return fleet_summary(None, [me], replica_id, shared=False)
-
-
-class ModelVersionMiddleware:
-    """``X-Model-Id`` / ``X-Model-Version`` on every answer computed by a model: the one
-    the route resolved (``api.deps.serving`` leaves it in the scope), so a client behind
-    a balancer can tell which version computed its vectors, across swaps and replicas."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def send_with_version(message: Any) -> None:
-            served = scope.get(SERVED_KEY)
-            if message["type"] == "http.response.start" and served is not None:
-                headers = [
-                    *message.get("headers", ()),
-                    (b"x-model-id", served.name.encode("latin-1", "replace")),
-                    (b"x-model-version", served.version.encode("latin-1", "replace")),
-                ]
-                message = {**message, "headers": headers}
-            await send(message)
-
-        await self.app(scope, receive, send_with_version)

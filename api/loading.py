@@ -30,6 +30,7 @@ def make_task_store(settings: Settings, namespace: str) -> TaskStore:
             settings.redis_url,
             namespace,
             prefix=settings.redis_prefix,
+            password=settings.redis_password,
             timeout=max(settings.redis_timeout, 0.5),
         )
     return FileTaskStore(settings.resolved_tasks_file, namespace)

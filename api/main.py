@@ -25,11 +25,11 @@ from api.activation import load_warm
 from api.cache import CacheBackend, LocalCache, NullCache, RedisCache
 from api.encoding import JSONBytesResponse
 from api.errors import install_error_handlers
-from api.fleet import FleetAgent, ModelVersionMiddleware, fleet_store, load_startup_model
+from api.fleet import FleetAgent, fleet_store, load_startup_model
 from api.holder import ModelHolder
 from api.loading import on_load_thread
 from api.metrics import Metrics, MetricsMiddleware
-from api.middleware import AnnounceMiddleware, RequestGuardMiddleware
+from api.middleware import AnnounceMiddleware, ModelVersionMiddleware, RequestGuardMiddleware
 from api.routers import embed, health, jobs, models, openai, tasks
 from api.settings import Settings, load_settings
 from elmo_service.errors import ElmoServiceError
@@ -55,6 +55,7 @@ def make_cache_backend(settings: Settings, metrics: Metrics | None) -> CacheBack
     if settings.resolved_cache_redis_url:
         return RedisCache(
             settings.resolved_cache_redis_url,
+            password=settings.redis_password,
             timeout=settings.redis_timeout,
             retry_interval=settings.redis_retry_interval,
             metrics=metrics,
@@ -127,6 +128,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             store,
             holder,
             lambda path: load_warm(settings, backend, io, metrics, path),
+            metrics=metrics,
         )
         await app.state.fleet.start(fleet_note)
     app.state.jobs = await asyncio.to_thread(start_jobs, settings)

@@ -92,6 +92,16 @@ class Metrics:
         )
         self.model_info = Gauge("elmo_model_info", "Served model", ["model", "version"], registry=r)
         self.ready = Gauge("elmo_ready", "1 when the model is loaded and warmed", registry=r)
+        self.fleet_state_age = Gauge(
+            "elmo_fleet_state_age_seconds",
+            "With Redis: seconds since this replica last read the fleet's desired model",
+            registry=r,
+        )
+        self.fleet_stale = Gauge(
+            "elmo_fleet_stale",
+            "1 when this replica could not read the fleet's state for over ELMO_FLEET_TTL",
+            registry=r,
+        )
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

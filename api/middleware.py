@@ -1,4 +1,5 @@
-"""Pure-ASGI middleware: body size (413), JSON content type (415), batch announcements.
+"""Pure-ASGI middleware: body size (413), JSON content type (415), batch announcements,
+the model version that answered (``X-Model-Version``).
 
 The body is read here, bounded by ``ELMO_MAX_BODY_BYTES`` (declared
 Content-Length or counted while streaming), then replayed to the app; later
@@ -8,10 +9,12 @@ Content-Length or counted while streaming), then replayed to the app; later
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from api.encoding import dumps
 from api.errors import error_body
 from api.metrics import ASGIApp, Message, Receive, Scope, Send
+from api.served import SERVED_KEY
 
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
 TICKET_KEY = "elmo.batch_ticket"
@@ -173,3 +176,30 @@ class AnnounceMiddleware:
             await self.app(scope, receive, send)
         finally:
             ticket.retire()
+
+
+class ModelVersionMiddleware:
+    """``X-Model-Id`` / ``X-Model-Version`` on every answer computed by a model: the one
+    the route resolved (``api.deps.serving`` leaves it in the scope), so a client behind
+    a balancer can tell which version computed its vectors, across swaps and replicas."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_version(message: Any) -> None:
+            served = scope.get(SERVED_KEY)
+            if message["type"] == "http.response.start" and served is not None:
+                headers = [
+                    *message.get("headers", ()),
+                    (b"x-model-id", served.name.encode("latin-1", "replace")),
+                    (b"x-model-version", served.version.encode("latin-1", "replace")),
+                ]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_version)

@@ -284,7 +284,8 @@ class ModelInfo(BaseModel):
     created: int
     owned_by: str
     version: str
-    path: str
+    path: str = Field(..., description="The artifact's folder name in the models folder "
+                      "(never the server's absolute path).")  # fmt: skip
     n_layers: int = Field(..., description="Output layers (L+1: the token layer and L biLSTM).")
     dim: int = Field(..., description="Vector width (2 x projection_dim).")
     max_tokens_per_sentence: int
@@ -302,7 +303,7 @@ class ArtifactEntry(BaseModel):
 
     id: str
     object: Literal["model"] = "model"
-    path: str
+    path: str = Field(..., description="Its folder name in the models folder.")
     version: str | None = None
     created: int | None = None
     n_layers: int | None = None
@@ -349,10 +350,26 @@ class ReplicaOut(BaseModel):
 class FleetOut(BaseModel):
     shared: bool = Field(..., description="true with Redis (a desired state shared by replicas).")
     desired: DesiredOut | None = Field(None, description="The last activation recorded.")
-    agree: bool = Field(..., description="Every replica serves one version (the desired one).")
+    agree: bool = Field(
+        ...,
+        description="Every replica serves one version (the desired one), and this view saw "
+        "it all: the desired record read, no replica missing or unreadable, not stale.",
+    )
     converged: int | None = Field(None, description="Replicas serving the desired model.")
     replicas_total: int
     replicas: list[ReplicaOut]
+    missing: list[str] = Field(
+        [], description="Replicas that stopped beating without leaving (within "
+        "6 x ELMO_FLEET_TTL): this view cannot account for them.",
+    )  # fmt: skip
+    unreadable: int = Field(0, description="Index entries whose heartbeat cannot be read.")
+    state_age: float | None = Field(
+        None, description="Seconds since the answering replica last read the desired record."
+    )
+    stale: bool = Field(
+        False, description="The answering replica has not read the fleet's state for over "
+        "ELMO_FLEET_TTL: it may serve an older model than the fleet's.",
+    )  # fmt: skip
     error: str | None = Field(None, description="Redis did not answer: only this replica shown.")
     recorded: DesiredOut | None = Field(
         None,
@@ -365,7 +382,7 @@ class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelInfo] = Field(..., description="The served model (OpenAI-compatible).")
     served: ModelRef = Field(..., description="The model of the replica that answered.")
-    models_dir: str
+    models_dir: str = Field(..., description="The models folder's name (not its server path).")
     artifacts: list[ArtifactEntry]
     fleet: FleetOut
 
@@ -399,12 +416,19 @@ class CacheState(BaseModel):
     max_bytes: int | None = None
 
 
+class FleetHealth(BaseModel):
+    stale: bool = Field(..., description="The fleet's state unread for over ELMO_FLEET_TTL.")
+    state_age: float = Field(..., description="Seconds since it was last read.")
+    error: str | None = None
+
+
 class Ready(BaseModel):
     status: Literal["ready"] = "ready"
     model: ModelRef
     queue_depth: int
     cache: CacheState
     tasks_store: Literal["file", "redis"]
+    fleet: FleetHealth | None = Field(None, description="With Redis: this replica's view of it.")
 
 
 class ErrorOut(BaseModel):
@@ -414,7 +438,8 @@ class ErrorOut(BaseModel):
 
 
 class NotReady(ErrorOut):
-    status: Literal["starting"] = "starting"
+    status: Literal["starting", "stale"] = "starting"
+    fleet: FleetHealth | None = None
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {

@@ -232,7 +232,7 @@ class ServedModel:
             "created": int(self.loaded_at),
             "owned_by": "elmo-service",
             "version": self.version,
-            "path": str(self.path),
+            "path": self.path.name,  # relative to the models folder: no server paths out
             "n_layers": self.n_layers,
             "dim": self.dim,
             "max_tokens_per_sentence": self.max_tokens_per_sentence,

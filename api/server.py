@@ -34,6 +34,7 @@ def build(model_dir: str | Path | None = None, *, preload: bool = True, **overri
     from api.main import create_app
 
     path = check_model_dir(settings.resolved_model_path)  # fail before uvicorn, naming the fix
+    check_redis_auth(settings)
     app = create_app(settings)
     if preload:
         from elmo_service.errors import ArtifactError
@@ -47,6 +48,21 @@ def build(model_dir: str | Path | None = None, *, preload: bool = True, **overri
                 raise
             app.state.preloaded_artifact = preload_artifact(path)
     return app, settings
+
+
+def check_redis_auth(settings: Settings) -> None:
+    """A Redis that refuses our password fails startup with one line (fail closed); one
+    that does not answer is an outage the stores ride out."""
+    from elmo_service.errors import ConfigError
+    from storage import RedisAuthError, check_auth
+
+    for url in dict.fromkeys(
+        u for u in (settings.redis_url, settings.resolved_cache_redis_url) if u
+    ):
+        try:
+            check_auth(url, settings.redis_password)
+        except RedisAuthError as e:
+            raise ConfigError(str(e), field="redis_password") from None
 
 
 def _fleet_model_path(settings: Settings) -> Path | None:

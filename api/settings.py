@@ -20,6 +20,7 @@ from pydantic import (
     AliasChoices,
     ByteSize,
     Field,
+    SecretStr,
     ValidationError,
     field_validator,
     model_validator,
@@ -200,6 +201,12 @@ class Settings(BaseSettings):
     cache_max_bytes: int = Field(
         256 * 1024 * 1024, ge=0, description="In-process LRU bound (no Redis)."
     )
+    redis_password: SecretStr | None = Field(
+        None,
+        description="Password of every Redis client (cache, tasks, fleet, jobs, rq) whose URL "
+        "carries none (a URL's own redis://:PASSWORD@host wins). A wrong or missing one fails "
+        "startup with one line (fail closed).",
+    )
     redis_timeout: float = Field(0.25, gt=0, description="Redis socket timeouts, seconds.")
     redis_retry_interval: float = Field(
         5.0, gt=0, description="Seconds before retrying a failed Redis."
@@ -223,7 +230,16 @@ class Settings(BaseSettings):
         10.0,
         gt=0,
         le=600,
-        description="Seconds a heartbeat lives: a replica silent that long leaves the fleet view.",
+        description="Seconds a heartbeat lives: a replica silent that long leaves the fleet view "
+        "(listed missing for 6x that); also the bound past which a replica that cannot read the "
+        "fleet's state says it is stale.",
+    )
+    fleet_stale_ready: Literal["ready", "unready"] = Field(
+        "ready",
+        description="/readyz of a replica that could not read the fleet's state for over "
+        "ELMO_FLEET_TTL: ready (default: it still embeds, with the model it has; a Redis "
+        "outage must not empty the balancer) or unready (503: out of rotation until it reads "
+        "the state again). Either way the view, /readyz's body and /metrics say stale.",
     )
 
     @model_validator(mode="after")

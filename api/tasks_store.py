@@ -12,27 +12,22 @@ when used.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from api.cache import REPLY_SHAPE_ERRORS, BadReply, describe
 from elmo_service.artifact import TASKS, read_manifest, read_task
 from elmo_service.atomic import write_json
 from elmo_service.errors import ConfigError, ElmoServiceError
 from elmo_service.scalar_mix import MixSpec
+from storage import StoreUnavailable, connect, expect, file_lock, unavailable
 
 log = logging.getLogger("api")
-
-
-class StoreUnavailable(Exception):
-    """The task store's backend (Redis) did not answer, or answered nonsense."""
 
 
 def _is_hash(reply: object) -> bool:
@@ -63,19 +58,6 @@ class TaskStore(ABC):
 
     @abstractmethod
     def delete(self, name: str) -> bool: ...
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive ``flock`` on ``path`` (created if missing), across processes and threads:
-    each call opens its own descriptor, so two threads of one process exclude each other too."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 class FileTaskStore(TaskStore):
@@ -138,33 +120,22 @@ class RedisTaskStore(TaskStore):
         namespace: str,
         *,
         prefix: str = "elmo",
+        password: Any = None,
         timeout: float = 0.5,
         client: Any = None,
     ):
-        import redis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
         self.key = f"{prefix}:tasks:{namespace}"
-        self.client = client or redis.Redis.from_url(
-            url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0)
-        )
-        self._errors = (redis.RedisError, OSError, *REPLY_SHAPE_ERRORS)
+        self.client = client or connect(url, password=password, timeout=timeout)
 
-    def _call(self, fn, *args, expect: Callable[[Any], bool], what: str):
-        """``fn(*args)``; an error, or a reply ``expect`` refuses, is StoreUnavailable."""
-        try:
+    def _call(self, fn, *args, ok: Callable[[Any], bool], what: str):
+        """``fn(*args)``; an error, or a reply ``ok`` refuses, is StoreUnavailable."""
+        with unavailable("task store"):
             reply = fn(*args)
-            if not expect(reply):
-                raise BadReply(f"{what} answered {describe(reply)}")
+            expect(ok(reply), what, reply)
             return reply
-        except self._errors as e:
-            raise StoreUnavailable(
-                f"task store (redis) unavailable: {type(e).__name__}: {e}"
-            ) from e
 
     def all(self) -> dict[str, dict[str, Any]]:
-        raw = self._call(self.client.hgetall, self.key, expect=_is_hash, what="HGETALL")
+        raw = self._call(self.client.hgetall, self.key, ok=_is_hash, what="HGETALL")
         out = {}
         for k, v in raw.items():
             try:
@@ -176,7 +147,7 @@ class RedisTaskStore(TaskStore):
         return out
 
     def get(self, name: str) -> dict[str, Any] | None:
-        v = self._call(self.client.hget, self.key, name, expect=_is_string, what="HGET")
+        v = self._call(self.client.hget, self.key, name, ok=_is_string, what="HGET")
         if v is None:
             return None
         try:
@@ -187,10 +158,10 @@ class RedisTaskStore(TaskStore):
 
     def put(self, name: str, spec: dict[str, Any]) -> None:
         self._call(self.client.hset, self.key, name, json.dumps(spec, sort_keys=True),
-                   expect=_is_count, what="HSET")  # fmt: skip
+                   ok=_is_count, what="HSET")  # fmt: skip
 
     def delete(self, name: str) -> bool:
-        return bool(self._call(self.client.hdel, self.key, name, expect=_is_count, what="HDEL"))
+        return bool(self._call(self.client.hdel, self.key, name, ok=_is_count, what="HDEL"))
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -47,6 +47,7 @@ from jobs.state import (
     name_holder_free,
     store_errors,
 )
+from storage import connect
 
 log = logging.getLogger("jobs")
 
@@ -199,16 +200,17 @@ class RqBackend(JobBackend):
     def __init__(self, settings: JobsSettings, timeout: float | None = None) -> None:
         """``timeout``: socket timeouts, seconds (default ``ELMO_JOBS_STORE_TIMEOUT``: short,
         for the API; workers pass a longer one)."""
-        import redis
         from rq import Queue
 
         super().__init__(settings)
         assert settings.redis_url
         timeout = timeout or settings.jobs_store_timeout
-        self.redis = redis.Redis.from_url(
+        self.redis = connect(  # rq's client too: it honours the password
             settings.redis_url,
-            socket_timeout=timeout,
-            socket_connect_timeout=min(timeout, 5.0),
+            password=getattr(settings, "redis_password", None),
+            timeout=timeout,
+            connect_timeout=min(timeout, 5.0),
+            retries=None,  # redis-py's own retries, as rq expects
             health_check_interval=30,  # a connection that died during a blip is replaced
         )
         self.store = RedisJobStore(self.redis, settings.redis_prefix)

@@ -8,13 +8,14 @@ hands them in, so this package never imports the HTTP layer.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class JobsSettings(Protocol):
     """What :mod:`jobs` reads from the service settings (names as in ``ELMO_<NAME>``)."""
 
     redis_url: str | None
+    redis_password: Any  # pydantic SecretStr | None: storage.connect reads either
     redis_prefix: str
     models_dir: Path
     data_dir: Path

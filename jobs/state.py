@@ -26,11 +26,9 @@ a lock file): of many concurrent submits for one name, one wins.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import logging
 import math
-import os
 import re
 import secrets
 import time
@@ -41,6 +39,8 @@ from typing import Annotated, Any, Literal, Protocol
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError
 
 from elmo_service.atomic import write_text
+from storage import StoreUnavailable as StoreUnavailable  # re-exported: jobs.StoreUnavailable
+from storage import expect, file_lock, unavailable
 
 log = logging.getLogger("jobs")
 
@@ -49,22 +49,6 @@ Phase = Literal["prepare", "train", "export"]
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 JOB_ID = re.compile(r"^j[0-9a-f]{12}$")
 MAX_EVENTS = 50
-
-
-class StoreUnavailable(Exception):
-    """The job store (Redis) cannot be reached, or answered garbage."""
-
-
-class BadReply(Exception):
-    """Redis answered, but not with what the command returns (its type or length)."""
-
-
-# What redis-py's reply parsing, and rq on top of it, raise on a reply of the wrong type
-# or length (a misbehaving proxy, a "Redis-compatible" server); pydantic's
-# ValidationError (rq's own models) is a ValueError.
-REPLY_SHAPE_ERRORS: tuple[type[Exception], ...] = (
-    BadReply, TypeError, ValueError, AttributeError, IndexError, KeyError,
-)  # fmt: skip
 
 
 class _Own(Exception):
@@ -88,36 +72,13 @@ def own(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 @contextlib.contextmanager
 def store_errors() -> Iterator[None]:
-    """The one place a job-store (Redis, rq) failure becomes :class:`StoreUnavailable`:
-    the client's errors (connection, timeout, an error reply) and a reply of the wrong
-    type or length, whether our checks or redis-py/rq's parsing found it. Nothing
-    broader: an exception of our own passes (see :func:`own`)."""
-    import redis
-
+    """A job-store (Redis, rq) failure becomes :class:`StoreUnavailable`
+    (:func:`storage.unavailable`); an exception of our own passes unchanged (see :func:`own`)."""
     try:
-        yield
+        with unavailable("job store"):
+            yield
     except _Own as e:
         raise e.__cause__ from None  # type: ignore[misc]
-    except redis.RedisError as e:
-        raise StoreUnavailable(f"job store (redis) unavailable: {type(e).__name__}: {e}") from e
-    except REPLY_SHAPE_ERRORS as e:
-        raise StoreUnavailable(
-            f"job store (redis) answered garbage: {type(e).__name__}: {e}"
-        ) from e
-
-
-def describe(reply: object) -> str:
-    """A short name for an unexpected reply, for errors."""
-    if isinstance(reply, list | tuple):
-        return f"an array of {len(reply)}"
-    if isinstance(reply, bytes | str):
-        return f"a string {reply[:16]!r}"
-    return f"{type(reply).__name__} {reply!r:.32}"
-
-
-def expect(ok: bool, what: str, reply: object) -> None:
-    if not ok:
-        raise BadReply(f"{what} answered {describe(reply)}")
 
 
 def _string(reply: object, what: str) -> str | bytes | None:
@@ -349,18 +310,8 @@ class FileJobStore(_Tolerant):
     def _path(self, job_id: str) -> Path:
         return self.root / job_id / "job.json"
 
-    @contextlib.contextmanager
-    def _flock(self, lock: Path) -> Iterator[None]:
-        lock.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
-
     def _locked(self, job_id: str) -> contextlib.AbstractContextManager[None]:
-        return self._flock(self.root / job_id / "job.lock")
+        return file_lock(self.root / job_id / "job.lock")
 
     def _write(self, rec: JobRecord) -> None:
         path = self._path(rec.id)
@@ -420,7 +371,7 @@ class FileJobStore(_Tolerant):
 
     def reserve(self, name: str, job_id: str, free: NameFree) -> str | None:
         names = self.root / ".names"
-        with self._flock(names / ".lock"):
+        with file_lock(names / ".lock"):
             path = names / name
             held = _holder(path.read_text() if path.exists() else None)
             if held and held[0] != job_id and not free(*held):

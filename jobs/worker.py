@@ -21,10 +21,12 @@ import socket
 import time
 from pathlib import Path
 
+from elmo_service.errors import ConfigError
 from jobs.backend import WORKERS_DIR, LocalBackend, RqBackend
 from jobs.procs import die_with_parent
 from jobs.runner import JobRunner
 from jobs.settings import JobsSettings
+from storage import RedisAuthError, check_auth
 
 log = logging.getLogger("jobs.worker")
 
@@ -135,13 +137,21 @@ def run_rq_worker(settings: JobsSettings, burst: bool = False) -> int:
     _settings = settings
     backend = RqBackend(settings, timeout=WORKER_STORE_TIMEOUT * settings.jobs_store_timeout)
     cls = _make_rq_worker_class()
-    worker = cls(
-        [backend.queue],
-        connection=backend.redis,
-        name=f"elmo-{socket.gethostname()}-{os.getpid()}",
-        maintenance_interval=30,
-        job_monitoring_interval=5,
-    )
+    pause = 1.0
+    while True:  # rq talks to Redis as it builds the worker: a Redis still away is waited for
+        try:
+            worker = cls(
+                [backend.queue],
+                connection=backend.redis,
+                name=f"elmo-{socket.gethostname()}-{os.getpid()}",
+                maintenance_interval=30,
+                job_monitoring_interval=5,
+            )
+            break
+        except redis.RedisError as e:
+            log.warning("rq worker: Redis unavailable at start (%s); retrying in %.0fs", e, pause)
+            time.sleep(pause)
+            pause = min(pause * 2, 30.0)
     worker.backend = backend
     worker._reconcile()  # jobs whose worker died before we started
     pause = 1.0
@@ -225,5 +235,9 @@ def run_worker(settings: JobsSettings, burst: bool = False) -> int:
     """``elmo-service worker``: an rq worker with ``REDIS_URL``, else the local one."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if settings.redis_url:
+        try:  # a refused password fails closed, in one line; an outage is ridden out
+            check_auth(settings.redis_url, getattr(settings, "redis_password", None))
+        except RedisAuthError as e:
+            raise ConfigError(str(e), field="redis_password") from None
         return run_rq_worker(settings, burst)
     return LocalWorker(settings).work(burst)

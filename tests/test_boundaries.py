@@ -4,11 +4,14 @@ The picture (``docs/architecture.md``)::
 
     api ──> jobs ──> pretrain ──> elmo_service
      └──────────────────────────────> elmo_service
+     api, jobs ──> storage   (Redis clients, replies, file locks; imports none of ours)
 
 * ``elmo_service`` (the core) imports none of the others;
 * ``pretrain`` imports only the core; ``jobs`` the core and ``pretrain``;
 * ``api`` imports the core and ``jobs``' public interface (``jobs/__init__.py``), never
   ``pretrain``;
+* ``storage`` (the stores' plumbing) imports none of the others; ``api`` and ``jobs`` may
+  import it;
 * no two modules import each other, directly or around a loop;
 * LSTM math (gate nonlinearities, the fused LSTM ops) lives in the core only;
 * every third-party import of a product module is a declared dependency.
@@ -34,13 +37,14 @@ except ImportError:  # Python 3.10: pytest itself depends on tomli there
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("elmo_service", "pretrain", "jobs", "api")
+PACKAGES = ("elmo_service", "pretrain", "jobs", "api", "storage")
 # package -> the packages it may import (besides itself)
 ALLOWED = {
     "elmo_service": set(),
     "pretrain": {"elmo_service"},
-    "jobs": {"elmo_service", "pretrain"},
-    "api": {"elmo_service", "jobs"},
+    "jobs": {"elmo_service", "pretrain", "storage"},
+    "api": {"elmo_service", "jobs", "storage"},
+    "storage": set(),  # the stores' plumbing (Redis clients, replies, file locks)
 }
 # import name -> distribution, where packages_distributions() cannot tell (not installed)
 DIST_OF = {"yaml": "pyyaml", "google": "protobuf", "uvicorn": "uvicorn"}

@@ -25,7 +25,13 @@ async def healthz() -> dict[str, Any]:
 @router.get(
     "/readyz",
     response_model=Ready,
-    responses={503: {"model": NotReady, "description": "Loading or warming up"}},
+    responses={
+        503: {
+            "model": NotReady,
+            "description": "Loading or warming up; or (ELMO_FLEET_STALE_READY=unready) "
+            "the fleet's state unread for over ELMO_FLEET_TTL",
+        }
+    },
     summary="Readiness: model loaded and warmed; cache backend state",
 )
 async def readyz(request: Request, holder: HolderDep) -> Response:
@@ -37,6 +43,21 @@ async def readyz(request: Request, holder: HolderDep) -> Response:
         return JSONBytesResponse(
             {**body, "status": "starting"}, status_code=503, headers={"Retry-After": "5"}
         )
+    fleet = request.app.state.fleet
+    health = None
+    if fleet is not None:
+        health = {"stale": fleet.stale, "state_age": fleet.state_age(), "error": fleet.redis_error}
+        if fleet.stale and request.app.state.settings.fleet_stale_ready == "unready":
+            body = error_body(
+                "fleet_stale",
+                f"the fleet's state unread for {health['state_age']:.0f}s "
+                f"({fleet.redis_error or 'no answer'}): out of rotation (ELMO_FLEET_STALE_READY)",
+            )
+            return JSONBytesResponse(
+                {**body, "status": "stale", "fleet": health},
+                status_code=503,
+                headers={"Retry-After": "5"},
+            )
     cache = served.cache.state()
     backend = served.cache.backend
     if isinstance(backend, RedisCache):
@@ -50,6 +71,7 @@ async def readyz(request: Request, holder: HolderDep) -> Response:
             "queue_depth": served.runner.depth,
             "cache": cache,
             "tasks_store": served.tasks.store.kind,
+            "fleet": health,
         }
     )
 

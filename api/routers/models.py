@@ -19,9 +19,10 @@ from api.activation import activate_in_fleet, activate_model
 from api.artifacts import list_artifacts
 from api.deps import HolderDep, ModelDep, SettingsDep, require_admin, require_key
 from api.errors import ApiError
-from api.fleet import FleetAgent, FleetUnavailable, default_replica_id, standalone_view
+from api.fleet import FleetAgent, OutcomeUnknown, default_replica_id, standalone_view
 from api.schemas import ERROR_RESPONSES, Activated, ModelInfo, ModelList
 from elmo_service.errors import ArtifactError
+from storage import StoreUnavailable
 
 router = APIRouter(prefix="/v1", tags=["models"], dependencies=[Depends(require_key)])
 
@@ -50,7 +51,7 @@ async def list_models(
         "object": "list",
         "data": [served.info(full=full)],
         "served": {"id": served.name, "version": served.version},
-        "models_dir": str(settings.models_dir),
+        "models_dir": settings.models_dir.name,  # its name, not the server's absolute path
         "artifacts": artifacts,
         "fleet": fleet,
     }
@@ -104,11 +105,21 @@ async def activate(
         raise ApiError(
             422, "bad_artifact", f"model {name!r} cannot be loaded: {e.message}", "name"
         ) from e
-    except FleetUnavailable as e:  # nothing recorded, nothing swapped: serving goes on
+    except OutcomeUnknown as e:  # sent, unanswered, not read back: it may land yet
+        raise ApiError(
+            503,
+            "fleet_outcome_unknown",
+            f"cannot tell whether {name!r} became the fleet's model: {e}. GET /v1/models "
+            f"shows the fleet's desired model; activating {name!r} again is safe (a no-op "
+            "once recorded)",
+            None,
+            {"Retry-After": "5"},
+        ) from e
+    except StoreUnavailable as e:  # not recorded (never sent, or read back): nothing swapped
         raise ApiError(
             503,
             "fleet_unavailable",
-            f"cannot record {name!r} as the fleet's model ({e}); nothing changed",
+            f"{name!r} is not the fleet's model: {e}",
             None,
             {"Retry-After": "5"},
         ) from e

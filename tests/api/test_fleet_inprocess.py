@@ -15,11 +15,12 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from api.fleet import Desired, FleetStore, FleetUnavailable
+from api.fleet import Desired, FleetStore
 from api.main import create_app
 from api.settings import load_settings
 from elmo_service.artifact import read_manifest, save_artifact
 from elmo_service.tokenizers import WordTokenizer
+from storage import StoreUnavailable
 from tests.support.core_fixtures import tiny_model
 
 torch.set_num_threads(1)
@@ -164,9 +165,9 @@ def test_a_redis_answering_nonsense_is_a_fleet_failure_never_a_crash():
             store.replicas,
             lambda: store.restore(Desired("beta", "0" * 16, 3, 0.0, "me")),
         ):  # never a made-up record, never another exception
-            with pytest.raises(FleetUnavailable):
+            with pytest.raises(StoreUnavailable):
                 call()
-        with contextlib.suppress(FleetUnavailable):
+        with contextlib.suppress(StoreUnavailable):
             store.heartbeat("me", {"id": "me"}, 5.0)
     finally:
         store.close()

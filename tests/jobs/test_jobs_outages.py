@@ -218,3 +218,40 @@ def test_an_adopted_running_job_on_another_host_is_not_requeued(tmp_path, redis_
     assert got is not None and got.state == "running" and got.attempt == 1 and got.losses == 0
     assert "adopted from its run folder" in got.events[-1].event
     backend.close()
+
+
+def test_a_worker_started_while_redis_is_away_waits_for_it(tmp_path, redis_server_factory):
+    """rq talks to Redis as the worker is built: a worker started during an outage (a
+    restart, a blip) waits for Redis instead of dying with a traceback."""
+    import subprocess
+    import sys
+
+    redis = redis_server_factory()
+    redis.stop()  # the port stays ours: the worker meets a refused connection
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1",
+           "REDIS_URL": redis.url, "ELMO_RUNS_DIR": str(tmp_path), "ELMO_DATA_DIR": str(tmp_path),
+           "ELMO_REDIS_PREFIX": f"w{uuid.uuid4().hex[:6]}"}  # fmt: skip
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "api.cli", "worker", "--burst"], env=env, cwd=root,
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120  # imports are slow on a busy machine
+        while "Redis unavailable at start" not in log.read_text(errors="replace"):
+            assert proc.poll() is None, log.read_text()[-2000:]  # waiting, not dead
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.2)
+        time.sleep(1.5)  # it retries, still alive
+        assert proc.poll() is None, log.read_text()[-2000:]
+        redis.start()
+        proc.wait(timeout=90)  # burst: registers, finds no job, exits
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = log.read_text(errors="replace")
+    assert proc.returncode == 0, out[-2000:]
+    assert "Traceback" not in out

@@ -8,6 +8,7 @@ fixtures turn :class:`RedisMissing` into a test failure, bench scripts into an e
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -26,18 +27,24 @@ class RedisMissing(RuntimeError):
 class RedisServer:
     """A redis-server process on 127.0.0.1:<port>; stop() and start() keep the port."""
 
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
+    def __init__(self, workdir: Path, port: int | None = None, password: str | None = None) -> None:
         self.binary = shutil.which("redis-server")
         if self.binary is None:
             raise RedisMissing(f"redis-server is not installed ({INSTALL_HINT})")
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
+        self.password = password  # --requirepass: clients need it
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
+        """The URL without the password (give it as ELMO_REDIS_PASSWORD, or see auth_url)."""
         return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def auth_url(self) -> str:
+        return f"redis://:{self.password}@127.0.0.1:{self.port}/0" if self.password else self.url
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         if self.proc is not None and self.proc.poll() is None:
@@ -45,6 +52,8 @@ class RedisServer:
         cmd = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                "--dir", str(self.workdir), "--daemonize", "no", "--protected-mode", "yes",
                "--loglevel", "warning"]  # fmt: skip
+        if self.password:
+            cmd += ["--requirepass", self.password]
         log = open(self.workdir / "redis.log", "ab")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
@@ -59,8 +68,15 @@ class RedisServer:
     def ping(self) -> bool:
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
+                auth = f"AUTH {self.password}\r\n".encode() if self.password else b""
+                s.sendall(auth + b"PING\r\n")
+                reply = b""
+                while reply.count(b"\r\n") < (2 if auth else 1):
+                    chunk = s.recv(64)
+                    if not chunk:
+                        break
+                    reply += chunk
+                return reply.endswith(b"+PONG\r\n")
         except OSError:
             return False
 
@@ -68,10 +84,26 @@ class RedisServer:
         terminate(self.proc)
         self.proc = None
 
+    def kill(self) -> None:
+        """SIGKILL: no shutdown save; ``start()`` then loads the last ``SAVE`` from the dir."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def pause(self) -> None:
+        """SIGSTOP: connections open, no answers (a stalled Redis) until :meth:`resume`."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
     def client(self):
         import redis
 
-        return redis.Redis.from_url(self.url)
+        return redis.Redis.from_url(self.auth_url)
 
     def flushall(self) -> None:
         c = self.client()
