@@ -159,7 +159,7 @@ def cmd_embed_file(args: argparse.Namespace) -> int:
 
 
 def cmd_embed_bulk(args: argparse.Namespace) -> int:
-    """Ray Data over Parquet shards (elmo_service/bulk.py; docs/bulk.md)."""
+    """Ray Data over Parquet shards (elmo_service/bulk/; docs/bulk.md)."""
     from elmo_service.artifact import default_model_dir
     from elmo_service.bulk import BulkOptions, run_bulk
 
