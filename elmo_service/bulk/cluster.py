@@ -8,6 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import select
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -15,14 +23,24 @@ from typing import Any
 import numpy as np
 
 from elmo_service.bulk.plan import SKIPPED_FILE, BulkOptions, Shard
+from elmo_service.bulk.reaper import ENV as MARKER_ENV
 from elmo_service.bulk.shard import ShardResult, embed_shard, pyarrow
 from elmo_service.errors import ConfigError, ElmoServiceError, InputError
 
+# Ray's node IP is loopback when this is "0" (read when Ray is imported, and by each Ray
+# process it starts): every server of a local cluster then listens on 127.0.0.1 only.
+# ray.init(_node_ip_address="127.0.0.1") does not do it (Ray 2.60 resolves it to the
+# host's address, and its gRPC servers listen on every interface).
+LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
-def ray_deps() -> Any:
-    """The ``ray`` module (pyarrow checked too), or a ConfigError saying how to install it."""
+
+def ray_deps(local: bool = False) -> Any:
+    """The ``ray`` module (pyarrow checked too), or a ConfigError saying how to install it.
+    ``local``: a local cluster will be started, bound to loopback (set before Ray loads)."""
     # Ray Data logs each execution at INFO; our bar and summary say it (an explicit choice wins)
     os.environ.setdefault("RAY_DATA_LOG_LEVEL", "ERROR")
+    if local:
+        os.environ[LOOPBACK_ONLY] = "0"
     pyarrow()
     try:
         import ray
@@ -74,6 +92,103 @@ class ShardEmbedder:
         return {"result": [json.dumps(asdict(r)) for r in results]}
 
 
+# Ray's driver logs one line per actor from C++ straight to fd 2: "core_worker.cc: ...
+# has constructor arguments in the object store and max_restarts > 0"
+# (ray-project/ray#53727): harmless here (the arguments live as long as the run).
+# No option turns off that one line (RAY_BACKEND_LOG_LEVEL prints a line of its own).
+HARMLESS = re.compile(rb"core_worker\.cc:\d+: .*constructor arguments in the object store")
+
+
+@contextmanager
+def harmless_lines_hidden() -> Iterator[None]:
+    """fd 2 through a filter that drops ``HARMLESS`` lines and passes the rest on at once
+    (a progress bar's partial line within 0.1 s)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    read, write = os.pipe()
+    os.dup2(write, 2)
+    os.close(write)
+
+    def pump() -> None:
+        pending = b""
+        while True:
+            ready, _, _ = select.select([read], [], [], 0.1)
+            chunk = os.read(read, 65536) if ready else b""
+            if ready and not chunk:  # EOF: every writer is gone
+                os.write(saved, pending)
+                return
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            kept = b"".join(x + b"\n" for x in lines if not HARMLESS.search(x))
+            if not chunk and pending and not pending.startswith(b"["):  # a bar, not a log line
+                kept, pending = kept + pending, b""
+            if kept:
+                os.write(saved, kept)
+
+    thread = threading.Thread(target=pump, name="stderr-filter", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)  # the pipe's last writer here is gone: the pump drains and ends
+        thread.join(timeout=5)
+        if not thread.is_alive():  # else a stray writer holds the pipe: the pump keeps both
+            os.close(read)
+            os.close(saved)
+
+
+@contextmanager
+def ray_session(ray: Any, address: str | None, cpus: int | None) -> Iterator[None]:
+    """Ray for one run: the caller's if already started; else ``address``'s; else a local
+    cluster of ``cpus`` CPUs (default: all) on loopback only, with a reaper that ends
+    every process of it when this process ends, however it ends."""
+    if ray.is_initialized():
+        yield
+        return
+    if address is not None:
+        ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+        try:
+            yield
+        finally:
+            ray.shutdown()
+        return
+    # an earlier import of Ray read the switch already: it is read again here
+    ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
+    marker = uuid.uuid4().hex
+    read, write = os.pipe()
+    reaper = subprocess.Popen(
+        [sys.executable, "-m", "elmo_service.bulk.reaper", marker],
+        stdin=read,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # outlives a kill of this process's group
+    )
+    os.close(read)
+    os.environ[MARKER_ENV] = marker  # every Ray process inherits it
+    try:
+        ray.init(
+            num_cpus=cpus or os.cpu_count() or 1,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level="ERROR",
+            configure_logging=True,
+        )
+        ip = ray.util.get_node_ip_address()
+        if ip not in ("127.0.0.1", "::1"):  # fail closed: no cluster open to the network
+            raise ConfigError(
+                f"the local Ray cluster would listen on {ip}, not loopback only: "
+                f"run embed-bulk in a fresh process, or start a cluster and give --address",
+                field="address",
+            )
+        yield
+    finally:
+        ray.shutdown()
+        os.environ.pop(MARKER_ENV, None)
+        os.close(write)  # the reaper ends whatever is left, then exits
+        reaper.wait(timeout=60)
+
+
 def run_on_ray(
     pending: list[Shard],
     out: Path,
@@ -90,22 +205,9 @@ def run_on_ray(
     """Embed ``pending`` on a Ray Data actor pool; the shards' results."""
     from tqdm import tqdm
 
-    ray = ray_deps()
-    started = False
-    if not ray.is_initialized():
-        if address is None:  # a local cluster: no set-up, gone when the run ends
-            cpus = actors * threads if actors else (os.cpu_count() or 1)
-            ray.init(
-                num_cpus=cpus,
-                include_dashboard=False,
-                log_to_driver=False,
-                logging_level="ERROR",
-                configure_logging=True,
-            )
-        else:
-            ray.init(address=address, log_to_driver=False, logging_level="ERROR")
-        started = True
-    try:
+    ray = ray_deps(local=address is None)
+    cpus = actors * threads if actors else None
+    with harmless_lines_hidden(), ray_session(ray, address, cpus):
         if actors is None:
             actors = max(1, int(ray.cluster_resources().get("CPU", 1)) // threads)
         ctx = ray.data.DataContext.get_current()
@@ -140,6 +242,8 @@ def run_on_ray(
                 r = ShardResult(**json.loads(row["result"]))
                 if r.model_fault:
                     raise ElmoServiceError(f"{r.error}: a broken model", field="model")
+                if r.write_fault:
+                    raise ElmoServiceError(r.error, field="out")
                 if r.error is not None:
                     raise InputError(
                         f"{r.error}; fix the line, or --skip-bad to skip such lines "
@@ -151,6 +255,3 @@ def run_on_ray(
                 bar.update(r.lines)
                 bar.set_postfix(tokens=tokens, refresh=False)
         return results
-    finally:
-        if started:
-            ray.shutdown()

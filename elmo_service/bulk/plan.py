@@ -104,6 +104,14 @@ class Scan:
         return sum(i["lines"] for i in self.inputs)
 
 
+def shard_size(lines: int, actors: int) -> int:
+    """Lines per shard so that ``lines`` make at least ``actors`` shards (when they can)."""
+    return max(1, -(-lines // max(1, actors)))
+
+
+BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark: not part of the first line's text
+
+
 def _line_problem(raw: bytes) -> str | None:
     """Why a raw line (newline removed) is no sentence, or None."""
     try:
@@ -148,7 +156,8 @@ def scan_inputs(
             with path.open("rb") as f:
                 for raw in f:
                     h.update(raw)
-                    why = _line_problem(_strip_newline(raw))
+                    first = raw[len(BOM) :] if line_no == 1 and raw.startswith(BOM) else raw
+                    why = _line_problem(_strip_newline(first))
                     if why is not None:
                         bad.append(
                             {
@@ -201,6 +210,8 @@ def read_shard_lines(shard: Shard) -> Iterator[tuple[int, str, int, str | None, 
                 f"{seg.first_line + seg.n - 1}): re-run embed-bulk",
                 field="input",
             )
+        if seg.start == 0 and lines and lines[0].startswith(BOM):
+            lines[0] = lines[0][len(BOM) :]
         for k, raw in enumerate(lines):
             raw = raw[:-1] if raw.endswith(b"\r") else raw
             why = _line_problem(raw)

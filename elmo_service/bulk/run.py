@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -26,9 +27,10 @@ from elmo_service.bulk.plan import (
     layout,
     resolve_mix,
     scan_inputs,
+    shard_size,
 )
-from elmo_service.bulk.shard import ShardResult, verify_shard
-from elmo_service.errors import ConfigError, ElmoServiceError, InputError
+from elmo_service.bulk.shard import ShardResult, os_reason, verify_shard
+from elmo_service.errors import PATH_ERRORS, ConfigError, ElmoServiceError, InputError
 
 
 @dataclass
@@ -42,6 +44,15 @@ class BulkSummary:
     embed_seconds: float  # first shard started -> last shard written (no start-up), this run
     skipped: list[dict[str, Any]]
     version: str
+
+
+def _planned_rows(out: Path, options: dict[str, Any]) -> int | None:
+    """A re-run keeps the first run's shard size (it may have been cut to the actors)."""
+    try:
+        before = json.loads((out / RUN_FILE).read_text())
+        return int(before["shard_rows"]) if before["options"] == options else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _lock(out: Path):
@@ -97,7 +108,7 @@ def run_bulk(
     from tqdm import tqdm
 
     opts.check()
-    ray_deps()  # a missing extra is reported before the inputs are read
+    ray_deps(local=address is None)  # a missing extra is reported before the inputs are read
     if actors is not None and actors < 1:
         raise ConfigError("actors must be >= 1", field="actors")
     if threads < 1:
@@ -110,8 +121,15 @@ def run_bulk(
         raise ConfigError(f"{out}: its folder {out.parent} does not exist", field="out")
     version, n_layers, dim, spec = resolve_mix(model, opts)
 
+    options = {k: v for k, v in asdict(opts).items() if k != "batch_tokens"}
+    planned = _planned_rows(out, options)
     with tqdm(desc="scan", unit="line", unit_scale=True, disable=not progress) as bar:
-        scan = scan_inputs(inputs, opts.shard_rows, bar.update)
+        scan = scan_inputs(inputs, planned or opts.shard_rows, bar.update)
+    workers = actors or (None if address else max(1, (os.cpu_count() or 1) // threads))
+    if planned is None and workers and len(scan.shards) < workers and scan.lines > 1:
+        # a small corpus: shards of lines / actors, so that every actor works (a re-scan,
+        # cheap: fewer than actors x shard_rows lines)
+        scan = scan_inputs(inputs, shard_size(scan.lines, workers))
     if scan.bad and not skip_bad:
         shown = "; ".join(b["reason"] for b in scan.bad[:3])
         more = f" (and {len(scan.bad) - 3} more)" if len(scan.bad) > 3 else ""
@@ -121,15 +139,20 @@ def run_bulk(
             field="input",
         )
 
-    (out / MANIFESTS).mkdir(parents=True, exist_ok=True)
-    lock = _lock(out)
+    rows = scan.shards[0].n if scan.shards else opts.shard_rows
+    try:
+        (out / MANIFESTS).mkdir(parents=True, exist_ok=True)
+        lock = _lock(out)
+    except OSError as e:
+        raise ElmoServiceError(f"{out}: cannot write there ({os_reason(e)})", field="out") from e
     try:
         run = {
             "model": str(model),
             "model_version": version,
-            "options": {k: v for k, v in asdict(opts).items() if k != "batch_tokens"},
+            "options": options,
             "inputs": scan.inputs,
             "shards": len(scan.shards),
+            "shard_rows": rows,  # the plan's (a small corpus's shards are smaller)
             "layout": layout(opts.output, opts.pooling, n_layers, dim),
         }
         _check_run_file(out, run)
@@ -139,7 +162,7 @@ def run_bulk(
         pending = [s for s in scan.shards if done[s.index] is None]
         manifests = {k: m for k, m in done.items() if m is not None}
         log(
-            f"{len(scan.shards)} shards of up to {opts.shard_rows} lines: "
+            f"{len(scan.shards)} shards of up to {rows} lines: "
             f"{len(manifests)} already written, {len(pending)} to do"
         )
         results: list[ShardResult] = []
@@ -166,6 +189,10 @@ def run_bulk(
             manifests[s.index] = m
         skipped = [b for k in sorted(manifests) for b in manifests[k]["skipped"]]
         write_text(out / SKIPPED_FILE, "".join(json.dumps(b) + "\n" for b in skipped))
+    except OSError as e:  # a full disk, a read-only folder: one line, not a traceback
+        if isinstance(e, PATH_ERRORS):
+            raise
+        raise ElmoServiceError(f"{out}: cannot write there ({os_reason(e)})", field="out") from e
     finally:
         lock.close()
     return BulkSummary(

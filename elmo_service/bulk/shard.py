@@ -87,6 +87,7 @@ class ShardResult:
     finished: float = 0.0
     worker: str = ""  # host:pid of the actor that did it
     model_fault: bool = False  # the error is the model's (non-finite output), not a line's
+    write_fault: bool = False  # the error is the output folder's (full disk, read-only, ...)
 
 
 def embed_shard(
@@ -170,23 +171,29 @@ def embed_shard(
     }
     table = pa.table(columns).replace_schema_metadata({METADATA_KEY: json.dumps(meta)})
     parquet = out / f"{shard.name}.parquet"
-    with atomic_path(parquet) as tmp:
-        pq.write_table(table, tmp)
     n_tokens = sum(len(t) for t in toks)
-    write_json(
-        out / MANIFESTS / f"{shard.name}.json",
-        {
-            "shard": shard.index,
-            "first_id": shard.first_id,
-            "lines": shard.n,
-            "rows": len(ids),
-            "tokens": n_tokens,
-            "bytes": parquet.stat().st_size,
-            "sha256": _sha256(parquet),
-            "model_version": emb.version,
-            "skipped": skipped,
-        },
-    )
+    try:
+        with atomic_path(parquet) as tmp:
+            pq.write_table(table, tmp)
+        write_json(
+            out / MANIFESTS / f"{shard.name}.json",
+            {
+                "shard": shard.index,
+                "first_id": shard.first_id,
+                "lines": shard.n,
+                "rows": len(ids),
+                "tokens": n_tokens,
+                "bytes": parquet.stat().st_size,
+                "sha256": _sha256(parquet),
+                "model_version": emb.version,
+                "skipped": skipped,
+            },
+        )
+    except OSError as e:  # the folder's fault, not the input's: one line, not a traceback
+        why = f"{out}: cannot write {shard.name} ({os_reason(e)})"
+        return ShardResult(
+            shard.index, shard.n, 0, 0, [], why, started, worker=_worker(), write_fault=True
+        )
     return ShardResult(
         shard.index, shard.n, len(ids), n_tokens, skipped, None, started, time.time(), _worker()
     )
@@ -197,6 +204,17 @@ def _layers(emb: Any, toks: list[list[Any]], chunk: int = 1024) -> Iterator[np.n
     chunk batched under the token budget): a shard's layers are never all in memory."""
     for i in range(0, len(toks), chunk):
         yield from emb.embed_tokens([[t.text for t in ts] for ts in toks[i : i + chunk]])
+
+
+def os_reason(e: OSError) -> str:
+    """An OSError in a few words: ``No space left on device`` (pyarrow's carry no strerror)."""
+    if e.strerror:
+        return e.strerror
+    if e.errno:
+        return os.strerror(e.errno)
+    text = str(e)
+    m = re.search(r"\[errno (\d+)\]", text, re.IGNORECASE)
+    return os.strerror(int(m.group(1))) if m else (text.splitlines() or [type(e).__name__])[0]
 
 
 def _worker() -> str:
@@ -214,8 +232,9 @@ def _sha256(path: Path) -> str:
 def verify_shard(out: Path, shard: Shard, version: str, full: bool = True) -> dict[str, Any] | None:
     """The shard's manifest when it was written by this model for these lines and its
     Parquet file is whole, else None (the shard is redone). Whole: the recorded size and
-    sha256 (``full``), or the recorded size and a footer giving the recorded row count
-    (quick: reads kilobytes, misses a flipped byte inside the file)."""
+    sha256 (``full``) and a footer giving the recorded row count, or (quick) the size and
+    the footer only (reads kilobytes, misses a flipped byte inside the file). The footer
+    is read either way: a manifest is not trusted to count the rows it describes."""
     try:
         m = json.loads((out / MANIFESTS / f"{shard.name}.json").read_text())
         parquet = out / f"{shard.name}.parquet"
@@ -227,7 +246,7 @@ def verify_shard(out: Path, shard: Shard, version: str, full: bool = True) -> di
         )
         if ok and full:
             ok = _sha256(parquet) == m.get("sha256")
-        elif ok:
+        if ok:
             _, pq = pyarrow()
             ok = pq.read_metadata(parquet).num_rows == m.get("rows")
     except (OSError, ValueError, AttributeError):
