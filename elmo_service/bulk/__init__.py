@@ -14,6 +14,7 @@ from elmo_service.bulk.plan import (
     SKIPPED_FILE,
     BulkOptions,
     Shard,
+    resolve_mix,
     scan_inputs,
 )
 from elmo_service.bulk.run import BulkSummary, run_bulk
@@ -27,6 +28,7 @@ __all__ = [
     "Shard",
     "ShardResult",
     "embed_shard",
+    "resolve_mix",
     "run_bulk",
     "scan_inputs",
     "verify_shard",

@@ -241,7 +241,7 @@ def resolve_mix(model: Path, opts: BulkOptions) -> tuple[str, int, int, Any | No
     """(model version, output layers, dim, the mix spec or None), from the model's files
     without its weights: a bad option fails before any work starts."""
     from elmo_service.artifact import load_tasks, read_header
-    from elmo_service.scalar_mix import MixSpec
+    from elmo_service.outputs import resolve_output
 
     header = read_header(model)
     if header.version is None:
@@ -253,6 +253,5 @@ def resolve_mix(model: Path, opts: BulkOptions) -> tuple[str, int, int, Any | No
     if opts.task is not None and opts.task not in tasks:
         known = ", ".join(sorted(tasks)) or "none"
         raise ConfigError(f"model has no task {opts.task!r} (tasks: {known})", field="task")
-    name = opts.task or ("default" if "default" in tasks else None)
-    spec = tasks[name] if name else MixSpec.average(n_layers)
+    spec = resolve_output(n_layers, tasks.get, output="mix", task=opts.task).mix
     return header.version, n_layers, header.config.output_dim, spec

@@ -29,7 +29,7 @@ from elmo_service.bulk.plan import (
     layout,
     read_shard_lines,
 )
-from elmo_service.errors import ConfigError, InputError
+from elmo_service.errors import ConfigError, InputError, at_line
 
 
 def pyarrow() -> tuple[Any, Any]:
@@ -53,26 +53,23 @@ def sentence_vectors(
     granularity: str,
     pooling: str,
 ) -> tuple[list[str], np.ndarray]:
-    """``[L+1, T, D]`` -> (position texts, ``[P, width]`` or pooled ``[width]``), in the
-    API's order: mix over the model's tokens, then words, then pooling."""
-    from elmo_service.embedder import apply_mix, word_tokens, words_of
+    """``[L+1, T, D]`` -> (position texts, ``[P, width]`` or pooled ``[width]``), by
+    ``elmo_service/outputs.py`` (every surface's one order: mix, words, pooling)."""
+    from elmo_service.outputs import plan_output, positions, render
 
-    x = layers if spec is None else apply_mix(layers, spec)[None]  # [K, T, D]
-    if granularity == "word":
-        _, x = words_of(tokens, x)
-        texts = [t.text for t in word_tokens(tokens, text)]
-    else:
-        texts = [t.text for t in tokens]
-    x = np.ascontiguousarray(x.transpose(1, 0, 2)).reshape(x.shape[1], -1)  # [P, K*D]
-    if pooling == "mean":
-        x = x.mean(axis=0, dtype=np.float64).astype(np.float32)
-    elif pooling == "max":
-        x = x.max(axis=0)
-    return texts, x
-
-
-def _reason(e: InputError, file: str, line: int) -> str:
-    return re.sub(r"sentence \d+", f"line {line} of {file}", e.message, count=1)
+    out = plan_output(
+        layers.shape[0],
+        output="layers" if spec is None else "mix",
+        granularity=granularity,
+        pooling=pooling,
+    )
+    out = out if spec is None else out.using(spec, None)
+    x, m = render(layers, tokens, out)
+    x = x if m is None else m[None]  # [K, P, D], pooled [K, D]
+    texts = [t.text for t in positions(tokens, out, text)]
+    if pooling != "none":
+        return texts, x.reshape(-1)
+    return texts, np.ascontiguousarray(x.transpose(1, 0, 2)).reshape(x.shape[1], -1)  # [P, K*D]
 
 
 @dataclass
@@ -106,13 +103,13 @@ def embed_shard(
             continue
         sent = text.split() if opts.whitespace else text
         try:
-            (t,) = emb.tokenize([sent])
+            (t,) = emb.tokenize([sent], field="input", where=at_line(file, line))
             if not t:
                 raise InputError(
-                    "sentence 0 has no tokens for this model's tokenizer", field="input"
+                    f"line {line} of {file} has no tokens for this model's tokenizer", field="input"
                 )
         except InputError as e:
-            skipped.append({"id": i, "file": file, "line": line, "reason": _reason(e, file, line)})
+            skipped.append({"id": i, "file": file, "line": line, "reason": e.message})
             continue
         ids.append(i)
         files.append(file)
