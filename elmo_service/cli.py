@@ -258,7 +258,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--actors", type=int, default=None, help="model actors (default: one per cluster CPU)"
     )
-    b.add_argument("--threads", type=int, default=1, help="torch threads (and CPUs) per actor")
+    b.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (and CPUs) per actor (default: the cluster's CPUs / --actors, else 1)",
+    )
     b.add_argument(
         "--address", default=None, help="an existing Ray cluster (default: start a local one)"
     )

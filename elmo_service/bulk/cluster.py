@@ -141,7 +141,7 @@ def harmless_lines_hidden() -> Iterator[None]:
 @contextmanager
 def ray_session(ray: Any, address: str | None, cpus: int | None) -> Iterator[None]:
     """Ray for one run: the caller's if already started; else ``address``'s; else a local
-    cluster of ``cpus`` CPUs (default: all) on loopback only, with a reaper that ends
+    cluster of all CPUs (more if ``cpus`` asks) on loopback only, with a reaper that ends
     every process of it when this process ends, however it ends."""
     if ray.is_initialized():
         yield
@@ -168,7 +168,7 @@ def ray_session(ray: Any, address: str | None, cpus: int | None) -> Iterator[Non
     os.environ[MARKER_ENV] = marker  # every Ray process inherits it
     try:
         ray.init(
-            num_cpus=cpus or os.cpu_count() or 1,
+            num_cpus=max(cpus or 1, os.cpu_count() or 1),
             include_dashboard=False,
             log_to_driver=False,
             logging_level="ERROR",
@@ -189,6 +189,16 @@ def ray_session(ray: Any, address: str | None, cpus: int | None) -> Iterator[Non
         reaper.wait(timeout=60)
 
 
+def pool_shape(cpus: int, actors: int | None, threads: int | None) -> tuple[int, int]:
+    """(actors, threads per actor) within the cluster's CPUs: threads from the CPUs left to
+    each of ``actors``, else one; actors as many as fit. Each actor reserves its threads'
+    CPUs, so the biLSTM's two direction workers (2 or 3 threads) never share a core with
+    another actor's."""
+    if threads is None:
+        threads = max(1, cpus // actors) if actors else 1
+    return actors or max(1, cpus // threads), threads
+
+
 def run_on_ray(
     pending: list[Shard],
     out: Path,
@@ -197,7 +207,7 @@ def run_on_ray(
     opts: BulkOptions,
     spec: Any | None,
     actors: int | None,
-    threads: int,
+    threads: int | None,
     address: str | None,
     skip_bad: bool,
     progress: bool,
@@ -206,10 +216,9 @@ def run_on_ray(
     from tqdm import tqdm
 
     ray = ray_deps(local=address is None)
-    cpus = actors * threads if actors else None
+    cpus = actors * (threads or 1) if actors else None  # at least: the pool must fit
     with harmless_lines_hidden(), ray_session(ray, address, cpus):
-        if actors is None:
-            actors = max(1, int(ray.cluster_resources().get("CPU", 1)) // threads)
+        actors, threads = pool_shape(int(ray.cluster_resources().get("CPU", 1)), actors, threads)
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = False  # ours counts sentences
         ctx.print_on_execution_start = False

@@ -97,7 +97,7 @@ def run_bulk(
     opts: BulkOptions,
     *,
     actors: int | None = None,
-    threads: int = 1,
+    threads: int | None = None,
     address: str | None = None,
     skip_bad: bool = False,
     verify: str = "full",
@@ -111,7 +111,7 @@ def run_bulk(
     ray_deps(local=address is None)  # a missing extra is reported before the inputs are read
     if actors is not None and actors < 1:
         raise ConfigError("actors must be >= 1", field="actors")
-    if threads < 1:
+    if threads is not None and threads < 1:
         raise ConfigError("threads must be >= 1", field="threads")
     if verify not in ("full", "quick"):
         raise ConfigError("verify must be 'full' or 'quick'", field="verify")
@@ -125,7 +125,7 @@ def run_bulk(
     planned = _planned_rows(out, options)
     with tqdm(desc="scan", unit="line", unit_scale=True, disable=not progress) as bar:
         scan = scan_inputs(inputs, planned or opts.shard_rows, bar.update)
-    workers = actors or (None if address else max(1, (os.cpu_count() or 1) // threads))
+    workers = actors or (None if address else max(1, (os.cpu_count() or 1) // (threads or 1)))
     if planned is None and workers and len(scan.shards) < workers and scan.lines > 1:
         # a small corpus: shards of lines / actors, so that every actor works (a re-scan,
         # cheap: fewer than actors x shard_rows lines)
