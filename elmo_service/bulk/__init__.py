@@ -3,6 +3,7 @@
 * ``plan``: options, the shards cut from the inputs, the layout, the mix (the driver);
 * ``shard``: one shard's work (read, tokenize, embed, Parquet, manifest) and its check;
 * ``cluster``: the Ray run (a local loopback cluster or ``--address``, the actor pool);
+* ``reaper``: ends a local cluster's processes when its driver ends, however it ends;
 * ``run``: ``run_bulk``, the driver that ties them together.
 
 The core never imports Ray at import time: ``ray`` and ``pyarrow`` are the optional
