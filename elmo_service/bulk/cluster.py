@@ -101,8 +101,7 @@ HARMLESS = re.compile(rb"core_worker\.cc:\d+: .*constructor arguments in the obj
 
 @contextmanager
 def harmless_lines_hidden() -> Iterator[None]:
-    """fd 2 through a filter that drops ``HARMLESS`` lines and passes the rest on at once
-    (a progress bar's partial line within 0.1 s)."""
+    """fd 2 through a filter that drops ``HARMLESS`` lines and passes the rest on at once."""
     sys.stderr.flush()
     saved = os.dup(2)
     read, write = os.pipe()
@@ -120,7 +119,9 @@ def harmless_lines_hidden() -> Iterator[None]:
             pending += chunk
             *lines, pending = pending.split(b"\n")
             kept = b"".join(x + b"\n" for x in lines if not HARMLESS.search(x))
-            if not chunk and pending and not pending.startswith(b"["):  # a bar, not a log line
+            # a partial line: a bar's, passed on now; one that may be a log line ("[date
+            # ...", written whole by Ray), once the pipe has been quiet for 0.1 s
+            if pending and (not chunk or not pending.startswith(b"[")):
                 kept, pending = kept + pending, b""
             if kept:
                 os.write(saved, kept)

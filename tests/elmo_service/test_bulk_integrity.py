@@ -263,6 +263,35 @@ def test_a_byte_order_mark_stays_out_of_the_first_rows_text(tmp_path, tiny_model
     assert [b["line"] for b in scan_inputs([bom_only], shard_rows=10).bad] == [1]
 
 
+def test_actors_and_threads_fill_the_cluster_without_sharing_a_core():
+    from elmo_service.bulk.cluster import pool_shape
+
+    assert pool_shape(2, None, None) == (2, 1)  # the default: an actor per CPU
+    assert pool_shape(2, 1, None) == (1, 2)  # --actors 1: its threads take the CPUs left
+    assert pool_shape(8, None, 2) == (4, 2) and pool_shape(2, 3, None) == (3, 1)
+
+
+def test_the_stderr_filter_drops_only_rays_harmless_line(capfd):
+    from elmo_service.bulk.cluster import harmless_lines_hidden
+
+    line = (
+        b"[2026-11-26 23:23:11,851 E 6849 6849] core_worker.cc:2465: Actor with class name: "
+        b"'MapWorker' and ID: '12' has constructor arguments in the object store and "
+        b"max_restarts > 0. See https://github.com/ray-project/ray/issues/53727\n"
+    )
+    with harmless_lines_hidden():
+        os.write(2, b"kept before\n" + line + b"[2026-11-26 E 1 1] raylet.cc:9: a real one\n")
+        os.write(2, b"\rembed:  50%|#####     | 2/4")  # a bar: no newline
+        time.sleep(0.3)
+        first = capfd.readouterr().err
+        assert "embed:  50%" in first  # passed on before the run ends
+        assert "kept before" in first and "raylet.cc:9: a real one" in first
+        os.write(2, line[:40])  # a log line written in two parts
+        os.write(2, line[40:])
+    err = first + capfd.readouterr().err
+    assert "core_worker.cc" not in err and "constructor arguments" not in err, err
+
+
 def test_a_small_corpus_is_cut_so_that_every_actor_works(tmp_path):
     assert shard_size(3363, 2) == 1682 and shard_size(1, 8) == 1 and shard_size(10, 3) == 4
     inp = tmp_path / "in.txt"
