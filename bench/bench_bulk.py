@@ -19,10 +19,12 @@ script: its start-up is outside every row; the default ``--shard-rows``).
 * ``CPU``: CPU seconds of everything the command ran: this process's (``getrusage``)
   plus, for ``embed-bulk``, every Ray process under it (``/proc``, sampled every 0.2 s).
   ``tokens / CPU-s`` is the fairer figure on a shared machine: it does not count the
-  time another tenant held the core.
+  time another tenant held the core. ``steady CPU``: ``embed-file``'s without its model
+  load; ``embed-bulk``'s actors' over their shards (each shard reports its process's).
 
 The ratios are ``embed-bulk / embed-file`` of the pair: ``per core`` (steady tokens/s of
-the same W cores), ``wall`` and ``CPU`` (tokens per CPU-second, whole command).
+the same W cores), ``wall``, ``CPU`` (tokens per CPU-second, whole command) and
+``steady CPU`` (tokens per CPU-second, steady: the per-core cost of the work itself).
 """
 
 from __future__ import annotations
@@ -124,9 +126,9 @@ def embed_file(model: Path, corpus: Path, out: Path, threads: int, what: str) ->
     from elmo_service.cli import main as cli
     from elmo_service.embedder import Embedder
 
-    t0 = time.perf_counter()
+    c0, t0 = own_cpu(), time.perf_counter()
     emb = Embedder.load(model, threads=threads, device="cpu")
-    load = time.perf_counter() - t0
+    load, load_cpu = time.perf_counter() - t0, own_cpu() - c0
     tokens = sum(len(t) for t in emb.tokenize(corpus.read_text().splitlines()))
     del emb
     argv = ["embed-file", str(corpus), str(out), "--model", str(model), "--quiet"]
@@ -141,7 +143,14 @@ def embed_file(model: Path, corpus: Path, out: Path, threads: int, what: str) ->
     assert cli(argv) == 0
     wall = time.perf_counter() - t0
     out.unlink()
-    return {"tokens": tokens, "steady_s": wall - load, "wall_s": wall, "cpu_s": own_cpu() - c0}
+    cpu = own_cpu() - c0
+    return {
+        "tokens": tokens,
+        "steady_s": wall - load,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "steady_cpu_s": cpu - load_cpu,
+    }
 
 
 def embed_bulk(model: Path, corpus: Path, out: Path, actors: int, threads: int, what: str) -> dict:
@@ -168,6 +177,9 @@ def embed_bulk(model: Path, corpus: Path, out: Path, actors: int, threads: int, 
         "steady_s": s.embed_seconds,
         "wall_s": wall,
         "cpu_s": own_cpu() - c0 + tree.seconds,
+        # the actors' CPU over their shards (all their threads; none before the shard code
+        # reported it)
+        "steady_cpu_s": sum(getattr(r, "cpu_s", float("nan")) for r in s.results),
         "shards": s.shards,
         "shards_per_actor": sorted(per_actor.values(), reverse=True),
     }
@@ -227,21 +239,25 @@ def main() -> int:
     )
     print(
         "| sentences | output | cores | embed-bulk | embed-file tok/s steady | "
-        "embed-bulk tok/s steady | per core | wall | tok/CPU-s file | tok/CPU-s bulk | CPU |"
+        "embed-bulk tok/s steady | per core | wall | tok/CPU-s file | tok/CPU-s bulk | CPU "
+        "| steady CPU |"
     )
-    print("|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         f, b = r["embed_file"], r["embed_bulk"]
         r["ratio_per_core"] = (b["tokens"] / b["steady_s"]) / (f["tokens"] / f["steady_s"])
         r["ratio_wall"] = (b["tokens"] / b["wall_s"]) / (f["tokens"] / f["wall_s"])
         r["ratio_cpu"] = (b["tokens"] / b["cpu_s"]) / (f["tokens"] / f["cpu_s"])
+        r["ratio_steady_cpu"] = (b["tokens"] / b["steady_cpu_s"]) / (
+            f["tokens"] / f["steady_cpu_s"]
+        )
         print(
             f"| {r['sentences']:,} | {r['output']} | {r['cores']} | {r['actors']} x {r['threads']} "
             f"({b['shards']} shards: {'/'.join(map(str, b['shards_per_actor']))}) "
             f"| {f['tokens'] / f['steady_s']:,.0f} | {b['tokens'] / b['steady_s']:,.0f} "
             f"| {r['ratio_per_core']:.2f}x | {r['ratio_wall']:.2f}x "
             f"| {f['tokens'] / f['cpu_s']:,.0f} | {b['tokens'] / b['cpu_s']:,.0f} "
-            f"| {r['ratio_cpu']:.2f}x |"
+            f"| {r['ratio_cpu']:.2f}x | {r['ratio_steady_cpu']:.2f}x |"
         )
     if args.json:
         args.json.write_text(json.dumps({"load": load, "rows": rows}, indent=2) + "\n")
