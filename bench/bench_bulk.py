@@ -188,7 +188,7 @@ def embed_bulk(model: Path, corpus: Path, out: Path, actors: int, threads: int, 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", type=Path, default=BUNDLED_MODELS_DIR / "default")
-    p.add_argument("--small", type=int, default=1600, help="sentences of the small corpus")
+    p.add_argument("--small", type=int, default=1600, help="sentences of the small one (0: none)")
     p.add_argument("--large", type=int, default=20000, help="sentences of the large one (0: none)")
     p.add_argument("--cores", type=int, default=2, help="W: the cores each pair uses")
     p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
@@ -202,11 +202,8 @@ def main() -> int:
     rows = []
     load = [os.getloadavg()[0]]
     try:
-        plans = [
-            (args.small, what, pairs)
-            for what in ("mix", "layers")
-            for pairs in [[(1, (1, 1)), (w, (w, 1)), (w, (1, w))]]
-        ]
+        small = [[(1, (1, 1)), (w, (w, 1)), (w, (1, w))]] if args.small else []
+        plans = [(args.small, what, pairs) for what in ("mix", "layers") for pairs in small]
         if args.large:
             plans += [(args.large, what, [(w, (w, 1))]) for what in ("mix", "layers")]
         for n, what, pairs in plans:
