@@ -50,7 +50,10 @@ def _planned_rows(out: Path, options: dict[str, Any]) -> int | None:
     """A re-run keeps the first run's shard size (it may have been cut to the actors)."""
     try:
         before = json.loads((out / RUN_FILE).read_text())
-        return int(before["shard_rows"]) if before["options"] == options else None
+        if before["options"] != options:
+            return None
+        # a folder of the previous version (no "shard_rows"): its shards were --shard-rows
+        return int(before.get("shard_rows", options["shard_rows"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -73,6 +76,10 @@ def _check_run_file(out: Path, run: dict[str, Any]) -> None:
             before = json.loads(path.read_text())
         except ValueError:
             before = None
+        if isinstance(before, dict) and "shard_rows" not in before:  # the previous version's
+            before = {**before, "shard_rows": before.get("options", {}).get("shard_rows")}
+            if before == run:
+                write_json(path, run)
         if before != run:
             diff = sorted(k for k in run if not isinstance(before, dict) or before.get(k) != run[k])
             raise ConfigError(

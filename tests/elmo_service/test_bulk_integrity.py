@@ -315,3 +315,14 @@ def test_the_default_shard_size_gives_every_actor_a_shard(tmp_path, tiny_model_d
         [inp], tmp_path / "out", tiny_model_dir, BulkOptions(), actors=1, progress=False
     )
     assert (again.shards, again.done_before, again.written) == (3, 3, 0)
+
+    # a folder of the previous version (no "shard_rows" in _bulk.json) still resumes
+    out = tmp_path / "old"
+    run_bulk([inp], out, tiny_model_dir, BulkOptions(shard_rows=10), actors=3, progress=False)
+    run = json.loads((out / "_bulk.json").read_text())
+    del run["shard_rows"]
+    (out / "_bulk.json").write_text(json.dumps(run))
+    resumed = run_bulk(
+        [inp], out, tiny_model_dir, BulkOptions(shard_rows=10), actors=1, progress=False
+    )
+    assert (resumed.shards, resumed.done_before) == (3, 3)
