@@ -1,35 +1,44 @@
-"""``embed-bulk`` on Ray Data against in-process ``embed-file``, in one run (docs/bulk.md).
+"""``embed-bulk`` against in-process ``embed-file`` on the same cores, in one run (docs/bulk.md).
 
-    PYTHONPATH=$PWD .venv/bin/python bench/bench_bulk.py            # ~4 min on 2 cores
-    PYTHONPATH=$PWD .venv/bin/python bench/bench_bulk.py --sentences 200 --model DIR
+    PYTHONPATH=$PWD OMP_NUM_THREADS=1 .venv/bin/python bench/bench_bulk.py          # 1,600 + 20,000
+    PYTHONPATH=$PWD OMP_NUM_THREADS=1 .venv/bin/python bench/bench_bulk.py --large 0  # 1,600 only
 
-Tokens/s (model tokens, sentence markers not counted) for the same sentences, all layers
-per token, one thread per worker:
+The same sentences (English prose from Python's help topics, repeated past its ~2,400),
+the bundled model, for two outputs: all layers per token (``embed-file --all``,
+``embed-bulk --output layers``) and a mix (``embed-file --average`` per token;
+``embed-bulk --output mix --pooling mean``, the average mix pooled per sentence).
+Every pair uses the same cores: ``embed-file --threads W`` against ``embed-bulk`` with
+N actors x T threads, N x T = W (a local Ray cluster of W CPUs, started once by this
+script: its start-up is outside every row; the default ``--shard-rows``).
 
-* ``embed-file``: the command run in this process (``--all --threads 1``, HDF5 written),
-  ``steady`` without its model load (timed on its own just before); run before and after
-  the Ray rows, both reported, their mean is the base of the ratios;
-* ``embed-bulk's shards, no Ray``: the actors' per-shard work (read, tokenize, embed,
-  Parquet, sha256, manifest) in this process, load excluded: what Ray adds is the gap to
-  the 1-actor row;
-* ``embed-bulk, N actors``: a local Ray cluster of 2 CPUs, ``run_bulk`` into a fresh
-  folder; ``steady`` counts from the first shard's start to the last shard's write
-  (actor start-up and model load excluded; tokenization and the Parquet writes included),
-  ``wall`` the whole call (scan, actor start-up, writes).
+* ``steady``: ``embed-file`` without its model load (timed alone first); ``embed-bulk``
+  from the first shard's start to the last shard's write (the actors' model loads
+  excluded; tokenization and Parquet writes included).
+* ``wall``: the whole command (``embed-bulk``: the scan, the actors' start and loads,
+  the writes; ``embed-file``: its model load and the HDF5 file).
+* ``CPU``: CPU seconds of everything the command ran: this process's (``getrusage``)
+  plus, for ``embed-bulk``, every Ray process under it (``/proc``, sampled every 0.2 s).
+  ``tokens / CPU-s`` is the fairer figure on a shared machine: it does not count the
+  time another tenant held the core. ``steady CPU``: ``embed-file``'s without its model
+  load; ``embed-bulk``'s actors' over their shards (each shard reports its process's).
 
-``per core`` divides by the actors (in-process uses one core). The machine may be shared:
-compare the ratios within one run, not absolute numbers across runs.
+The ratios are ``embed-bulk / embed-file`` of the pair: ``per core`` (steady tokens/s of
+the same W cores), ``wall``, ``CPU`` (tokens per CPU-second, whole command) and
+``steady CPU`` (tokens per CPU-second, steady: the per-core cost of the work itself).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
+import resource
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -41,164 +50,211 @@ sys.path.insert(0, str(ROOT))
 from elmo_service.artifact import BUNDLED_MODELS_DIR  # noqa: E402
 from elmo_service.bulk import BulkOptions, run_bulk  # noqa: E402
 
+TICK = os.sysconf("SC_CLK_TCK")
+
 
 def sentences(n: int) -> list[str]:
-    """English prose from Python's own help topics (shipped with CPython): ~5-40 words."""
+    """English prose from Python's own help topics (shipped with CPython): ~5-40 words,
+    repeated in order past the ~2,400 there are."""
     from pydoc_data.topics import topics
 
     text = " ".join(topics[k] for k in sorted(topics))
-    out = []
-    for s in re.split(r"(?<=[.!?])\s+", re.sub(r"\s+", " ", text)):
-        if 5 <= len(s.split()) <= 40 and not re.search(r"[{}\[\]=<>]|\.\.\.", s):
-            out.append(s)
-        if len(out) == n:
-            break
-    return out
+    found = [
+        s
+        for s in re.split(r"(?<=[.!?])\s+", re.sub(r"\s+", " ", text))
+        if 5 <= len(s.split()) <= 40 and not re.search(r"[{}\[\]=<>]|\.\.\.", s)
+    ]
+    return list(itertools.islice(itertools.cycle(found), n))
 
 
-def in_process(model: Path, corpus: Path, out: Path) -> tuple[float, float, int]:
-    """``elmo-service embed-file --all --threads 1`` run in this process: (seconds without
-    the model load, whole seconds, model tokens). The load is timed on its own first."""
+def own_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+class TreeCPU:
+    """CPU seconds of this process's descendants (the Ray processes) over a window."""
+
+    def __init__(self) -> None:
+        self.first: dict[tuple[int, str], float] = {}
+        self.last: dict[tuple[int, str], float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _sample(self, first: bool) -> None:
+        kids: dict[int, list[tuple[int, str, float]]] = {}
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                f = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            cpu = (int(f[11]) + int(f[12])) / TICK
+            kids.setdefault(int(f[1]), []).append((int(name), f[19], cpu))
+        todo = [os.getpid()]
+        while todo:
+            for pid, start, cpu in kids.get(todo.pop(), []):
+                todo.append(pid)
+                key = (pid, start)
+                if first:
+                    self.first[key] = cpu
+                self.first.setdefault(key, 0.0)  # born in the window: all of it counts
+                self.last[key] = cpu
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.2):
+            self._sample(False)
+
+    def __enter__(self) -> TreeCPU:
+        self._sample(True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample(False)
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.last[k] - self.first[k] for k in self.last)
+
+
+def embed_file(model: Path, corpus: Path, out: Path, threads: int, what: str) -> dict:
+    """``elmo-service embed-file`` in this process; its model load timed alone first."""
     from elmo_service.cli import main as cli
     from elmo_service.embedder import Embedder
 
-    t0 = time.perf_counter()
-    emb = Embedder.load(model, threads=1, device="cpu")
-    load = time.perf_counter() - t0
+    c0, t0 = own_cpu(), time.perf_counter()
+    emb = Embedder.load(model, threads=threads, device="cpu")
+    load, load_cpu = time.perf_counter() - t0, own_cpu() - c0
     tokens = sum(len(t) for t in emb.tokenize(corpus.read_text().splitlines()))
     del emb
-    argv = [
-        "embed-file",
-        str(corpus),
-        str(out),
-        "--model",
-        str(model),
+    argv = ["embed-file", str(corpus), str(out), "--model", str(model), "--quiet"]
+    argv += [
         "--threads",
-        "1",
+        str(threads),
         "--device",
         "cpu",
-        "--quiet",
+        "--all" if what == "layers" else "--average",
     ]
-    t0 = time.perf_counter()
+    c0, t0 = own_cpu(), time.perf_counter()
     assert cli(argv) == 0
-    whole = time.perf_counter() - t0
+    wall = time.perf_counter() - t0
     out.unlink()
-    return whole - load, whole, tokens
+    cpu = own_cpu() - c0
+    return {
+        "tokens": tokens,
+        "steady_s": wall - load,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "steady_cpu_s": cpu - load_cpu,
+    }
 
 
-def shards_in_process(model: Path, corpus: Path, out: Path, shard_rows: int) -> tuple[float, int]:
-    """embed-bulk's per-shard work without Ray: (seconds, tokens), the model load excluded."""
-    from elmo_service.bulk import MANIFESTS, embed_shard, scan_inputs
-    from elmo_service.embedder import Embedder
-
-    emb = Embedder.load(model, threads=1, device="cpu")
-    (out / MANIFESTS).mkdir(parents=True)
-    opts = BulkOptions(shard_rows=shard_rows)
-    t0 = time.perf_counter()
-    tokens = sum(
-        embed_shard(emb, s, opts, out, None, False).tokens
-        for s in scan_inputs([corpus], shard_rows).shards
-    )
-    return time.perf_counter() - t0, tokens
+def embed_bulk(model: Path, corpus: Path, out: Path, actors: int, threads: int, what: str) -> dict:
+    opts = BulkOptions(output=what, pooling="mean" if what == "mix" else "none")
+    c0, t0 = own_cpu(), time.perf_counter()
+    with TreeCPU() as tree:
+        s = run_bulk(
+            [corpus],
+            out,
+            model,
+            opts,
+            actors=actors,
+            threads=threads,
+            progress=False,
+            log=lambda _: None,
+        )
+    wall = time.perf_counter() - t0
+    shutil.rmtree(out)
+    per_actor: dict[str, int] = {}
+    for r in s.results:
+        per_actor[r.worker] = per_actor.get(r.worker, 0) + 1
+    return {
+        "tokens": s.tokens,
+        "steady_s": s.embed_seconds,
+        "wall_s": wall,
+        "cpu_s": own_cpu() - c0 + tree.seconds,
+        # the actors' CPU over their shards (all their threads; none before the shard code
+        # reported it)
+        "steady_cpu_s": sum(getattr(r, "cpu_s", float("nan")) for r in s.results),
+        "shards": s.shards,
+        "shards_per_actor": sorted(per_actor.values(), reverse=True),
+    }
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", type=Path, default=BUNDLED_MODELS_DIR / "default")
-    p.add_argument("--sentences", type=int, default=1600)
-    p.add_argument("--shard-rows", type=int, default=100)
+    p.add_argument("--small", type=int, default=1600, help="sentences of the small one (0: none)")
+    p.add_argument("--large", type=int, default=20000, help="sentences of the large one (0: none)")
+    p.add_argument("--cores", type=int, default=2, help="W: the cores each pair uses")
     p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
     args = p.parse_args()
 
     import ray
 
-    lines = sentences(args.sentences)
+    w = args.cores
+    ray.init(num_cpus=w, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     work = Path(tempfile.mkdtemp(prefix="bench_bulk_"))
-    corpus = work / "corpus.txt"
-    corpus.write_text("\n".join(lines) + "\n")
     rows = []
+    load = [os.getloadavg()[0]]
     try:
-        sec, whole, tokens = in_process(args.model, corpus, work / "out.hdf5")
-        rows.append(
-            {
-                "what": "embed-file (before)",
-                "workers": 1,
-                "tokens": tokens,
-                "steady_s": sec,
-                "wall_s": whole,
-            }
-        )
-        sec, tokens = shards_in_process(args.model, corpus, work / "plain", args.shard_rows)
-        rows.append(
-            {
-                "what": "embed-bulk's shards, no Ray",
-                "workers": 1,
-                "tokens": tokens,
-                "steady_s": sec,
-                "wall_s": sec,
-            }
-        )
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-        for actors in (1, 2):
-            t0 = time.perf_counter()
-            s = run_bulk(
-                [corpus],
-                work / f"out{actors}",
-                args.model,
-                BulkOptions(shard_rows=args.shard_rows),
-                actors=actors,
-                progress=False,
-                log=lambda _: None,
-            )
-            t_first = min(r.started for r in s.results)
-            spans: dict[str, list] = {}  # worker -> [first start, last end, shards]
-            for r in s.results:
-                w = spans.setdefault(r.worker, [r.started, r.finished, 0])
-                w[0], w[1], w[2] = min(w[0], r.started), max(w[1], r.finished), w[2] + 1
-            print(
-                f"{actors} actor(s): "
-                + "; ".join(
-                    f"{k}: {n} shards, {a - t_first:.1f}-{b - t_first:.1f} s"
-                    for k, (a, b, n) in spans.items()
+        small = [[(1, (1, 1)), (w, (w, 1)), (w, (1, w))]] if args.small else []
+        plans = [(args.small, what, pairs) for what in ("mix", "layers") for pairs in small]
+        if args.large:
+            plans += [(args.large, what, [(w, (w, 1))]) for what in ("mix", "layers")]
+        for n, what, pairs in plans:
+            corpus = work / f"corpus{n}.txt"
+            if not corpus.exists():
+                corpus.write_text("\n".join(sentences(n)) + "\n")
+            for cores, (actors, threads) in pairs:
+                base = embed_file(args.model, corpus, work / "out.hdf5", cores, what)
+                bulk = embed_bulk(args.model, corpus, work / "out", actors, threads, what)
+                load.append(os.getloadavg()[0])
+                rows.append(
+                    {
+                        "sentences": n,
+                        "output": what,
+                        "cores": cores,
+                        "actors": actors,
+                        "threads": threads,
+                        "embed_file": base,
+                        "embed_bulk": bulk,
+                    }
                 )
-            )
-            rows.append(
-                {
-                    "what": f"embed-bulk, {actors} actor{'s' * (actors > 1)}",
-                    "workers": actors,
-                    "tokens": s.tokens,
-                    "steady_s": s.embed_seconds,
-                    "wall_s": time.perf_counter() - t0,
-                }
-            )
-        ray.shutdown()
-        sec, whole, tokens = in_process(args.model, corpus, work / "out.hdf5")
-        rows.append(
-            {
-                "what": "embed-file (after)",
-                "workers": 1,
-                "tokens": tokens,
-                "steady_s": sec,
-                "wall_s": whole,
-            }
-        )
+                print(json.dumps(rows[-1]), flush=True)
     finally:
+        ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)
 
-    base = sum(r["tokens"] / r["steady_s"] for r in rows if r["what"].startswith("embed-file")) / 2
-    load = os.getloadavg()
     print(
-        f"model {args.model}, {len(lines)} sentences, {rows[0]['tokens']} tokens, "
-        f"shards of {args.shard_rows}; load average {load[0]:.1f} {load[1]:.1f}"
+        f"\nmodel {args.model}; load average (1 min) {min(load):.1f}-{max(load):.1f} during the "
+        f"run, {os.cpu_count()} cores"
     )
-    print("| what | tokens/s steady | tokens/s wall | per core vs in-process |")
-    print("|---|---:|---:|---:|")
+    print(
+        "| sentences | output | cores | embed-bulk | embed-file tok/s steady | "
+        "embed-bulk tok/s steady | per core | wall | tok/CPU-s file | tok/CPU-s bulk | CPU "
+        "| steady CPU |"
+    )
+    print("|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        steady = r["tokens"] / r["steady_s"]
-        r["per_core_ratio"] = steady / r["workers"] / base
+        f, b = r["embed_file"], r["embed_bulk"]
+        r["ratio_per_core"] = (b["tokens"] / b["steady_s"]) / (f["tokens"] / f["steady_s"])
+        r["ratio_wall"] = (b["tokens"] / b["wall_s"]) / (f["tokens"] / f["wall_s"])
+        r["ratio_cpu"] = (b["tokens"] / b["cpu_s"]) / (f["tokens"] / f["cpu_s"])
+        r["ratio_steady_cpu"] = (b["tokens"] / b["steady_cpu_s"]) / (
+            f["tokens"] / f["steady_cpu_s"]
+        )
         print(
-            f"| {r['what']} | {steady:,.0f} | {r['tokens'] / r['wall_s']:,.0f} "
-            f"| {r['per_core_ratio']:.2f}x |"
+            f"| {r['sentences']:,} | {r['output']} | {r['cores']} | {r['actors']} x {r['threads']} "
+            f"({b['shards']} shards: {'/'.join(map(str, b['shards_per_actor']))}) "
+            f"| {f['tokens'] / f['steady_s']:,.0f} | {b['tokens'] / b['steady_s']:,.0f} "
+            f"| {r['ratio_per_core']:.2f}x | {r['ratio_wall']:.2f}x "
+            f"| {f['tokens'] / f['cpu_s']:,.0f} | {b['tokens'] / b['cpu_s']:,.0f} "
+            f"| {r['ratio_cpu']:.2f}x | {r['ratio_steady_cpu']:.2f}x |"
         )
     if args.json:
         args.json.write_text(json.dumps({"load": load, "rows": rows}, indent=2) + "\n")

@@ -62,7 +62,7 @@ def cmd_embed_file(args: argparse.Namespace) -> int:
 
 
 def cmd_embed_bulk(args: argparse.Namespace) -> int:
-    """Ray Data over Parquet shards (elmo_service/bulk.py; docs/bulk.md)."""
+    """Ray Data over Parquet shards (elmo_service/bulk/; docs/bulk.md)."""
     from elmo_service.artifact import default_model_dir
     from elmo_service.bulk import BulkOptions, run_bulk
     from elmo_service.outputs import default_output
@@ -260,7 +260,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--actors", type=int, default=None, help="model actors (default: one per cluster CPU)"
     )
-    b.add_argument("--threads", type=int, default=1, help="torch threads (and CPUs) per actor")
+    b.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (and CPUs) per actor (default: the cluster's CPUs / --actors, else 1)",
+    )
     b.add_argument(
         "--address", default=None, help="an existing Ray cluster (default: start a local one)"
     )

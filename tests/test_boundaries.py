@@ -343,3 +343,20 @@ def test_files_are_renamed_into_place_only_by_the_atomic_helper():
         for line in _renames(ast.parse(path.read_text(encoding="utf-8")))
     ]
     assert not bad, "use elmo_service.atomic instead of renaming by hand: " + "; ".join(bad)
+
+
+# optional heavy dependencies -> the only modules that may import them
+_CONFINED = {"ray": {"elmo_service.bulk.cluster"}, "pyarrow": {"elmo_service.bulk.shard"}}
+
+
+def test_ray_and_pyarrow_stay_inside_the_bulk_package():
+    """``import elmo_service`` (and the service) never pulls in Ray: the bulk package's
+    cluster module alone imports it, and its shard module alone imports pyarrow."""
+    assert {"elmo_service.bulk.plan", "elmo_service.bulk.run"} <= set(modules())
+    bad = [
+        f"{m}:{i.line} imports {i.target}"
+        for m in modules()
+        for i in imports_of(m)
+        if i.target.split(".")[0] in _CONFINED and m not in _CONFINED[i.target.split(".")[0]]
+    ]
+    assert not bad, "Ray and pyarrow are imported only in elmo_service/bulk/: " + "; ".join(bad)
