@@ -363,13 +363,14 @@ class Elmo(nn.Module):
         return layers, lengths + 2
 
     def _encode(self, ids: Tensor, fast: bool) -> Tensor:
-        """Char ids ``[B, T, W]`` -> token vectors ``[B, T, P]``; the fast way runs each
-        distinct token once (a batch repeats its words, markers and padding)."""
+        """Char ids ``[B, T, W]`` -> token vectors ``[B, T, P]``, each distinct token's CNN
+        once (a batch repeats its words, markers and padding; under autograd the
+        gradients of its copies add up in the index)."""
         b, t, w = ids.shape
+        uniq, index = torch.unique(ids.reshape(b * t, w), dim=0, return_inverse=True)
         if not fast:
-            return self._elmo_lstm.token_encoder(ids.reshape(b * t, w)).reshape(b, t, -1)
+            return self._elmo_lstm.token_encoder(uniq)[index].reshape(b, t, -1)
         with torch.no_grad():
-            uniq, index = torch.unique(ids.reshape(b * t, w), dim=0, return_inverse=True)
             return self._serving_kernel().encode(uniq)[index].reshape(b, t, -1)
 
     def _serving_kernel(self):

@@ -128,30 +128,45 @@ def compiled_steps() -> StepFns:
 class LstmpFunction(torch.autograd.Function):
     """``x_gates [B, T, 4C], W_hh^T [P, 4C], W_proj^T [C, P], h0 [B, P], c0 [B, C], keep [B, T] | None``
     -> ``(h [B, T, P], c [B, T, C])`` (the cell states: not differentiable); ``steps``: the
-    step bodies to run. Every row runs all T steps (padding included: its outputs are
-    the caller's to ignore, and it never reaches a real position of a row read left to
-    right)."""
+    step bodies to run. ``active[t]``: rows (sorted longest first) still inside their
+    sequence at step t; only those are computed, and ``h`` and ``c`` are zero past each
+    row's length. Without it every row runs all T steps."""
 
     @staticmethod
     def forward(
-        ctx, x_gates, w_hh_t, w_proj_t, h0, c0, keep, cell_clip, proj_clip, steps=EAGER_STEPS
+        ctx,
+        x_gates,
+        w_hh_t,
+        w_proj_t,
+        h0,
+        c0,
+        keep,
+        cell_clip,
+        proj_clip,
+        steps=EAGER_STEPS,
+        active=None,
     ):
         b, t, g4 = x_gates.shape
         n, p = g4 // 4, w_proj_t.shape[1]
         dt = x_gates.dtype
         fwd = steps.forward
-        ctx.steps, ctx.clips = steps, (cell_clip, proj_clip)
+        ctx.steps, ctx.clips, ctx.active = steps, (cell_clip, proj_clip), active
         w_hh_t, w_proj_t = w_hh_t.to(dt), w_proj_t.to(dt)
         h, c = h0.to(dt), c0.float()
         keep_f = None if keep is None else keep.to(torch.float32).unsqueeze(-1)  # [B, T, 1]
-        hs = x_gates.new_empty(b, t, p)
-        acts = x_gates.new_empty(b, t, g4)
-        cs = x_gates.new_empty(b, t, n, dtype=torch.float32)
+        # zeros, not empty: past a row's length they stay, and the backward reads them
+        alloc = x_gates.new_zeros if active is not None else x_gates.new_empty
+        hs = alloc(b, t, p)
+        acts = alloc(b, t, g4)
+        cs = alloc(b, t, n, dtype=torch.float32)
         for s in range(t):
+            r = b if active is None else active[s]
+            if r < h.shape[0]:  # rows sorted longest first: finished rows drop off the end
+                h, c = h[:r], c[:r]
             if keep_f is not None:
-                h, c = h * keep_f[:, s].to(dt), c * keep_f[:, s]
-            h, c, acts[:, s] = fwd(x_gates[:, s], h, c, w_hh_t, w_proj_t, cell_clip, proj_clip)
-            hs[:, s], cs[:, s] = h, c
+                h, c = h * keep_f[:r, s].to(dt), c * keep_f[:r, s]
+            h, c, acts[:r, s] = fwd(x_gates[:r, s], h, c, w_hh_t, w_proj_t, cell_clip, proj_clip)
+            hs[:r, s], cs[:r, s] = h, c
         ctx.h0_dtype = h0.dtype
         h0, c0 = h0.to(dt), c0.float()
         ctx.save_for_backward(w_hh_t, w_proj_t, h0, c0, hs, acts, cs, keep_f)
@@ -161,7 +176,7 @@ class LstmpFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_hs, _d_cs):
         w_hh_t, w_proj_t, h0, c0, hs, acts, cs, keep_f = ctx.saved_tensors
-        bwd = ctx.steps.backward
+        bwd, active = ctx.steps.backward, ctx.active
         cell_clip, proj_clip = ctx.clips
         b, t, p = hs.shape
         n = cs.shape[2]
@@ -172,36 +187,37 @@ class LstmpFunction(torch.autograd.Function):
         if keep_f is not None:
             h_prev, c_prev = h_prev * keep_f.to(h_prev.dtype), c_prev * keep_f
         d_hs = d_hs.float()
-        d_gates = torch.empty(b, t, 4 * n, **f32)
-        d_pres = torch.empty(b, t, p, **f32)
+        alloc = torch.zeros if active is not None else torch.empty
+        d_gates = alloc(b, t, 4 * n, **f32)
+        d_pres = alloc(b, t, p, **f32)
         dh, dc = torch.zeros(b, p, **f32), torch.zeros(b, n, **f32)
         for s in range(t - 1, -1, -1):
-            d_gates[:, s], d_pres[:, s], dh, dc = bwd(
-                d_hs[:, s] + dh,
-                dc,
-                acts[:, s],
-                cs[:, s],
-                c_prev[:, s],
+            r = b if active is None else active[s]  # rows past their end stay zero
+            d_gates[:r, s], d_pres[:r, s], dh[:r], dc[:r] = bwd(
+                d_hs[:r, s] + dh[:r],
+                dc[:r],
+                acts[:r, s],
+                cs[:r, s],
+                c_prev[:r, s],
                 cell_clip,
                 proj_clip,
-                hs[:, s],
+                hs[:r, s],
                 w_hh_t,
                 w_proj_t,
             )
             if keep_f is not None:  # a reset cut the path to the previous step
-                dh, dc = dh * keep_f[:, s], dc * keep_f[:, s]
-        # weight gradients: one matmul each over all B*T rows, for the weights that train
-        # (a plain LSTM's identity projection does not: model.lstm_projection)
+                dh[:r], dc[:r] = dh[:r] * keep_f[:r, s], dc[:r] * keep_f[:r, s]
+        # weight gradients: one matmul each over all real (row, step) pairs, for the
+        # weights that train (a plain LSTM's identity projection does not: model.lstm_projection)
         dt = w_hh_t.dtype
+        real = _real_rows(active, b, t, hs.device)
         d_w_hh_t = d_w_proj_t = None
         if ctx.needs_input_grad[1]:
-            d_w_hh_t = (
-                h_prev.reshape(-1, p).to(dt).t() @ d_gates.reshape(-1, 4 * n).to(dt)
-            ).float()
+            d_w_hh_t = (_rows(h_prev, real).to(dt).t() @ _rows(d_gates, real).to(dt)).float()
         if ctx.needs_input_grad[2]:
             o = acts[:, :, 2 * n : 3 * n].float()
-            m = (o * (2 * torch.sigmoid(2 * cs) - 1)).reshape(-1, n)  # o tanh(c)
-            d_w_proj_t = (m.to(dt).t() @ d_pres.reshape(-1, p).to(dt)).float()
+            m = o * (2 * torch.sigmoid(2 * cs) - 1)  # o tanh(c)
+            d_w_proj_t = (_rows(m, real).to(dt).t() @ _rows(d_pres, real).to(dt)).float()
         return (
             d_gates.to(dt),
             d_w_hh_t,
@@ -212,7 +228,22 @@ class LstmpFunction(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
+
+
+def _real_rows(active: list[int] | None, b: int, t: int, device) -> Tensor | None:
+    """Flat indices of the ``[B, T]`` positions inside their row's length (None: all)."""
+    if active is None or sum(active) == b * t:
+        return None
+    steps = torch.tensor(active, device=device)
+    return (torch.arange(b, device=device).unsqueeze(1) < steps).flatten().nonzero().squeeze(1)
+
+
+def _rows(x: Tensor, real: Tensor | None) -> Tensor:
+    """``[B, T, D]`` -> ``[R, D]``: the real positions' rows (all of them without ``real``)."""
+    x = x.reshape(-1, x.shape[-1])
+    return x if real is None else x.index_select(0, real)
 
 
 # ---------------------------------------------------------------- the layer
@@ -271,9 +302,8 @@ class LstmLayer(nn.Module):
         ``state``: initial ``(h [B, P], c [B, C])``, zeros when None.
         ``keep [B, T]``: 0 resets a row's state before that step.
         ``active[t]``: rows (sorted longest first) still inside their sequence
-        at step t; the output is zero past each row's length (the inference loop
-        skips those rows; the training kernel runs them and masks), and each row's
-        final state is the one after its own last step.
+        at step t; only those are computed, the output is zero past each row's
+        length, and each row's final state is the one after its own last step.
 
         Under autograd (``x``'s gates require grad) the training kernel
         :class:`LstmpFunction` runs, whatever the padding; otherwise the inference loop.
@@ -289,12 +319,13 @@ class LstmLayer(nn.Module):
         if not (torch.is_grad_enabled() and x_gates.requires_grad):
             return self._infer(x_gates, h0, c0, active, keep, cc, pc)
         w_hh_t, w_proj_t = self.w_hh.weight.t(), self.w_proj.weight.t()
-        hs, cs = LstmpFunction.apply(x_gates, w_hh_t, w_proj_t, h0, c0, keep, cc, pc, self.steps)
+        hs, cs = LstmpFunction.apply(
+            x_gates, w_hh_t, w_proj_t, h0, c0, keep, cc, pc, self.steps, active
+        )
         if active is None:
             return hs, ((hs[:, -1], cs[:, -1]) if t else (h0, c0))
         steps = torch.tensor(active, device=x.device)
         lengths = (steps.unsqueeze(1) > torch.arange(b, device=x.device)).sum(0)  # [B]
-        hs = hs * length_mask(lengths, t).unsqueeze(-1).to(hs.dtype)
         rows, last = torch.arange(b, device=x.device), (lengths - 1).clamp_min(0)
         ended = (lengths > 0).unsqueeze(1)
         h_last = torch.where(ended, hs[rows, last], h0.to(hs.dtype))
@@ -328,8 +359,3 @@ class LstmLayer(nn.Module):
             out[:n, step] = h
         h_last[: h.shape[0]], c_last[: h.shape[0]] = h, cell
         return out, (h_last, c_last)
-
-
-def length_mask(lengths: Tensor, t: int) -> Tensor:
-    """``[B, T]`` bool, True at real positions."""
-    return torch.arange(t, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from elmo_service.config import BiLMConfig
-from elmo_service.lstm import LstmLayer, LstmState, length_mask
+from elmo_service.lstm import LstmLayer, LstmState
 
 # per direction (forward, backward), per layer: (h [B, P], c [B, C])
 BiLMState = tuple[list[LstmState], list[LstmState]]
@@ -157,6 +157,11 @@ def reverse_padded(x: Tensor, lengths: Tensor) -> Tensor:
     lens = lengths.to(x.device).unsqueeze(1)  # [B, 1]
     idx = torch.where(pos < lens, lens - 1 - pos, pos)  # [B, T]
     return x.gather(1, idx.unsqueeze(-1).expand_as(x))
+
+
+def length_mask(lengths: Tensor, t: int) -> Tensor:
+    """``[B, T]`` bool, True at real positions."""
+    return torch.arange(t, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)
 
 
 class SortedBatch:
