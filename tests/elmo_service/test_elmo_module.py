@@ -57,8 +57,13 @@ def bilm_grads(theirs, ours: BiLM) -> list[tuple[str, torch.Tensor, torch.Tensor
     """(name, AllenNLP's gradient, ours) for every kind of biLM weight."""
     enc, lstm = theirs._elmo_lstm._token_embedder, theirs._elmo_lstm._elmo_lstm
     pairs = [
-        ("char_embed", enc._char_embedding_weights.grad, ours.token_encoder.char_embed.weight.grad),
-        ("conv 3", enc.char_conv_3.weight.grad, ours.token_encoder.convs[3].weight.grad),
+        # a 262-row file's last row is never read (ids stop at 261): AllenNLP keeps it
+        (
+            "char_embed",
+            enc._char_embedding_weights.grad[:262],
+            ours.token_encoder.char_embed.weight.grad,
+        ),
+        ("conv 2", enc.char_conv_2.weight.grad, ours.token_encoder.convs[2].weight.grad),
         ("projection", enc._projection.weight.grad, ours.token_encoder.projection.weight.grad),
         ("highway bias", None, None),
     ]
@@ -133,7 +138,7 @@ def test_outputs_masks_and_gradients_equal_allennlp(
     assert len(b["elmo_representations"]) == 2
     for x, y in zip(a["elmo_representations"], b["elmo_representations"], strict=True):
         assert x.shape == y.shape
-        assert (x - y).abs().max() <= TOL * max(1.0, float(x.abs().max()))
+        assert (x - y).abs().max() <= TOL * max(1.0, float(x.detach().abs().max()))
     r0, r1 = b["elmo_representations"]
     assert (r0 - r1).abs().max() > 0.1  # k independent mixes
     for k in (0, 1):
