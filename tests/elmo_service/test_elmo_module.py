@@ -333,3 +333,23 @@ def test_bad_char_ids_and_options_are_one_line_errors(model, tmp_path):
         Elmo(options, tmp_path / "missing.hdf5", 1)
     with pytest.raises(ConfigError, match="scalar_mix_parameters needs 3"):
         Elmo(options, weights, 1, scalar_mix_parameters=[1.0, 2.0])
+
+
+def test_the_migration_guide_tagger_trains(tmp_path):
+    """docs/library.md's tagger, run as written, on a small weights file."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "library.md").read_text()
+    section = text[text.index("### A tagger that trains") :]
+    start = section.index("```python\n") + len("```python\n")
+    code = section[start : section.index("\n```", start)]
+    options, weights = write_bilm(tmp_path, n_characters=262, n_highway=1)
+    code = code.replace(
+        '"elmo_2x1024_128_2048cnn_1xhighway_options.json"', repr(str(options))
+    ).replace('"elmo_2x1024_128_2048cnn_1xhighway_weights.hdf5"', repr(str(weights)))
+    assert str(options) in code and str(weights) in code
+    torch.manual_seed(0)
+    scope: dict = {}
+    exec(compile(code, "docs/library.md", "exec"), scope)
+    losses = scope["losses"]
+    assert len(losses) == 20 and losses[-1] < 0.75 * losses[0]  # 1.55 -> 0.94 (dropout 0.5)
