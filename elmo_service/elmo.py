@@ -395,7 +395,9 @@ class Elmo(nn.Module):
         )
         with torch.no_grad():
             table = bilm.token_encoder(ids)
-        self._bos_embedding, self._eos_embedding = table[0], table[1]
+        # buffers, so that .to(device) moves them with the table
+        self.register_buffer("_bos_embedding", table[0].clone(), persistent=False)
+        self.register_buffer("_eos_embedding", table[1].clone(), persistent=False)
         self._word_embedding = nn.Embedding.from_pretrained(
             table[2:].clone(), freeze=not requires_grad, padding_idx=0
         )

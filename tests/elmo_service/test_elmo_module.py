@@ -267,6 +267,34 @@ def test_frozen_runs_the_serving_kernel_and_only_the_mixes_learn(model, monkeypa
     assert tuned._elmo_lstm.dropout.p == 0.0  # the pretraining dropout is off unless asked
 
 
+def test_reset_states_zeroes_the_rows_asked(model):
+    elmo = Elmo(None, None, 1, bilm=model, dropout=0.0, stateful=True)
+    zero = Elmo(None, None, 1, bilm=model, dropout=0.0)
+    ids = batch_to_ids(SENTENCES[:2])
+    first = zero(ids)["elmo_representations"][0]
+    elmo(ids)
+    elmo.reset_states(torch.tensor([True, False]))  # row 0 starts afresh, row 1 carries on
+    again = elmo(ids)["elmo_representations"][0]
+    assert (again[0] - first[0]).abs().max() <= TOL
+    assert (again[1] - first[1]).abs().max() > 1e-3
+    with pytest.raises(InputError, match="mask has 3 rows"):
+        elmo.reset_states(torch.tensor([True, False, True]))
+
+
+def test_cached_vocabulary_gives_the_character_cnn_answer(model):
+    vocab = ["@@PADDING@@", "The", "bank", "of", "the", "river", "."]
+    cached = Elmo(None, None, 1, bilm=model, dropout=0.0, vocab_to_cache=vocab)
+    plain = Elmo(None, None, 1, bilm=model, dropout=0.0)
+    sentences = [["The", "bank", "of", "the", "river", "."], ["the", "river"]]
+    words = torch.tensor([[1, 2, 3, 4, 5, 6], [4, 5, 0, 0, 0, 0]])
+    ids = batch_to_ids(sentences)
+    a = cached(ids, words)
+    b = plain(ids)
+    assert torch.equal(a["mask"], b["mask"])
+    diff = a["elmo_representations"][0] - b["elmo_representations"][0]
+    assert diff.abs().max() <= TOL
+
+
 def test_dropout_only_in_train_mode(model):
     elmo = Elmo(None, None, 1, bilm=model, dropout=0.5)
     ids = batch_to_ids(SENTENCES)
