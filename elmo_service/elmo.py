@@ -342,6 +342,7 @@ class Elmo(nn.Module):
                 f"char_ids row {row} has a padding token (all zeros) before a real token",
                 field="char_ids",
             )
+        distinct = None
         if words is not None:
             tokens, _ = _boundaries(
                 self._word_embedding(words), mask, self._bos_embedding, self._eos_embedding
@@ -349,7 +350,7 @@ class Elmo(nn.Module):
         else:
             bos, eos = (torch.from_numpy(f(w)).to(ids.device) for f in (bos_ids, eos_ids))
             full, _ = _boundaries(ids, mask, bos, eos)
-            tokens = self._encode(full, fast)
+            tokens, distinct = self._encode(full, fast)
         with torch.set_grad_enabled(torch.is_grad_enabled() and not fast):
             if self.stateful:
                 layers, final = bilm.contextualize_from(
@@ -357,21 +358,24 @@ class Elmo(nn.Module):
                 )
                 self._keep(final)
             elif fast:
-                layers = self._serving_kernel().contextualize(tokens, lengths + 2)
+                layers = self._serving_kernel().contextualize(tokens, lengths + 2, distinct)
             else:
                 layers = bilm.contextualize(tokens, lengths + 2)
         return layers, lengths + 2
 
-    def _encode(self, ids: Tensor, fast: bool) -> Tensor:
-        """Char ids ``[B, T, W]`` -> token vectors ``[B, T, P]``, each distinct token's CNN
-        once (a batch repeats its words, markers and padding; under autograd the
-        gradients of its copies add up in the index)."""
+    def _encode(self, ids: Tensor, fast: bool) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """Char ids ``[B, T, W]`` -> token vectors ``[B, T, P]`` and ``(table [U, P],
+        index [B, T])``: each distinct token's CNN once (a batch repeats its words,
+        markers and padding; under autograd the gradients of its copies add up in the
+        index), and the serving kernel's first input matmul once per distinct token too."""
         b, t, w = ids.shape
         uniq, index = torch.unique(ids.reshape(b * t, w), dim=0, return_inverse=True)
         if not fast:
-            return self._elmo_lstm.token_encoder(uniq)[index].reshape(b, t, -1)
-        with torch.no_grad():
-            return self._serving_kernel().encode(uniq)[index].reshape(b, t, -1)
+            table = self._elmo_lstm.token_encoder(uniq)
+        else:
+            with torch.no_grad():
+                table = self._serving_kernel().encode(uniq)
+        return table[index].reshape(b, t, -1), (table, index.reshape(b, t))
 
     def _serving_kernel(self):
         """The native CPU kernels for an fp32 model on the CPU, else the model's own

@@ -308,8 +308,8 @@ class LstmLayer(nn.Module):
         Under autograd (``x``'s gates require grad) the training kernel
         :class:`LstmpFunction` runs, whatever the padding; otherwise the inference loop.
         """
-        x_gates = self.w_ih(x)  # [B, T, 4C], all steps at once
         b, t = x.shape[:2]
+        x_gates = self._input_gates(x, active)  # [B, T, 4C], all steps at once
         if state is None:
             h0 = x_gates.new_zeros(b, self.proj_dim)
             c0 = x_gates.new_zeros(b, self.cell_dim, dtype=torch.float32)
@@ -331,6 +331,17 @@ class LstmLayer(nn.Module):
         h_last = torch.where(ended, hs[rows, last], h0.to(hs.dtype))
         c_last = torch.where(ended, cs[rows, last], c0.float())
         return hs, (h_last, c_last)
+
+    def _input_gates(self, x: Tensor, active: list[int] | None) -> Tensor:
+        """``x W_ih^T + b`` for all steps in one matmul, on the real positions only when
+        ``active`` says where they are (zeros past each row's length: never read)."""
+        real = _real_rows(active, x.shape[0], x.shape[1], x.device)
+        if real is None:
+            return self.w_ih(x)
+        flat = x.reshape(-1, x.shape[-1])
+        gates = self.w_ih(flat.index_select(0, real))
+        out = gates.new_zeros(flat.shape[0], gates.shape[1]).index_copy(0, real, gates)
+        return out.view(*x.shape[:2], -1)
 
     def _infer(
         self, x_gates, h, cell, active, keep, cell_clip, proj_clip
