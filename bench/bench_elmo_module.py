@@ -83,7 +83,9 @@ def step(model: Tagger, opt: torch.optim.Optimizer, ids: torch.Tensor, tags: tor
     return time.perf_counter() - t0
 
 
-def build(side: str, options: Path, weights: Path, fine_tune: bool) -> tuple[Tagger, torch.optim.Optimizer]:
+def build(
+    side: str, options: Path, weights: Path, fine_tune: bool
+) -> tuple[Tagger, torch.optim.Optimizer]:
     torch.manual_seed(0)
     if side == "ours":
         elmo = Elmo(options, weights, 1, requires_grad=fine_tune)
@@ -98,7 +100,11 @@ def run_shape(name: str, rounds: int, warmup: int) -> list[tuple[str, float, flo
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
         options, weights = write_bilm(
-            tmp, n_characters=262, filters=[list(f) for f in ELMO_FILTERS], char_dim=16, **SHAPES[name]
+            tmp,
+            n_characters=262,
+            filters=[list(f) for f in ELMO_FILTERS],
+            char_dim=16,
+            **SHAPES[name],
         )
         rows = []
         for fine_tune in (False, True):
@@ -131,7 +137,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {args.threads} threads, batch {BATCH}, load {os.getloadavg()}")
+    print(
+        f"torch {torch.__version__}, {args.threads} threads, batch {BATCH}, load {os.getloadavg()}"
+    )
     for name in args.shape:
         run_shape(name, args.rounds, args.warmup)
 
