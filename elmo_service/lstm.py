@@ -309,14 +309,20 @@ class LstmLayer(nn.Module):
         :class:`LstmpFunction` runs, whatever the padding; otherwise the inference loop.
         """
         b, t = x.shape[:2]
-        x_gates = self._input_gates(x, active)  # [B, T, 4C], all steps at once
+        training = torch.is_grad_enabled() and any(
+            v.requires_grad for v in (x, self.w_ih.weight, self.w_ih.bias)
+        )
+        # all steps at once: [B, T, 4C]; under autograd on the real positions only, which
+        # also spares the backward two matmuls' padding rows (inference keeps one plain
+        # matmul: there a gather and a scatter cost about what the padding rows do)
+        x_gates = self._input_gates(x, active) if training else self.w_ih(x)
         if state is None:
             h0 = x_gates.new_zeros(b, self.proj_dim)
             c0 = x_gates.new_zeros(b, self.cell_dim, dtype=torch.float32)
         else:
             h0, c0 = state
         cc, pc = float(self.cell_clip or 0.0), float(self.proj_clip or 0.0)
-        if not (torch.is_grad_enabled() and x_gates.requires_grad):
+        if not training:
             return self._infer(x_gates, h0, c0, active, keep, cc, pc)
         w_hh_t, w_proj_t = self.w_hh.weight.t(), self.w_proj.weight.t()
         hs, cs = LstmpFunction.apply(
