@@ -9,18 +9,23 @@ Math, gate order (i, f, o, g), and bilm-tf's clipping::
     h_t = clip((o * tanh(c_t)) W_proj, proj_clip)
 
 The input matmul runs for all steps at once; only ``h W_hh`` is sequential.
-Two loops compute it, chosen by whether autograd is recording:
+Two loops run one cell (:func:`lstm_step`, with ``tanh(z) = 2 sigmoid(2z) - 1``
+because torch's CPU tanh is several times slower than its sigmoid), chosen by
+whether autograd is recording:
 
-* **inference** (``_infer``): a plain step loop that can skip the padding of
-  rows sorted longest first (``active``), with ``tanh(z) = 2 sigmoid(2z) - 1``
-  because torch's CPU tanh is several times slower than its sigmoid.
-* **training** (``LstmpFunction``): the whole layer as one autograd node.
-  Autograd through a Python time loop records ~15 nodes a step and computes
-  each step's weight gradients as its own small matmul; here the forward loop
-  saves only what the backward needs (gate activations, cell states, clip
-  masks), the backward loop does backpropagation through time by hand, and
-  the weight gradients are two big matmuls over all ``B * T`` rows, as cuDNN
-  does. ``tests/elmo_service/test_lstm.py`` keeps it equal to autograd.
+* **inference** (``_infer``): a plain step loop over the rows still inside
+  their sentence (``active``: rows sorted longest first).
+* **training** (``LstmpFunction``): the whole layer as one autograd node, on the
+  same active rows. Autograd through a Python time loop records ~15 nodes a
+  step and computes each step's weight gradients as its own small matmul; here
+  the forward loop saves only what the backward needs (gate activations, cell
+  states; the clip masks are recomputed from the clipped values), the backward
+  loop does backpropagation through time by hand, and the weight gradients are
+  two big matmuls over all real ``(row, step)`` pairs, as cuDNN does.
+  ``tests/elmo_service/test_lstm.py`` keeps it equal to autograd.
+
+The CPU serving kernels (``kernels/bilstm.py``) compute the same function in a
+pre-scaled algebra of their own (``ScaledLayer``), fenced by ``tests/test_boundaries.py``.
 
 Both take an initial state (stream training carries it from one window to
 the next) and an optional ``keep [B, T]`` mask: a 0 at ``(b, t)`` resets row
