@@ -171,7 +171,7 @@ def naive_forward(model: BiLM, ids: torch.Tensor, lengths: torch.Tensor) -> torc
     mask = length_mask(lengths, t).unsqueeze(-1).to(tokens.dtype)
     tokens = tokens * mask
 
-    def lstm(layer, xs: torch.Tensor) -> torch.Tensor:
+    def direction(layer, xs: torch.Tensor) -> torch.Tensor:
         h = xs.new_zeros(b, layer.proj_dim)
         c = xs.new_zeros(b, layer.cell_dim)
         outs = []
@@ -183,7 +183,7 @@ def naive_forward(model: BiLM, ids: torch.Tensor, lengths: torch.Tensor) -> torc
     fwd_in, bwd_in = tokens, reverse_padded(tokens, lengths)
     layers = [torch.cat([tokens, tokens], dim=-1)]
     for i, (fl, bl) in enumerate(zip(model.forward_layers, model.backward_layers, strict=True)):
-        f, r = lstm(fl, fwd_in), lstm(bl, bwd_in)
+        f, r = direction(fl, fwd_in), direction(bl, bwd_in)
         if cfg.residual and i > 0:
             f, r = f + fwd_in, r + bwd_in
         fwd_in, bwd_in = f, r

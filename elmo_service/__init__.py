@@ -12,11 +12,13 @@ __all__ = [
     "ArtifactError",
     "BiLMConfig",
     "ConfigError",
+    "Elmo",
     "Embedder",
     "InputError",
     "LimitError",
     "MixSpec",
     "ScalarMix",
+    "batch_to_ids",
     "configure_process",
 ]
 
@@ -27,6 +29,10 @@ def __getattr__(name: str):
         from elmo_service.embedder import Embedder
 
         return Embedder
+    if name in ("Elmo", "batch_to_ids"):  # the drop-in for allennlp.modules.elmo
+        from elmo_service import elmo
+
+        return getattr(elmo, name)
     if name in ("MixSpec", "ScalarMix"):
         from elmo_service import scalar_mix
 

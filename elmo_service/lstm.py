@@ -9,18 +9,23 @@ Math, gate order (i, f, o, g), and bilm-tf's clipping::
     h_t = clip((o * tanh(c_t)) W_proj, proj_clip)
 
 The input matmul runs for all steps at once; only ``h W_hh`` is sequential.
-Two loops compute it, chosen by whether autograd is recording:
+Two loops run one cell (:func:`lstm_step`, with ``tanh(z) = 2 sigmoid(2z) - 1``
+because torch's CPU tanh is several times slower than its sigmoid), chosen by
+whether autograd is recording:
 
-* **inference** (``_infer``): a plain step loop that can skip the padding of
-  rows sorted longest first (``active``), with ``tanh(z) = 2 sigmoid(2z) - 1``
-  because torch's CPU tanh is several times slower than its sigmoid.
-* **training** (``LstmpFunction``): the whole layer as one autograd node.
-  Autograd through a Python time loop records ~15 nodes a step and computes
-  each step's weight gradients as its own small matmul; here the forward loop
-  saves only what the backward needs (gate activations, cell states, clip
-  masks), the backward loop does backpropagation through time by hand, and
-  the weight gradients are two big matmuls over all ``B * T`` rows, as cuDNN
-  does. ``tests/elmo_service/test_lstm.py`` keeps it equal to autograd.
+* **inference** (``_infer``): a plain step loop over the rows still inside
+  their sentence (``active``: rows sorted longest first).
+* **training** (``LstmpFunction``): the whole layer as one autograd node, on the
+  same active rows. Autograd through a Python time loop records ~15 nodes a
+  step and computes each step's weight gradients as its own small matmul; here
+  the forward loop saves only what the backward needs (gate activations, cell
+  states; the clip masks are recomputed from the clipped values), the backward
+  loop does backpropagation through time by hand, and the weight gradients are
+  two big matmuls over all real ``(row, step)`` pairs, as cuDNN does.
+  ``tests/elmo_service/test_lstm.py`` keeps it equal to autograd.
+
+The CPU serving kernels (``kernels/bilstm.py``) compute the same function in a
+pre-scaled algebra of their own (``ScaledLayer``), fenced by ``tests/test_boundaries.py``.
 
 Both take an initial state (stream training carries it from one window to
 the next) and an optional ``keep [B, T]`` mask: a 0 at ``(b, t)`` resets row
@@ -45,40 +50,56 @@ from elmo_service.config import BiLMConfig
 LstmState = tuple[Tensor, Tensor]  # (h [B, P], c [B, C])
 
 
+# ---------------------------------------------------------------- the one cell
+
+
+def lstm_step(x_gates, h, c, w_hh_t, w_proj_t, cell_clip: float, proj_clip: float):
+    """One step of the textbook cell, shared by the inference loop and the training kernel.
+
+    ``x_gates [B, 4C]`` (``x W_ih^T + b``), ``h [B, P]``, ``c [B, C]`` (float32) ->
+    ``(h, c, acts)``: the new state (clipped; a clip of 0 is off) and ``acts [B, 4C]``
+    = ``(i, f, o, sigmoid(2 g))``, what the backward needs. ``tanh(z) = 2 sigmoid(2z) - 1``
+    everywhere: torch's CPU tanh is several times slower than its sigmoid
+    (``docs/bench-embedder.md``), and one sigmoid covers all four gates.
+    """
+    n = c.shape[1]
+    gates = torch.addmm(x_gates, h, w_hh_t)
+    gates[:, 3 * n :] *= 2
+    acts = torch.sigmoid(gates)
+    i, f, o, s = acts.float().chunk(4, dim=1)
+    c = torch.addcmul(f * c - i, i, s, value=2)  # f c + i (2 sigmoid(2g) - 1)
+    if cell_clip:
+        c = c.clamp(-cell_clip, cell_clip)
+    m = torch.addcmul(-o, o, torch.sigmoid(2 * c), value=2)  # o tanh(c)
+    h = m.to(w_proj_t.dtype) @ w_proj_t
+    if proj_clip:
+        h = h.clamp(-proj_clip, proj_clip)
+    return h, c, acts
+
+
+def _unclipped(x: Tensor, clip: float) -> Tensor:
+    """Where a clip left ``x`` (the clipped value) alone: the clamp's gradient mask."""
+    return x.abs() < clip if clip else torch.ones_like(x, dtype=torch.bool)
+
+
 # ---------------------------------------------------------------- training kernel
 
 
-def _clip(x: Tensor, clip: float) -> tuple[Tensor, Tensor]:
-    """``(clamp(x, -clip, clip), mask of the entries it left alone)``; a clip of 0 is off."""
-    if clip > 0:
-        return x.clamp(-clip, clip), x.abs() <= clip
-    return x, torch.ones_like(x, dtype=torch.bool)
-
-
-def step_forward(x_gates, h, c, w_hh_t, w_proj_t, cell_clip: float, proj_clip: float):
-    """One step; returns (h, c, acts [B, 4C], c_mask [B, C], h_mask [B, P]). A clip of 0 is off."""
-    n = c.shape[1]
-    gates = torch.addmm(x_gates, h, w_hh_t)
-    acts = torch.cat([torch.sigmoid(gates[:, : 3 * n]), torch.tanh(gates[:, 3 * n :])], dim=1)
-    a = acts.float()
-    c, c_mask = _clip(a[:, n : 2 * n] * c + a[:, :n] * a[:, 3 * n :], cell_clip)
-    pre = (a[:, 2 * n : 3 * n] * torch.tanh(c)).to(w_proj_t.dtype) @ w_proj_t
-    h, h_mask = _clip(pre, proj_clip)
-    return h, c, acts, c_mask, h_mask
-
-
-def step_backward(dh, dc_next, acts, c, c_prev, c_mask, h_mask, w_hh_t, w_proj_t):
-    """Backward of one step, given dL/dh_t (output + recurrent) and dL/dc_t from step t+1.
+def step_backward(dh, dc_next, acts, c, c_prev, cell_clip, proj_clip, h, w_hh_t, w_proj_t):
+    """Backward of one :func:`lstm_step`, given dL/dh_t (output + recurrent) and dL/dc_t
+    from step t+1; ``c``, ``h``: the step's clipped outputs (their clip masks are
+    recomputed here rather than saved).
 
     Returns (d_gates [B, 4C], d_pre [B, P], dL/dh_{t-1}, dL/dc_{t-1}); all float32.
     """
     n = c.shape[1]
     a = acts.float()
-    i, f, o, g = a[:, :n], a[:, n : 2 * n], a[:, 2 * n : 3 * n], a[:, 3 * n :]
-    d_pre = dh * h_mask
+    i, f, o = a[:, :n], a[:, n : 2 * n], a[:, 2 * n : 3 * n]
+    g = 2 * a[:, 3 * n :] - 1  # tanh(g) from sigmoid(2g)
+    d_pre = dh * _unclipped(h, proj_clip)
     dm = (d_pre.to(w_proj_t.dtype) @ w_proj_t.t()).float()
-    tc = torch.tanh(c)
-    dc = (dm * o * (1 - tc * tc) + dc_next) * c_mask
+    tc = 2 * torch.sigmoid(2 * c) - 1
+    dc = (dm * o * (1 - tc * tc) + dc_next) * _unclipped(c, cell_clip)
     d_gates = torch.cat(
         [
             dc * g * i * (1 - i),
@@ -95,7 +116,7 @@ def step_backward(dh, dc_next, acts, c, c_prev, c_mask, h_mask, w_hh_t, w_proj_t
 class StepFns(NamedTuple):
     """The per-step bodies a layer's loops run: eager, or compiled (:func:`compiled_steps`)."""
 
-    forward: Callable = step_forward
+    forward: Callable = lstm_step
     backward: Callable = step_backward
 
 
@@ -106,48 +127,62 @@ EAGER_STEPS = StepFns()
 def compiled_steps() -> StepFns:
     """``torch.compile``'d step bodies: one small fused kernel set, compiled once for
     every T and shared by the layers that ask (``LstmLayer.use_compiled_steps``)."""
-    return StepFns(torch.compile(step_forward), torch.compile(step_backward))
+    return StepFns(torch.compile(lstm_step), torch.compile(step_backward))
 
 
 class LstmpFunction(torch.autograd.Function):
     """``x_gates [B, T, 4C], W_hh^T [P, 4C], W_proj^T [C, P], h0 [B, P], c0 [B, C], keep [B, T] | None``
-    -> ``(h [B, T, P], c_T [B, C])``; ``steps``: the step bodies to run."""
+    -> ``(h [B, T, P], c [B, T, C])`` (the cell states: not differentiable); ``steps``: the
+    step bodies to run. ``active[t]``: rows (sorted longest first) still inside their
+    sequence at step t; only those are computed, and ``h`` and ``c`` are zero past each
+    row's length. Without it every row runs all T steps."""
 
     @staticmethod
     def forward(
-        ctx, x_gates, w_hh_t, w_proj_t, h0, c0, keep, cell_clip, proj_clip, steps=EAGER_STEPS
+        ctx,
+        x_gates,
+        w_hh_t,
+        w_proj_t,
+        h0,
+        c0,
+        keep,
+        cell_clip,
+        proj_clip,
+        steps=EAGER_STEPS,
+        active=None,
     ):
         b, t, g4 = x_gates.shape
         n, p = g4 // 4, w_proj_t.shape[1]
         dt = x_gates.dtype
         fwd = steps.forward
-        ctx.steps = steps
+        ctx.steps, ctx.clips, ctx.active = steps, (cell_clip, proj_clip), active
         w_hh_t, w_proj_t = w_hh_t.to(dt), w_proj_t.to(dt)
         h, c = h0.to(dt), c0.float()
         keep_f = None if keep is None else keep.to(torch.float32).unsqueeze(-1)  # [B, T, 1]
-        hs = x_gates.new_empty(b, t, p)
-        acts = x_gates.new_empty(b, t, g4)
-        cs = x_gates.new_empty(b, t, n, dtype=torch.float32)
-        c_masks = torch.empty(b, t, n, dtype=torch.bool, device=x_gates.device)
-        h_masks = torch.empty(b, t, p, dtype=torch.bool, device=x_gates.device)
+        # zeros, not empty: past a row's length they stay, and the backward reads them
+        alloc = x_gates.new_zeros if active is not None else x_gates.new_empty
+        hs = alloc(b, t, p)
+        acts = alloc(b, t, g4)
+        cs = alloc(b, t, n, dtype=torch.float32)
         for s in range(t):
+            r = b if active is None else active[s]
+            if r < h.shape[0]:  # rows sorted longest first: finished rows drop off the end
+                h, c = h[:r], c[:r]
             if keep_f is not None:
-                h, c = h * keep_f[:, s].to(dt), c * keep_f[:, s]
-            h, c, acts[:, s], c_masks[:, s], h_masks[:, s] = fwd(
-                x_gates[:, s], h, c, w_hh_t, w_proj_t, cell_clip, proj_clip
-            )
-            hs[:, s], cs[:, s] = h, c
+                h, c = h * keep_f[:r, s].to(dt), c * keep_f[:r, s]
+            h, c, acts[:r, s] = fwd(x_gates[:r, s], h, c, w_hh_t, w_proj_t, cell_clip, proj_clip)
+            hs[:r, s], cs[:r, s] = h, c
         ctx.h0_dtype = h0.dtype
         h0, c0 = h0.to(dt), c0.float()
-        ctx.save_for_backward(w_hh_t, w_proj_t, h0, c0, hs, acts, cs, c_masks, h_masks, keep_f)
-        c_last = cs[:, -1].clone() if t else c0.clone()
-        ctx.mark_non_differentiable(c_last)
-        return hs, c_last
+        ctx.save_for_backward(w_hh_t, w_proj_t, h0, c0, hs, acts, cs, keep_f)
+        ctx.mark_non_differentiable(cs)
+        return hs, cs
 
     @staticmethod
-    def backward(ctx, d_hs, _d_c_last):
-        w_hh_t, w_proj_t, h0, c0, hs, acts, cs, c_masks, h_masks, keep_f = ctx.saved_tensors
-        bwd = ctx.steps.backward
+    def backward(ctx, d_hs, _d_cs):
+        w_hh_t, w_proj_t, h0, c0, hs, acts, cs, keep_f = ctx.saved_tensors
+        bwd, active = ctx.steps.backward, ctx.active
+        cell_clip, proj_clip = ctx.clips
         b, t, p = hs.shape
         n = cs.shape[2]
         f32 = {"dtype": torch.float32, "device": hs.device}
@@ -157,34 +192,37 @@ class LstmpFunction(torch.autograd.Function):
         if keep_f is not None:
             h_prev, c_prev = h_prev * keep_f.to(h_prev.dtype), c_prev * keep_f
         d_hs = d_hs.float()
-        d_gates = torch.empty(b, t, 4 * n, **f32)
-        d_pres = torch.empty(b, t, p, **f32)
+        alloc = torch.zeros if active is not None else torch.empty
+        d_gates = alloc(b, t, 4 * n, **f32)
+        d_pres = alloc(b, t, p, **f32)
         dh, dc = torch.zeros(b, p, **f32), torch.zeros(b, n, **f32)
         for s in range(t - 1, -1, -1):
-            d_gates[:, s], d_pres[:, s], dh, dc = bwd(
-                d_hs[:, s] + dh,
-                dc,
-                acts[:, s],
-                cs[:, s],
-                c_prev[:, s],
-                c_masks[:, s],
-                h_masks[:, s],
+            r = b if active is None else active[s]  # rows past their end stay zero
+            d_gates[:r, s], d_pres[:r, s], dh[:r], dc[:r] = bwd(
+                d_hs[:r, s] + dh[:r],
+                dc[:r],
+                acts[:r, s],
+                cs[:r, s],
+                c_prev[:r, s],
+                cell_clip,
+                proj_clip,
+                hs[:r, s],
                 w_hh_t,
                 w_proj_t,
             )
             if keep_f is not None:  # a reset cut the path to the previous step
-                dh, dc = dh * keep_f[:, s], dc * keep_f[:, s]
-        # weight gradients: one matmul each over all B*T rows, for the weights that train
-        # (a plain LSTM's identity projection does not: model.lstm_projection)
+                dh[:r], dc[:r] = dh[:r] * keep_f[:r, s], dc[:r] * keep_f[:r, s]
+        # weight gradients: one matmul each over all real (row, step) pairs, for the
+        # weights that train (a plain LSTM's identity projection does not: model.lstm_projection)
         dt = w_hh_t.dtype
+        real = _real_rows(active, b, t, hs.device)
         d_w_hh_t = d_w_proj_t = None
         if ctx.needs_input_grad[1]:
-            d_w_hh_t = (
-                h_prev.reshape(-1, p).to(dt).t() @ d_gates.reshape(-1, 4 * n).to(dt)
-            ).float()
+            d_w_hh_t = (_rows(h_prev, real).to(dt).t() @ _rows(d_gates, real).to(dt)).float()
         if ctx.needs_input_grad[2]:
-            m = (acts[:, :, 2 * n : 3 * n].float() * torch.tanh(cs)).reshape(-1, n)
-            d_w_proj_t = (m.to(dt).t() @ d_pres.reshape(-1, p).to(dt)).float()
+            o = acts[:, :, 2 * n : 3 * n].float()
+            m = o * (2 * torch.sigmoid(2 * cs) - 1)  # o tanh(c)
+            d_w_proj_t = (_rows(m, real).to(dt).t() @ _rows(d_pres, real).to(dt)).float()
         return (
             d_gates.to(dt),
             d_w_hh_t,
@@ -195,7 +233,22 @@ class LstmpFunction(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
+
+
+def _real_rows(active: list[int] | None, b: int, t: int, device) -> Tensor | None:
+    """Flat indices of the ``[B, T]`` positions inside their row's length (None: all)."""
+    if active is None or sum(active) == b * t:
+        return None
+    steps = torch.tensor(active, device=device)
+    return (torch.arange(b, device=device).unsqueeze(1) < steps).flatten().nonzero().squeeze(1)
+
+
+def _rows(x: Tensor, real: Tensor | None) -> Tensor:
+    """``[B, T, D]`` -> ``[R, D]``: the real positions' rows (all of them without ``real``)."""
+    x = x.reshape(-1, x.shape[-1])
+    return x if real is None else x.index_select(0, real)
 
 
 # ---------------------------------------------------------------- the layer
@@ -254,55 +307,77 @@ class LstmLayer(nn.Module):
         ``state``: initial ``(h [B, P], c [B, C])``, zeros when None.
         ``keep [B, T]``: 0 resets a row's state before that step.
         ``active[t]``: rows (sorted longest first) still inside their sequence
-        at step t; only those are computed and the output is zero past each
-        row's length (the final state is then meaningless).
+        at step t; only those are computed, the output is zero past each row's
+        length, and each row's final state is the one after its own last step.
+
+        Under autograd (``x``'s gates require grad) the training kernel
+        :class:`LstmpFunction` runs, whatever the padding; otherwise the inference loop.
         """
-        x_gates = self.w_ih(x)  # [B, T, 4C], all steps at once
-        b = x.shape[0]
+        b, t = x.shape[:2]
+        training = torch.is_grad_enabled() and any(
+            v.requires_grad for v in (x, self.w_ih.weight, self.w_ih.bias)
+        )
+        # all steps at once: [B, T, 4C]; under autograd on the real positions only, which
+        # also spares the backward two matmuls' padding rows (inference keeps one plain
+        # matmul: there a gather and a scatter cost about what the padding rows do)
+        x_gates = self._input_gates(x, active) if training else self.w_ih(x)
         if state is None:
             h0 = x_gates.new_zeros(b, self.proj_dim)
             c0 = x_gates.new_zeros(b, self.cell_dim, dtype=torch.float32)
         else:
             h0, c0 = state
         cc, pc = float(self.cell_clip or 0.0), float(self.proj_clip or 0.0)
-        if active is None and torch.is_grad_enabled() and x_gates.requires_grad:
-            w_hh_t, w_proj_t = self.w_hh.weight.t(), self.w_proj.weight.t()
-            hs, c_last = LstmpFunction.apply(
-                x_gates, w_hh_t, w_proj_t, h0, c0, keep, cc, pc, self.steps
-            )
-            h_last = hs[:, -1] if hs.shape[1] else h0
-            return hs, (h_last, c_last)
-        return self._infer(x_gates, h0, c0, active, keep, cc, pc)
+        if not training:
+            return self._infer(x_gates, h0, c0, active, keep, cc, pc)
+        w_hh_t, w_proj_t = self.w_hh.weight.t(), self.w_proj.weight.t()
+        hs, cs = LstmpFunction.apply(
+            x_gates, w_hh_t, w_proj_t, h0, c0, keep, cc, pc, self.steps, active
+        )
+        if active is None:
+            return hs, ((hs[:, -1], cs[:, -1]) if t else (h0, c0))
+        steps = torch.tensor(active, device=x.device)
+        lengths = (steps.unsqueeze(1) > torch.arange(b, device=x.device)).sum(0)  # [B]
+        rows, last = torch.arange(b, device=x.device), (lengths - 1).clamp_min(0)
+        ended = (lengths > 0).unsqueeze(1)
+        h_last = torch.where(ended, hs[rows, last], h0.to(hs.dtype))
+        c_last = torch.where(ended, cs[rows, last], c0.float())
+        return hs, (h_last, c_last)
+
+    def _input_gates(self, x: Tensor, active: list[int] | None) -> Tensor:
+        """``x W_ih^T + b`` for all steps in one matmul, on the real positions only when
+        ``active`` says where they are (zeros past each row's length: never read)."""
+        real = _real_rows(active, x.shape[0], x.shape[1], x.device)
+        if real is None:
+            return self.w_ih(x)
+        flat = x.reshape(-1, x.shape[-1])
+        gates = self.w_ih(flat.index_select(0, real))
+        out = gates.new_zeros(flat.shape[0], gates.shape[1]).index_copy(0, real, gates)
+        return out.view(*x.shape[:2], -1)
 
     def _infer(
         self, x_gates, h, cell, active, keep, cell_clip, proj_clip
     ) -> tuple[Tensor, LstmState]:
-        """The step loop without autograd: :func:`step_forward`'s math on the rows still
-        active, with ``tanh(z) = 2 sigmoid(2z) - 1`` (torch's CPU tanh is several times
-        slower than its sigmoid: ``docs/bench-embedder.md``) and no clip masks."""
+        """:func:`lstm_step` without autograd, on the rows still active (``active``: a
+        finished row's state is kept as its final state, and it drops off the end)."""
         b, t, _ = x_gates.shape
-        c = self.cell_dim
         # cast once per layer, not per step (autocast does not cache non-leaf views)
         w_hh_t = self.w_hh.weight.t().to(x_gates.dtype)
         w_proj_t = self.w_proj.weight.t().to(x_gates.dtype)
-        h, cell = h.to(x_gates.dtype), cell.to(x_gates.dtype)
+        h, cell = h.to(x_gates.dtype), cell.float()
+        h_last, c_last = h.clone(), cell.clone()  # rows that end before step 0 keep theirs
         out = x_gates.new_zeros(b, t, self.proj_dim)
         for step in range(t):
             if active is not None and active[step] < h.shape[0]:
-                h, cell = h[: active[step]], cell[: active[step]]
+                n = active[step]
+                h_last[n : h.shape[0]], c_last[n : h.shape[0]] = h[n:], cell[n:]
+                h, cell = h[:n], cell[:n]
             n = h.shape[0]
             if keep is not None:
-                k = keep[:n, step, None].to(h.dtype)
-                h, cell = h * k, cell * k
-            gates = torch.addmm(x_gates[:n, step], h, w_hh_t)
-            gates[:, 3 * c :] *= 2  # one sigmoid for all gates: tanh(g) = 2 sigmoid(2g) - 1
-            i, f, o, g2 = torch.sigmoid(gates).chunk(4, dim=1)
-            cell = torch.addcmul(f * cell - i, i, g2, value=2)  # f * cell + i * tanh(g)
-            if cell_clip:
-                cell = cell.clamp(-cell_clip, cell_clip)
-            hidden = torch.addcmul(-o, o, torch.sigmoid(2 * cell), value=2)  # o * tanh(cell)
-            h = hidden @ w_proj_t
-            if proj_clip:
-                h = h.clamp(-proj_clip, proj_clip)
+                k = keep[:n, step, None]
+                h, cell = h * k.to(h.dtype), cell * k.float()
+            h, cell, _ = lstm_step(
+                x_gates[:n, step], h, cell, w_hh_t, w_proj_t, cell_clip, proj_clip
+            )
             out[:n, step] = h
-        return out, (h, cell.float())
+        h_last[: h.shape[0]], c_last[: h.shape[0]] = h, cell
+        return out, (h_last, c_last)

@@ -11,7 +11,8 @@
   its training kernel does backpropagation through time by hand.
 * ``BiLM``: L LSTM layers per direction with separate weights, residual
   connections from layer 2 on. The backward direction reads each sentence
-  from its own last real token. Every sentence starts from a zero state.
+  from its own last real token. Every sentence starts from a zero state
+  (``contextualize_from`` takes another, for the stateful drop-in module).
   ``run_direction`` is the one stack of layers that ``contextualize`` and the
   training language model (``pretrain/lm.py``) both run.
 
@@ -34,6 +35,9 @@ from torch import Tensor, nn
 
 from elmo_service.config import BiLMConfig
 from elmo_service.lstm import LstmLayer, LstmState
+
+# per direction (forward, backward), per layer: (h [B, P], c [B, C])
+BiLMState = tuple[list[LstmState], list[LstmState]]
 
 N_CHAR_IDS = 262  # 256 bytes + 5 markers, shifted by one so that row 0 is "no token"
 
@@ -187,6 +191,10 @@ class SortedBatch:
         """Another ``[B, ...]`` tensor of the batch in the sorted order."""
         return x if self.order is None else x[self.order]
 
+    def unsorted(self, x: Tensor) -> Tensor:
+        """A ``[B, ...]`` tensor in the sorted order, back in the input's order."""
+        return x if self.order is None else x[torch.argsort(self.order)]
+
     def reversed(self, x: Tensor) -> Tensor:
         """``[B, T, D]`` in the sorted order, each row reversed within its length."""
         return reverse_padded(x, self.lengths)
@@ -230,10 +238,32 @@ class BiLM(nn.Module):
         cached token vectors and skip the character CNN: rows sorted longest
         first, each direction's :meth:`run_direction`, the order restored.
         """
+        return self.contextualize_from(tokens, lengths)[0]
+
+    def contextualize_from(
+        self, tokens: Tensor, lengths: Tensor, state: BiLMState | None = None
+    ) -> tuple[Tensor, BiLMState]:
+        """:meth:`contextualize` from an initial state, returning the final one too.
+
+        ``state``: per direction (forward, backward), per layer, ``(h [B, P], c [B, C])``
+        in the batch's order; zeros when None. The final state of a row is the one
+        after its own last token (the backward direction's: after its first), so a
+        stateful caller (``elmo_service/elmo.py``) continues row b from where row b ended.
+        """
         batch = SortedBatch(tokens, lengths, sort=not torch.compiler.is_compiling())
-        fwd, _ = self.run_direction("forward", batch.tokens, active=batch.active)
-        bwd, _ = self.run_direction("backward", batch.reversed(batch.tokens), active=batch.active)
-        return batch.layers(fwd, bwd)
+        start = (
+            [None, None]
+            if state is None
+            else [[(batch.sorted(h), batch.sorted(c)) for h, c in direction] for direction in state]
+        )
+        fwd, fs = self.run_direction("forward", batch.tokens, start[0], active=batch.active)
+        bwd, bs = self.run_direction(
+            "backward", batch.reversed(batch.tokens), start[1], active=batch.active
+        )
+        final = tuple(
+            [(batch.unsorted(h), batch.unsorted(c)) for h, c in direction] for direction in (fs, bs)
+        )
+        return batch.layers(fwd, bwd), final
 
     def use_compiled_steps(self) -> None:
         """``torch.compile`` the LSTM layers' per-step bodies (training; this model only)."""

@@ -255,10 +255,15 @@ _LSTM_CALLS = {"sigmoid", "tanh", "lstm", "lstm_cell", "LSTM", "LSTMCell", "hard
 _LSTM_EXEMPT = {"pretrain.finetune.network"}
 
 
+def _bench_modules() -> dict[str, Path]:
+    """The benchmarks (``bench/*.py``): scripts, but their baselines must not grow LSTM math."""
+    return {f"bench.{p.stem}": p for p in sorted((ROOT / "bench").glob("*.py"))}
+
+
 def test_no_lstm_math_outside_the_core():
     bad = []
-    for m, path in modules().items():
-        if package_of(m) == "elmo_service" or m in _LSTM_EXEMPT:
+    for m, path in {**modules(), **_bench_modules()}.items():
+        if m.startswith("elmo_service") or m in _LSTM_EXEMPT:
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not isinstance(node, ast.Call):
@@ -276,6 +281,39 @@ def test_no_lstm_math_outside_the_core():
             if name in _LSTM_CALLS or gates:
                 bad.append(f"{m}:{node.lineno} calls {name}")
     assert not bad, "LSTM math belongs in elmo_service/: " + "; ".join(bad)
+
+
+# the native loops read the pre-scaled layout of kernels/bilstm.py's ScaledLayer (doubled
+# g rows, doubled cell, doubled projection): only that class may call them
+_SCALED_LOOPS = {"lstm_cell", "lstmp_row", "_cell_row"}
+_SCALED_HOME = {"elmo_service.kernels.bilstm", "elmo_service.kernels.native_step"}
+
+
+def test_the_pre_scaled_native_loops_are_called_only_through_scaled_layer():
+    bad = []
+    for m, path in {**modules(), **_bench_modules()}.items():
+        if m in _SCALED_HOME:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.ImportFrom):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.Attribute):
+                names = [node.attr]
+            elif isinstance(node, ast.Name):
+                names = [node.id]
+            bad += [f"{m}:{node.lineno} uses {n}" for n in names if n in _SCALED_LOOPS]
+    assert not bad, "the pre-scaled native loops are ScaledLayer's alone: " + "; ".join(bad)
+    # and ScaledLayer is the one place that calls them
+    tree = ast.parse((ROOT / "elmo_service/kernels/bilstm.py").read_text(encoding="utf-8"))
+    callers = {
+        cls.name
+        for cls in ast.walk(tree)
+        if isinstance(cls, ast.ClassDef)
+        for n in ast.walk(cls)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in _SCALED_LOOPS
+    }
+    assert callers == {"ScaledLayer"}, callers
 
 
 def _canonical(dist: str) -> str:

@@ -20,6 +20,7 @@ import torch
 from elmo_service.char_ids import batch_ids
 from elmo_service.kernels.cpu_bilm import CpuBiLM
 from elmo_service.kernels.select import TorchBiLM
+from elmo_service.lstm import LstmpFunction
 from elmo_service.model import BiLM
 from tests.support.core_fixtures import tiny_model
 from tests.support.reference import reference_bilm
@@ -43,11 +44,22 @@ def random_bilm(**overrides) -> BiLM:
 def run_training_kernel(model: BiLM, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     model.train()
     model.dropout.p = 0.0
+    runs = []
+    real_apply = LstmpFunction.apply
+
+    def fused(*args):
+        runs.append(args[-1])  # the rows still active per step: padding skipped, not run
+        return real_apply(*args)
+
+    LstmpFunction.apply = fused
     try:
         out = model(ids, lengths)  # autograd on: Conv1d filters, LstmpFunction
         assert out.requires_grad
+        # the fused kernel ran for every layer and direction, on the sorted batch
+        assert len(runs) == 2 * model.cfg.n_layers and all(r is not None for r in runs)
         return out.detach()
     finally:
+        LstmpFunction.apply = real_apply
         model.eval()
 
 

@@ -1,0 +1,435 @@
+"""A drop-in for ``allennlp.modules.elmo``: ``Elmo`` and ``batch_to_ids``.
+
+    from elmo_service import Elmo, batch_to_ids      # was: from allennlp.modules.elmo import ...
+
+    elmo = Elmo(options_file, weight_file, num_output_representations=1)
+    out = elmo(batch_to_ids([["First", "sentence", "."], ["Another", "."]]))
+    out["elmo_representations"][0]  # [2, 3, 2P]; out["mask"]: [2, 3] bool
+
+AllenNLP 2.10's contract (``docs/library.md``, "Migrating from AllenNLP"): the same
+signature, defaults, outputs, masks and gradients on the same weights (held to
+AllenNLP itself by ``tests/elmo_service/test_elmo_module.py``), with these choices:
+
+* **Frozen biLM** (``requires_grad=False``, the default): the biLM runs without
+  autograd in the serving kernels (on the CPU in fp32: ``kernels/`` ``CpuBiLM``,
+  each distinct token's character CNN once per batch); only the mixes learn.
+* **Fine-tuning** (``requires_grad=True``): eager autograd through the model,
+  whose LSTM layers run the fused training kernel (``lstm.py`` ``LstmpFunction``).
+  The pretraining dropout inside the biLM is off (AllenNLP's biLM has none) unless
+  ``bilm_dropout`` asks for it.
+* **State**: ``stateful=False`` (the default) starts every sentence from a zero
+  state, as the service does; ``stateful=True`` carries the LSTM state from one
+  call to the next, row b continuing row b, as AllenNLP and bilm-tf do.
+* ``do_layer_norm=True`` normalises each layer over the whole batch's unmasked
+  positions, as AllenNLP does (the service's task mixes normalise per sentence).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from elmo_service.char_ids import bos_ids, eos_ids, token_ids
+from elmo_service.errors import ConfigError, InputError
+from elmo_service.model import N_CHAR_IDS, BiLM, BiLMState
+from elmo_service.scalar_mix import MAX_MIX_WEIGHT, ScalarMix
+from elmo_service.tokenizers import Tokenizer
+
+MAX_CHARS = 50  # AllenNLP's ELMoCharacterMapper.max_word_length
+
+
+def batch_to_ids(batch: Sequence[Sequence[str]], max_chars: int = MAX_CHARS) -> Tensor:
+    """Token lists -> character ids ``LongTensor [B, max tokens, 50]``, AllenNLP's
+    ``batch_to_ids``: each token's UTF-8 bytes cut to 48, in begin/end-of-word
+    markers, +1; shorter sentences padded with all-zero tokens. (AllenNLP gives
+    ``[B, 0]`` for a batch of empty sentences; this gives ``[B, 0, 50]``.)"""
+    if isinstance(batch, (str, bytes)) or not isinstance(batch, Sequence):
+        raise InputError(
+            f"batch_to_ids takes a list of token lists, got {type(batch).__name__}", field="batch"
+        )
+    if not batch:
+        raise InputError("batch_to_ids got no sentences", field="batch")
+    for b, sentence in enumerate(batch):
+        if isinstance(sentence, (str, bytes)) or not isinstance(sentence, Sequence):
+            raise InputError(
+                f"sentence {b} is a {type(sentence).__name__}, not a list of tokens "
+                "(split it into tokens first)",
+                field=f"batch[{b}]",
+            )
+        for i, token in enumerate(sentence):
+            if not isinstance(token, str):
+                raise InputError(
+                    f"token {i} of sentence {b} is a {type(token).__name__}, not a str",
+                    field=f"batch[{b}][{i}]",
+                )
+    out = np.zeros((len(batch), max(map(len, batch)), max_chars), dtype=np.int64)
+    for b, sentence in enumerate(batch):
+        for i, token in enumerate(sentence):
+            out[b, i] = token_ids(token, max_chars)  # "<S>", "</S>": the markers, as there
+    return torch.from_numpy(out)
+
+
+def _check_char_ids(ids: Tensor, max_chars: int) -> Tensor:
+    """``[B, T, W]`` integer ids in 0..261, padding tokens only at the end of a row."""
+    if not isinstance(ids, Tensor):
+        raise InputError(
+            f"char_ids must be a LongTensor [batch, timesteps, {max_chars}] "
+            f"(from batch_to_ids), got {type(ids).__name__}",
+            field="char_ids",
+        )
+    if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.dim() < 3:
+        raise InputError(
+            f"char_ids must be an integer tensor [batch, timesteps, {max_chars}], "
+            f"got {ids.dtype} {list(ids.shape)}",
+            field="char_ids",
+        )
+    if ids.shape[-1] != max_chars:
+        raise InputError(
+            f"char_ids' last dimension is {ids.shape[-1]}, the model reads {max_chars} "
+            "characters per token",
+            field="char_ids",
+        )
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= N_CHAR_IDS):
+        raise InputError(f"char_ids must lie in 0..{N_CHAR_IDS - 1}", field="char_ids")
+    return ids.long()
+
+
+def _boundaries(inputs: Tensor, mask: Tensor, bos: Tensor, eos: Tensor) -> tuple[Tensor, Tensor]:
+    """AllenNLP's ``add_sentence_boundary_token_ids``: ``[B, T, D]`` -> ``[B, T+2, D]``
+    with ``bos`` at 0 and ``eos`` after each row's last token, and the new mask."""
+    b, t = mask.shape
+    lengths = mask.sum(1)
+    out = inputs.new_zeros(b, t + 2, inputs.shape[-1])
+    out[:, 1:-1] = inputs
+    out[:, 0] = bos
+    out[torch.arange(b, device=inputs.device), lengths + 1] = eos
+    return out, lengths + 2
+
+
+def _without_boundaries(x: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+    """AllenNLP's ``remove_sentence_boundaries``: ``[B, T+2, D]`` -> ``[B, T, D]`` (zero
+    past each row's tokens) and the mask of its tokens."""
+    t = x.shape[1] - 2
+    mask = torch.arange(t, device=x.device).unsqueeze(0) < (lengths - 2).unsqueeze(1)
+    return x[:, 1:-1] * mask.unsqueeze(-1).to(x.dtype), mask
+
+
+def batch_layer_norm(h: Tensor, mask: Tensor) -> Tensor:
+    """AllenNLP's ``ScalarMix`` layer norm: one mean and variance over every unmasked
+    position of the whole batch (``mask [B, T]``), applied to every position."""
+    m = mask.unsqueeze(-1).to(h.dtype)
+    n = mask.sum() * h.shape[-1]
+    hm = h * m
+    mean = hm.sum() / n
+    var = (((hm - mean) * m) ** 2).sum() / n
+    tiny = 1e-4 if h.dtype == torch.float16 else 1e-13  # allennlp.nn.util.tiny_value_of_dtype
+    return (h - mean) / torch.sqrt(var + tiny)
+
+
+def _fixed_weights(weights: Sequence[float], n_layers: int) -> list[float]:
+    """``scalar_mix_parameters`` as this project's mix takes them: softmax is
+    shift-invariant, and a weight more than ``MAX_MIX_WEIGHT`` below the largest is
+    exactly 0 after it in float32, so AllenNLP's ``[-9e10, 1, -9e10]`` works."""
+    w = [float(x) for x in weights]
+    if len(w) != n_layers or not all(np.isfinite(w)):
+        raise ConfigError(
+            f"scalar_mix_parameters needs {n_layers} finite weights (one per biLM layer), "
+            f"got {list(weights)!r}",
+            field="scalar_mix_parameters",
+        )
+    top = max(w)
+    return [max(x - top, -MAX_MIX_WEIGHT) for x in w]
+
+
+class Elmo(nn.Module):
+    """ELMo representations from a pretrained biLM: AllenNLP's ``Elmo``.
+
+    # Parameters
+
+    options_file, weight_file : `str`
+        bilm-tf's ``options.json`` and ``weights.hdf5`` (the published ELMo files);
+        ``None`` for both with ``module``. :meth:`from_pretrained` reads this
+        project's artifacts.
+    num_output_representations : `int`
+        The number of independent trainable mixes of the one biLM run (e.g. 2: one
+        at a task network's input, one at its output).
+    requires_grad : `bool`, optional (default = `False`)
+        Fine-tune every biLM weight. False: the biLM is frozen and runs without
+        autograd in the serving kernels; only the mixes learn.
+    do_layer_norm : `bool`, optional (default = `False`)
+        Normalise each layer over the batch's unmasked positions (AllenNLP's).
+    dropout : `float`, optional (default = `0.5`)
+        On each output representation, in ``train()`` mode only.
+    vocab_to_cache : `list[str]`, optional
+        Words whose character CNN vectors are computed once; ``forward`` then
+        also takes ``word_inputs`` (ids into this list).
+    keep_sentence_boundaries : `bool`, optional (default = `False`)
+        Keep the ``<S>``/``</S>`` positions in the outputs.
+    scalar_mix_parameters : `list[float]`, optional
+        Fixed (untrained) pre-softmax mix weights; gamma stays 1.
+    module : `nn.Module`, optional
+        Instead of a pretrained biLM: a module with ``num_layers`` whose forward
+        returns ``{"activations": [...], "mask": ...}`` (AllenNLP's ``_ElmoBiLm`` contract).
+    stateful : `bool`, optional (default = `False`)
+        Carry the LSTM state from one call to the next, row by row (AllenNLP and
+        bilm-tf); :meth:`reset_states` zeroes it. False: every sentence starts
+        from a zero state, so its vectors do not depend on earlier batches.
+    bilm_dropout : `float`, optional (default = `0.0`)
+        The biLM's pretraining dropout when fine-tuning in ``train()`` mode.
+    """
+
+    def __init__(
+        self,
+        options_file: str | Path | None,
+        weight_file: str | Path | None,
+        num_output_representations: int,
+        requires_grad: bool = False,
+        do_layer_norm: bool = False,
+        dropout: float = 0.5,
+        vocab_to_cache: list[str] | None = None,
+        keep_sentence_boundaries: bool = False,
+        scalar_mix_parameters: list[float] | None = None,
+        module: nn.Module | None = None,
+        *,
+        stateful: bool = False,
+        bilm_dropout: float = 0.0,
+        bilm: BiLM | None = None,
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
+        super().__init__()
+        if module is not None or bilm is not None:
+            if options_file is not None or weight_file is not None:
+                raise ConfigError(
+                    "give options_file and weight_file, or a module, not both", field="module"
+                )
+        elif options_file is None or weight_file is None:
+            raise ConfigError("options_file and weight_file are both needed", field="options_file")
+        if num_output_representations < 1:
+            raise ConfigError(
+                f"num_output_representations must be >= 1, got {num_output_representations}",
+                field="num_output_representations",
+            )
+        if not 0 <= bilm_dropout < 1:
+            raise ConfigError(
+                f"bilm_dropout must be in [0, 1), got {bilm_dropout}", field="bilm_dropout"
+            )
+        self.tokenizer = tokenizer
+        self._module = module
+        if module is None:
+            if bilm is None:
+                from elmo_service.convert import load_bilm  # h5py: only for hdf5 files
+
+                bilm, _ = load_bilm(options_file, weight_file)
+            bilm.dropout.p = bilm_dropout
+            if not requires_grad:
+                bilm.requires_grad_(False)
+        self._elmo_lstm = module if module is not None else bilm
+        self.stateful = stateful
+        self._states: tuple[Tensor, Tensor] | None = None
+        self._keep_sentence_boundaries = keep_sentence_boundaries
+        self._dropout = nn.Dropout(p=dropout)
+        self._do_layer_norm = do_layer_norm
+        n_layers = module.num_layers if module is not None else bilm.n_output_layers
+        fixed = scalar_mix_parameters is not None
+        weights = _fixed_weights(scalar_mix_parameters, n_layers) if fixed else None
+        self._scalar_mixes: list[ScalarMix] = []
+        for k in range(num_output_representations):
+            mix = ScalarMix(n_layers, weights=weights, trainable=not fixed)
+            self.add_module(f"scalar_mix_{k}", mix)
+            self._scalar_mixes.append(mix)
+        self._kernel = None  # the serving kernel, built on the first frozen forward
+        self._word_embedding: nn.Embedding | None = None
+        if vocab_to_cache:
+            if module is not None:
+                raise ConfigError(
+                    "vocab_to_cache needs the pretrained biLM", field="vocab_to_cache"
+                )
+            self._cache_vocab(vocab_to_cache, requires_grad)
+
+    @classmethod
+    def from_pretrained(
+        cls, artifact_dir: str | Path, num_output_representations: int = 1, **kwargs
+    ) -> Elmo:
+        """An ``Elmo`` over one of this project's artifact folders (``load_artifact``).
+
+        The artifact's tokenizer is :attr:`tokenizer`: ``batch_to_ids`` must get the
+        tokens it gives (``[t.text for t in elmo.tokenizer(text)]``): words for a
+        converted bilm-tf model, sentencepiece pieces for a model trained here.
+        """
+        from elmo_service.artifact import load_artifact
+
+        art = load_artifact(artifact_dir)
+        return cls(
+            None,
+            None,
+            num_output_representations,
+            bilm=art.model,
+            tokenizer=art.tokenizer,
+            **kwargs,
+        )
+
+    # ------------------------------------------------------------------ AllenNLP's API
+    def get_output_dim(self) -> int:
+        if self._module is not None:
+            return self._module.get_output_dim()
+        return self._elmo_lstm.cfg.output_dim
+
+    def reset_states(self, mask: Tensor | None = None) -> None:
+        """Zero the carried state (``stateful=True``): all rows, or those where ``mask [B]``."""
+        if mask is None or self._states is None:
+            self._states = None
+            return
+        if mask.shape[0] != self._states[0].shape[2]:
+            raise InputError(
+                f"reset_states: mask has {mask.shape[0]} rows, the state {self._states[0].shape[2]}",
+                field="mask",
+            )
+        keep = (~mask.bool()).to(self._states[0].dtype).view(1, 1, -1, 1)
+        self._states = tuple(s * keep for s in self._states)
+
+    def forward(self, inputs: Tensor, word_inputs: Tensor | None = None) -> dict:
+        """``inputs [B, T, 50]`` character ids (``batch_to_ids``; more leading dims are
+        flattened and restored) -> ``{"elmo_representations": [k x [B, T, 2P]], "mask":
+        [B, T] bool}``."""
+        w = MAX_CHARS if self._module is not None else self._elmo_lstm.cfg.max_chars_per_token
+        inputs = _check_char_ids(inputs, w)
+        lead = inputs.shape[:-2]
+        ids = inputs.reshape(-1, *inputs.shape[-2:])
+        words = None
+        if word_inputs is not None and self._word_embedding is not None:
+            words = word_inputs.reshape(-1, word_inputs.shape[-1])
+        if self._module is not None:
+            out = self._module(ids, words)
+            layers, mask = torch.stack(list(out["activations"])), out["mask"]
+            lengths = mask.sum(1)
+        else:
+            layers, lengths = self._bilm_layers(ids, words)
+            mask = torch.arange(layers.shape[2], device=ids.device) < lengths.unsqueeze(1)
+        if self._do_layer_norm:
+            layers = torch.stack([batch_layer_norm(h, mask) for h in layers])
+        reps = []
+        for mix in self._scalar_mixes:
+            rep = mix(layers)
+            if not self._keep_sentence_boundaries:
+                rep, out_mask = _without_boundaries(rep, lengths)
+            reps.append(self._dropout(rep))
+        out_mask = mask if self._keep_sentence_boundaries else out_mask
+        shape = lead if words is None else word_inputs.shape[:-1]
+        return {
+            "elmo_representations": [r.reshape(*shape, *r.shape[1:]) for r in reps],
+            "mask": out_mask.reshape(*shape, out_mask.shape[-1]),
+        }
+
+    # ------------------------------------------------------------------ the biLM
+    def _bilm_layers(self, ids: Tensor, words: Tensor | None) -> tuple[Tensor, Tensor]:
+        """Char ids ``[B, T, W]`` -> layers ``[L+1, B, T+2, 2P]`` and lengths with markers."""
+        bilm: BiLM = self._elmo_lstm
+        w = ids.shape[-1]
+        grad = torch.is_grad_enabled() and any(p.requires_grad for p in bilm.parameters())
+        fast = not grad and not (self.training and bilm.dropout.p > 0)
+        if words is not None and int(words.max()) >= self._word_embedding.num_embeddings:
+            words = None  # a word outside the cached vocabulary: the CNN (AllenNLP backs off too)
+        # AllenNLP: a token is real where any id is non-zero (with a cached vocabulary: id > 0)
+        mask = (ids > 0).any(-1) if words is None else words > 0
+        lengths = mask.sum(1)
+        if bool((mask[:, 1:] & ~mask[:, :-1]).any()):
+            row = int((mask[:, 1:] & ~mask[:, :-1]).any(1).nonzero()[0])
+            raise InputError(
+                f"char_ids row {row} has a padding token (all zeros) before a real token",
+                field="char_ids",
+            )
+        distinct = None
+        if words is not None:
+            tokens, _ = _boundaries(
+                self._word_embedding(words), mask, self._bos_embedding, self._eos_embedding
+            )
+        else:
+            bos, eos = (torch.from_numpy(f(w)).to(ids.device) for f in (bos_ids, eos_ids))
+            full, _ = _boundaries(ids, mask, bos, eos)
+            tokens, distinct = self._encode(full, fast)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not fast):
+            if self.stateful:
+                layers, final = bilm.contextualize_from(
+                    tokens, lengths + 2, self._initial(ids.shape[0])
+                )
+                self._keep(final)
+            elif fast:
+                layers = self._serving_kernel().contextualize(tokens, lengths + 2, distinct)
+            else:
+                layers = bilm.contextualize(tokens, lengths + 2)
+        return layers, lengths + 2
+
+    def _encode(self, ids: Tensor, fast: bool) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """Char ids ``[B, T, W]`` -> token vectors ``[B, T, P]`` and ``(table [U, P],
+        index [B, T])``: each distinct token's CNN once (a batch repeats its words,
+        markers and padding; under autograd the gradients of its copies add up in the
+        index), and the serving kernel's first input matmul once per distinct token too."""
+        b, t, w = ids.shape
+        uniq, index = torch.unique(ids.reshape(b * t, w), dim=0, return_inverse=True)
+        if not fast:
+            table = self._elmo_lstm.token_encoder(uniq)
+        else:
+            with torch.no_grad():
+                table = self._serving_kernel().encode(uniq)
+        return table[index].reshape(b, t, -1), (table, index.reshape(b, t))
+
+    def _serving_kernel(self):
+        """The native CPU kernels for an fp32 model on the CPU, else the model's own
+        inference loop; rebuilt when the device or dtype changes."""
+        from elmo_service.kernels.select import choose_kernel
+
+        p = self._elmo_lstm.token_encoder.projection.weight
+        key = (p.device, p.dtype)
+        if self._kernel is None or self._kernel[0] != key:
+            precision = "fp32" if p.dtype == torch.float32 else "auto"
+            kernel = choose_kernel(self._elmo_lstm, p.device, precision, "fp32", False)
+            self._kernel = (key, kernel)
+        return self._kernel[1]
+
+    def _cache_vocab(self, vocab: list[str], requires_grad: bool) -> None:
+        """AllenNLP's ``create_cached_cnn_embeddings``: each word's CNN vector once."""
+        bilm: BiLM = self._elmo_lstm
+        w = bilm.cfg.max_chars_per_token
+        ids = torch.from_numpy(
+            np.stack([bos_ids(w), eos_ids(w), *(token_ids(t, w) for t in vocab)])
+        )
+        with torch.no_grad():
+            table = bilm.token_encoder(ids)
+        # buffers, so that .to(device) moves them with the table
+        self.register_buffer("_bos_embedding", table[0].clone(), persistent=False)
+        self.register_buffer("_eos_embedding", table[1].clone(), persistent=False)
+        self._word_embedding = nn.Embedding.from_pretrained(
+            table[2:].clone(), freeze=not requires_grad, padding_idx=0
+        )
+
+    # ------------------------------------------------------------------ carried state
+    def _initial(self, batch: int) -> BiLMState | None:
+        """AllenNLP's ``_get_initial_states``: the carried state of the first ``batch``
+        rows, new rows from zero (the store grows to the larger batch)."""
+        if not self.stateful or self._states is None:
+            return None
+        h, c = self._states  # [2, L, rows, P], [2, L, rows, C]
+        if batch > h.shape[2]:
+            grow = batch - h.shape[2]
+            h = torch.cat([h, h.new_zeros(*h.shape[:2], grow, h.shape[3])], 2)
+            c = torch.cat([c, c.new_zeros(*c.shape[:2], grow, c.shape[3])], 2)
+            self._states = (h, c)
+        return tuple(
+            [(h[d, layer, :batch], c[d, layer, :batch]) for layer in range(h.shape[1])]
+            for d in (0, 1)
+        )
+
+    def _keep(self, final: BiLMState) -> None:
+        """Store the final state of this call's rows (detached); rows beyond it keep theirs."""
+        h = torch.stack([torch.stack([s[0] for s in d]) for d in final]).detach()
+        c = torch.stack([torch.stack([s[1].float() for s in d]) for d in final]).detach()
+        if self._states is not None and self._states[0].shape[2] > h.shape[2]:
+            old_h, old_c = self._states
+            b = h.shape[2]
+            h = torch.cat([h, old_h[:, :, b:]], 2)
+            c = torch.cat([c, old_c[:, :, b:]], 2)
+        self._states = (h, c)
