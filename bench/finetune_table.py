@@ -21,7 +21,7 @@ import statistics
 from pathlib import Path
 
 DONE = re.compile(
-    r"\[finetune\] (\S+)\s+seed (\d+) done: dev ([\d.]+) test ([\d.]+) "
+    r"\[finetune\] (\S+)\s+seed (\d+) done: dev ([\d.]+)(?: %)? test ([\d.]+)(?: %)? "
     r"\(best epoch \d+ of (\d+), (\d+)s\)"
 )
 

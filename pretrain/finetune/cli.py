@@ -37,7 +37,7 @@ def task_name_of(o: FinetuneOptions) -> str:
 def cmd_finetune(args: argparse.Namespace) -> int:
     from elmo_service.artifact import default_model_dir, load_artifact
     from elmo_service.runtime import set_threads
-    from pretrain.finetune.report import results_table, write_report
+    from pretrain.finetune.report import results_table, unseen_line, write_report
     from pretrain.finetune.run import build_task, choose_metric, finetune
     from pretrain.probe.service import check_destinations, write_and_store
     from pretrain.probe.tasks import load_for_command
@@ -54,7 +54,8 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     check_destinations(
         o, model_dir, name, model_version=art.version, n_layers=art.config.n_output_layers
     )
-    data, classes = load_for_command(o.task, o.data, o.fetch, o.max_train)
+    # a dev/test label never seen in training is a wrong prediction, counted in the report
+    data, classes = load_for_command(o.task, o.data, o.fetch, o.max_train, allow_unseen=True)
     tokens = task_kind(o.task) == "tokens"
     metric = choose_metric(o.metric, o.task, tokens, classes)
     if metric == "span-f1" and not tokens:
@@ -65,6 +66,8 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     task = build_task(art, data, classes, tokens, metric, crf, cfg, Path(o.cache) / name)
     print(f"[finetune] features ready in {time.monotonic() - t0:.0f}s", flush=True)
+    if unseen := unseen_line(task):
+        print(f"[finetune] note: {unseen}", flush=True)
     arms = [*([] if o.no_baseline else ["baseline"]), "elmo+baseline"]
     arms += [] if o.no_probe else ["probe"]
     seeds = list(range(o.first_seed, o.first_seed + o.seeds))

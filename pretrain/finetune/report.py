@@ -6,7 +6,7 @@ from pathlib import Path
 
 from elmo_service import atomic
 from pretrain.finetune.run import Finetuned
-from pretrain.finetune.train import METRIC_NAMES
+from pretrain.finetune.train import METRIC_NAMES, Task, pct
 
 TITLES = {
     "baseline": "baseline (word embedding + character CNN)",
@@ -42,8 +42,35 @@ def rows(ft: Finetuned) -> list[dict]:
         if r.arm == "elmo+baseline" and inc is not None:
             row["increase"] = inc["absolute"]
             row["relative_error_reduction"] = inc["relative_error_reduction"]
+        if ft.task.unseen:
+            row["unseen_labels"] = unseen_summary(ft.task)
         out.append(row)
     return out
+
+
+def unseen_summary(task: Task) -> dict:
+    """The dev/test labels never seen in training and how many units carry one."""
+    out: dict = {"labels": [str(u) for u in task.unseen]}
+    for split, (n, total) in task.unseen_counts.items():
+        out[split] = {"count": n, "of": total}
+    return out
+
+
+def unseen_line(task: Task) -> str | None:
+    """One sentence on labels never seen in training (always predicted wrong), or None."""
+    if not task.unseen:
+        return None
+    unit = "tokens" if task.tokens else "sentences"
+    what = "tags" if task.tokens else "classes"
+    parts = [
+        f"{n:,} of {total:,} {split} {unit} ({pct(n / total if total else 0.0)})"
+        for split, (n, total) in task.unseen_counts.items()
+        if n
+    ]
+    return (
+        f"{' and '.join(parts)} carry {what} never seen in training "
+        f"({', '.join(map(str, task.unseen))}): no network predicts them, so they score as wrong."
+    )
 
 
 def results_table(ft: Finetuned) -> str:
@@ -53,16 +80,17 @@ def results_table(ft: Finetuned) -> str:
         "|---|---|---|",
     ]
     for r in ft.results:
-        lines.append(
-            f"| {TITLES[r.arm]} | {100 * r.dev:.2f} | {100 * r.test:.2f} ± {100 * r.std:.2f} |"
-        )
+        lines.append(f"| {TITLES[r.arm]} | {pct(r.dev)} | {pct(r.test, r.std)} |")
     inc = ft.increase
     if inc is not None:
         lines += [
             "",
-            f"Increase: **{100 * inc['absolute']:+.2f}** absolute, "
+            f"Increase: **{100 * inc['absolute']:+.2f} points** absolute, "
             f"**{100 * inc['relative_error_reduction']:.1f} %** relative error reduction.",
         ]
+    unseen = unseen_line(ft.task)
+    if unseen:
+        lines += ["", unseen]
     return "\n".join(lines)
 
 

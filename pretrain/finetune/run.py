@@ -10,7 +10,7 @@ from elmo_service.scalar_mix import MixSpec
 from pretrain.finetune.data import Vocab, elmo_layers, encode
 from pretrain.finetune.options import FinetuneConfig
 from pretrain.finetune.train import ArmResult, Log, Task, increase, is_bio, run_arms, task_spec
-from pretrain.probe.tasks import SPLITS
+from pretrain.probe.tasks import SPLITS, labels_of
 
 
 @dataclass
@@ -47,8 +47,16 @@ def build_task(
     cache_dir: Path,
     log: Log = print,
 ) -> Task:
-    """``data[split]``: (words, tags) or (text, label) rows, already checked (probe.tasks)."""
-    index = {c: i for i, c in enumerate(classes)}
+    """``data[split]``: (words, tags) or (text, label) rows, already checked (probe.tasks).
+
+    A dev/test label never seen in training gets an id past ``classes``: no network
+    predicts it, so each token (or sentence) carrying one is scored wrong."""
+    labels_in = {s: labels_of("tokens" if tokens else "sentences", data[s]) for s in SPLITS}
+    trained = set(labels_in["train"])
+    unseen = sorted({y for s in ("dev", "test") for y in labels_in[s]} - trained, key=str)
+    counts = {s: (sum(y in unseen for y in labels_in[s]), len(labels_in[s])) for s in SPLITS[1:]}
+    names = list(classes) + [u for u in unseen if u not in classes]
+    index = {c: i for i, c in enumerate(names)}
     if tokens:
         sents = {s: [list(w) for w, _ in data[s]] for s in SPLITS}
         labels = {s: [[index[t] for t in tags] for _, tags in data[s]] for s in SPLITS}
@@ -67,6 +75,8 @@ def build_task(
         splits=splits,
         n_layers=layers["train"].shape[1],
         elmo_dim=layers["train"].shape[2],
+        unseen=unseen,
+        unseen_counts=counts,
     )
 
 

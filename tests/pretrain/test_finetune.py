@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import re
 
 import numpy as np
 import pytest
@@ -242,8 +243,6 @@ GOOD = '{"words": ["a", "b"], "tags": ["B-X", "O"]}\n'
     [
         ({"train": '{"words": ["a", "b"], "tags": ["O"]}\n'}, "train.jsonl:1: 2 words but 1 tags"),
         ({"dev": ""}, "dev.jsonl: no examples"),
-        ({"test": GOOD + '{"words": ["a"], "tags": ["B-NEW"]}\n'},
-         "test.jsonl:2: tags ['B-NEW'] are not in the training data's tags"),
     ],
 )  # fmt: skip
 def test_bad_data_is_one_line_naming_the_file_and_line_before_any_work(
@@ -258,6 +257,90 @@ def test_bad_data_is_one_line_naming_the_file_and_line_before_any_work(
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "c").exists() and not (tmp_path / "run").exists()
+
+
+def _with_unseen_test_tags(folder, tags=("SYM", "SYM", "LS")):
+    """NER data whose test split has 3 tokens tagged with ``tags``, never seen in training."""
+    rows = {"train": _ner_rows(40, 0), "dev": _ner_rows(10, 1), "test": _ner_rows(10, 2)}
+    test = rows["test"]
+    test[0]["tags"][0], test[3]["tags"][-1], test[5]["tags"][0] = tags
+    return _write(folder, rows), sum(len(r["words"]) for r in test)
+
+
+def test_a_test_tag_never_seen_in_training_is_a_wrong_prediction_counted_in_the_report(
+    tmp_path, capsys
+):
+    """A real split's test file (PTB: LS, SYM) may hold tags the training sentences lack:
+    the run goes to the end, and the report says how many test tokens carry one."""
+    model = tiny_artifact(tmp_path / "m")
+    data, total = _with_unseen_test_tags(tmp_path / "d")
+    assert _finetune(tmp_path, model, data, "--metric", "accuracy", "--no-probe") == 0
+    out = capsys.readouterr().out
+    line = f"3 of {total} test tokens ({100 * 3 / total:.2f} %) carry tags never seen in training (LS, SYM)"
+    assert line in out  # said before training, and in the report
+    assert line in (tmp_path / "run" / "report.md").read_text()
+    rows = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert [r["name"] for r in rows] == ["baseline", "elmo+baseline"]
+    for r in rows:
+        assert r["unseen_labels"]["labels"] == ["LS", "SYM"]
+        assert r["unseen_labels"]["test"] == {"count": 3, "of": total}
+        assert r["unseen_labels"]["dev"]["count"] == 0
+        # those 3 tokens are wrong whatever the network learned
+        assert all(s["test"] <= (total - 3) / total + 1e-9 for s in r["seeds"])
+    # scores print as percentages, never as bare numbers that read as fractions
+    assert re.search(r"\| ELMo \+ baseline \| \d+\.\d\d % \| \d+\.\d\d ± \d+\.\d\d % \|", out)
+    assert re.search(r"seed 0 done: dev \d+\.\d\d % test \d+\.\d\d % ", out)
+
+
+@pytest.mark.parametrize(
+    ("metric", "tags"),
+    [("accuracy", ("SYM", "SYM", "LS")), ("span-f1", ("B-NEW", "B-NEW", "B-ODD"))],
+)
+def test_an_unseen_label_is_scored_wrong_even_for_a_perfect_network(tmp_path, metric, tags):
+    """An oracle that predicts every trained label right still misses the unseen ones:
+    accuracy loses exactly those tokens; span F1 misses the spans they start."""
+    from pretrain.finetune.train import evaluate
+    from pretrain.probe.tasks import label_set, load_task_data
+
+    folder, total = _with_unseen_test_tags(tmp_path / "d", tags)
+    data = load_task_data("tagging", folder, fetch=False)
+    classes = label_set("tagging", data, allow_unseen=True)
+    assert classes == ["B-LOC", "B-PER", "O"]
+    cfg = FinetuneConfig(hidden=4)
+    task = build_task(
+        load_artifact(tiny_artifact(tmp_path / "m")), data, classes, True, metric, False, cfg,
+        tmp_path / "c", log=lambda _: None,
+    )  # fmt: skip
+    assert task.unseen == sorted(set(tags)) and task.unseen_counts["test"] == (3, total)
+
+    class Oracle:
+        def eval(self):
+            return self
+
+        def predict(self, batch):
+            k = len(classes)  # the network's outputs: an unseen label is not among them
+            return [
+                [t if t < k else classes.index("O") for t in batch.labels[b, :n].tolist()]
+                for b, n in enumerate(batch.mask.sum(1).tolist())
+            ]
+
+    got = evaluate(Oracle(), task, task.splits["test"])
+    if metric == "accuracy":
+        assert got == pytest.approx((total - 3) / total)
+    else:
+        gold = [r[1] for r in data["test"]]
+        pred = [[t if t in classes else "O" for t in tags] for tags in gold]
+        assert got == pytest.approx(span_f1(gold, pred)) and got < 1.0
+
+
+def test_the_probe_still_refuses_a_label_never_seen_in_training(tmp_path):
+    from elmo_service.errors import InputError
+    from pretrain.probe.tasks import load_for_command
+
+    folder, _ = _with_unseen_test_tags(tmp_path / "d")
+    refused = r"test.jsonl:1: tags \['LS', 'SYM'\] are not in the training"
+    with pytest.raises(InputError, match=refused):
+        load_for_command("tagging", str(folder), fetch=False)
 
 
 def test_a_task_name_the_model_ships_is_refused_unless_overwrite(tmp_path, capsys):
@@ -315,7 +398,7 @@ def test_ctrl_c_leaves_no_output_files(tmp_path, monkeypatch):
     report.write_text("old report\n")
     monkeypatch.setattr(atomic.os, "replace", interrupted)
 
-    task = type("T", (), {"metric": "accuracy"})()  # all the report reads of a Task
+    task = type("T", (), {"metric": "accuracy", "unseen": []})()  # all the report reads
     ft = Finetuned(
         task, [ArmResult("baseline", [Run("baseline", 0, 0.5, 0.4, 1, 1.0, None)])], None
     )
