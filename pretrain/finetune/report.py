@@ -11,15 +11,16 @@ from pretrain.finetune.train import METRIC_NAMES, Task, pct
 TITLES = {
     "baseline": "baseline (word embedding + character CNN)",
     "elmo+baseline": "ELMo + baseline",
+    "adapted+baseline": "ELMo adapted to the task's text (§3.4) + baseline",
     "probe": "linear probe (ELMo mix + linear)",
 }
 
 
 def rows(ft: Finetuned) -> list[dict]:
     """One row per arm: ``name``, ``dev``, ``test`` (means over seeds), ``std`` (of test),
-    the per-seed scores; the ELMo + baseline row also holds the increase over the baseline."""
+    the per-seed scores; the ELMo + baseline and adapted rows also hold the increase over
+    the baseline, the adapted row what the adaptation measured (``adaptation``)."""
     out = []
-    inc = ft.increase
     for r in ft.results:
         row = {
             "name": r.arm,
@@ -39,9 +40,12 @@ def rows(ft: Finetuned) -> list[dict]:
                 for x in r.runs
             ],  # fmt: skip
         }
-        if r.arm == "elmo+baseline" and inc is not None:
+        inc = ft.increase_of(r.arm) if r.arm != "baseline" else None
+        if r.arm in ("elmo+baseline", "adapted+baseline") and inc is not None:
             row["increase"] = inc["absolute"]
             row["relative_error_reduction"] = inc["relative_error_reduction"]
+        if r.arm == "adapted+baseline" and ft.adaptation is not None:
+            row["adaptation"] = ft.adaptation
         if ft.task.unseen:
             row["unseen_labels"] = unseen_summary(ft.task)
         out.append(row)
@@ -81,17 +85,37 @@ def results_table(ft: Finetuned) -> str:
     ]
     for r in ft.results:
         lines.append(f"| {TITLES[r.arm]} | {pct(r.dev)} | {pct(r.test, r.std)} |")
-    inc = ft.increase
-    if inc is not None:
-        lines += [
-            "",
-            f"Increase: **{100 * inc['absolute']:+.2f} points** absolute, "
-            f"**{100 * inc['relative_error_reduction']:.1f} %** relative error reduction.",
-        ]
+    for arm, what in (("elmo+baseline", "Increase"), ("adapted+baseline", "With adaptation")):
+        inc = ft.increase_of(arm)
+        if inc is not None:
+            lines += [
+                "",
+                f"{what}: **{100 * inc['absolute']:+.2f} points** absolute, "
+                f"**{100 * inc['relative_error_reduction']:.1f} %** relative error reduction.",
+            ]
+    if ft.adaptation is not None:
+        lines += ["", adaptation_line(ft.adaptation)]
     unseen = unseen_line(ft.task)
     if unseen:
         lines += ["", unseen]
     return "\n".join(lines)
+
+
+def adaptation_line(a: dict) -> str:
+    """The adaptation's perplexities (held-out task text, and the model's own held-out
+    text where it ships one: forgetting) and its time."""
+    text = (
+        f"Adaptation (§3.4): the biLM continued on the task's training and dev text "
+        f"({a['sentences']:,} sentences; never test) in {a['seconds']:.0f} s"
+        f"{' (reused from the cache)' if a.get('reused') else ''}: held-out perplexity "
+        f"**{a['perplexity_before']:.1f} → {a['perplexity_after']:.1f}**"
+    )
+    if a.get("original_perplexity_before") is not None:
+        text += (
+            f"; on the model's original held-out text {a['original_perplexity_before']:.1f} → "
+            f"{a['original_perplexity_after']:.1f}"
+        )
+    return text + f". Adapted model: `{a['model']}`."
 
 
 def write_report(path: Path, title: str, ft: Finetuned, command: str) -> None:

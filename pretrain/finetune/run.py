@@ -18,14 +18,20 @@ class Finetuned:
     task: Task
     results: list[ArmResult]
     spec: MixSpec | None  # the ELMo + baseline arm's best mix
+    adaptation: dict | None = None  # finetune --adapt: what the adaptation measured
+    adapted_spec: MixSpec | None = None  # the adapted arm's best mix (for the adapted model)
 
     def arm(self, name: str) -> ArmResult | None:
         return next((r for r in self.results if r.arm == name), None)
 
+    def increase_of(self, name: str) -> dict[str, float] | None:
+        """Arm ``name`` against the baseline (absolute, relative error reduction)."""
+        base, other = self.arm("baseline"), self.arm(name)
+        return increase(base, other) if base and other else None
+
     @property
     def increase(self) -> dict[str, float] | None:
-        base, elmo = self.arm("baseline"), self.arm("elmo+baseline")
-        return increase(base, elmo) if base and elmo else None
+        return self.increase_of("elmo+baseline")
 
 
 def choose_metric(metric: str, task_name: str, tokens: bool, classes: list) -> str:
@@ -88,11 +94,21 @@ def finetune(
     seeds: int | list[int],
     name: str,
     log: Log = print,
+    adapted: tuple[Artifact, Task, dict] | None = None,
 ) -> Finetuned:
+    """Train ``arms`` over ``seeds``. ``adapted``: the adapted model, the task over its
+    layers and the adaptation's record, for the ``adapted+baseline`` arm."""
     seeds = list(range(seeds)) if isinstance(seeds, int) else seeds
-    results = run_arms(arms, task, cfg, seeds, log)
-    ft = Finetuned(task, results, None)
+    tasks = dict.fromkeys(arms, task)
+    if "adapted+baseline" in arms:
+        if adapted is None:
+            raise ValueError("the adapted+baseline arm needs the adapted model and task")
+        tasks["adapted+baseline"] = adapted[1]
+    results = run_arms(arms, tasks, cfg, seeds, log)
+    ft = Finetuned(task, results, None, adaptation=adapted[2] if adapted else None)
     elmo = ft.arm("elmo+baseline")
     if elmo is not None:
         ft.spec = task_spec(elmo, name, art.version, task, cfg)
+    if (arm := ft.arm("adapted+baseline")) is not None:
+        ft.adapted_spec = task_spec(arm, name, adapted[0].version, adapted[1], cfg)
     return ft

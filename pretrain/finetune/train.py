@@ -24,6 +24,8 @@ from pretrain.finetune.options import FinetuneConfig
 Log = Callable[[str], None]
 
 METRIC_NAMES = {"accuracy": "accuracy", "span-f1": "span F1 (exact BIO spans)"}
+# a report row -> the network it trains: the adapted row is ELMo + baseline over the adapted biLM
+NETWORK_OF = {"adapted+baseline": "elmo+baseline"}
 
 
 def pct(x: float, std: float | None = None) -> str:
@@ -116,7 +118,7 @@ def train_run(arm: str, task: Task, cfg: FinetuneConfig, seed: int, log: Log = p
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     net = TaskNetwork(
-        arm,
+        NETWORK_OF.get(arm, arm),
         task.tokens,
         len(task.classes),
         len(task.vocab.words) + 2,
@@ -151,7 +153,7 @@ def train_run(arm: str, task: Task, cfg: FinetuneConfig, seed: int, log: Log = p
             best, best_epoch = score, epoch
             best_state = {k: v.detach().clone() for k, v in net.state_dict().items()}
         log(
-            f"[finetune] {arm:13s} seed {seed} epoch {epoch:2d}: loss {total / max(steps, 1):.4f} "
+            f"[finetune] {arm:16s} seed {seed} epoch {epoch:2d}: loss {total / max(steps, 1):.4f} "
             f"dev {pct(score)} (best {pct(best)} @{best_epoch}) "
             f"{time.monotonic() - t0:.0f}s"
         )
@@ -162,7 +164,7 @@ def train_run(arm: str, task: Task, cfg: FinetuneConfig, seed: int, log: Log = p
     test = evaluate(net, task, task.splits["test"])
     seconds = time.monotonic() - t0
     log(
-        f"[finetune] {arm:13s} seed {seed} done: dev {pct(dev_score)} test {pct(test)} "
+        f"[finetune] {arm:16s} seed {seed} done: dev {pct(dev_score)} test {pct(test)} "
         f"(best epoch {best_epoch} of {epoch}, {seconds:.0f}s)"
     )
     return Run(arm, seed, dev_score, test, epoch, seconds, net)
@@ -198,13 +200,19 @@ class ArmResult:
 
 
 def run_arms(
-    arms: Sequence[str], task: Task, cfg: FinetuneConfig, seeds: Sequence[int], log: Log = print
+    arms: Sequence[str],
+    task: Task | dict[str, Task],
+    cfg: FinetuneConfig,
+    seeds: Sequence[int],
+    log: Log = print,
 ) -> list[ArmResult]:
+    """``task``: one for every arm, or arm -> its task (the adapted arm's layers differ)."""
+    tasks = task if isinstance(task, dict) else dict.fromkeys(arms, task)
     # seed by seed, every arm: an interrupted benchmark still has paired runs in its log
     runs: dict[str, list[Run]] = {arm: [] for arm in arms}
     for seed in seeds:
         for arm in arms:
-            runs[arm].append(train_run(arm, task, cfg, seed, log))
+            runs[arm].append(train_run(arm, tasks[arm], cfg, seed, log))
     out = []
     for arm in arms:
         r = ArmResult(arm, runs[arm])

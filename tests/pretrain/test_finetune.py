@@ -438,3 +438,38 @@ def test_finetune_registers_in_a_service_that_serves_its_model_only(tmp_path, ca
         saved = json.loads((tmp_path / "run" / "task.json").read_text())
         assert got["weights"] == saved["weights"] and got["gamma"] == saved["gamma"]
         assert got["meta"]["model_version"] == load_artifact(model).version
+
+
+# ------------------------------------------------------------------ --adapt (paper §3.4)
+
+
+def test_the_adaptation_text_is_training_and_dev_never_test(tmp_path):
+    from pretrain.finetune.adapted import task_text
+    from pretrain.probe.tasks import load_task_data
+
+    data = load_task_data("tagging", _ner_data(tmp_path / "ner"), fetch=False)
+    text = task_text(data, tokens=True)
+    assert text == [" ".join(w) for w, _ in data["train"] + data["dev"]]
+    sentences = {"a fine film .": 1, "a dull film .": 0, "the best of the year": 1}
+    rows = {s: [(t, y) for t, y in sentences.items()] for s in ("train", "dev")}
+    rows["test"] = [("never read", 0)]
+    assert task_text(rows, tokens=False) == [*sentences, *sentences]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--no-elmo"], "--no-elmo needs --adapt"),
+        (["--adapt", "--no-elmo", "--store"], "--store / --service keep the ELMo + baseline mix"),
+        (["--adapt", "--adapt-steps", "0"], "adapt_steps"),
+    ],
+)
+def test_adapt_flags_that_make_no_sense_are_one_line_before_any_work(
+    tmp_path, capsys, flags, message
+):
+    model = tiny_artifact(tmp_path / "m")
+    data = _ner_data(tmp_path / "ner")
+    assert _finetune(tmp_path, model, data, *flags) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "c").exists() and not (tmp_path / "run").exists()
