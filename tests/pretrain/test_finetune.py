@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import random
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from elmo_service.artifact import load_artifact, write_task
+from elmo_service.embedder import Embedder
 from elmo_service.scalar_mix import MixSpec
 from pretrain.finetune import CRF, FinetuneConfig, build_task, finetune, span_f1, spans
 from pretrain.finetune.data import batches, make_batch
@@ -473,3 +476,54 @@ def test_adapt_flags_that_make_no_sense_are_one_line_before_any_work(
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "c").exists() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_finetune_adapt_adds_the_adapted_row_and_never_adapts_on_test(tmp_path, capsys):
+    """--adapt: the biLM is continued (pretrain.adapt) on the training and dev text only;
+    the report gains adapted+baseline with the adaptation's perplexities and time; a second
+    run (another seed's process) reuses the same adapted model."""
+    model = tiny_artifact(tmp_path / "m")
+    folder = tmp_path / "ner"
+    rows = {"train": _ner_rows(60, 0), "dev": _ner_rows(20, 1), "test": _ner_rows(20, 2)}
+    for i, r in enumerate(rows["test"]):  # words no other split has: never in the corpus
+        r["words"][0] = f"testonly{i}"
+    _write(folder, rows)
+    flags = ["--adapt", "--adapt-steps", "4", "--adapt-lr", "3e-3", "--no-probe"]
+    assert _finetune(tmp_path, model, folder, *flags) == 0
+    out = capsys.readouterr().out
+    # adapted first, then the arms are trained
+    assert out.index("Adaptation (§3.4)") < out.index("seed 0 done")
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert [r["name"] for r in report] == ["baseline", "elmo+baseline", "adapted+baseline"]
+    adapted = report[2]
+    a = adapted["adaptation"]
+    assert a["sentences"] == 80 and a["steps"] == 4 and a["reused"] is False
+    assert math.isfinite(a["perplexity_before"]) and math.isfinite(a["perplexity_after"])
+    assert a["seconds"] > 0
+    assert adapted["increase"] == pytest.approx(adapted["test"] - report[0]["test"])
+    md = (tmp_path / "run" / "report.md").read_text()
+    assert "| ELMo adapted to the task's text (§3.4) + baseline |" in md
+    assert (
+        f"held-out perplexity **{a['perplexity_before']:.1f} → {a['perplexity_after']:.1f}**" in md
+    )
+
+    # the adaptation's text: every training and dev sentence, no test word
+    corpus = (Path(a["model"]).parent / "corpus.txt").read_text()
+    assert corpus.splitlines() == [" ".join(r["words"]) for r in rows["train"] + rows["dev"]]
+    assert "testonly" not in corpus
+    # the adapted model is another model, and serves: its mix is for it, not the original
+    new = load_artifact(Path(a["model"]))
+    assert new.version != load_artifact(model).version
+    mix = json.loads((tmp_path / "run" / "adapted-task.json").read_text())
+    assert mix["meta"]["model_version"] == new.version
+    assert np.isfinite(Embedder(new, device="cpu").embed([["the", "dog"]])[0].layers).all()
+
+    # another process (seed 1, the adapted row only) reuses that adaptation
+    more = ["--first-seed", "1", "--no-baseline", "--no-elmo", "--out", str(tmp_path / "run1")]
+    assert _finetune(tmp_path, model, folder, *flags, *more) == 0
+    assert "[adapt] reusing the adapted model" in capsys.readouterr().out
+    again = json.loads((tmp_path / "run1" / "report.json").read_text())
+    assert [r["name"] for r in again] == ["adapted+baseline"]
+    assert again[0]["adaptation"]["reused"] is True
+    assert again[0]["adaptation"]["model"] == a["model"]
