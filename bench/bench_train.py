@@ -48,7 +48,7 @@ from elmo_service.runtime import autocast, resolve_precision, set_threads  # noq
 from pretrain.config import TrainConfig, load_config  # noqa: E402
 from pretrain.data import Batch, padded_len  # noqa: E402
 from pretrain.lm import LanguageModel  # noqa: E402
-from pretrain.train import make_optimizer  # noqa: E402
+from pretrain.optim import make_optimizer  # noqa: E402
 from tests.support import reference  # noqa: E402
 
 # ---------------------------------------------------------------- FLOPs

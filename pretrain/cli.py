@@ -1,8 +1,9 @@
-"""`elmo-pretrain`: prepare | train | eval | export | plot | synthetic (and pretrain.sources' fetchers).
+"""`elmo-pretrain`: prepare | train | adapt | eval | export | plot | synthetic (and pretrain.sources' fetchers).
 
     elmo-pretrain prepare corpus/*.txt --out data/prepared --vocab-size 16000
     elmo-pretrain train configs/default.yaml --run-dir runs/default [--set optim.lr=3e-4] [--resume | --force]
     torchrun --nproc-per-node 2 -m pretrain.cli train configs/tiny.yaml --run-dir runs/ddp
+    elmo-pretrain adapt models/default notes/*.txt --out models/notes [--steps 300] [--resume]
     elmo-pretrain eval runs/default [--split heldout | --file test.txt]
     elmo-pretrain export runs/default models/elmo-en
     elmo-pretrain plot runs/default              # runs/default/learning-curve.png
@@ -96,6 +97,31 @@ def _add_train(sub) -> None:
     )
 
 
+def _add_adapt(sub) -> None:
+    from pretrain.adapt import AdaptOptions
+
+    p = sub.add_parser(
+        "adapt",
+        help="continue pretraining a model on your own text (domain adaptation): MODEL + CORPUS "
+        "-> NEW_MODEL, with held-out perplexity before and after",
+    )
+    p.add_argument("model", help="the model to start from: any artifact folder (models/default)")
+    p.add_argument(
+        "corpus", nargs="+", help="text files, folders or globs (tokenized as MODEL does)"
+    )
+    p.add_argument("--out", required=True, help="the new model's folder, e.g. models/notes")
+    add_arguments(p, AdaptOptions)  # every option a flag: --steps, --lr, --max-minutes, ...
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--resume", action="store_true", help="continue the work folder's adaptation")
+    g.add_argument("--overwrite", action="store_true", help="replace an existing NEW_MODEL")
+    p.add_argument(
+        "--stop-after",
+        type=int,
+        metavar="N",
+        help="checkpoint and exit after N steps in this invocation (--resume continues)",
+    )
+
+
 def _add_eval(sub) -> None:
     p = sub.add_parser("eval", help="exact held-out perplexity (forward, backward, average)")
     p.add_argument("run_dir", help="a run folder (or a model exported with --lm)")
@@ -170,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_prepare(sub)
     _add_train(sub)
+    _add_adapt(sub)
     _add_eval(sub)
     _add_export(sub)
     _add_plot(sub)
@@ -192,8 +219,10 @@ def cmd_train(a) -> int:
     from pathlib import Path
 
     from pretrain.config import dump_config
+    from pretrain.ddp import dist_env
     from pretrain.launch import read_launch, write_launch
-    from pretrain.train import check_run_dir, dist_env, resolve_config, run_training
+    from pretrain.run_checks import check_run_dir, resolve_config
+    from pretrain.train import run_training
 
     run_dir = Path(a.run_dir)
     cfg = resolve_config(a.config, a.overrides, run_dir, a.resume)  # all config errors surface here
@@ -212,7 +241,30 @@ def cmd_train(a) -> int:
             write_launch(run_dir, a.config, a.overrides)
         elif launch is not None:  # later resumes keep what this one changed (e.g. train.steps)
             write_launch(run_dir, launch.get("config"), [*launch["overrides"], *a.overrides])
-    run_training(cfg, a.run_dir, resume=a.resume, force=a.force, stop_after=a.stop_after)
+    run_training(
+        cfg,
+        a.run_dir,
+        resume=a.resume,
+        force=a.force,
+        stop_after=a.stop_after,
+        hand_on_signals=False,  # this process is the run: a signal means checkpoint, exit 0
+    )
+    return 0
+
+
+def cmd_adapt(a) -> int:
+    from pretrain.adapt import AdaptOptions, adapt
+
+    adapt(
+        a.model,
+        a.corpus,
+        a.out,
+        from_args(AdaptOptions, a),
+        resume=a.resume,
+        overwrite=a.overwrite,
+        stop_after=a.stop_after,
+        hand_on_signals=False,  # as train: a signal means checkpoint, exit 0
+    )
     return 0
 
 
@@ -325,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     handler = {
         "prepare": cmd_prepare,
         "train": cmd_train,
+        "adapt": cmd_adapt,
         "eval": cmd_eval,
         "export": cmd_export,
         "plot": cmd_plot,

@@ -69,8 +69,10 @@ def export(
     threads: int | None = None,
     overwrite: bool = False,
     progress: bool = False,
+    provenance_extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write a serving artifact (BiLM + tokenizer; no softmax, no optimizer state) with provenance."""
+    """Write a serving artifact (BiLM + tokenizer; no softmax, no optimizer state) with provenance
+    (``provenance_extra``: more of it, e.g. ``adapt``'s perplexities before and after)."""
     set_threads(threads)
     cfg, corpus, model, meta = load_run(run_dir, checkpoint, data_path)
     refuse_nonfinite(model, meta)
@@ -102,6 +104,7 @@ def export(
                 field="checkpoint",
             )
         provenance["heldout"] = json_safe(ev)
+    provenance.update(provenance_extra or {})
     if cfg.train.directions == "forward":
         provenance["warning"] = "forward-only LM: the backward LSTM layers were never trained"
     version = save_artifact(

@@ -6,7 +6,7 @@ The record: the config file and ``--set`` overrides the run was started with.
 YAML file set from one a ``--set`` flag set. ``elmo-pretrain train`` writes
 ``RUN_DIR/launch.json`` (rank 0) before training; ``--resume`` re-reads the
 file with these overrides applied first, so repeating the launch command
-without its ``--set`` flags resumes the same run (``train.resolve_config``).
+without its ``--set`` flags resumes the same run (``run_checks.resolve_config``).
 
 ``elmo-pretrain train ... --nproc-per-node N`` runs torchrun's launcher in this
 process (:func:`launch_local`), so that Ctrl-C or SIGTERM ends in one line: the

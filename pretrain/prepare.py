@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import time
 from collections import Counter
 from pathlib import Path
@@ -62,6 +63,11 @@ class PrepareOptions(StrictModel):
     )
     vocab_size: int = Field(
         16000, ge=4, le=2_000_000, description="softmax size incl. <S>, </S>, <unk>"
+    )
+    sp_model: str | None = Field(
+        None,
+        description="sentencepiece: encode with this tokenizer.model instead of training one "
+        "(a model's own, to adapt it: `elmo-pretrain adapt`)",
     )
     sp_model_type: Literal["unigram", "bpe", "char", "word"] = Field(
         "unigram", description="sentencepiece's model type"
@@ -144,8 +150,10 @@ def _inputs_fingerprint(files: list[Path]) -> list[dict[str, Any]]:
 
 
 def _params_hash(opts: PrepareOptions, train: list[dict], heldout: list[dict]) -> str:
+    given = {"sp_model_sha256": file_sha256(Path(opts.sp_model))} if opts.sp_model else {}
     blob = json.dumps(
-        {"options": opts.model_dump(), "train": train, "heldout": heldout}, sort_keys=True
+        {"options": opts.model_dump(), "train": train, "heldout": heldout, **given},
+        sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -239,6 +247,8 @@ def prepare(
     if not inputs:
         raise InputError("no input files given", field="inputs")
     train_files = T.expand_inputs(inputs)
+    if opts.sp_model and not Path(opts.sp_model).is_file():
+        raise InputError(f"no sentencepiece model at {opts.sp_model}", field="sp_model")
     heldout_files = T.expand_inputs(opts.heldout_files) if opts.heldout_files else []
     train_fp, heldout_fp = _inputs_fingerprint(train_files), _inputs_fingerprint(heldout_files)
     params_hash = _params_hash(opts, train_fp, heldout_fp)
@@ -329,7 +339,7 @@ def _prepare_into(
             kind: file_sha256(tmp / "shards" / f"{sh['name']}.{kind}.npy")
             for kind in ("tokens", "offsets")
         }
-    if softmax_size < opts.vocab_size:
+    if softmax_size < opts.vocab_size and not opts.sp_model:
         why = (
             f"the training text has only {softmax_size - len(SPECIALS)} distinct words"
             if opts.tokenizer == "word"
@@ -362,7 +372,7 @@ def _prepare_into(
             "file": "vocab.txt",
             "size": len(vocab),
             "softmax_size": softmax_size,
-            "requested_size": opts.vocab_size,
+            "requested_size": softmax_size if opts.sp_model else opts.vocab_size,
             "bos_id": BOS_ID,
             "eos_id": EOS_ID,
             "unk_id": UNK_ID,
@@ -406,7 +416,7 @@ def _encode_file(path: Path, encode, writer: ShardWriter, progress: bool, desc: 
     writer.flush()
 
 
-def _tokenize_sp(tmp, shard_dir, paths, opts: PrepareOptions, log, progress):
+def _train_sp(tmp: Path, paths: dict[str, Path], opts: PrepareOptions, log) -> None:
     import sentencepiece as spm
 
     log(f"training sentencepiece ({opts.sp_model_type}, vocab {opts.vocab_size})...")
@@ -431,6 +441,15 @@ def _tokenize_sp(tmp, shard_dir, paths, opts: PrepareOptions, log, progress):
     except RuntimeError as e:
         raise InputError(f"sentencepiece training failed: {e}", field="vocab_size") from e
     (tmp / "tokenizer.vocab").unlink(missing_ok=True)
+
+
+def _tokenize_sp(tmp, shard_dir, paths, opts: PrepareOptions, log, progress):
+    import sentencepiece as spm
+
+    if opts.sp_model:  # the given tokenizer, kept as it is
+        shutil.copyfile(opts.sp_model, tmp / "tokenizer.model")
+    else:
+        _train_sp(tmp, paths, opts, log)
     sp = spm.SentencePieceProcessor(model_file=str(tmp / "tokenizer.model"))
     n_sp = sp.get_piece_size()
 

@@ -23,24 +23,22 @@ How a run ends, with its exit codes: docs/training.md.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import shutil
 import signal
-import time
-import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch._dynamo
 import torch.distributed as dist
-from tqdm import tqdm
 
 from elmo_service.atomic import write_json, write_text
-from elmo_service.errors import ConfigError, ElmoServiceError, InputError
+from elmo_service.errors import ElmoServiceError, InputError
 from elmo_service.runtime import autocast, pick_device, resolve_precision, set_threads
+from pretrain import ddp
 from pretrain.checkpoint import (
     checkpoint_status,
     describe_nonfinite,
@@ -49,54 +47,17 @@ from pretrain.checkpoint import (
     nonfinite_tensors,
     save_checkpoint,
 )
-from pretrain.config import (
-    RESUMABLE_KEYS,
-    OptimConfig,
-    TrainConfig,
-    config_hash,
-    diff_configs,
-    dump_config,
-    load_config,
-)
+from pretrain.config import TrainConfig, config_hash, dump_config
 from pretrain.data import BucketBatcher, Corpus, StreamBatcher, to_device
 from pretrain.lm import LanguageModel
-from pretrain.run_dir import CONFIG_FILE, LAUNCH_FILE, RUN_FILE, RUN_STATE
+from pretrain.optim import lr_at, make_optimizer
+from pretrain.progress import Clock, ProgressBar
+from pretrain.run_checks import RunDirError, check_mode, check_run_dir
+from pretrain.run_dir import CONFIG_FILE, RUN_FILE, RUN_STATE
+from pretrain.signals import Interrupted, StopSignals
 from pretrain.tracking import MetricsLog, stop_record
 
 # ---------------------------------------------------------------- setup
-
-# steps before the progress bar measures its rate (torch.compile compiles each new shape)
-WARMUP_STEPS, WARMUP_STEPS_COMPILED = 3, 20
-
-
-def lr_at(step: int, o: OptimConfig, total: int) -> float:
-    """Linear warm-up to ``lr``, then the configured decay over the remaining steps.
-
-    ``plateau`` is constant here; the trainer scales it after each epoch's evaluation.
-    """
-    if step < o.warmup_steps:
-        return o.lr * (step + 1) / o.warmup_steps
-    if o.decay in ("none", "plateau"):
-        return o.lr
-    if o.decay == "inverse_sqrt":
-        w = max(1, o.warmup_steps)
-        return o.lr * math.sqrt(w / max(step + 1, w))
-    progress = min(1.0, (step - o.warmup_steps) / max(1, total - o.warmup_steps))
-    if o.decay == "linear":
-        return o.lr * (1 - (1 - o.min_lr_ratio) * progress)
-    return o.lr * (o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def make_optimizer(params, o: OptimConfig) -> torch.optim.Optimizer:
-    params = [p for p in params if p.requires_grad]
-    if o.name == "sgd":  # Kim et al. 2016: plain SGD, lr 1, halved on plateaus
-        return torch.optim.SGD(params, lr=o.lr, weight_decay=o.weight_decay)
-    if o.name == "adagrad":  # bilm-tf: lr 0.2, initial accumulator 1.0
-        return torch.optim.Adagrad(
-            params, lr=o.lr, initial_accumulator_value=o.adagrad_init_acc, eps=1e-10
-        )
-    cls = torch.optim.AdamW if o.name == "adamw" else torch.optim.Adam
-    return cls(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
 
 
 def build_model(cfg: TrainConfig, corpus: Corpus) -> LanguageModel:
@@ -122,16 +83,6 @@ def build_model(cfg: TrainConfig, corpus: Corpus) -> LanguageModel:
     return lm
 
 
-def dist_env() -> tuple[int, int, int]:
-    """(rank, world, local_rank) from the variables torchrun sets."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    return int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0"))
-
-
-class RunDirError(ConfigError):
-    pass
-
-
 class TrainingDiverged(ElmoServiceError):
     """A non-finite loss, gradient norm or weights: the run stops, nothing of it is saved."""
 
@@ -140,197 +91,6 @@ class TrainingDiverged(ElmoServiceError):
 
 class CorpusMissing(InputError):
     """The prepared corpus went away while training."""
-
-
-class _Interrupted(BaseException):
-    """SIGTERM/SIGINT before this process's first step (raised from the signal handler)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-class _Clock:
-    """Wall-clock bookkeeping of one ``fit``: training time across resumes, the time
-    since the last log line and since the last checkpoint."""
-
-    def __init__(self, elapsed0: float) -> None:
-        self.t0 = self.t_lap = self.t_ckpt = time.time()
-        self.elapsed0 = elapsed0
-
-    def since_start(self) -> float:
-        return time.time() - self.t0
-
-    def since_checkpoint(self) -> float:
-        return time.time() - self.t_ckpt
-
-    def checkpointed(self) -> None:
-        self.t_ckpt = time.time()
-
-    def elapsed(self) -> float:
-        return self.elapsed0 + self.since_start()
-
-    def lap(self) -> float:
-        """Seconds since the previous lap."""
-        now = time.time()
-        dt, self.t_lap = now - self.t_lap, now
-        return dt
-
-
-class _ProgressBar:
-    """tqdm over steps whose rate (and so the ETA) is measured after a warm-up: the first
-    steps compile (or fill caches) and would make the first ETA read hours."""
-
-    def __init__(self, total: int, initial: int, enabled: bool, compiled: bool) -> None:
-        self.warmup_until = initial + (WARMUP_STEPS_COMPILED if compiled else WARMUP_STEPS)
-        self.bar = tqdm(
-            total=total,
-            initial=initial,
-            unit="step",
-            disable=not enabled,
-            dynamic_ncols=True,
-            smoothing=0,  # the average since the warm-up, not a moving one
-            bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, warming up{postfix}]",
-        )
-
-    def update(self, step: int) -> None:
-        self.bar.update(step - self.bar.n)
-        if step == self.warmup_until:
-            self.bar.initial, self.bar.start_t = step, time.time()
-            self.bar.bar_format = None  # tqdm's own, with the rate and the remaining time
-
-    def set_postfix(self, **kw) -> None:
-        self.bar.set_postfix(**kw)
-
-    def write(self, text: str) -> None:
-        self.bar.write(text)
-
-    def close(self) -> None:
-        self.bar.close()
-
-
-def check_run_dir(run_dir: Path, cfg: TrainConfig, resume: bool, force: bool) -> str:
-    """Decide what to do with ``run_dir``: "new", "resume" or "restart". Raises if unsafe."""
-    h = config_hash(cfg)
-    info = run_dir / RUN_FILE
-
-    # a launch record alone is what a start that failed early leaves behind
-    if not run_dir.exists() or not any(p.name != LAUNCH_FILE for p in run_dir.iterdir()):
-        return "new"
-    if not info.is_file():
-        if force:
-            return "restart"
-        raise RunDirError(
-            f"run folder {run_dir} is not empty and holds no run; pass --force to use it anyway",
-            field="run_dir",
-        )
-    old = json.loads(info.read_text())
-    if force:
-        return "restart"
-    if old.get("config_hash") != h:
-        try:
-            old_cfg = TrainConfig.from_dict(old["config"])
-            diff = ", ".join(
-                f"{k}: {a!r} -> {b!r}"
-                for k, (a, b) in diff_configs(old_cfg, cfg).items()
-                if k not in RESUMABLE_KEYS
-            )
-        except Exception:
-            diff = "unreadable old config"
-        raise RunDirError(
-            f"run folder {run_dir} holds a different run (config hash {old.get('config_hash')}, this config {h}; "
-            f"differences: {diff}); pass --force to start over there, or pick another folder",
-            field="run_dir",
-        )
-    if not resume:
-        ck = list_checkpoints(run_dir)
-        at = f" (latest checkpoint {ck[-1].name})" if ck else ""
-        raise RunDirError(
-            f"run folder {run_dir} already holds this run{at}; pass --resume to continue or --force to start over",
-            field="run_dir",
-        )
-    return "resume"
-
-
-def check_mode(run_dir: Path, cfg: TrainConfig) -> None:
-    """Refuse to resume a sentence-mode run as a stream run, or the reverse."""
-    info = run_dir / RUN_FILE
-    if not info.is_file():
-        return
-    try:
-        old = json.loads(info.read_text())["config"].get("data", {}).get("mode", "sentences")
-    except (OSError, ValueError, KeyError, AttributeError):
-        return
-    if old != cfg.data.mode:
-        raise RunDirError(
-            f"run folder {run_dir} was trained with data.mode={old}; continuing it with "
-            f"data.mode={cfg.data.mode} would change what its checkpoints mean (carried LSTM state, "
-            "batch geometry); start a new run folder, or pass --force to start over there",
-            field="data.mode",
-        )
-
-
-def resolve_config(
-    config_path: str | None,
-    overrides: list[str],
-    run_dir: Path,
-    resume: bool,
-    log=print,
-) -> TrainConfig:
-    """The config to train with.
-
-    A new run: the file plus ``--set`` overrides. ``--resume`` of a run that
-    exists: the run's saved config (run.json, which holds the overrides it was
-    launched with), checked against what is given now. The file is read with
-    the run's launch overrides applied first (``launch.json``), so repeating
-    the launch command without its ``--set`` flags resumes the same run. A
-    field that still differs is taken from what is given now when it only
-    changes how long or how loudly the run goes (``RESUMABLE_KEYS``, e.g.
-    ``train.steps``); any other difference is a conflict, and the error names
-    each field with both values. Runs without a launch record (older ones)
-    keep their saved values for fields the file disagrees on, and say so.
-    """
-    from pretrain.config import apply_overrides
-    from pretrain.launch import override_keys, read_launch
-
-    info = run_dir / RUN_FILE
-    if not (resume and info.is_file()):
-        if config_path is None:
-            raise ConfigError(
-                "a config file is required (except with --resume of an existing run)",
-                field="config",
-            )
-        return load_config(config_path, overrides)
-    saved_raw = json.loads(info.read_text())["config"]
-    saved = TrainConfig.from_dict(saved_raw)
-    if config_path is None:
-        return TrainConfig.from_dict(apply_overrides(saved_raw, overrides))
-    launch = read_launch(run_dir)
-    given = load_config(config_path, [*(launch or {}).get("overrides", []), *overrides])
-    explicit = override_keys(overrides)
-    accepted: list[str] = []
-    conflicts: list[str] = []
-    kept: list[str] = []
-    for key, (was, now) in diff_configs(saved, given).items():
-        if key in RESUMABLE_KEYS and (launch is not None or key in explicit):
-            accepted.append(f"{key}={json.dumps(now)}")
-        elif launch is not None or key in explicit:
-            src = "--set" if key in explicit else config_path
-            conflicts.append(f"{key}: the run has {was!r}, {src} gives {now!r}")
-        else:
-            kept.append(f"{key} {was!r} (the file: {now!r})")
-    if conflicts:
-        started = f" (launched from {launch['config']})" if launch and launch.get("config") else ""
-        raise RunDirError(
-            f"--resume: the config given differs from the run in {run_dir}{started}: "
-            + "; ".join(conflicts)
-            + "; resume with the run's own config (drop the config file or the --set), "
-            "or pass --force to start over",
-            field=conflicts[0].split(":", 1)[0],
-        )
-    if kept and int(os.environ.get("RANK", "0")) == 0:
-        log(f"--resume: keeping the run's saved {', '.join(kept)}")
-    return TrainConfig.from_dict(apply_overrides(saved_raw, accepted))
 
 
 # ---------------------------------------------------------------- the loop
@@ -344,10 +104,16 @@ class Trainer:
         *,
         resume: bool = False,
         force: bool = False,
+        hand_on_signals: bool = True,
+        init: Callable[[LanguageModel], None] | None = None,
         log=print,
     ) -> None:
+        """``hand_on_signals``: after a run a signal stopped, give the signal to the handler
+        that was there before (``pretrain/signals.py``); the CLI, which owns its process,
+        passes False. ``init``: sets the built model's starting weights (``adapt``: a
+        trained biLM's); a resumed run's checkpoint replaces them."""
         self.cfg, self.run_dir, self.log = cfg, Path(run_dir), log
-        self.rank, self.world, local_rank = dist_env()
+        self.rank, self.world, local_rank = ddp.dist_env()
         self.ddp = self.world > 1
         self.device = pick_device(cfg.train.device)
         if self.device.type == "cuda":
@@ -356,8 +122,7 @@ class Trainer:
         self.precision = resolve_precision(self.device, cfg.train.precision)
         threads = cfg.train.threads or max(1, (os.cpu_count() or 1) // self.world)
         set_threads(threads)
-        if self.ddp and not dist.is_initialized():
-            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+        ddp.init_group(self.device, self.world)
         # every rank checks (read-only); only rank 0 writes
         if not force:
             check_mode(self.run_dir, cfg)
@@ -398,7 +163,10 @@ class Trainer:
         self.lstm_state = None  # stream mode: the carried state (None: zeros)
         self.lr_scale, self.best_eval = 1.0, None  # plateau decay
         torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
-        self.model = build_model(cfg, self.corpus).to(self.device)
+        self.model = build_model(cfg, self.corpus)
+        if init is not None:
+            init(self.model)
+        self.model.to(self.device)
         self.optimizer = make_optimizer(self.model.parameters(), cfg.optim)
         self.step = self.epoch = self.index = 0
         self.tokens_seen = 0
@@ -424,9 +192,9 @@ class Trainer:
             self.model.bilm.use_compiled_steps()  # this model only, not a process-wide swap
             self.model.loss_fn = torch.compile(self.model.softmax.loss)
         self._trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self._stop_signal: int | None = None
+        self.signals = StopSignals()
+        self.hand_on_signals = hand_on_signals
         self._steps_here = 0  # optimizer steps taken by this process (a resume starts at 0)
-        self._before_first_step = False  # in the loop, no step taken yet: a signal stops at once
         self._skips = 0  # consecutive non-finite steps skipped (optim.nonfinite: skip)
 
     # -- run folder ----------------------------------------------------
@@ -452,21 +220,11 @@ class Trainer:
         write_text(d / CONFIG_FILE, dump_config(self.cfg))
 
     def _barrier(self) -> None:
-        if self.ddp:
-            dist.barrier()
+        ddp.barrier(self.world)
 
     # -- state -----------------------------------------------------------
-    def _rng_state(self) -> list[torch.Tensor]:
-        """[world, n] uint8: every rank's torch CPU RNG state, gathered to all."""
-        state = torch.get_rng_state()
-        if not self.ddp:
-            return [state]
-        out = [torch.empty_like(state) for _ in range(self.world)]
-        dist.all_gather(out, state)
-        return out
-
     def state_dict(self) -> dict[str, Any]:
-        rng = self._rng_state()
+        rng = ddp.gather_rng_states(self.world)
         st: dict[str, Any] = {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -490,37 +248,17 @@ class Trainer:
         if self.scaler.is_enabled():
             st["scaler"] = self.scaler.state_dict()
         if self.stream:
-            st["lstm_state"] = self._gather_state()
+            m = self.cfg.model
+            st["lstm_state"] = ddp.gather_stream_state(
+                self.lstm_state,
+                self.model.direction_names,
+                m.n_layers,
+                (m.projection_dim, m.lstm_dim),
+                self.cfg.data.rows,
+                self.device,
+                self.world,
+            )
         return st
-
-    def _gather_state(self) -> dict[str, list[list[torch.Tensor]]]:
-        """Stream mode: the carried state, every rank's rows stacked in rank order (CPU)."""
-        out: dict[str, list[list[torch.Tensor]]] = {}
-        for d in self.model.direction_names:
-            layers = []
-            for i in range(self.cfg.model.n_layers):
-                pair = []
-                for k, dim in enumerate((self.cfg.model.projection_dim, self.cfg.model.lstm_dim)):
-                    if self.lstm_state is None:
-                        t = torch.zeros(self.cfg.data.rows, dim, device=self.device)
-                    else:
-                        t = self.lstm_state[d][i][k].float()
-                    if self.ddp:
-                        parts = [torch.empty_like(t) for _ in range(self.world)]
-                        dist.all_gather(parts, t.contiguous())
-                        t = torch.cat(parts)
-                    pair.append(t.cpu())
-                layers.append(pair)
-            out[d] = layers
-        return out
-
-    def _scatter_state(self, saved: dict[str, list[list[torch.Tensor]]]) -> None:
-        rows = self.cfg.data.rows
-        sl = slice(self.rank * rows, (self.rank + 1) * rows)
-        self.lstm_state = {
-            d: [(h[sl].to(self.device), c[sl].to(self.device)) for h, c in layers]
-            for d, layers in saved.items()
-        }
 
     def _lr(self, step: int) -> float:
         return lr_at(step, self.cfg.optim, self.cfg.train.steps) * self.lr_scale
@@ -573,7 +311,9 @@ class Trainer:
         self.best_eval = None if best < 0 else best
         if self.stream and "lstm_state" in st:
             if int(st["world_size"]) == self.world:
-                self._scatter_state(st["lstm_state"])
+                self.lstm_state = ddp.scatter_stream_state(
+                    st["lstm_state"], self.rank, self.cfg.data.rows, self.device
+                )
             elif self.rank == 0:
                 self.log(
                     "warning: the world size changed; the carried LSTM state restarts from zeros"
@@ -611,25 +351,6 @@ class Trainer:
         self._barrier()
         return path
 
-    # -- signals ---------------------------------------------------------
-    def _on_signal(self, signum, frame) -> None:
-        self._stop_signal = signum
-        if self._before_first_step:
-            # nothing trained since the run's last checkpoint (e.g. still compiling the first
-            # step, which can take half a minute): stop now instead of after that step.
-            # torch.compile traces the backward under autograd's anomaly mode, which would
-            # print this interruption as "Error detected in ...Backward0. Traceback ...":
-            # the stop is ours, not an error
-            warnings.filterwarnings("ignore", message="Error detected in")
-            raise _Interrupted(signum)
-
-    def _install_signals(self):
-        old = {}
-        for s in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(ValueError):  # not the main thread: no handlers
-                old[s] = signal.signal(s, self._on_signal)
-        return old
-
     # -- evaluation --------------------------------------------------------
     def evaluate(self, max_sentences: int | None = None) -> dict[str, float] | None:
         """Held-out perplexity, in the training regime's protocol (sentences or one stream)."""
@@ -656,8 +377,7 @@ class Trainer:
         ppl = torch.tensor(
             [ev.get("avg_ppl", ev["forward_ppl"]) if ev else -1.0], dtype=torch.float64
         )
-        if self.ddp:
-            dist.broadcast(ppl, 0)
+        ddp.broadcast_from_first(ppl, self.world)
         value = float(ppl)
         if value < 0:
             return
@@ -680,23 +400,23 @@ class Trainer:
         of its figures and flags, then the decisions every rank agrees on (``_decide``)."""
         tc = self.cfg.train
         metrics = MetricsLog(self.run_dir) if self.rank == 0 else None  # + TensorBoard if installed
-        old_handlers = self._install_signals()
+        self.signals.install()
         if self.rank == 0:
             n_params = sum(p.numel() for p in self.model.parameters())
             self.log(
                 f"training {n_params / 1e6:.2f}M params on {self.world} process(es), device {self.device}, "
                 f"{self.precision}{' + compile' if tc.compile else ''}; " + self._data_summary()
             )
-        bar = _ProgressBar(tc.steps, self.step, tc.progress and self.rank == 0, tc.compile)
-        self._clock = _Clock(elapsed0=self.elapsed)
+        bar = ProgressBar(tc.steps, self.step, tc.progress and self.rank == 0, tc.compile)
+        self._clock = Clock(elapsed0=self.elapsed)
         self.model.train()
         try:
             try:
                 stop = self._loop(stop_after, bar, metrics)
-            except _Interrupted as e:  # a signal before this process's first step: nothing new
+            except Interrupted as e:  # a signal before this process's first step: nothing new
                 stop = ("signal", f"signal {signal.Signals(e.signum).name} before the first step")
             finally:
-                self._before_first_step = False  # from here a signal only sets the flag
+                self.signals.immediate = False  # from here a signal only sets the flag
                 bar.close()
             stop_kind, stop_reason = stop or ("finished", "done")
             result: dict[str, Any] = {
@@ -719,8 +439,7 @@ class Trainer:
                     metrics.close()
             raise
         finally:
-            for s, h in old_handlers.items():
-                signal.signal(s, h)
+            self.signals.restore()
         if metrics:
             metrics.record(stop_record(stop_kind, self.step, self.tokens_seen, stop_reason))
             metrics.close()
@@ -728,14 +447,16 @@ class Trainer:
             self.log(
                 f"stopped at step {self.step} ({stop_reason}); {self.tokens_seen} tokens seen in {self.elapsed / 60:.1f} min"
             )
+        if self.hand_on_signals:
+            self.signals.hand_on()  # e.g. KeyboardInterrupt: Ctrl-C ends the caller too
         return result
 
-    def _loop(self, stop_after: int | None, bar: _ProgressBar, metrics) -> tuple[str, str] | None:
+    def _loop(self, stop_after: int | None, bar: ProgressBar, metrics) -> tuple[str, str] | None:
         """Steps until ``train.steps`` or a stop; returns (stop kind, words) or None when done."""
         tc = self.cfg.train
         window = torch.zeros(4, dtype=torch.float64)  # since the last log: NLL f, b, preds, tokens
         stop: tuple[str, str] | None = None
-        self._before_first_step = self._steps_here == 0
+        self.signals.immediate = self._steps_here == 0
         while stop is None and self.step < tc.steps:
             if self.index >= self._epoch_len():
                 self._epoch_end(metrics)
@@ -755,7 +476,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             self.step, self.index = self.step + 1, self.index + 1
             self._steps_here += 1
-            self._before_first_step = False
+            self.signals.immediate = False
             window += stats[:4]
             self.tokens_seen += int(stats[3])
             self.elapsed = self._clock.elapsed()
@@ -793,7 +514,7 @@ class Trainer:
         [6] the prepared corpus has gone."""
         ck, tc = self.cfg.checkpoint, self.cfg.train
         flags = [
-            self._stop_signal is not None
+            self.signals.received is not None
             or (tc.max_minutes > 0 and self._clock.since_start() > 60 * tc.max_minutes),
             ck.every_minutes > 0 and self._clock.since_checkpoint() > 60 * ck.every_minutes,
             not self._corpus_present(),
@@ -861,8 +582,8 @@ class Trainer:
                 field="data.path",
             )
         if asked:
-            if self._stop_signal is not None:
-                return "signal", f"signal {signal.Signals(self._stop_signal).name}"
+            if self.signals.received is not None:
+                return "signal", f"signal {signal.Signals(self.signals.received).name}"
             if tc.max_minutes > 0:
                 return "max_minutes", "time limit"
             return "signal", "signal on another rank"
@@ -903,18 +624,8 @@ class Trainer:
         )
 
     def _check_replicas(self, metrics) -> bool:
-        """DDP sanity check: every rank holds bit-identical parameters (per-tensor sums and squares)."""
-        with torch.no_grad():
-            sums = torch.stack(
-                [
-                    torch.stack([p.double().sum(), p.double().square().sum()])
-                    for p in self.model.parameters()
-                ]
-            )
-        sums = sums.flatten().to(self.device)
-        gathered = [torch.empty_like(sums) for _ in range(self.world)]
-        dist.all_gather(gathered, sums)
-        same = all(torch.equal(gathered[0], g) for g in gathered[1:])
+        """DDP sanity check: every rank holds bit-identical parameters."""
+        same = ddp.params_identical(self.model, self.world, self.device)
         if self.rank == 0:
             rec = {"step": self.step, "ddp_world": self.world, "ddp_params_identical": same}
             metrics.record(rec)
@@ -967,9 +678,9 @@ class Trainer:
         overflow = ev is not None and not all(
             math.isfinite(v) for k, v in ev.items() if k.endswith("ppl")
         )
-        flag = torch.tensor([float(overflow)], dtype=torch.float64)
-        if self.ddp:
-            dist.broadcast(flag, 0)
+        flag = ddp.broadcast_from_first(
+            torch.tensor([float(overflow)], dtype=torch.float64), self.world
+        )
         if flag.item():
             nll = f" (forward mean NLL {ev['forward_nll']:.4g} nats)" if ev else ""
             raise TrainingDiverged(
@@ -988,9 +699,12 @@ def run_training(
     resume: bool = False,
     force: bool = False,
     stop_after: int | None = None,
+    hand_on_signals: bool = True,
     log=print,
 ) -> dict[str, Any]:
-    trainer = Trainer(cfg, run_dir, resume=resume, force=force, log=log)
+    trainer = Trainer(
+        cfg, run_dir, resume=resume, force=force, hand_on_signals=hand_on_signals, log=log
+    )
     try:
         return trainer.fit(stop_after=stop_after)
     finally:

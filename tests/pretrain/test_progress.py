@@ -9,11 +9,11 @@ import numpy as np
 import torch
 
 from pretrain.evaluate import perplexity
-from pretrain.train import WARMUP_STEPS, _ProgressBar
+from pretrain.progress import WARMUP_STEPS, ProgressBar
 
 
 def test_training_eta_is_measured_after_the_warm_up():
-    bar = _ProgressBar(total=1000, initial=0, enabled=True, compiled=False)
+    bar = ProgressBar(total=1000, initial=0, enabled=True, compiled=False)
     try:
         time.sleep(0.3)  # a slow first step (compiling)
         bar.update(1)

@@ -13,7 +13,8 @@ from elmo_service.errors import ConfigError, InputError
 from pretrain import checkpoint as ckpt
 from pretrain.data import Corpus, StreamBatcher, sentence_stream
 from pretrain.evaluate import load_run, perplexity, stream_perplexity
-from pretrain.train import RunDirError, run_training
+from pretrain.run_checks import RunDirError
+from pretrain.train import run_training
 from tests.pretrain.test_train import corpus_dir, losses, quiet, tiny  # noqa: F401
 
 STREAM = ("data.mode=stream", "data.rows=4", "data.unroll=8")

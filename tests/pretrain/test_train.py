@@ -24,10 +24,11 @@ from pretrain.config import TrainConfig, apply_overrides, config_hash, load_conf
 from pretrain.data import BucketBatcher, Corpus
 from pretrain.evaluate import evaluate, load_run
 from pretrain.export import export
+from pretrain.optim import lr_at
 from pretrain.prepare import PrepareOptions, prepare
 from pretrain.softmax import LinearSoftmax
 from pretrain.sources.synthetic import write_corpus
-from pretrain.train import build_model, lr_at, run_training
+from pretrain.train import build_model, run_training
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"

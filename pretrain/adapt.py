@@ -1,0 +1,463 @@
+"""`elmo-pretrain adapt MODEL CORPUS... --out NEW_MODEL`: continue pretraining a model on
+your own text (domain adaptation, ELMo paper section 3.4).
+
+    model = read MODEL (any artifact: trained here, or a converted bilm-tf / AllenNLP ELMo)
+    prepare CORPUS with MODEL's own tokenizer          -> WORK/corpus (a held-out slice aside)
+    LM = MODEL's biLM + a softmax (MODEL's, or initialised, see below)
+    ppl before = held-out perplexity; train (the trainer: progress, checkpoints, resume,
+    signals, divergence); ppl after = held-out perplexity at export -> NEW_MODEL
+
+The held-out slice is chosen by ``prepare`` (a stable hash of each sentence) and lives in its
+own shards: the trainer's batches read the ``train`` split only, so it never trains.
+
+The softmax. An artifact is the biLM only, so a model needs its LM head from somewhere:
+
+* ``NEW_MODEL/softmax.safetensors``: every model ``adapt`` writes ships its softmax (rows
+  keyed by token string), so adapting it again continues exactly where it stopped;
+* otherwise (``models/default``, whose training run is not shipped, or a converted published
+  ELMo) a softmax is initialised from the model's own token representations: row ``w`` is the
+  character CNN's vector of token ``w`` (tied input/output embeddings, Press & Wolf 2017) and
+  its bias the log unigram frequency of ``w`` in CORPUS. The "before" perplexity is measured
+  with that head, so it includes the head's untrained start: the provenance says which head
+  was used (``adapt.softmax``).
+
+Forgetting: when MODEL ships ``heldout.txt`` (``adapt --ship-heldout`` writes the held-out
+slice there) or ``--forgetting-text FILE`` is given, its perplexity is measured before and
+after too.
+
+Python API (``pretrain.finetune`` calls it)::
+
+    from pretrain.adapt import AdaptOptions, adapt
+    res = adapt("models/default", ["notes.txt"], "models/notes", AdaptOptions(steps=200))
+    res.heldout_before["avg_ppl"], res.heldout_after["avg_ppl"], res.seconds, res.version
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+import torch
+from pydantic import Field
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from elmo_service.artifact import Artifact, load_artifact, read_header
+from elmo_service.atomic import atomic_path, write_json, write_text
+from elmo_service.errors import ElmoServiceError, InputError
+from elmo_service.runtime import set_threads
+from elmo_service.settings_base import StrictModel
+from pretrain.config import TrainConfig
+from pretrain.data import Corpus
+from pretrain.evaluate import perplexity
+from pretrain.export import export
+from pretrain.lm import LanguageModel
+from pretrain.prepare import PrepareOptions, prepare
+from pretrain.tracking import json_safe
+from pretrain.train import Trainer
+
+SOFTMAX_FILE = "softmax.safetensors"  # in an artifact adapt wrote: its LM head, keyed by token
+HELDOUT_FILE = "heldout.txt"  # in an artifact: held-out text to measure forgetting on
+ADAPT_FILE = "adapt.json"  # in the work folder: the start, the options, the "before" figures
+
+
+class AdaptOptions(StrictModel):
+    """Options of ``elmo-pretrain adapt`` (its flags are derived from these fields), sized
+    for a CPU: a few hundred steps of ~2k tokens at a low learning rate after a warm-up."""
+
+    error_class: ClassVar[type[ElmoServiceError]] = InputError
+
+    steps: int = Field(300, ge=1, description="optimizer steps (the learning-rate schedule's end)")
+    max_minutes: float = Field(
+        30.0, ge=0, description="stop (checkpoint, export) after this many minutes; 0: no limit"
+    )
+    lr: float = Field(1e-4, gt=0, description="Adam's peak learning rate (low: keep what it knows)")
+    warmup_steps: int = Field(30, ge=0, description="linear warm-up from 0 to lr")
+    tokens_per_batch: int = Field(2000, ge=16, description="tokens per step")
+    n_samples: int = Field(
+        2048, ge=1, description="sampled-softmax negatives (a full softmax below this vocabulary)"
+    )
+    heldout_fraction: float = Field(
+        0.05, gt=0, lt=0.5, description="share of CORPUS's sentences held out (never trained)"
+    )
+    split: Literal["paragraphs", "lines", "none"] = Field(
+        "paragraphs",
+        description="how CORPUS is cut (prepare's --split): paragraphs (blank-line separated), "
+        "lines (each line running text), none (one sentence a line)",
+    )
+    word_vocab_size: int = Field(
+        50_000, ge=4, description="word-tokenized models: the softmax's size from CORPUS's words"
+    )
+    forgetting_text: str | None = Field(
+        None,
+        description="a text file (one sentence a line) to measure forgetting on "
+        f"(default: MODEL/{HELDOUT_FILE} if it ships one)",
+    )
+    ship_heldout: bool = Field(
+        False, description=f"write the held-out slice to NEW_MODEL/{HELDOUT_FILE} (it is your text)"
+    )
+    checkpoint_every_steps: int = Field(100, ge=0, description="checkpoint every N steps")
+    checkpoint_every_minutes: float = Field(5.0, ge=0, description="checkpoint every N minutes")
+    seed: int = 1234
+    threads: int = Field(0, ge=0, description="torch threads (0: all cores)")
+    precision: Literal["fp32", "bf16", "auto"] = Field("fp32", description="training precision")
+    work_dir: str | None = Field(
+        None, description="corpus, checkpoints and metrics (default: runs/adapt/NEW_MODEL's name)"
+    )
+    progress: bool = Field(True, description="progress bar with ETA")
+
+
+@dataclass
+class AdaptResult:
+    out: str
+    version: str
+    work_dir: str
+    step: int
+    stopped: str  # the trainer's words: "done", "time limit", "signal SIGINT", ...
+    seconds: float  # training time, across resumes
+    softmax: str  # where the LM head came from
+    heldout_before: dict[str, float]
+    heldout_after: dict[str, float] | None
+    forgetting_before: dict[str, float] | None = None
+    forgetting_after: dict[str, float] | None = None
+    exported: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return json_safe(asdict(self))
+
+
+def read_model(model_dir: str | Path) -> tuple[Artifact, dict[str, Any]]:
+    """MODEL as an artifact (checked: manifest, hashes, weights) and its tokenizer entry, or
+    one line saying why not."""
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise InputError(f"model {model_dir}: no such folder", field="model")
+    if not (path / "manifest.json").is_file() or not (path / "config.json").is_file():
+        raise InputError(
+            f"model {model_dir} is not a model artifact (no manifest.json / config.json); give "
+            "a folder written by `elmo-pretrain export` or `elmo-service convert`",
+            field="model",
+        )
+    return load_artifact(path), read_header(path).tokenizer
+
+
+def work_dir_for(out: str | Path, opts: AdaptOptions) -> Path:
+    return Path(opts.work_dir) if opts.work_dir else Path("runs") / "adapt" / Path(out).name
+
+
+def _prepare_options(model_dir: Path, tok: dict[str, Any], opts: AdaptOptions) -> PrepareOptions:
+    """CORPUS is tokenized as MODEL tokenizes (its sentencepiece model, or its words)."""
+    common = dict(heldout_fraction=opts.heldout_fraction, split=opts.split, seed=opts.seed)
+    if tok.get("type") == "sentencepiece":
+        return PrepareOptions(
+            tokenizer="sentencepiece", sp_model=str(model_dir / tok["file"]), **common
+        )
+    return PrepareOptions(
+        tokenizer="word",
+        lowercase=bool(tok.get("lowercase", False)),
+        vocab_size=opts.word_vocab_size,
+        **common,
+    )
+
+
+def _check_corpus(corpus: Corpus, inputs: list[str]) -> None:
+    """Refuse a corpus the model's tokenizer turns into nothing, or one too small to hold
+    a slice out: before any training."""
+    counts = _vocab_counts(corpus)
+    # tokens that carry text: not <unk>, not sentencepiece's bare word-start piece
+    known = sum(int(counts[i]) for i, w in enumerate(corpus.vocab[3:], 3) if w.strip("\u2581"))
+    named = ", ".join(inputs[:3]) + (" ..." if len(inputs) > 3 else "")
+    if known == 0:
+        raise InputError(
+            f"corpus {named}: the model's tokenizer turns it into nothing but <unk> "
+            "(a script or language the model's vocabulary lacks)",
+            field="corpus",
+        )
+    if len(corpus.split("heldout")) == 0:
+        raise InputError(
+            f"corpus {named}: too small to set a held-out slice aside "
+            f"({len(corpus.split('train'))} sentences); give more text or raise --heldout-fraction",
+            field="corpus",
+        )
+
+
+def _vocab_counts(corpus: Corpus) -> np.ndarray:
+    lines = (corpus.path / corpus.manifest["vocab"]["file"]).read_text(encoding="utf-8")
+    return np.asarray([int(x.rsplit("\t", 1)[1]) for x in lines.splitlines()], dtype=np.int64)
+
+
+def _train_config(artifact: Artifact, corpus_dir: Path, opts: AdaptOptions) -> TrainConfig:
+    return TrainConfig.from_dict(
+        {
+            "model": artifact.config.to_dict(),
+            "data": {"path": str(corpus_dir), "tokens_per_batch": opts.tokens_per_batch},
+            "softmax": {"kind": "sampled", "n_samples": opts.n_samples},
+            "optim": {
+                "name": "adam",
+                "lr": opts.lr,
+                "warmup_steps": opts.warmup_steps,
+                "decay": "cosine",
+                "clip_norm": 1.0,
+            },
+            "train": {
+                "steps": opts.steps,
+                "max_minutes": opts.max_minutes,
+                "seed": opts.seed,
+                "device": "cpu",
+                "precision": opts.precision,
+                "threads": opts.threads,
+                "eval_every": 0,
+                "progress": opts.progress,
+            },
+            "checkpoint": {
+                "every_steps": opts.checkpoint_every_steps,
+                "every_minutes": opts.checkpoint_every_minutes,
+            },
+        }
+    )
+
+
+def _shipped_softmax(model_dir: Path) -> tuple[dict[str, torch.Tensor], list[str]] | None:
+    path = model_dir / SOFTMAX_FILE
+    if not path.is_file():
+        return None
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(path), "pt") as f:
+            vocab = json.loads((f.metadata() or {})["vocab"])
+        return load_file(str(path)), vocab
+    except (SafetensorError, OSError, KeyError, ValueError) as e:
+        raise InputError(f"{path}: unreadable softmax ({e})", field="model") from e
+
+
+def initial_weights(artifact, corpus: Corpus):
+    """The function the trainer calls on its freshly built LM: MODEL's biLM weights, and the
+    softmax rows MODEL ships (by token) or else the model's own token vectors (see the module
+    docstring). Returns it and a description of the head, for the provenance."""
+    shipped = _shipped_softmax(artifact.path)
+    counts = _vocab_counts(corpus)
+    described: list[str] = []
+
+    def init(lm: LanguageModel) -> None:
+        lm.bilm.load_state_dict(artifact.model.state_dict())
+        sm = lm.softmax
+        if not hasattr(sm, "weight"):  # only linear heads are initialised (adapt builds one)
+            return
+        v = sm.weight.shape[0]
+        with torch.no_grad():
+            ids = torch.arange(v)
+            vectors = lm.token_vectors(ids)  # [V, P]: the character CNN of each token
+            sm.weight.copy_(vectors)
+            p = (counts[:v] + 1.0) / (counts[:v] + 1.0).sum()
+            sm.bias.copy_(torch.from_numpy(np.log(p)).float())
+            n_from = 0
+            if shipped is not None:
+                state, vocab = shipped
+                row = {w: i for i, w in enumerate(vocab)}
+                for i, w in enumerate(corpus.vocab[:v]):
+                    j = row.get(w)
+                    if j is not None:
+                        sm.weight[i] = state["weight"][j]
+                        sm.bias[i] = state["bias"][j]
+                        n_from += 1
+        if n_from:
+            rest = "; the others from token vectors" if n_from < v else ""
+            described.append(f"MODEL's softmax ({n_from} of {v} rows{rest})")
+        else:
+            described.append("initialised from the model's token vectors + log unigram bias")
+
+    return init, described
+
+
+def _forgetting_sentences(model_dir: Path, corpus: Corpus, opts: AdaptOptions):
+    path = Path(opts.forgetting_text) if opts.forgetting_text else model_dir / HELDOUT_FILE
+    if not path.is_file():
+        if opts.forgetting_text:
+            raise InputError(f"--forgetting-text {path}: no such file", field="forgetting_text")
+        return None, None
+    sents, extra = corpus.encode_file(path)
+    return sents, extra
+
+
+def _ppl(lm: LanguageModel, corpus: Corpus, sents, extra, max_chars: int) -> dict[str, float]:
+    if extra:
+        lm.set_char_table(corpus.char_table(max_chars, extra))
+    try:
+        return perplexity(lm, corpus, sents, torch.device("cpu"), "fp32")
+    finally:
+        if extra:
+            lm.set_char_table(corpus.char_table(max_chars))
+        lm.train()
+
+
+def adapt(
+    model_dir: str | Path,
+    corpus_paths: list[str],
+    out_dir: str | Path,
+    options: AdaptOptions | None = None,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    stop_after: int | None = None,
+    hand_on_signals: bool = True,
+    log=print,
+) -> AdaptResult:
+    """Adapt MODEL to CORPUS and write NEW_MODEL (see the module docstring). ``resume``:
+    continue the work folder's run; ``stop_after``: stop (checkpointed, not exported) after
+    N steps in this call. Bad input raises ``InputError`` before any training."""
+    opts = options or AdaptOptions()
+    model_dir, out = Path(model_dir), Path(out_dir)
+    if not corpus_paths:
+        raise InputError("no corpus given: name one or more text files or folders", field="corpus")
+    if out.exists() and any(out.iterdir()) and not (overwrite or resume):
+        raise InputError(
+            f"--out {out} exists and is not empty; pass --overwrite to replace it", field="out"
+        )
+    if out.resolve() == model_dir.resolve():
+        raise InputError("--out must differ from MODEL (MODEL is read while training)", field="out")
+    artifact, tokenizer = read_model(model_dir)
+    set_threads(opts.threads or None)
+    work = work_dir_for(out, opts)
+    record = work / ADAPT_FILE
+    if resume and not record.is_file():
+        raise InputError(f"--resume: {work} holds no adaptation to continue", field="resume")
+    if not resume and record.is_file():
+        raise InputError(
+            f"{work} already holds an adaptation; pass --resume to continue it, or another "
+            "--work-dir (or delete it) to start over",
+            field="work_dir",
+        )
+    t0 = time.time()
+    corpus_dir = work / "corpus"
+    prepare(
+        list(corpus_paths),
+        corpus_dir,
+        _prepare_options(model_dir, tokenizer, opts),
+        force=not resume,
+        progress=opts.progress,
+        log=log,
+    )
+    corpus = Corpus(corpus_dir)
+    _check_corpus(corpus, list(corpus_paths))
+    cfg = _train_config(artifact, corpus_dir, opts)
+    init, described = initial_weights(artifact, corpus)
+    trainer = Trainer(
+        cfg,
+        work / "run",
+        resume=resume,
+        force=not resume,
+        hand_on_signals=hand_on_signals,
+        init=init,
+        log=log,
+    )
+    forget, extra = _forgetting_sentences(model_dir, corpus, opts)
+    max_chars = cfg.model.max_chars_per_token
+    if resume:
+        before = json.loads(record.read_text())
+    else:
+        heldout = trainer.evaluate()
+        trainer.model.train()
+        before = {
+            "model": str(model_dir),
+            "model_version": artifact.version,
+            "corpus": [str(p) for p in corpus_paths],
+            "options": opts.model_dump(),
+            "softmax": described[0] if described else "built",
+            "heldout_before": heldout,
+            "forgetting_before": _ppl(trainer.model, corpus, forget, extra, max_chars)
+            if forget
+            else None,
+            "prepare_seconds": round(time.time() - t0, 1),
+        }
+        write_json(record, json_safe(before))
+        log(_figures("before", before["heldout_before"], before["forgetting_before"]))
+    res = trainer.fit(stop_after=stop_after)
+    stopped = res["stopped"]
+    kind = "finished" if stopped == "done" else "max_minutes" if stopped == "time limit" else ""
+    result = AdaptResult(
+        out=str(out),
+        version="",
+        work_dir=str(work),
+        step=res["step"],
+        stopped=stopped,
+        seconds=round(trainer.elapsed, 1),
+        softmax=before["softmax"],
+        heldout_before=before["heldout_before"],
+        heldout_after=None,
+        forgetting_before=before.get("forgetting_before"),
+        exported=bool(kind),
+    )
+    if not kind:  # a signal or stop_after: checkpointed; --resume continues
+        log(f"adapt: stopped at step {res['step']} ({stopped}); not exported; --resume continues")
+        return result
+    if forget:
+        trainer.model.eval()
+        result.forgetting_after = _ppl(trainer.model, corpus, forget, extra, max_chars)
+    provenance = {
+        "adapt": json_safe(
+            {
+                "from": {
+                    "model": artifact.path.name,
+                    "version": artifact.version,
+                    "provenance_trainer": artifact.provenance.get("trainer"),
+                },
+                "softmax": result.softmax,
+                "heldout_before": result.heldout_before,
+                "forgetting_before": result.forgetting_before,
+                "forgetting_after": result.forgetting_after,
+                "forgetting_text": Path(opts.forgetting_text).name
+                if opts.forgetting_text
+                else (HELDOUT_FILE if result.forgetting_before else None),
+                "steps": result.step,
+                "seconds": result.seconds,
+                "stopped": stopped,
+                "options": opts.model_dump(exclude={"work_dir", "progress", "forgetting_text"}),
+            }
+        )
+    }
+    exported = export(
+        work / "run", out, overwrite=True, progress=opts.progress, provenance_extra=provenance
+    )
+    result.version = exported["version"]
+    result.heldout_after = exported["heldout"]
+    _ship_softmax(trainer.model, corpus, out)
+    if opts.ship_heldout:
+        write_text(out / HELDOUT_FILE, (corpus_dir / "sentences.heldout.txt").read_text())
+    log(_figures("after", result.heldout_after, result.forgetting_after))
+    log(
+        f"wrote {out} (version {result.version}); {result.step} steps in {result.seconds / 60:.1f} min"
+    )
+    return result
+
+
+def _ship_softmax(lm: LanguageModel, corpus: Corpus, out: Path) -> None:
+    """NEW_MODEL/softmax.safetensors: the head's rows keyed by token (the next adapt's start).
+    Beside the artifact's files like tasks/, so not part of its version."""
+    sm = lm.softmax
+    if not hasattr(sm, "weight"):
+        return
+    v = sm.weight.shape[0]
+    state = {
+        "weight": sm.weight.detach().float().cpu().contiguous(),
+        "bias": sm.bias.detach().float().cpu().contiguous(),
+    }
+    with atomic_path(out / SOFTMAX_FILE) as tmp:
+        save_file(state, str(tmp), metadata={"vocab": json.dumps(corpus.vocab[:v])})
+
+
+def _figures(when: str, heldout: dict | None, forgetting: dict | None) -> str:
+    def ppl(ev):
+        x = ev.get("avg_ppl", ev.get("forward_ppl")) if ev else None
+        return "n/a" if x is None else f"{x:.2f}" if math.isfinite(x) else "inf"
+
+    text = f"held-out perplexity {when}: {ppl(heldout)}"
+    if forgetting:
+        text += f"; on the model's original held-out text: {ppl(forgetting)}"
+    return text
