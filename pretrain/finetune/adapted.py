@@ -74,6 +74,7 @@ def run_adaptation(
     """``pretrain.adapt.adapt`` on ``corpus`` (one sentence a line) into ``folder/model``;
     its work folder (prepared corpus, checkpoints) is dropped once the model is written."""
     from pretrain.adapt import AdaptOptions, adapt
+    from pretrain.data import Corpus
 
     work = folder / "work"
     opts = AdaptOptions(
@@ -83,13 +84,14 @@ def run_adaptation(
     res = adapt(model_dir, [str(corpus)], folder / "model", opts, log=log)
     if not res.exported or res.heldout_after is None:
         raise RuntimeError(f"adapt stopped at step {res.step} ({res.stopped}) without a model")
+    heldout = len(Corpus(Path(res.work_dir) / "corpus").split("heldout"))
     shutil.rmtree(work)
 
     def ppl(ev: dict | None) -> float | None:
         return None if ev is None else round(float(ev["avg_ppl"]), 2)
 
     return {
-        "heldout_sentences": res.extra.get("heldout_sentences"),
+        "heldout_sentences": heldout,
         "steps": res.step,
         "stopped": res.stopped,
         "softmax": res.softmax,
