@@ -101,6 +101,11 @@ def results_table(ft: Finetuned) -> str:
     return "\n".join(lines)
 
 
+def perplexity_text(x: float | None) -> str:
+    # a head initialised from token vectors can start at 1e50: keep that readable
+    return "n/a" if x is None else f"{x:.1f}" if x < 1e6 else f"{x:.2e}"
+
+
 def adaptation_line(a: dict) -> str:
     """The adaptation's perplexities (held-out task text, and the model's own held-out
     text where it ships one: forgetting) and its time."""
@@ -108,12 +113,12 @@ def adaptation_line(a: dict) -> str:
         f"Adaptation (§3.4): the biLM continued on the task's training and dev text "
         f"({a['sentences']:,} sentences; never test) in {a['seconds']:.0f} s"
         f"{' (reused from the cache)' if a.get('reused') else ''}: held-out perplexity "
-        f"**{a['perplexity_before']:.1f} → {a['perplexity_after']:.1f}**"
+        f"**{perplexity_text(a['perplexity_before'])} → {perplexity_text(a['perplexity_after'])}**"
     )
     if a.get("original_perplexity_before") is not None:
         text += (
-            f"; on the model's original held-out text {a['original_perplexity_before']:.1f} → "
-            f"{a['original_perplexity_after']:.1f}"
+            f"; on the model's original held-out text {perplexity_text(a['original_perplexity_before'])} "
+            f"→ {perplexity_text(a['original_perplexity_after'])}"
         )
     return text + f". Adapted model: `{a['model']}`."
 

@@ -483,6 +483,8 @@ def test_finetune_adapt_adds_the_adapted_row_and_never_adapts_on_test(tmp_path, 
     """--adapt: the biLM is continued (pretrain.adapt) on the training and dev text only;
     the report gains adapted+baseline with the adaptation's perplexities and time; a second
     run (another seed's process) reuses the same adapted model."""
+    from pretrain.finetune.report import perplexity_text as ppl
+
     model = tiny_artifact(tmp_path / "m")
     folder = tmp_path / "ner"
     rows = {"train": _ner_rows(60, 0), "dev": _ner_rows(20, 1), "test": _ner_rows(20, 2)}
@@ -505,7 +507,8 @@ def test_finetune_adapt_adds_the_adapted_row_and_never_adapts_on_test(tmp_path, 
     md = (tmp_path / "run" / "report.md").read_text()
     assert "| ELMo adapted to the task's text (§3.4) + baseline |" in md
     assert (
-        f"held-out perplexity **{a['perplexity_before']:.1f} → {a['perplexity_after']:.1f}**" in md
+        f"held-out perplexity **{ppl(a['perplexity_before'])} → {ppl(a['perplexity_after'])}**"
+        in md
     )
 
     # the adaptation's text: every training and dev sentence, no test word
