@@ -1,4 +1,5 @@
-"""Run one job: prepare -> train -> export, each phase an ``elmo-pretrain`` subprocess.
+"""Run one job: prepare -> train -> export, each phase an ``elmo-pretrain`` subprocess
+(a ``base_model`` job: one ``elmo-pretrain adapt``, which prepares, trains and exports).
 
 Each phase is idempotent, so a re-queued job simply runs again and continues:
 
@@ -6,7 +7,8 @@ Each phase is idempotent, so a re-queued job simply runs again and continues:
   itself does nothing when ``<run>/data`` holds the same preparation;
 * train: always ``--resume`` (a fresh run folder starts at step 0, a used one
   continues from its newest checkpoint);
-* export: skipped when ``<models_dir>/<name>`` already holds this run's export.
+* export: skipped when ``<models_dir>/<name>`` already holds this run's export;
+* adapt: ``--resume`` once its work folder (``<run>/adapt``) holds an adaptation.
 
 The trainer runs in its own process so that cancelling is a SIGTERM to it (it
 finishes the step, writes a checkpoint and exits 0) and progress is its
@@ -40,6 +42,7 @@ from jobs.lifecycle import Backend, requeue
 from jobs.procs import child_setup, runner_info
 from jobs.settings import JobsSettings
 from jobs.spec import (
+    AdaptIn,
     PrepareIn,
     check_device,
     is_prepared_corpus,
@@ -155,6 +158,30 @@ class MetricsReader:
             p.loss, p.perplexity = figure(rec.get("loss")), figure(rec.get("ppl"))
             p.tokens_per_s = figure(rec.get("tok_s"))
             p.elapsed_s, p.lr = figure(rec.get("elapsed_s")), figure(rec.get("lr"))
+
+
+def diverged_reason(stop: dict[str, Any]) -> str:
+    """A divergence stop record in words: the trainer's own sentence (which already says
+    "training diverged at step N: ..."), or one built from the record when it has none."""
+    detail = str(stop.get("detail") or "").strip()
+    detail = detail.splitlines()[0] if detail else "non-finite loss"
+    if detail.startswith("training diverged"):
+        return detail
+    return f"training diverged at step {stop.get('step')}: {detail}"
+
+
+def artifact_info(name: str, dest: Path) -> ArtifactInfo:
+    from elmo_service.artifact import read_config, read_manifest
+
+    prov = read_config(dest).get("provenance", {})
+    return ArtifactInfo(
+        name=name,
+        version=read_manifest(dest)["version"],
+        path=str(dest),
+        step=prov.get("step"),
+        tokens_seen=prov.get("tokens_seen"),
+        heldout=numeric(prov["heldout"]) if prov.get("heldout") else None,
+    )
 
 
 # ---------------------------------------------------------------- the runner
@@ -325,9 +352,12 @@ class JobRunner:
             with self._run_lock() as lock_fd:
                 self.lock_fd = lock_fd
                 self._say(f"attempt {self.attempt} on {socket.gethostname()} (pid {os.getpid()})")
-                data = self._prepare()
-                self._train(data)
-                artifact = self._export()
+                if rec.spec.get("base_model"):
+                    artifact = self._adapt()
+                else:
+                    data = self._prepare()
+                    self._train(data)
+                    artifact = self._export()
             self._say(f"succeeded: model {artifact.name} (version {artifact.version})")
             self._finish("succeeded", artifact=artifact, phase=None)
             return "succeeded"
@@ -419,22 +449,56 @@ class JobRunner:
         self._beat(force=True)  # reads what earlier attempts logged
         self.metrics.stop = None  # only this attempt's stop record counts
         cmd = ["train", str(cfg_path), "--run-dir", str(self.train_dir), "--resume"]
+        self._run_training(cmd, "training")
+
+    def _run_training(self, cmd: list[str], what: str) -> None:
+        """Run a phase that trains (``train``, ``adapt``) and read why it stopped."""
         rc, _ = self._run_phase(cmd)
-        self.metrics.read()
-        stop = self.metrics.stop or {}
+        self.metrics.read()  # type: ignore[union-attr]
+        stop = self.metrics.stop or {}  # type: ignore[union-attr]
         if stop.get("reason") == "diverged":  # the trainer's divergence stop (exit 2)
-            detail = str(stop.get("detail") or "non-finite loss").strip().splitlines()[0]
             raise JobFailed(
-                f"training diverged at step {stop.get('step')}: {detail}; no model exported "
+                f"{diverged_reason(stop)}; no model exported "
                 "(its checkpoints are the last finite ones)"
             )
         if rc != 0:
-            raise JobFailed(f"training failed (exit {rc}): {self._last_error()}")
+            raise JobFailed(f"{what} failed (exit {rc}): {self._last_error()}")
         if (
             stop.get("reason") == "signal"
         ):  # a SIGTERM we did not send: whoever sent it wants us gone
             raise _Stopped()
-        self._say(f"training finished ({stop.get('detail', 'done')})")
+        self._say(f"{what} finished ({stop.get('detail', 'done')})")
+
+    def _adapt(self) -> ArtifactInfo:
+        """A ``base_model`` job: ``elmo-pretrain adapt`` prepares the corpus with the base
+        model's tokenizer, trains (progress and checkpoints as a training job's) and writes
+        the model; cancel, retry and re-queue work as for training (it resumes)."""
+        from pretrain.adapt import ADAPT_FILE
+
+        self.phase = "train"
+        spec, models = self.rec.spec, Path(self.settings.models_dir)
+        corpus = resolve_corpus(self.settings.data_dir, spec["corpus"])
+        base, dest = models / spec["base_model"], models / self.rec.name
+        work = self.run_dir / "adapt"
+        self.train_dir = work / "run"
+        train = self.rec.train_config["train"]
+        self.metrics = MetricsReader(metrics_path(self.train_dir), int(train["steps"]))
+        self._beat(force=True)
+        self.metrics.stop = None
+        opts = AdaptIn.model_validate(spec.get("adapt") or {})
+        cmd = ["adapt", str(base), str(corpus), "--out", str(dest), "--work-dir", str(work)]
+        cmd += ["--steps", str(train["steps"]), "--max-minutes", str(train["max_minutes"])]
+        cmd += ["--no-progress", *opts.cli_args()]
+        if not opts.threads and self.settings.threads:
+            cmd += ["--threads", str(self.settings.threads)]
+        if (work / ADAPT_FILE).is_file():  # an earlier attempt's: continue it
+            cmd.append("--resume")
+        elif dest.exists():
+            raise JobFailed(f"models folder already holds another model named {self.rec.name!r}")
+        self._run_training(cmd, "adaptation")
+        if not (dest / "manifest.json").is_file():
+            raise JobFailed(f"adaptation wrote no model: {self._last_error()}")
+        return artifact_info(self.rec.name, dest)
 
     def _check_worker(self, cfg: dict[str, Any]) -> None:
         """The API checked threads and device against its settings; this worker's own
@@ -473,7 +537,7 @@ class JobRunner:
             raise JobFailed(f"{e.message} (on this worker)") from e
 
     def _export(self) -> ArtifactInfo:
-        from elmo_service.artifact import read_config, read_manifest
+        from elmo_service.artifact import read_config
 
         self.phase = "export"
         self._beat(force=True)
@@ -492,15 +556,7 @@ class JobRunner:
                 raise JobFailed(f"export failed (exit {rc}): {self._last_error()}")
         else:
             self._say(f"model {name} was already exported from this run")
-        prov = read_config(dest).get("provenance", {})
-        return ArtifactInfo(
-            name=name,
-            version=read_manifest(dest)["version"],
-            path=str(dest),
-            step=prov.get("step"),
-            tokens_seen=prov.get("tokens_seen"),
-            heldout=numeric(prov["heldout"]) if prov.get("heldout") else None,
-        )
+        return artifact_info(name, dest)
 
     def _last_error(self) -> str:
         lines = tail(self.log_path, 20)

@@ -76,7 +76,7 @@ class JobService:
     def submit(self, job: JobIn) -> JobRecord:
         """Validate (422 errors name the field), reserve the name, record as queued, deliver."""
         corpus = resolve_corpus(self.settings.data_dir, job.corpus)
-        train_config = resolve_train_config(job)
+        train_config = resolve_train_config(job, self.settings.models_dir)
         check_limits(job, train_config, self.limits)
         s = self.settings
         vocab, vocab_field = softmax_size(corpus, job)

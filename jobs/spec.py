@@ -5,6 +5,11 @@ leaves the data folder, ``config.<section>.<key>`` for a training-config error
 (the trainer's own validation, :func:`pretrain.config.TrainConfig.from_dict`),
 ``budget.*`` / ``prepare.*`` / ``name`` through pydantic. ``prepare`` takes the fields of
 the CLI's :class:`pretrain.prepare.PrepareOptions` that a job may set.
+
+A job that names a ``base_model`` adapts that model to the corpus instead of training
+from random weights (``elmo-pretrain adapt``): its shape and tokenizer are the base model's,
+so ``config`` and ``prepare`` stay empty and ``adapt`` takes the fields of
+:class:`pretrain.adapt.AdaptOptions` that a job may set.
 """
 
 from __future__ import annotations
@@ -20,9 +25,11 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, create_model
 
-from elmo_service.errors import ConfigError, InputError
+from elmo_service.errors import ArtifactError, ConfigError, InputError
 from elmo_service.names import MODEL_NAME
 from elmo_service.settings_base import StrictModel, to_argv
+from pretrain.adapt import JOB_FIELDS as ADAPT_JOB_FIELDS
+from pretrain.adapt import AdaptOptions
 from pretrain.prepare import FORMAT as PREPARED_FORMAT
 from pretrain.prepare import JOB_FIELDS, PrepareOptions
 
@@ -35,24 +42,33 @@ NAME_MAX, PATH_MAX = 255, 4096  # bytes, Linux's limits: longer raises ENAMETOOL
 MAX_SENTENCE_TOKENS = 8192
 
 
-class _PrepareBase(StrictModel):
-    """What :data:`PrepareIn` adds to its fields (taken from :class:`PrepareOptions`)."""
+class _CliOptions(StrictModel):
+    """What :data:`PrepareIn` and :data:`AdaptIn` add to the fields they take from the CLI's
+    options (:class:`PrepareOptions`, :class:`AdaptOptions`)."""
 
     def cli_args(self) -> list[str]:
-        """The ``elmo-pretrain prepare`` flags that set these options."""
+        """The ``elmo-pretrain prepare | adapt`` flags that set these options."""
         return to_argv(self)
+
+
+def _job_fields(model: type[StrictModel], names: tuple[str, ...]) -> dict[str, Any]:
+    return {n: (model.model_fields[n].annotation, model.model_fields[n]) for n in names}
 
 
 # A job's ``prepare``: the job-settable fields of the CLI's own PrepareOptions, declared
 # there once (type, default, bounds, description); no paths, nothing about the worker.
 PrepareIn = create_model(
     "PrepareIn",
-    __base__=_PrepareBase,
+    __base__=_CliOptions,
     __doc__="Options of ``elmo-pretrain prepare`` (used when the corpus is raw text).",
-    **{
-        n: (PrepareOptions.model_fields[n].annotation, PrepareOptions.model_fields[n])
-        for n in JOB_FIELDS
-    },  # type: ignore[call-overload]
+    **_job_fields(PrepareOptions, JOB_FIELDS),  # type: ignore[call-overload]
+)
+# A job's ``adapt`` (with ``base_model``): the job-settable fields of AdaptOptions
+AdaptIn = create_model(
+    "AdaptIn",
+    __base__=_CliOptions,
+    __doc__="Options of ``elmo-pretrain adapt`` (used with ``base_model``).",
+    **_job_fields(AdaptOptions, ADAPT_JOB_FIELDS),  # type: ignore[call-overload]
 )
 
 
@@ -102,6 +118,18 @@ class JobIn(StrictModel):
     )
     budget: BudgetIn = Field(default_factory=BudgetIn)
     prepare: PrepareIn = Field(default_factory=PrepareIn)
+    base_model: str | None = Field(
+        None,
+        pattern=NAME_PATTERN,
+        description="Continue pretraining this model of the models folder on `corpus` "
+        "(domain adaptation, `elmo-pretrain adapt`) instead of training from random weights: "
+        "its shape and tokenizer are kept, so `config` and `prepare` stay empty.",
+    )
+    adapt: AdaptIn = Field(  # type: ignore[valid-type]
+        default_factory=AdaptIn,
+        description="With `base_model`: learning rate, warm-up, held-out share, ... "
+        "(`elmo-pretrain adapt`'s options; steps and minutes come from `budget`).",
+    )
 
 
 def resolve_corpus(data_dir: Path, corpus: str) -> Path:
@@ -176,12 +204,16 @@ def softmax_size(corpus: Path, job: JobIn) -> tuple[int, str]:
     return job.prepare.vocab_size, "prepare.vocab_size"
 
 
-def resolve_train_config(job: JobIn) -> dict[str, Any]:
+def resolve_train_config(job: JobIn, models_dir: Path | None = None) -> dict[str, Any]:
     """The job's training config, validated by the trainer's own model (no data yet).
 
     ConfigError names ``config.<section>.<key>`` (the trainer's dotted field, prefixed).
+    A ``base_model`` job's is the adaptation's (its model read from ``models_dir``).
     """
     from pretrain.config import TrainConfig
+
+    if job.base_model is not None:
+        return _adapt_train_config(job, models_dir)
 
     raw = dict(job.config)
     if isinstance(raw.get("data"), dict) and "path" in raw["data"]:
@@ -196,6 +228,41 @@ def resolve_train_config(job: JobIn) -> dict[str, Any]:
     cfg.data.path = "<prepared corpus>"
     cfg.train.progress = False  # no tqdm bar in a log file
     return cfg.to_dict()
+
+
+def adapt_options(job: JobIn) -> AdaptOptions:
+    """A ``base_model`` job's :class:`AdaptOptions`: its ``adapt`` section and ``budget``."""
+    budget = job.budget.model_dump(exclude_none=True)  # steps, max_minutes
+    return AdaptOptions(**job.adapt.model_dump(), **budget, progress=False)
+
+
+def _adapt_train_config(job: JobIn, models_dir: Path | None) -> dict[str, Any]:
+    from elmo_service.artifact import read_header
+
+    if job.config:
+        raise ConfigError(
+            "config: not used with base_model (the model's shape is base_model's); "
+            "set the adaptation's options in 'adapt'",
+            field="config",
+        )
+    if job.prepare.model_dump(exclude_defaults=True):
+        raise ConfigError(
+            "prepare: not used with base_model (the corpus is tokenized by base_model's "
+            "tokenizer); set adapt.split / adapt.heldout_fraction",
+            field="prepare",
+        )
+    if models_dir is None:
+        raise ValueError("a base_model job is checked against the models folder")
+    try:
+        header = read_header(Path(models_dir) / str(job.base_model))
+    except ArtifactError as e:
+        raise InputError(
+            f"base_model: no model {job.base_model!r} in the models folder ({e.message})",
+            field="base_model",
+        ) from e
+    from pretrain.adapt import train_config_for
+
+    return train_config_for(header.config, "<prepared corpus>", adapt_options(job)).to_dict()
 
 
 @dataclass(frozen=True)

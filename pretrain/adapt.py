@@ -49,6 +49,7 @@ from safetensors.torch import load_file, save_file
 
 from elmo_service.artifact import Artifact, load_artifact, read_header
 from elmo_service.atomic import atomic_path, write_json, write_text
+from elmo_service.config import BiLMConfig
 from elmo_service.errors import ElmoServiceError, InputError
 from elmo_service.runtime import set_threads
 from elmo_service.settings_base import StrictModel
@@ -110,6 +111,24 @@ class AdaptOptions(StrictModel):
         None, description="corpus, checkpoints and metrics (default: runs/adapt/NEW_MODEL's name)"
     )
     progress: bool = Field(True, description="progress bar with ETA")
+
+
+# the options a job's ``adapt`` may set: no paths, nothing about the worker's machine
+# (steps and max_minutes come from the job's ``budget``)
+JOB_FIELDS = (
+    "lr",
+    "warmup_steps",
+    "tokens_per_batch",
+    "n_samples",
+    "heldout_fraction",
+    "split",
+    "word_vocab_size",
+    "seed",
+    "threads",
+    "precision",
+    "checkpoint_every_steps",
+    "checkpoint_every_minutes",
+)
 
 
 @dataclass
@@ -192,10 +211,12 @@ def _vocab_counts(corpus: Corpus) -> np.ndarray:
     return np.asarray([int(x.rsplit("\t", 1)[1]) for x in lines.splitlines()], dtype=np.int64)
 
 
-def _train_config(artifact: Artifact, corpus_dir: Path, opts: AdaptOptions) -> TrainConfig:
+def train_config_for(model: BiLMConfig, corpus_dir: str | Path, opts: AdaptOptions) -> TrainConfig:
+    """The trainer's config for adapting a model of shape ``model`` (the jobs API checks it
+    at submit, as for a training job)."""
     return TrainConfig.from_dict(
         {
-            "model": artifact.config.to_dict(),
+            "model": model.to_dict(),
             "data": {"path": str(corpus_dir), "tokens_per_batch": opts.tokens_per_batch},
             "softmax": {"kind": "sampled", "n_samples": opts.n_samples},
             "optim": {
@@ -252,13 +273,15 @@ def initial_weights(artifact, corpus: Corpus):
             return
         v = sm.weight.shape[0]
         with torch.no_grad():
-            ids = torch.arange(v)
-            vectors = lm.token_vectors(ids)  # [V, P]: the character CNN of each token
-            sm.weight.copy_(vectors)
+            vectors = lm.token_vectors(torch.arange(v))  # [V, P]: the character CNN's
+            unit = vectors / vectors.norm(dim=1, keepdim=True).clamp_min(1e-6)
             p = (counts[:v] + 1.0) / (counts[:v] + 1.0).sum()
             sm.bias.copy_(torch.from_numpy(np.log(p)).float())
-            n_from = 0
-            if shipped is not None:
+            n_from, scale = 0, None
+            if shipped is None:
+                scale = _best_scale(lm, corpus, unit)
+                sm.weight.copy_(unit * scale)
+            else:
                 state, vocab = shipped
                 row = {w: i for i, w in enumerate(vocab)}
                 for i, w in enumerate(corpus.vocab[:v]):
@@ -271,9 +294,35 @@ def initial_weights(artifact, corpus: Corpus):
             rest = "; the others from token vectors" if n_from < v else ""
             described.append(f"MODEL's softmax ({n_from} of {v} rows{rest})")
         else:
-            described.append("initialised from the model's token vectors + log unigram bias")
+            described.append(
+                f"initialised from the model's token vectors (row norm {scale:g}, the best of "
+                f"{SCALES} on {SCALE_SENTENCES} training sentences) + log unigram bias"
+            )
 
     return init, described
+
+
+SCALES = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)  # row norms tried for a tied head
+SCALE_SENTENCES = 64  # training sentences the row norm is chosen on
+
+
+def _best_scale(lm: LanguageModel, corpus: Corpus, unit: torch.Tensor) -> float:
+    """The row norm that gives a tied head (unit token vectors) the lowest perplexity on a
+    few training sentences: a trained biLM's top layer and its character vectors live at
+    their own scales, and raw vectors give logits in the hundreds (perplexity ~1e39 on
+    models/default). 0 is the unigram model, so the head starts no worse than that."""
+    train = corpus.split("train")
+    sents = [np.asarray(train.sentence(i)) for i in range(min(len(train), SCALE_SENTENCES))]
+    was = lm.training
+    best = (math.inf, 0.0)
+    for scale in SCALES:
+        lm.softmax.weight.copy_(unit * scale)
+        ev = perplexity(lm, corpus, sents, torch.device("cpu"), "fp32")
+        ppl = ev.get("avg_ppl", ev["forward_ppl"])
+        if math.isfinite(ppl) and ppl < best[0]:
+            best = (ppl, scale)
+    lm.train(was)
+    return best[1]
 
 
 def _forgetting_sentences(model_dir: Path, corpus: Corpus, opts: AdaptOptions):
@@ -346,7 +395,7 @@ def adapt(
     )
     corpus = Corpus(corpus_dir)
     _check_corpus(corpus, list(corpus_paths))
-    cfg = _train_config(artifact, corpus_dir, opts)
+    cfg = train_config_for(artifact.config, corpus_dir, opts)
     init, described = initial_weights(artifact, corpus)
     trainer = Trainer(
         cfg,

@@ -223,13 +223,30 @@ class ShardWriter:
         self.bufs, self.lens, self.n_buf = [], [], 0
 
 
-def _sentences_from(files: list[Path], opts: PrepareOptions, stats: Counter, bar) -> Any:
+def _sentences_from(files: list[Path], opts: PrepareOptions, stats: Counter, bar, log=print) -> Any:
     for f in files:
         lines = T.read_lines(
             f, stats, opts.encoding_errors, opts.max_line_chars, on_bytes=bar.update
         )
+        seen = Counter()  # this file's blank and non-blank lines
+        lines = _counted(lines, seen)
         for unit in T.units(lines, opts.split, 4 * opts.max_line_chars, stats):
             yield from T.sentences_of(unit, opts.split, opts.lowercase)
+        if opts.split == "paragraphs" and seen["text"] > 1 and not seen["blank"]:
+            # one sentence (or paragraph) a line, read as a single paragraph of running
+            # text: lines without end punctuation run together into long "sentences"
+            stats["files_without_blank_lines"] += 1
+            log(
+                f"warning: {f} has no blank line: with --split paragraphs (the default) its "
+                f"{seen['text']} lines are read as running text, one paragraph; if each line "
+                "is a sentence pass --split none, if each is a paragraph --split lines"
+            )
+
+
+def _counted(lines, seen: Counter):
+    for line in lines:
+        seen["text" if line.strip() else "blank"] += 1
+        yield line
 
 
 def prepare(
@@ -294,7 +311,7 @@ def _prepare_into(
         open(paths["heldout"], "w", encoding="utf-8") as fheld,
     ):
         for group, group_files in (("heldout", heldout_files), ("train", train_files)):
-            for sent in _sentences_from(group_files, opts, stats, bar):
+            for sent in _sentences_from(group_files, opts, stats, bar, log):
                 stats["sentences_seen"] += 1
                 if not T.has_word_chars(sent):
                     stats["skipped_no_letters"] += 1

@@ -24,7 +24,7 @@ from jobs.procs import runner_info
 from jobs.runner import JobRunner, MetricsReader
 from jobs.state import FileJobStore, JobRecord, RedisJobStore, new_job_id
 from pretrain.config import TrainConfig
-from tests.jobs.test_jobs import ADMIN, TINY_CONFIG, dirs, job_body, settings_for
+from tests.jobs.test_jobs import ADMIN, PREPARE, TINY_CONFIG, dirs, job_body, settings_for
 
 torch.set_num_threads(1)
 
@@ -177,8 +177,8 @@ def test_metrics_with_nan_figures_give_null_progress(tmp_path):
 # ------------------------------------------------------------------ divergence
 
 
-def test_a_diverged_run_fails_with_its_reason_and_exports_nothing(tmp_path, monkeypatch):
-    """The trainer's divergence stop (exit 2, a stop record) fails the job in one line."""
+def _diverged_job(tmp_path: Path, monkeypatch, stop: dict[str, Any]) -> JobRecord:
+    """A job whose trainer ends with ``stop`` (exit 2), run by a real JobRunner."""
     d = dirs(tmp_path)
     settings = SimpleNamespace(runs_dir=d["runs"], data_dir=d["data"], models_dir=d["models"],
                                threads=1, jobs_max_attempts=3, jobs_poll_interval=0.05,
@@ -198,8 +198,6 @@ def test_a_diverged_run_fails_with_its_reason_and_exports_nothing(tmp_path, monk
     def fake_train(args: list[str]) -> tuple[int, str]:
         train_dir = Path(args[3])
         train_dir.mkdir(parents=True, exist_ok=True)
-        stop = {"event": "stop", "reason": "diverged", "step": 17, "tokens_seen": 170,
-                "detail": "non-finite loss nan at step 17 (exit 2)\nsecond line"}  # fmt: skip
         lines = ['{"step": 15, "loss": 3.5, "ppl": 33.1}', json.dumps(stop)]
         (train_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
         return 2, ""
@@ -208,12 +206,43 @@ def test_a_diverged_run_fails_with_its_reason_and_exports_nothing(tmp_path, monk
     assert runner.run() == "failed"
     got = backend.store.get(rec.id)
     assert got.state == "failed" and exported == []
+    assert not (d["models"] / "nan-lm").exists()
+    return got
+
+
+def test_a_diverged_run_fails_with_its_reason_and_exports_nothing(tmp_path, monkeypatch):
+    """The trainer's divergence stop (exit 2, a stop record) fails the job in one line."""
+    stop = {"event": "stop", "reason": "diverged", "step": 17, "tokens_seen": 170,
+            "detail": "non-finite loss nan at step 17 (exit 2)\nsecond line"}  # fmt: skip
+    got = _diverged_job(tmp_path, monkeypatch, stop)
     assert got.error == (
         "training diverged at step 17: non-finite loss nan at step 17 (exit 2); "
         "no model exported (its checkpoints are the last finite ones)"
     )
-    assert not (d["models"] / "nan-lm").exists()
     assert any("failed: training diverged at step 17" in x for x in got.log_tail)
+
+
+def test_a_real_divergence_is_named_once(tmp_path, monkeypatch):
+    """The trainer's own stop record (its detail already says "training diverged at step
+    N: ...") becomes the job's error as it is, not wrapped in a second "diverged at"."""
+    from pretrain.prepare import PrepareOptions, prepare
+    from pretrain.train import TrainingDiverged, run_training
+    from tests.jobs.test_jobs import write_corpus
+
+    text = write_corpus(tmp_path / "book.txt", 200)
+    prepare([str(text)], tmp_path / "prep", PrepareOptions(**PREPARE), progress=False,
+            log=lambda *_: None)  # fmt: skip
+    raw = {**TINY_CONFIG, "data": {**TINY_CONFIG["data"], "path": str(tmp_path / "prep")}}
+    raw["optim"] = {"name": "sgd", "lr": 1e30, "clip_norm": 0.0}
+    raw["train"] = {**TINY_CONFIG["train"], "steps": 20, "progress": False}
+    with pytest.raises(TrainingDiverged) as e:
+        run_training(TrainConfig.model_validate(raw), tmp_path / "run", log=lambda *_: None)
+    stop = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert stop["reason"] == "diverged"
+    got = _diverged_job(tmp_path / "job", monkeypatch, stop)
+    assert got.error.count("diverged") == 1, got.error
+    assert got.error.startswith(e.value.message.splitlines()[0][:60])
+    assert got.error.endswith("; no model exported (its checkpoints are the last finite ones)")
 
 
 # ------------------------------------------------------------------ bounds

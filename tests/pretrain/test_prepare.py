@@ -244,3 +244,24 @@ def test_synthetic_corpus_command_feeds_prepare(tmp_path, capsys):
     rc = main(["prepare", str(out), "--out", str(tmp_path / "p"), "--vocab-size", "300",
                "--no-byte-fallback", "--no-progress"])  # fmt: skip
     assert rc == 0 and Corpus(tmp_path / "p").split("train").__len__() > 200
+
+
+def test_a_file_without_blank_lines_is_warned_about_under_split_paragraphs(tmp_path):
+    """One sentence a line without end punctuation: --split paragraphs (the default) runs
+    the lines together; prepare says so and names the option that reads it right."""
+    lines = [f"headline number {i} about the river and the town" for i in range(60)]
+    (tmp_path / "lines.txt").write_text("\n".join(lines) + "\n")
+    (tmp_path / "book.txt").write_text("One paragraph here.\nStill it.\n\nAnother one.\n")
+    words = {"tokenizer": "word", "vocab_size": 100, "heldout_fraction": 0.0}
+    said: list[str] = []
+    m = prepare([str(tmp_path / "lines.txt"), str(tmp_path / "book.txt")], tmp_path / "p",
+                PrepareOptions(**words), progress=False, log=said.append)  # fmt: skip
+    warned = [x for x in said if x.startswith("warning:") and "no blank line" in x]
+    assert len(warned) == 1 and "lines.txt" in warned[0] and "--split none" in warned[0]
+    assert m["summary"]["files_without_blank_lines"] == 1
+    assert m["summary"]["train_sentences"] < 10  # what the warning is about: 60 lines merged
+    said.clear()
+    m = prepare([str(tmp_path / "lines.txt")], tmp_path / "q",
+                PrepareOptions(**words, split="none"), progress=False, log=said.append)  # fmt: skip
+    assert not any("no blank line" in x for x in said)
+    assert m["summary"]["train_sentences"] == 60

@@ -89,3 +89,52 @@ def test_ctrl_c_under_the_launcher_checkpoints_and_prints_one_line(corpus_dir, t
     assert rec["reason"] == "signal" and rec["step"] > 0
     assert [ckpt.checkpoint_step(p) for p in ckpt.list_checkpoints(run)] == [rec["step"]]
     assert ckpt.load_checkpoint(ckpt.list_checkpoints(run)[-1])["world_size"] == 2
+
+
+def _tiny(corpus_dir: Path):
+    from pretrain.config import load_config
+
+    sets = [f"data.path={corpus_dir}", "train.progress=false", "train.threads=1"]
+    return load_config(TINY, [*sets, "train.steps=1000", "checkpoint.every_steps=0"])
+
+
+def _signal_once(signum: int):
+    """A log function that raises ``signum`` in this process when the loop is about to start."""
+    sent: list[int] = []
+
+    def log(line: str) -> None:
+        if line.startswith("training ") and not sent:
+            sent.append(signum)
+            signal.raise_signal(signum)
+
+    return log
+
+
+def test_ctrl_c_in_an_in_process_run_checkpoints_then_reaches_the_caller(corpus_dir, tmp_path):
+    """Under pytest (or a notebook) Ctrl-C must end the program, not just the run: the
+    trainer checkpoints, puts the previous handlers back and hands the signal on, here
+    Python's KeyboardInterrupt (it used to be swallowed: the suite ran on)."""
+    from pretrain.train import run_training
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        run_training(_tiny(corpus_dir), run, log=_signal_once(signal.SIGINT))
+    assert {s: signal.getsignal(s) for s in before} == before
+    rec = stop_record(run)
+    assert rec["reason"] == "signal" and rec["detail"] == "signal SIGINT"
+    assert [ckpt.checkpoint_step(p) for p in ckpt.list_checkpoints(run)] == [rec["step"]]
+
+
+def test_a_previous_handler_gets_the_signal_after_the_checkpoint(corpus_dir, tmp_path):
+    from pretrain.train import run_training
+
+    got: list[int] = []
+    old = signal.signal(signal.SIGTERM, lambda s, _f: got.append(s))
+    try:
+        res = run_training(_tiny(corpus_dir), tmp_path / "run", log=_signal_once(signal.SIGTERM))
+        assert signal.getsignal(signal.SIGTERM) is not None and got == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert res["stopped"] == "signal SIGTERM" and ckpt.list_checkpoints(tmp_path / "run")
+    # the CLI owns its process and does not hand on: exit 0 (test_sigterm_writes_a_checkpoint...)
