@@ -122,13 +122,22 @@ def load_task_data(task: str, data_dir: Path, fetch: bool) -> dict[str, list[tup
 def load_for_command(
     task: str, data: str | None, fetch: bool, max_train: int = 0, allow_unseen: bool = False
 ) -> tuple[dict[str, list[tuple]], list]:
-    """A command's data (``--data``, default ``data/<task>``; ``--fetch``; the first
-    ``max_train`` training examples, 0 = all) and its classes."""
+    """A command's data (``--data``, default ``data/<task>``; ``--fetch``; ``max_train``
+    training examples spread evenly over the file, 0 = all) and its classes."""
     data_dir = Path(data or f"data/{task_file(task) or task}")
     splits = load_task_data(task, data_dir, fetch)
     if max_train:
-        splits["train"] = splits["train"][:max_train]
+        splits["train"] = spread(splits["train"], max_train)
     return splits, label_set(task, splits, split_files(task, data_dir), allow_unseen)
+
+
+def spread(rows: list, n: int) -> list:
+    """``n`` rows evenly spaced over ``rows``, in order (all when ``n >= len(rows)``). Not the
+    first ``n``: a file sorted by label (the polarity data: every positive first) or by genre
+    (Brown) would give a slice of one class or one genre."""
+    if n >= len(rows):
+        return rows
+    return [rows[i * len(rows) // n] for i in range(n)]
 
 
 def split_files(task: str, data_dir: Path) -> dict[str, Path]:

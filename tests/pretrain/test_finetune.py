@@ -530,3 +530,22 @@ def test_finetune_adapt_adds_the_adapted_row_and_never_adapts_on_test(tmp_path, 
     assert [r["name"] for r in again] == ["adapted+baseline"]
     assert again[0]["adaptation"]["reused"] is True
     assert again[0]["adaptation"]["model"] == a["model"]
+
+
+def test_max_train_spreads_over_a_file_sorted_by_label(tmp_path):
+    """The polarity data lists every positive sentence first: the first N would be one
+    class (a run that "works" and learns nothing). --max-train takes N spread evenly."""
+    from pretrain.probe.tasks import load_for_command
+
+    rows = [{"text": f"good {i}", "label": "pos"} for i in range(30)]
+    rows += [{"text": f"bad {i}", "label": "neg"} for i in range(20)]
+    few = [{"text": "good x", "label": "pos"}, {"text": "bad x", "label": "neg"}]
+    folder = _write(tmp_path / "d", {"train": rows, "dev": few, "test": few})
+    data, classes = load_for_command("classification", str(folder), False, max_train=10)
+    got = data["train"]
+    assert len(got) == 10 and classes == ["neg", "pos"]
+    assert [y for _, y in got].count("neg") == 4  # the file's 40 % negatives, kept
+    order = [r["text"] for r in rows]
+    assert [t for t, _ in got] == sorted((t for t, _ in got), key=order.index)  # file order
+    all_, _ = load_for_command("classification", str(folder), False, max_train=500)
+    assert len(all_["train"]) == 50
