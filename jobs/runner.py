@@ -473,7 +473,7 @@ class JobRunner:
         """A ``base_model`` job: ``elmo-pretrain adapt`` prepares the corpus with the base
         model's tokenizer, trains (progress and checkpoints as a training job's) and writes
         the model; cancel, retry and re-queue work as for training (it resumes)."""
-        from pretrain.adapt import ADAPT_FILE
+        from pretrain.adapt_options import ADAPT_FILE
 
         self.phase = "train"
         spec, models = self.rec.spec, Path(self.settings.models_dir)

@@ -28,8 +28,8 @@ from pydantic import ConfigDict, Field, create_model
 from elmo_service.errors import ArtifactError, ConfigError, InputError
 from elmo_service.names import MODEL_NAME
 from elmo_service.settings_base import StrictModel, to_argv
-from pretrain.adapt import JOB_FIELDS as ADAPT_JOB_FIELDS
-from pretrain.adapt import AdaptOptions
+from pretrain.adapt_options import JOB_FIELDS as ADAPT_JOB_FIELDS
+from pretrain.adapt_options import AdaptOptions, train_config_for
 from pretrain.prepare import FORMAT as PREPARED_FORMAT
 from pretrain.prepare import JOB_FIELDS, PrepareOptions
 
@@ -260,8 +260,6 @@ def _adapt_train_config(job: JobIn, models_dir: Path | None) -> dict[str, Any]:
             f"base_model: no model {job.base_model!r} in the models folder ({e.message})",
             field="base_model",
         ) from e
-    from pretrain.adapt import train_config_for
-
     return train_config_for(header.config, "<prepared corpus>", adapt_options(job)).to_dict()
 
 

@@ -39,21 +39,18 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from elmo_service.artifact import Artifact, load_artifact, read_header
 from elmo_service.atomic import atomic_path, write_json, write_text
-from elmo_service.config import BiLMConfig
-from elmo_service.errors import ElmoServiceError, InputError
+from elmo_service.errors import InputError
 from elmo_service.runtime import set_threads
-from elmo_service.settings_base import StrictModel
-from pretrain.config import TrainConfig
+from pretrain.adapt_options import ADAPT_FILE, HELDOUT_FILE, AdaptOptions, train_config_for
 from pretrain.data import Corpus
 from pretrain.evaluate import perplexity
 from pretrain.export import export
@@ -63,72 +60,6 @@ from pretrain.tracking import json_safe
 from pretrain.train import Trainer
 
 SOFTMAX_FILE = "softmax.safetensors"  # in an artifact adapt wrote: its LM head, keyed by token
-HELDOUT_FILE = "heldout.txt"  # in an artifact: held-out text to measure forgetting on
-ADAPT_FILE = "adapt.json"  # in the work folder: the start, the options, the "before" figures
-
-
-class AdaptOptions(StrictModel):
-    """Options of ``elmo-pretrain adapt`` (its flags are derived from these fields), sized
-    for a CPU: a few hundred steps of ~2k tokens at a low learning rate after a warm-up."""
-
-    error_class: ClassVar[type[ElmoServiceError]] = InputError
-
-    steps: int = Field(300, ge=1, description="optimizer steps (the learning-rate schedule's end)")
-    max_minutes: float = Field(
-        30.0, ge=0, description="stop (checkpoint, export) after this many minutes; 0: no limit"
-    )
-    lr: float = Field(1e-4, gt=0, description="Adam's peak learning rate (low: keep what it knows)")
-    warmup_steps: int = Field(30, ge=0, description="linear warm-up from 0 to lr")
-    tokens_per_batch: int = Field(2000, ge=16, description="tokens per step")
-    n_samples: int = Field(
-        2048, ge=1, description="sampled-softmax negatives (a full softmax below this vocabulary)"
-    )
-    heldout_fraction: float = Field(
-        0.05, gt=0, lt=0.5, description="share of CORPUS's sentences held out (never trained)"
-    )
-    split: Literal["paragraphs", "lines", "none"] = Field(
-        "paragraphs",
-        description="how CORPUS is cut (prepare's --split): paragraphs (blank-line separated), "
-        "lines (each line running text), none (one sentence a line)",
-    )
-    word_vocab_size: int = Field(
-        50_000, ge=4, description="word-tokenized models: the softmax's size from CORPUS's words"
-    )
-    forgetting_text: str | None = Field(
-        None,
-        description="a text file (one sentence a line) to measure forgetting on "
-        f"(default: MODEL/{HELDOUT_FILE} if it ships one)",
-    )
-    ship_heldout: bool = Field(
-        False, description=f"write the held-out slice to NEW_MODEL/{HELDOUT_FILE} (it is your text)"
-    )
-    checkpoint_every_steps: int = Field(100, ge=0, description="checkpoint every N steps")
-    checkpoint_every_minutes: float = Field(5.0, ge=0, description="checkpoint every N minutes")
-    seed: int = 1234
-    threads: int = Field(0, ge=0, description="torch threads (0: all cores)")
-    precision: Literal["fp32", "bf16", "auto"] = Field("fp32", description="training precision")
-    work_dir: str | None = Field(
-        None, description="corpus, checkpoints and metrics (default: runs/adapt/NEW_MODEL's name)"
-    )
-    progress: bool = Field(True, description="progress bar with ETA")
-
-
-# the options a job's ``adapt`` may set: no paths, nothing about the worker's machine
-# (steps and max_minutes come from the job's ``budget``)
-JOB_FIELDS = (
-    "lr",
-    "warmup_steps",
-    "tokens_per_batch",
-    "n_samples",
-    "heldout_fraction",
-    "split",
-    "word_vocab_size",
-    "seed",
-    "threads",
-    "precision",
-    "checkpoint_every_steps",
-    "checkpoint_every_minutes",
-)
 
 
 @dataclass
@@ -209,39 +140,6 @@ def _check_corpus(corpus: Corpus, inputs: list[str]) -> None:
 def _vocab_counts(corpus: Corpus) -> np.ndarray:
     lines = (corpus.path / corpus.manifest["vocab"]["file"]).read_text(encoding="utf-8")
     return np.asarray([int(x.rsplit("\t", 1)[1]) for x in lines.splitlines()], dtype=np.int64)
-
-
-def train_config_for(model: BiLMConfig, corpus_dir: str | Path, opts: AdaptOptions) -> TrainConfig:
-    """The trainer's config for adapting a model of shape ``model`` (the jobs API checks it
-    at submit, as for a training job)."""
-    return TrainConfig.from_dict(
-        {
-            "model": model.to_dict(),
-            "data": {"path": str(corpus_dir), "tokens_per_batch": opts.tokens_per_batch},
-            "softmax": {"kind": "sampled", "n_samples": opts.n_samples},
-            "optim": {
-                "name": "adam",
-                "lr": opts.lr,
-                "warmup_steps": opts.warmup_steps,
-                "decay": "cosine",
-                "clip_norm": 1.0,
-            },
-            "train": {
-                "steps": opts.steps,
-                "max_minutes": opts.max_minutes,
-                "seed": opts.seed,
-                "device": "cpu",
-                "precision": opts.precision,
-                "threads": opts.threads,
-                "eval_every": 0,
-                "progress": opts.progress,
-            },
-            "checkpoint": {
-                "every_steps": opts.checkpoint_every_steps,
-                "every_minutes": opts.checkpoint_every_minutes,
-            },
-        }
-    )
 
 
 def _shipped_softmax(model_dir: Path) -> tuple[dict[str, torch.Tensor], list[str]] | None:
@@ -377,10 +275,10 @@ def adapt(
     record = work / ADAPT_FILE
     if resume and not record.is_file():
         raise InputError(f"--resume: {work} holds no adaptation to continue", field="resume")
-    if not resume and record.is_file():
+    if not resume and not overwrite and record.is_file():
         raise InputError(
-            f"{work} already holds an adaptation; pass --resume to continue it, or another "
-            "--work-dir (or delete it) to start over",
+            f"{work} already holds an adaptation; pass --resume to continue it, or "
+            "--overwrite to start it over",
             field="work_dir",
         )
     t0 = time.time()

@@ -98,7 +98,7 @@ def _add_train(sub) -> None:
 
 
 def _add_adapt(sub) -> None:
-    from pretrain.adapt import AdaptOptions
+    from pretrain.adapt_options import AdaptOptions
 
     p = sub.add_parser(
         "adapt",
@@ -113,7 +113,11 @@ def _add_adapt(sub) -> None:
     add_arguments(p, AdaptOptions)  # every option a flag: --steps, --lr, --max-minutes, ...
     g = p.add_mutually_exclusive_group()
     g.add_argument("--resume", action="store_true", help="continue the work folder's adaptation")
-    g.add_argument("--overwrite", action="store_true", help="replace an existing NEW_MODEL")
+    g.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing NEW_MODEL, starting the adaptation over",
+    )
     p.add_argument(
         "--stop-after",
         type=int,
@@ -253,7 +257,8 @@ def cmd_train(a) -> int:
 
 
 def cmd_adapt(a) -> int:
-    from pretrain.adapt import AdaptOptions, adapt
+    from pretrain.adapt import adapt
+    from pretrain.adapt_options import AdaptOptions
 
     adapt(
         a.model,

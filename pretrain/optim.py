@@ -1,4 +1,5 @@
-"""The optimizer and its learning-rate schedule, as the trainer builds them from ``optim``."""
+"""The optimizer, its learning-rate schedule and the starting weights, as the trainer builds
+them from ``optim`` (and the model from ``model`` / ``softmax``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import math
 
 import torch
 
-from pretrain.config import OptimConfig
+from pretrain.config import OptimConfig, TrainConfig
+from pretrain.data import Corpus
+from pretrain.lm import LanguageModel
 
 
 def lr_at(step: int, o: OptimConfig, total: int) -> float:
@@ -37,3 +40,26 @@ def make_optimizer(params, o: OptimConfig) -> torch.optim.Optimizer:
         )
     cls = torch.optim.AdamW if o.name == "adamw" else torch.optim.Adam
     return cls(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+
+
+def build_model(cfg: TrainConfig, corpus: Corpus) -> LanguageModel:
+    table = corpus.char_table(cfg.model.max_chars_per_token)
+    lm = LanguageModel(cfg.model, cfg.softmax, corpus.softmax_size, table, cfg.train.directions)
+    lm.loss_reduction = cfg.optim.loss_reduction
+    if cfg.optim.init_range > 0:
+        # the PTB literature's init: one small uniform range for every weight and bias, which
+        # keeps SGD at lr 1 stable where the modules' own (wider) initialisations diverge
+        with torch.no_grad():
+            for p in lm.parameters():
+                if p.requires_grad:  # not a frozen identity projection (model.lstm_projection)
+                    p.uniform_(-cfg.optim.init_range, cfg.optim.init_range)
+            for m in lm.modules():  # an embedding's padding row stays zero, as it is built
+                if isinstance(m, torch.nn.Embedding) and m.padding_idx is not None:
+                    m.weight[m.padding_idx].zero_()
+    if cfg.optim.highway_gate_bias is not None:
+        with torch.no_grad():
+            for hw in lm.bilm.token_encoder.highways:
+                # rows [transform ; gate]: the gate's half (Kim et al. add -2 as a constant;
+                # with a trained bias that is the same function, started at -2)
+                hw.bias[hw.out_features // 2 :] += cfg.optim.highway_gate_bias
+    return lm

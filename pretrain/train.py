@@ -14,7 +14,8 @@ continues exactly where the run stopped (same losses in fp32 eager).
 
 SIGTERM / SIGINT set a flag; the current step finishes, a checkpoint is
 written and the process exits 0 (before this process's first step, e.g. while it
-compiles, it stops at once: nothing new to save). A non-finite loss, gradient norm,
+compiles, it stops at once: nothing new to save); called from Python, the signal then
+goes on to the handler that was there before (``pretrain/signals.py``). A non-finite loss, gradient norm,
 weights or held-out perplexity stops the run (``TrainingDiverged``, exit 2) before
 anything of it is saved; ``optim.nonfinite: skip`` drops such updates instead.
 How a run ends, with its exit codes: docs/training.md.
@@ -50,37 +51,14 @@ from pretrain.checkpoint import (
 from pretrain.config import TrainConfig, config_hash, dump_config
 from pretrain.data import BucketBatcher, Corpus, StreamBatcher, to_device
 from pretrain.lm import LanguageModel
-from pretrain.optim import lr_at, make_optimizer
+from pretrain.optim import build_model, lr_at, make_optimizer
 from pretrain.progress import Clock, ProgressBar
 from pretrain.run_checks import RunDirError, check_mode, check_run_dir
 from pretrain.run_dir import CONFIG_FILE, RUN_FILE, RUN_STATE
 from pretrain.signals import Interrupted, StopSignals
 from pretrain.tracking import MetricsLog, stop_record
 
-# ---------------------------------------------------------------- setup
-
-
-def build_model(cfg: TrainConfig, corpus: Corpus) -> LanguageModel:
-    table = corpus.char_table(cfg.model.max_chars_per_token)
-    lm = LanguageModel(cfg.model, cfg.softmax, corpus.softmax_size, table, cfg.train.directions)
-    lm.loss_reduction = cfg.optim.loss_reduction
-    if cfg.optim.init_range > 0:
-        # the PTB literature's init: one small uniform range for every weight and bias, which
-        # keeps SGD at lr 1 stable where the modules' own (wider) initialisations diverge
-        with torch.no_grad():
-            for p in lm.parameters():
-                if p.requires_grad:  # not a frozen identity projection (model.lstm_projection)
-                    p.uniform_(-cfg.optim.init_range, cfg.optim.init_range)
-            for m in lm.modules():  # an embedding's padding row stays zero, as it is built
-                if isinstance(m, torch.nn.Embedding) and m.padding_idx is not None:
-                    m.weight[m.padding_idx].zero_()
-    if cfg.optim.highway_gate_bias is not None:
-        with torch.no_grad():
-            for hw in lm.bilm.token_encoder.highways:
-                # rows [transform ; gate]: the gate's half (Kim et al. add -2 as a constant;
-                # with a trained bias that is the same function, started at -2)
-                hw.bias[hw.out_features // 2 :] += cfg.optim.highway_gate_bias
-    return lm
+# ---------------------------------------------------------------- how a run fails
 
 
 class TrainingDiverged(ElmoServiceError):

@@ -15,9 +15,10 @@ import pytest
 
 from elmo_service.artifact import load_artifact
 from elmo_service.embedder import Embedder
-from pretrain import adapt as adapt_mod
+from elmo_service.errors import InputError
 from pretrain import train as train_mod
-from pretrain.adapt import SOFTMAX_FILE, AdaptOptions, adapt
+from pretrain.adapt import SOFTMAX_FILE, adapt
+from pretrain.adapt_options import ADAPT_FILE, AdaptOptions
 from pretrain.cli import main
 from pretrain.config import load_config
 from pretrain.data import Corpus
@@ -160,6 +161,10 @@ def test_stop_and_resume_then_export(base_model, domain, tmp_path):
     assert done.exported and done.step == 20
     assert done.heldout_before == part.heldout_before  # measured once, before any step
     assert load_artifact(tmp_path / "out").version == done.version
+    with pytest.raises(InputError, match="already holds an adaptation"):
+        adapt(base_model, [str(domain)], tmp_path / "elsewhere", o, log=quiet)
+    again = adapt(base_model, [str(domain)], tmp_path / "out", o, overwrite=True, log=quiet)
+    assert again.exported and again.heldout_before == part.heldout_before  # started over
 
 
 def test_divergence_stops_it_and_nothing_is_exported(base_model, domain, tmp_path):
@@ -189,4 +194,4 @@ def test_bad_input_is_one_line(base_model, domain, tmp_path, capsys, case):
     rc = main(["adapt", model, corpus, "--out", str(out), *work])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and want in err, err
-    assert not (tmp_path / "w" / adapt_mod.ADAPT_FILE).exists()
+    assert not (tmp_path / "w" / ADAPT_FILE).exists()
