@@ -21,7 +21,7 @@ import statistics
 from pathlib import Path
 
 DONE = re.compile(
-    r"\[finetune\] (\S+)\s+seed (\d+) done: dev ([\d.]+) test ([\d.]+) "
+    r"\[finetune\] (\S+)\s+seed (\d+) done: dev ([\d.]+)(?: %)? test ([\d.]+)(?: %)? "
     r"\(best epoch \d+ of (\d+), (\d+)s\)"
 )
 
@@ -76,13 +76,14 @@ def main() -> None:
             f"{name:14s} {a['metric']:9s} seeds {sorted(a['seeds'])}: dev {_ms(a['dev'])}, "
             f"test {_ms(a['test'])}; {statistics.fmean(a['seconds']):.0f}s per run"
         )
-    if "baseline" in arms and "elmo+baseline" in arms:
-        base = statistics.fmean(arms["baseline"]["test"])
-        elmo = statistics.fmean(arms["elmo+baseline"]["test"])
-        print(
-            f"increase: {100 * (elmo - base):+.2f} absolute, "
-            f"{100 * (elmo - base) / (1 - base):.1f} % relative error reduction"
-        )
+    for arm in ("elmo+baseline", "adapted+baseline"):
+        if "baseline" in arms and arm in arms:
+            base = statistics.fmean(arms["baseline"]["test"])
+            other = statistics.fmean(arms[arm]["test"])
+            print(
+                f"{arm} increase: {100 * (other - base):+.2f} points absolute, "
+                f"{100 * (other - base) / (1 - base):.1f} % relative error reduction"
+            )
 
 
 if __name__ == "__main__":

@@ -34,10 +34,34 @@ def task_name_of(o: FinetuneOptions) -> str:
         raise InputError(f"--task-name {name!r}: {e}", field="task_name") from None
 
 
+def arms_of(o: FinetuneOptions) -> list[str]:
+    """The report's rows, in order; a combination that would train nothing useful is refused."""
+    if o.no_elmo and not o.adapt:
+        raise InputError(
+            "--no-elmo needs --adapt (it leaves only the adapted row)", field="no_elmo"
+        )
+    if o.no_elmo and (o.store or o.service):
+        raise InputError(
+            "--store / --service keep the ELMo + baseline mix: drop --no-elmo", field="no_elmo"
+        )
+    arms = [] if o.no_baseline else ["baseline"]
+    arms += [] if o.no_elmo else ["elmo+baseline"]
+    arms += ["adapted+baseline"] if o.adapt else []
+    return arms + ([] if o.no_probe else ["probe"])
+
+
+def adapt_options(o: FinetuneOptions) -> dict:
+    """The ``--adapt-*`` flags given, as :class:`pretrain.adapt.AdaptOptions` fields."""
+    given = {"steps": o.adapt_steps, "max_minutes": o.adapt_minutes, "lr": o.adapt_lr}
+    return {k: v for k, v in given.items() if v is not None}
+
+
 def cmd_finetune(args: argparse.Namespace) -> int:
     from elmo_service.artifact import default_model_dir, load_artifact
+    from elmo_service.atomic import write_json
     from elmo_service.runtime import set_threads
-    from pretrain.finetune.report import results_table, write_report
+    from pretrain.finetune.adapted import adapted_model
+    from pretrain.finetune.report import adaptation_line, results_table, unseen_line, write_report
     from pretrain.finetune.run import build_task, choose_metric, finetune
     from pretrain.probe.service import check_destinations, write_and_store
     from pretrain.probe.tasks import load_for_command
@@ -47,6 +71,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         **{k: getattr(args, k) for k in CLI_CONFIG_FIELDS if getattr(args, k) is not None}
     )
     name = task_name_of(o)
+    arms = arms_of(o)
     set_threads(o.threads)
     model_dir = Path(o.model) if o.model else default_model_dir()
     # the model and every task it ships (a task with another layer count fails here, by file)
@@ -54,7 +79,8 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     check_destinations(
         o, model_dir, name, model_version=art.version, n_layers=art.config.n_output_layers
     )
-    data, classes = load_for_command(o.task, o.data, o.fetch, o.max_train)
+    # a dev/test label never seen in training is a wrong prediction, counted in the report
+    data, classes = load_for_command(o.task, o.data, o.fetch, o.max_train, allow_unseen=True)
     tokens = task_kind(o.task) == "tokens"
     metric = choose_metric(o.metric, o.task, tokens, classes)
     if metric == "span-f1" and not tokens:
@@ -63,12 +89,23 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     out = Path(o.out or f"runs/finetune/{name}")
 
     t0 = time.monotonic()
-    task = build_task(art, data, classes, tokens, metric, crf, cfg, Path(o.cache) / name)
+    log = lambda m: print(m, flush=True)  # noqa: E731
+    cache = Path(o.cache) / name
+    task = build_task(art, data, classes, tokens, metric, crf, cfg, cache)
     print(f"[finetune] features ready in {time.monotonic() - t0:.0f}s", flush=True)
-    arms = [*([] if o.no_baseline else ["baseline"]), "elmo+baseline"]
-    arms += [] if o.no_probe else ["probe"]
+    if unseen := unseen_line(task):
+        print(f"[finetune] note: {unseen}", flush=True)
+    adapted = None
+    if o.adapt:
+        adapted_dir, record = adapted_model(
+            model_dir, art.version, data, tokens, cache, adapt_options(o), o.threads, log
+        )
+        adapted_art = load_artifact(adapted_dir)
+        adapted_task = build_task(adapted_art, data, classes, tokens, metric, crf, cfg, cache)
+        print(adaptation_line(record), flush=True)
+        adapted = (adapted_art, adapted_task, record)
     seeds = list(range(o.first_seed, o.first_seed + o.seeds))
-    ft = finetune(art, task, cfg, arms, seeds, name, log=lambda m: print(m, flush=True))
+    ft = finetune(art, task, cfg, arms, seeds, name, log=log, adapted=adapted)
     print(f"[finetune] done in {time.monotonic() - t0:.0f}s")
     print(results_table(ft))
 
@@ -78,7 +115,12 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     for report in [out / "report.md", *([Path(o.report)] if o.report else [])]:
         write_report(report, title, ft, command)
         print(f"report: {report}")
-    write_and_store(ft.spec, name, out, model_dir, o)
+    if ft.adapted_spec is not None:
+        # the adapted model is shared by every process of a benchmark: its mix goes here
+        write_json(out / "adapted-task.json", ft.adapted_spec.to_dict(), sort_keys=True)
+        print(f"adapted task: {out / 'adapted-task.json'} (for {ft.adaptation['model']})")
+    if ft.spec is not None:
+        write_and_store(ft.spec, name, out, model_dir, o)
     return 0
 
 

@@ -80,6 +80,26 @@ class FinetuneOptions(TaskCommandOptions):
     )
     no_baseline: bool = Field(False, description="train ELMo + baseline only")
     no_probe: bool = Field(False, description="skip the linear-probe row (ELMo mix + linear)")
+    adapt: bool = Field(
+        False,
+        description="first continue the biLM on the task's training and dev text, never "
+        "test (the paper's section 3.4, `elmo-pretrain adapt`), and add the row "
+        "adapted+baseline: ELMo + baseline over the adapted biLM",
+    )
+    adapt_steps: int | None = Field(
+        None, ge=1, description="--adapt: optimizer steps (default: adapt's)"
+    )
+    adapt_minutes: float | None = Field(
+        None, ge=0, description="--adapt: stop adapting after this many minutes (default: adapt's)"
+    )
+    adapt_lr: float | None = Field(
+        None, gt=0, description="--adapt: peak learning rate (default: adapt's)"
+    )
+    no_elmo: bool = Field(
+        False,
+        description="with --adapt: skip the ELMo + baseline row over the unadapted biLM (to "
+        "split a benchmark's arms over processes)",
+    )
     metric: Literal["auto", "accuracy", "span-f1"] = Field(
         "auto",
         description="auto: span F1 (exact BIO spans) for ner and for tagging data whose tags "

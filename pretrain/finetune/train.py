@@ -24,6 +24,14 @@ from pretrain.finetune.options import FinetuneConfig
 Log = Callable[[str], None]
 
 METRIC_NAMES = {"accuracy": "accuracy", "span-f1": "span F1 (exact BIO spans)"}
+# a report row -> the network it trains: the adapted row is ELMo + baseline over the adapted biLM
+NETWORK_OF = {"adapted+baseline": "elmo+baseline"}
+
+
+def pct(x: float, std: float | None = None) -> str:
+    """A score (a fraction) as a percentage, always with its sign: ``40.12 %``,
+    ``40.12 ± 1.27 %`` (a bare ``0.68`` reads as a fraction)."""
+    return f"{100 * x:.2f}" + ("" if std is None else f" ± {100 * std:.2f}") + " %"
 
 
 def spans(tags: Sequence[str]) -> set[tuple[int, int, str]]:
@@ -58,13 +66,21 @@ class Task:
     """What every run of one task shares."""
 
     tokens: bool  # a tag per word (else a label per sentence)
-    classes: list
+    classes: list  # what the networks predict; label ids past these are never predicted
     metric: str  # "accuracy" | "span-f1"
     crf: bool
     vocab: Vocab
     splits: dict[str, Split]
     n_layers: int
     elmo_dim: int
+    # dev/test labels never seen in training, and per split (units carrying one, units)
+    unseen: list = field(default_factory=list)
+    unseen_counts: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def names(self) -> list:
+        """Label id -> label: the classes, then unseen labels outside them (always wrong)."""
+        return self.classes + [u for u in self.unseen if u not in self.classes]
 
 
 @dataclass
@@ -89,7 +105,7 @@ def evaluate(net: TaskNetwork, task: Task, split: Split, batch_size: int = 256) 
     if not task.tokens:
         return float(np.mean([g == p for g, p in zip(gold, pred, strict=True)]))
     if task.metric == "span-f1":
-        names = task.classes
+        names = task.names
         return span_f1([[names[t] for t in g] for g in gold], [[names[t] for t in p] for p in pred])
     right = sum(
         int(np.sum(np.asarray(g) == np.asarray(p))) for g, p in zip(gold, pred, strict=True)
@@ -102,7 +118,7 @@ def train_run(arm: str, task: Task, cfg: FinetuneConfig, seed: int, log: Log = p
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     net = TaskNetwork(
-        arm,
+        NETWORK_OF.get(arm, arm),
         task.tokens,
         len(task.classes),
         len(task.vocab.words) + 2,
@@ -137,8 +153,8 @@ def train_run(arm: str, task: Task, cfg: FinetuneConfig, seed: int, log: Log = p
             best, best_epoch = score, epoch
             best_state = {k: v.detach().clone() for k, v in net.state_dict().items()}
         log(
-            f"[finetune] {arm:13s} seed {seed} epoch {epoch:2d}: loss {total / max(steps, 1):.4f} "
-            f"dev {100 * score:.2f} (best {100 * best:.2f} @{best_epoch}) "
+            f"[finetune] {arm:16s} seed {seed} epoch {epoch:2d}: loss {total / max(steps, 1):.4f} "
+            f"dev {pct(score)} (best {pct(best)} @{best_epoch}) "
             f"{time.monotonic() - t0:.0f}s"
         )
         if best > 0 and epoch - best_epoch >= cfg.patience:
@@ -148,7 +164,7 @@ def train_run(arm: str, task: Task, cfg: FinetuneConfig, seed: int, log: Log = p
     test = evaluate(net, task, task.splits["test"])
     seconds = time.monotonic() - t0
     log(
-        f"[finetune] {arm:13s} seed {seed} done: dev {100 * dev_score:.2f} test {100 * test:.2f} "
+        f"[finetune] {arm:16s} seed {seed} done: dev {pct(dev_score)} test {pct(test)} "
         f"(best epoch {best_epoch} of {epoch}, {seconds:.0f}s)"
     )
     return Run(arm, seed, dev_score, test, epoch, seconds, net)
@@ -184,19 +200,25 @@ class ArmResult:
 
 
 def run_arms(
-    arms: Sequence[str], task: Task, cfg: FinetuneConfig, seeds: Sequence[int], log: Log = print
+    arms: Sequence[str],
+    task: Task | dict[str, Task],
+    cfg: FinetuneConfig,
+    seeds: Sequence[int],
+    log: Log = print,
 ) -> list[ArmResult]:
+    """``task``: one for every arm, or arm -> its task (the adapted arm's layers differ)."""
+    tasks = task if isinstance(task, dict) else dict.fromkeys(arms, task)
     # seed by seed, every arm: an interrupted benchmark still has paired runs in its log
     runs: dict[str, list[Run]] = {arm: [] for arm in arms}
     for seed in seeds:
         for arm in arms:
-            runs[arm].append(train_run(arm, task, cfg, seed, log))
+            runs[arm].append(train_run(arm, tasks[arm], cfg, seed, log))
     out = []
     for arm in arms:
         r = ArmResult(arm, runs[arm])
         log(
-            f"[finetune] {arm}: dev {100 * r.dev:.2f} ± {100 * r.dev_std:.2f}, "
-            f"test {100 * r.test:.2f} ± {100 * r.std:.2f} over {len(seeds)} seed(s)"
+            f"[finetune] {arm}: dev {pct(r.dev, r.dev_std)}, "
+            f"test {pct(r.test, r.std)} over {len(seeds)} seed(s)"
         )
         out.append(r)
     return out

@@ -76,7 +76,11 @@ class TaskCommandOptions(StrictModel):
         None, description="also PUT the task to a running service, e.g. http://127.0.0.1:8000"
     )
     admin_key: str | None = Field(None, description="bearer key for the service's admin routes")
-    max_train: int = Field(0, ge=0, description="use only the first N training examples (0: all)")
+    max_train: int = Field(
+        0,
+        ge=0,
+        description="use only N training examples, spread evenly over the file (0: all)",
+    )
     threads: int | None = Field(None, description="torch threads (default: all cores)")
 
 

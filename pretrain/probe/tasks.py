@@ -1,7 +1,8 @@
 """The probe's labelled data: built-in tasks (fetched) and a user's own JSONL splits.
 
-Every line is checked before any embedding; dev/test may only use classes seen
-in training.
+Every line is checked before any embedding. For the probe, dev/test may only use
+classes seen in training; ``finetune`` takes them (``allow_unseen``): a label never
+seen in training is a wrong prediction there, and its report counts them.
 """
 
 from __future__ import annotations
@@ -119,25 +120,44 @@ def load_task_data(task: str, data_dir: Path, fetch: bool) -> dict[str, list[tup
 
 
 def load_for_command(
-    task: str, data: str | None, fetch: bool, max_train: int = 0
+    task: str, data: str | None, fetch: bool, max_train: int = 0, allow_unseen: bool = False
 ) -> tuple[dict[str, list[tuple]], list]:
-    """A command's data (``--data``, default ``data/<task>``; ``--fetch``; the first
-    ``max_train`` training examples, 0 = all) and its classes."""
+    """A command's data (``--data``, default ``data/<task>``; ``--fetch``; ``max_train``
+    training examples spread evenly over the file, 0 = all) and its classes."""
     data_dir = Path(data or f"data/{task_file(task) or task}")
     splits = load_task_data(task, data_dir, fetch)
     if max_train:
-        splits["train"] = splits["train"][:max_train]
-    return splits, label_set(task, splits, split_files(task, data_dir))
+        splits["train"] = spread(splits["train"], max_train)
+    return splits, label_set(task, splits, split_files(task, data_dir), allow_unseen)
+
+
+def spread(rows: list, n: int) -> list:
+    """``n`` rows evenly spaced over ``rows``, in order (all when ``n >= len(rows)``). Not the
+    first ``n``: a file sorted by label (the polarity data: every positive first) or by genre
+    (Brown) would give a slice of one class or one genre."""
+    if n >= len(rows):
+        return rows
+    return [rows[i * len(rows) // n] for i in range(n)]
 
 
 def split_files(task: str, data_dir: Path) -> dict[str, Path]:
     return {s: split_path(task, data_dir, s) for s in SPLITS}
 
 
+def labels_of(kind: str, rows: list[tuple]) -> list:
+    """Every row's labels, in order: a tag per word, or a label per sentence."""
+    return [t for _, tags in rows for t in tags] if kind == "tokens" else [y for _, y in rows]
+
+
 def label_set(
-    task: str, data: dict[str, list[tuple]], files: dict[str, Path] | None = None
+    task: str,
+    data: dict[str, list[tuple]],
+    files: dict[str, Path] | None = None,
+    allow_unseen: bool = False,
 ) -> list:
-    """The classes, in index order; dev/test may only use classes seen in training.
+    """The classes, in index order; dev/test may only use classes seen in training,
+    unless ``allow_unseen`` (user tasks: those are not among the classes). A built-in
+    task's fixed classes are always enforced.
 
     With ``files`` (split -> path), an unknown class is reported at its first line.
     """
@@ -156,18 +176,15 @@ def label_set(
         where = f"{files['train']}: " if files else ""
         raise InputError(f"{where}the training data has fewer than 2 classes", field="data")
     known = set(classes)
+    fixed = task in ("pos", "polarity")
     for split in SPLITS:
-        seen = (
-            {t for _, tags in data[split] for t in tags}
-            if kind == "tokens"
-            else {y for _, y in data[split]}
-        )
-        if seen - known:
+        seen = set(labels_of(kind, data[split]))
+        if seen - known and not (allow_unseen and not fixed):
             what = "tags" if kind == "tokens" else "classes"
             where = _first_line_with(files[split], kind, known) if files else split
             raise InputError(
                 f"{where}: {what} {sorted(map(str, seen - known))} are not in the "
-                f"{'task' if task in ('pos', 'polarity') else 'training data'}'s {what} "
+                f"{'task' if fixed else 'training data'}'s {what} "
                 f"{list(map(str, classes))}",
                 field="data",
             )

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import random
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from elmo_service.artifact import load_artifact, write_task
+from elmo_service.embedder import Embedder
 from elmo_service.scalar_mix import MixSpec
 from pretrain.finetune import CRF, FinetuneConfig, build_task, finetune, span_f1, spans
 from pretrain.finetune.data import batches, make_batch
@@ -242,8 +246,6 @@ GOOD = '{"words": ["a", "b"], "tags": ["B-X", "O"]}\n'
     [
         ({"train": '{"words": ["a", "b"], "tags": ["O"]}\n'}, "train.jsonl:1: 2 words but 1 tags"),
         ({"dev": ""}, "dev.jsonl: no examples"),
-        ({"test": GOOD + '{"words": ["a"], "tags": ["B-NEW"]}\n'},
-         "test.jsonl:2: tags ['B-NEW'] are not in the training data's tags"),
     ],
 )  # fmt: skip
 def test_bad_data_is_one_line_naming_the_file_and_line_before_any_work(
@@ -258,6 +260,90 @@ def test_bad_data_is_one_line_naming_the_file_and_line_before_any_work(
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "c").exists() and not (tmp_path / "run").exists()
+
+
+def _with_unseen_test_tags(folder, tags=("SYM", "SYM", "LS")):
+    """NER data whose test split has 3 tokens tagged with ``tags``, never seen in training."""
+    rows = {"train": _ner_rows(40, 0), "dev": _ner_rows(10, 1), "test": _ner_rows(10, 2)}
+    test = rows["test"]
+    test[0]["tags"][0], test[3]["tags"][-1], test[5]["tags"][0] = tags
+    return _write(folder, rows), sum(len(r["words"]) for r in test)
+
+
+def test_a_test_tag_never_seen_in_training_is_a_wrong_prediction_counted_in_the_report(
+    tmp_path, capsys
+):
+    """A real split's test file (PTB: LS, SYM) may hold tags the training sentences lack:
+    the run goes to the end, and the report says how many test tokens carry one."""
+    model = tiny_artifact(tmp_path / "m")
+    data, total = _with_unseen_test_tags(tmp_path / "d")
+    assert _finetune(tmp_path, model, data, "--metric", "accuracy", "--no-probe") == 0
+    out = capsys.readouterr().out
+    line = f"3 of {total} test tokens ({100 * 3 / total:.2f} %) carry tags never seen in training (LS, SYM)"
+    assert line in out  # said before training, and in the report
+    assert line in (tmp_path / "run" / "report.md").read_text()
+    rows = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert [r["name"] for r in rows] == ["baseline", "elmo+baseline"]
+    for r in rows:
+        assert r["unseen_labels"]["labels"] == ["LS", "SYM"]
+        assert r["unseen_labels"]["test"] == {"count": 3, "of": total}
+        assert r["unseen_labels"]["dev"]["count"] == 0
+        # those 3 tokens are wrong whatever the network learned
+        assert all(s["test"] <= (total - 3) / total + 1e-9 for s in r["seeds"])
+    # scores print as percentages, never as bare numbers that read as fractions
+    assert re.search(r"\| ELMo \+ baseline \| \d+\.\d\d % \| \d+\.\d\d ± \d+\.\d\d % \|", out)
+    assert re.search(r"seed 0 done: dev \d+\.\d\d % test \d+\.\d\d % ", out)
+
+
+@pytest.mark.parametrize(
+    ("metric", "tags"),
+    [("accuracy", ("SYM", "SYM", "LS")), ("span-f1", ("B-NEW", "B-NEW", "B-ODD"))],
+)
+def test_an_unseen_label_is_scored_wrong_even_for_a_perfect_network(tmp_path, metric, tags):
+    """An oracle that predicts every trained label right still misses the unseen ones:
+    accuracy loses exactly those tokens; span F1 misses the spans they start."""
+    from pretrain.finetune.train import evaluate
+    from pretrain.probe.tasks import label_set, load_task_data
+
+    folder, total = _with_unseen_test_tags(tmp_path / "d", tags)
+    data = load_task_data("tagging", folder, fetch=False)
+    classes = label_set("tagging", data, allow_unseen=True)
+    assert classes == ["B-LOC", "B-PER", "O"]
+    cfg = FinetuneConfig(hidden=4)
+    task = build_task(
+        load_artifact(tiny_artifact(tmp_path / "m")), data, classes, True, metric, False, cfg,
+        tmp_path / "c", log=lambda _: None,
+    )  # fmt: skip
+    assert task.unseen == sorted(set(tags)) and task.unseen_counts["test"] == (3, total)
+
+    class Oracle:
+        def eval(self):
+            return self
+
+        def predict(self, batch):
+            k = len(classes)  # the network's outputs: an unseen label is not among them
+            return [
+                [t if t < k else classes.index("O") for t in batch.labels[b, :n].tolist()]
+                for b, n in enumerate(batch.mask.sum(1).tolist())
+            ]
+
+    got = evaluate(Oracle(), task, task.splits["test"])
+    if metric == "accuracy":
+        assert got == pytest.approx((total - 3) / total)
+    else:
+        gold = [r[1] for r in data["test"]]
+        pred = [[t if t in classes else "O" for t in tags] for tags in gold]
+        assert got == pytest.approx(span_f1(gold, pred)) and got < 1.0
+
+
+def test_the_probe_still_refuses_a_label_never_seen_in_training(tmp_path):
+    from elmo_service.errors import InputError
+    from pretrain.probe.tasks import load_for_command
+
+    folder, _ = _with_unseen_test_tags(tmp_path / "d")
+    refused = r"test.jsonl:1: tags \['LS', 'SYM'\] are not in the training"
+    with pytest.raises(InputError, match=refused):
+        load_for_command("tagging", str(folder), fetch=False)
 
 
 def test_a_task_name_the_model_ships_is_refused_unless_overwrite(tmp_path, capsys):
@@ -315,7 +401,7 @@ def test_ctrl_c_leaves_no_output_files(tmp_path, monkeypatch):
     report.write_text("old report\n")
     monkeypatch.setattr(atomic.os, "replace", interrupted)
 
-    task = type("T", (), {"metric": "accuracy"})()  # all the report reads of a Task
+    task = type("T", (), {"metric": "accuracy", "unseen": []})()  # all the report reads
     ft = Finetuned(
         task, [ArmResult("baseline", [Run("baseline", 0, 0.5, 0.4, 1, 1.0, None)])], None
     )
@@ -355,3 +441,111 @@ def test_finetune_registers_in_a_service_that_serves_its_model_only(tmp_path, ca
         saved = json.loads((tmp_path / "run" / "task.json").read_text())
         assert got["weights"] == saved["weights"] and got["gamma"] == saved["gamma"]
         assert got["meta"]["model_version"] == load_artifact(model).version
+
+
+# ------------------------------------------------------------------ --adapt (paper §3.4)
+
+
+def test_the_adaptation_text_is_training_and_dev_never_test(tmp_path):
+    from pretrain.finetune.adapted import task_text
+    from pretrain.probe.tasks import load_task_data
+
+    data = load_task_data("tagging", _ner_data(tmp_path / "ner"), fetch=False)
+    text = task_text(data, tokens=True)
+    assert text == [" ".join(w) for w, _ in data["train"] + data["dev"]]
+    sentences = {"a fine film .": 1, "a dull film .": 0, "the best of the year": 1}
+    rows = {s: [(t, y) for t, y in sentences.items()] for s in ("train", "dev")}
+    rows["test"] = [("never read", 0)]
+    assert task_text(rows, tokens=False) == [*sentences, *sentences]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--no-elmo"], "--no-elmo needs --adapt"),
+        (["--adapt", "--no-elmo", "--store"], "--store / --service keep the ELMo + baseline mix"),
+        (["--adapt", "--adapt-steps", "0"], "adapt_steps"),
+    ],
+)
+def test_adapt_flags_that_make_no_sense_are_one_line_before_any_work(
+    tmp_path, capsys, flags, message
+):
+    model = tiny_artifact(tmp_path / "m")
+    data = _ner_data(tmp_path / "ner")
+    assert _finetune(tmp_path, model, data, *flags) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "c").exists() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_finetune_adapt_adds_the_adapted_row_and_never_adapts_on_test(tmp_path, capsys):
+    """--adapt: the biLM is continued (pretrain.adapt) on the training and dev text only;
+    the report gains adapted+baseline with the adaptation's perplexities and time; a second
+    run (another seed's process) reuses the same adapted model."""
+    from pretrain.finetune.report import perplexity_text as ppl
+
+    model = tiny_artifact(tmp_path / "m")
+    folder = tmp_path / "ner"
+    rows = {"train": _ner_rows(60, 0), "dev": _ner_rows(20, 1), "test": _ner_rows(20, 2)}
+    for i, r in enumerate(rows["test"]):  # words no other split has: never in the corpus
+        r["words"][0] = f"testonly{i}"
+    _write(folder, rows)
+    flags = ["--adapt", "--adapt-steps", "4", "--adapt-lr", "3e-3", "--no-probe"]
+    assert _finetune(tmp_path, model, folder, *flags) == 0
+    out = capsys.readouterr().out
+    # adapted first, then the arms are trained
+    assert out.index("Adaptation (§3.4)") < out.index("seed 0 done")
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert [r["name"] for r in report] == ["baseline", "elmo+baseline", "adapted+baseline"]
+    adapted = report[2]
+    a = adapted["adaptation"]
+    assert a["sentences"] == 80 and a["steps"] == 4 and a["reused"] is False
+    assert math.isfinite(a["perplexity_before"]) and math.isfinite(a["perplexity_after"])
+    assert a["seconds"] > 0
+    assert adapted["increase"] == pytest.approx(adapted["test"] - report[0]["test"])
+    md = (tmp_path / "run" / "report.md").read_text()
+    assert "| ELMo adapted to the task's text (§3.4) + baseline |" in md
+    assert (
+        f"held-out perplexity **{ppl(a['perplexity_before'])} → {ppl(a['perplexity_after'])}**"
+        in md
+    )
+
+    # the adaptation's text: every training and dev sentence, no test word
+    corpus = (Path(a["model"]).parent / "corpus.txt").read_text()
+    assert corpus.splitlines() == [" ".join(r["words"]) for r in rows["train"] + rows["dev"]]
+    assert "testonly" not in corpus
+    # the adapted model is another model, and serves: its mix is for it, not the original
+    new = load_artifact(Path(a["model"]))
+    assert new.version != load_artifact(model).version
+    mix = json.loads((tmp_path / "run" / "adapted-task.json").read_text())
+    assert mix["meta"]["model_version"] == new.version
+    assert np.isfinite(Embedder(new, device="cpu").embed([["the", "dog"]])[0].layers).all()
+
+    # another process (seed 1, the adapted row only) reuses that adaptation
+    more = ["--first-seed", "1", "--no-baseline", "--no-elmo", "--out", str(tmp_path / "run1")]
+    assert _finetune(tmp_path, model, folder, *flags, *more) == 0
+    assert "[adapt] reusing the adapted model" in capsys.readouterr().out
+    again = json.loads((tmp_path / "run1" / "report.json").read_text())
+    assert [r["name"] for r in again] == ["adapted+baseline"]
+    assert again[0]["adaptation"]["reused"] is True
+    assert again[0]["adaptation"]["model"] == a["model"]
+
+
+def test_max_train_spreads_over_a_file_sorted_by_label(tmp_path):
+    """The polarity data lists every positive sentence first: the first N would be one
+    class (a run that "works" and learns nothing). --max-train takes N spread evenly."""
+    from pretrain.probe.tasks import load_for_command
+
+    rows = [{"text": f"good {i}", "label": "pos"} for i in range(30)]
+    rows += [{"text": f"bad {i}", "label": "neg"} for i in range(20)]
+    few = [{"text": "good x", "label": "pos"}, {"text": "bad x", "label": "neg"}]
+    folder = _write(tmp_path / "d", {"train": rows, "dev": few, "test": few})
+    data, classes = load_for_command("classification", str(folder), False, max_train=10)
+    got = data["train"]
+    assert len(got) == 10 and classes == ["neg", "pos"]
+    assert [y for _, y in got].count("neg") == 4  # the file's 40 % negatives, kept
+    order = [r["text"] for r in rows]
+    assert [t for t, _ in got] == sorted((t for t, _ in got), key=order.index)  # file order
+    all_, _ = load_for_command("classification", str(folder), False, max_train=500)
+    assert len(all_["train"]) == 50
