@@ -150,9 +150,11 @@ def _inputs_fingerprint(files: list[Path]) -> list[dict[str, Any]]:
 
 
 def _params_hash(opts: PrepareOptions, train: list[dict], heldout: list[dict]) -> str:
+    # an unset sp_model stays out of the hash: earlier preparations keep theirs
+    options = opts.model_dump(exclude={"sp_model"} if opts.sp_model is None else set())
     given = {"sp_model_sha256": file_sha256(Path(opts.sp_model))} if opts.sp_model else {}
     blob = json.dumps(
-        {"options": opts.model_dump(), "train": train, "heldout": heldout, **given},
+        {"options": options, "train": train, "heldout": heldout, **given},
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

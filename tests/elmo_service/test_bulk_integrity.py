@@ -1,4 +1,4 @@
-"""``embed-bulk`` under attack (issue 39 items 4, 6, 7, 10; issue 41 item 5): a local Ray
+"""``embed-bulk`` under attack: a local Ray
 cluster that listens on loopback only and dies with its driver, a full disk named in one
 line, a manifest that cannot lie about its rows, a BOM that stays out of the text, and
 shards cut so that every actor works."""

@@ -1,4 +1,4 @@
-"""AllenNLP's ``ElmoEmbedder`` names on ``Embedder`` (issue 37): ``embed_sentence``, a lazy
+"""AllenNLP's ``ElmoEmbedder`` names on ``Embedder``: ``embed_sentence``, a lazy
 ``embed_sentences``, ``embed_batch``, ``embed_file``; and ``Embedder.load`` leaves torch's
 thread count alone unless ``threads=`` is given."""
 

@@ -1,4 +1,4 @@
-"""Every surface gives the same answer (issue 36): the library, ``POST /v1/embed``,
+"""Every surface gives the same answer: the library, ``POST /v1/embed``,
 ``POST /v1/embeddings``, ``embed-file`` and ``embed-bulk`` over every combination of
 output kind, layer subset, task mix (with and without layer norm, per direction or not),
 inline mix, the default mix, granularity and pooling, on a sub-word-heavy model.
@@ -356,7 +356,7 @@ def test_embed_bulk_on_ray_sweep(tmp_path, model, raw):
         ray.shutdown()
 
 
-# ----------------------------------------------------------------- issue 36's reproducer
+# ------------------------------------------------ the layer-normed word-granularity reproducer
 
 
 def test_issue_36_layer_normed_task_at_word_granularity_agrees(tmp_path):
