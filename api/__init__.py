@@ -4,5 +4,5 @@
 layer never touches the model: routes tokenize, look up the cache and hand
 token lists to the :class:`api.batcher.Batcher`, whose single worker thread is
 the only caller of the model: it plans the batches and runs each with
-``Embedder.embed_batch``.
+``Embedder.run_batch``.
 """

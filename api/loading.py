@@ -109,7 +109,7 @@ def load_served_model(
     runner: Batcher | DirectRunner
     if settings.batching:
         runner = Batcher(
-            embedder.embed_batch,  # the batcher plans; the embedder runs what it is handed
+            embedder.run_batch,  # the batcher plans; the embedder runs what it is handed
             batch_tokens=settings.batch_tokens,
             max_batch_sentences=settings.max_batch_sentences,
             max_queue=settings.max_queue,

@@ -1,8 +1,7 @@
-"""Layers -> what the client asked for: layer subsets, scalar mixes, words, pooling.
+"""The HTTP side of an answer: finite-checked encoding, and the words' spans.
 
-Pure numpy, run by the HTTP layer on cached or freshly computed layers. The mix
-and the word averages are the core's (``elmo_service.scalar_mix.apply_mix``,
-``elmo_service.words.average_words``), the ones the library applies.
+What a sentence's layers become (layer subsets, mixes, words, pooling, in one order) is
+the core's ``elmo_service/outputs.py``, the same for the library, the CLIs and the API.
 """
 
 from __future__ import annotations
@@ -13,20 +12,10 @@ import numpy as np
 
 from api.encoding import DType, Encoding, as_dtype, encode_array
 from elmo_service.errors import ElmoServiceError, InputError
-from elmo_service.scalar_mix import apply_mix as mix
 from elmo_service.scalar_mix import softmax
 from elmo_service.tokenizers import Token
-from elmo_service.words import average_words as to_words
 
-__all__ = [
-    "NonFiniteOutput",
-    "encode_checked",
-    "mix",
-    "pool",
-    "softmax",
-    "to_words",
-    "words_meta",
-]
+__all__ = ["NonFiniteOutput", "encode_checked", "softmax", "words_meta"]
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 
@@ -76,11 +65,3 @@ def words_meta(tokens: Sequence[Token], text: str) -> list[dict]:
     for w in out:
         w["text"] = text[w["start"] : w["end"]]
     return out
-
-
-def pool(x: np.ndarray, how: str, axis: int) -> np.ndarray:
-    if how == "mean":
-        return x.mean(axis=axis, dtype=np.float64).astype(np.float32)
-    if how == "max":
-        return x.max(axis=axis)
-    return x

@@ -21,7 +21,8 @@ from api.batcher import Runner, Ticket
 from api.cache import SentenceCache
 from api.metrics import Metrics
 from api.tasks_store import TaskRegistry
-from elmo_service.errors import ConfigError, InputError
+from elmo_service.errors import InputError
+from elmo_service.outputs import DEFAULT_TASK, default_mix
 from elmo_service.scalar_mix import MixSpec
 from elmo_service.tokenizers import Token
 
@@ -137,25 +138,17 @@ class ServedModel:
         return Embedded(token_lists, layers, hits, misses)
 
     def default_mix(self) -> tuple[MixSpec, str | None]:
-        """The task named 'default' when there is one, else the plain average of all layers.
+        """The model's default mix (``elmo_service.outputs.default_mix``: the task named
+        'default' when there is one, else the plain average of all layers).
 
         Blocking (task store I/O); remembered for DEFAULT_MIX_TTL seconds (a PUT or
         DELETE through this server forgets it at once).
         """
         try:
-            found = self.tasks.spec("default")
+            found = self.tasks.spec(DEFAULT_TASK)
         except Exception:  # noqa: BLE001 - store down and nothing remembered: fall back
             found = None
-        if found is not None:
-            try:
-                found[0].validate(self.n_layers, "task")
-            except ConfigError as e:  # stored before its bounds existed: refuse, never NaN
-                raise ConfigError(
-                    f"the stored task 'default' cannot be used: {e.message}", field="task"
-                ) from e
-        result = (
-            (found[0], "default") if found is not None else (MixSpec.average(self.n_layers), None)
-        )
+        result = default_mix(None if found is None else found[0], self.n_layers)
         self._default_mix = (time.monotonic() + DEFAULT_MIX_TTL, result, self.tasks.generation)
         return result
 

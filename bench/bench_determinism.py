@@ -65,14 +65,14 @@ def main() -> int:
         t = [x.text for x in emb.tokenize([s])[0]][: emb.max_sentence_tokens]
         toks.append(t)
     t0 = time.monotonic()
-    alone = [emb.embed_batch([t])[0] for t in toks]
+    alone = [emb.run_batch([t])[0] for t in toks]
     rows: dict[str, list[float]] = {"plain": [0, 0], "hard": [0, 0], "long": [0, 0]}
     kind = ["plain"] * 24 + ["hard"] * (len(HARD) + 8) + ["long"] * 3
     n_vectors = 0
     over = 0
     for _ in range(args.mixes):
         idx = rng.sample(range(len(toks)), rng.randint(2, 12))
-        for i, got in zip(idx, emb.embed_batch([toks[i] for i in idx]), strict=True):
+        for i, got in zip(idx, emb.run_batch([toks[i] for i in idx]), strict=True):
             d = np.abs(got - alone[i])
             scale = float(np.abs(alone[i]).max())
             r = rows[kind[i]]

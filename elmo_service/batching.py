@@ -4,20 +4,23 @@ A batch costs its padded tokens, ``n_sentences * longest`` (the biLSTM runs
 every row to the longest row's length). Sorting by length first keeps that
 padding small. The library path (``Embedder.embed_tokens``) and the server's
 batcher (``api/batcher.py``) both plan with :func:`plan_batches`; the server
-then hands each planned batch to ``Embedder.embed_batch``, which runs it as
+then hands each planned batch to ``Embedder.run_batch``, which runs it as
 one model call and never re-plans.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from elmo_service.errors import ConfigError
 
 # the defaults of the library and of the server (api/settings.py reads these)
 DEFAULT_BATCH_TOKENS = 4096
 DEFAULT_MAX_BATCH_SENTENCES = 256
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -55,3 +58,15 @@ def plan_batches(costs: Sequence[int], budget: BatchBudget) -> list[list[int]]:
 
 
 __all__ = ["DEFAULT_BATCH_TOKENS", "DEFAULT_MAX_BATCH_SENTENCES", "BatchBudget", "plan_batches"]
+
+
+def chunks(items: Iterable[T], n: int) -> Iterator[list[T]]:
+    """Lists of ``n`` items (the last one shorter), reading ``items`` only as far as needed."""
+    chunk: list[T] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == n:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk

@@ -19,7 +19,6 @@ import fcntl
 import hashlib
 import json
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -31,7 +30,7 @@ import numpy as np
 
 from elmo_service.atomic import atomic_path, write_json, write_text
 from elmo_service.batching import DEFAULT_BATCH_TOKENS
-from elmo_service.errors import ConfigError, ElmoServiceError, InputError
+from elmo_service.errors import ConfigError, ElmoServiceError, InputError, at_line
 
 OUTPUTS = ("layers", "mix")
 POOLINGS = ("none", "mean", "max")
@@ -278,26 +277,23 @@ def sentence_vectors(
     granularity: str,
     pooling: str,
 ) -> tuple[list[str], np.ndarray]:
-    """``[L+1, T, D]`` -> (position texts, ``[P, width]`` or pooled ``[width]``), in the
-    API's order: mix over the model's tokens, then words, then pooling."""
-    from elmo_service.embedder import apply_mix, word_tokens, words_of
+    """``[L+1, T, D]`` -> (position texts, ``[P, width]`` or pooled ``[width]``), by
+    ``elmo_service/outputs.py`` (every surface's one order: mix, words, pooling)."""
+    from elmo_service.outputs import plan_output, positions, render
 
-    x = layers if spec is None else apply_mix(layers, spec)[None]  # [K, T, D]
-    if granularity == "word":
-        _, x = words_of(tokens, x)
-        texts = [t.text for t in word_tokens(tokens, text)]
-    else:
-        texts = [t.text for t in tokens]
-    x = np.ascontiguousarray(x.transpose(1, 0, 2)).reshape(x.shape[1], -1)  # [P, K*D]
-    if pooling == "mean":
-        x = x.mean(axis=0, dtype=np.float64).astype(np.float32)
-    elif pooling == "max":
-        x = x.max(axis=0)
-    return texts, x
-
-
-def _reason(e: InputError, file: str, line: int) -> str:
-    return re.sub(r"sentence \d+", f"line {line} of {file}", e.message, count=1)
+    out = plan_output(
+        layers.shape[0],
+        output="layers" if spec is None else "mix",
+        granularity=granularity,
+        pooling=pooling,
+    )
+    out = out if spec is None else out.using(spec, None)
+    x, m = render(layers, tokens, out)
+    x = x if m is None else m[None]  # [K, P, D], pooled [K, D]
+    texts = [t.text for t in positions(tokens, out, text)]
+    if pooling != "none":
+        return texts, x.reshape(-1)
+    return texts, np.ascontiguousarray(x.transpose(1, 0, 2)).reshape(x.shape[1], -1)  # [P, K*D]
 
 
 @dataclass
@@ -330,13 +326,13 @@ def embed_shard(
             continue
         sent = text.split() if opts.whitespace else text
         try:
-            (t,) = emb.tokenize([sent])
+            (t,) = emb.tokenize([sent], field="input", where=at_line(file, line))
             if not t:
                 raise InputError(
-                    "sentence 0 has no tokens for this model's tokenizer", field="input"
+                    f"line {line} of {file} has no tokens for this model's tokenizer", field="input"
                 )
         except InputError as e:
-            skipped.append({"id": i, "file": file, "line": line, "reason": _reason(e, file, line)})
+            skipped.append({"id": i, "file": file, "line": line, "reason": e.message})
             continue
         ids.append(i)
         files.append(file)
@@ -526,7 +522,7 @@ def resolve_mix(model: Path, opts: BulkOptions) -> tuple[str, int, int, Any | No
     """(model version, output layers, dim, the mix spec or None), from the model's files
     without its weights: a bad option fails before any work starts."""
     from elmo_service.artifact import load_tasks, read_header
-    from elmo_service.scalar_mix import MixSpec
+    from elmo_service.outputs import resolve_output
 
     header = read_header(model)
     if header.version is None:
@@ -538,8 +534,7 @@ def resolve_mix(model: Path, opts: BulkOptions) -> tuple[str, int, int, Any | No
     if opts.task is not None and opts.task not in tasks:
         known = ", ".join(sorted(tasks)) or "none"
         raise ConfigError(f"model has no task {opts.task!r} (tasks: {known})", field="task")
-    name = opts.task or ("default" if "default" in tasks else None)
-    spec = tasks[name] if name else MixSpec.average(n_layers)
+    spec = resolve_output(n_layers, tasks.get, output="mix", task=opts.task).mix
     return header.version, n_layers, header.config.output_dim, spec
 
 

@@ -9,84 +9,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-from elmo_service.atomic import atomic_path
 from elmo_service.batching import DEFAULT_BATCH_TOKENS
 from elmo_service.config import PRECISIONS, WEIGHT_MODES
-from elmo_service.errors import PATH_ERRORS, ElmoServiceError, InputError
+from elmo_service.errors import PATH_ERRORS, ElmoServiceError
 from elmo_service.process import configure_process
 
 
-def _chunks(lines: Iterator[str], n: int) -> Iterator[list[str]]:
-    chunk: list[str] = []
-    for line in lines:
-        chunk.append(line.rstrip("\n"))
-        if len(chunk) == n:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
-def _scan_lines(path: Path) -> tuple[int, list[int]]:
-    """(number of lines, 1-based numbers of the blank ones) in one pass."""
-    n, blank = 0, []
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for n, line in enumerate(f, start=1):  # noqa: B007 - n is the count after the loop
-            if not line.strip():
-                blank.append(n)
-    return n, blank
-
-
-def _line_message(e: InputError, path: Path, first: int) -> str:
-    """An embedder error about "sentence k[, word j]" of a chunk, told as the file's line
-    ``first + k + 1`` (and word ``j + 1``)."""
-    m = re.search(r"sentence (\d+)(, word (\d+))?", e.message)
-    if m is None:
-        return f"{path}: {e.message}"
-    where = f"line {first + int(m.group(1)) + 1} of {path}"
-    if m.group(3) is not None:
-        where += f", word {int(m.group(3)) + 1}"
-    return e.message[: m.start()] + where + e.message[m.end() :]
-
-
 def cmd_embed_file(args: argparse.Namespace) -> int:
-    """Write AllenNLP ``elmo`` command's HDF5 layout: one dataset per line
-    index (``--all``: ``[L+1, T, D]``; ``--top``/``--average``/``--task``:
-    ``[T, D]``) plus ``sentence_to_index`` (a JSON string).
-
-    Blank lines are refused, as ``allennlp elmo`` refuses them: dataset ``i``
-    is line ``i``, and an empty sentence has no vectors to store."""
-    import h5py
-    import numpy as np
-    from tqdm import tqdm
-
+    """Write AllenNLP ``elmo`` command's HDF5 layout (``elmo_service/embed_file.py``): one
+    dataset per line index (``--all``: ``[L+1, T, D]``; ``--top``/``--average``/``--task``:
+    ``[T, D]``) plus ``sentence_to_index`` (a JSON string). Blank lines are refused, as
+    ``allennlp elmo`` refuses them."""
     from elmo_service.artifact import default_model_dir
-    from elmo_service.embedder import Embedder, apply_mix, words_of
-    from elmo_service.scalar_mix import MixSpec
+    from elmo_service.embed_file import check_lines, check_output, file_spec
+    from elmo_service.embedder import Embedder
 
-    in_path = Path(args.input)
-    if not in_path.is_file():
-        raise ElmoServiceError(f"{in_path}: not a file (missing, or a folder)", field="input")
-    if not Path(args.output).resolve().parent.is_dir():
-        raise ElmoServiceError(
-            f"{args.output}: its folder {Path(args.output).resolve().parent} does not exist",
-            field="output",
-        )
-    total, blank = _scan_lines(in_path)  # before loading the model: fail fast
-    if blank:
-        shown = ", ".join(map(str, blank[:5])) + (
-            f" (and {len(blank) - 5} more)" if len(blank) > 5 else ""
-        )
-        raise ElmoServiceError(
-            f"{in_path} has blank lines ({shown}); give one sentence a line, as AllenNLP's "
-            "`elmo` command requires (e.g. drop them with: grep -v '^[[:space:]]*$')",
-            field="input",
-        )
+    in_path, out = Path(args.input), Path(args.output)
+    total = check_lines(in_path)  # before loading the model: fail fast
+    check_output(out)
     model = Path(args.model) if args.model else default_model_dir()
     emb = Embedder.load(
         model,
@@ -96,65 +39,23 @@ def cmd_embed_file(args: argparse.Namespace) -> int:
         device=args.device,
         weights=args.weights,
     )
-    if args.task:
-        if args.task not in emb.artifact.tasks:
-            known = ", ".join(sorted(emb.artifact.tasks)) or "none"
-            raise ElmoServiceError(
-                f"model has no task {args.task!r} (tasks: {known})", field="task"
-            )
-        spec = emb.artifact.tasks[args.task]
-    elif args.average:
-        spec = MixSpec.average(emb.n_layers)
-    else:
-        spec = None
-
+    what = "top" if args.top else "average" if args.average else "all"
     granularity = _granularity(args)
-    sentence_to_index: dict[str, str] = {}
-    out = Path(args.output)
-    with (
-        atomic_path(out) as tmp,  # a crash never leaves a half-written OUT behind
-        in_path.open(encoding="utf-8", errors="replace") as fin,
-        h5py.File(tmp, "w") as fout,
-        tqdm(total=total, unit="sent", disable=args.quiet) as bar,
-    ):
-        index = 0
-        for chunk in _chunks(fin, args.chunk_lines):
-            inputs = [line.split() for line in chunk] if args.whitespace else chunk
-            try:
-                results = emb.embed(inputs)
-            except InputError as e:  # name the file's line, not the chunk's sentence index
-                raise InputError(_line_message(e, in_path, index), field="input") from e
-            for line, sent, res in zip(chunk, inputs, results, strict=True):
-                if not res.tokens:  # e.g. a line of characters the tokenizer removes (U+200B)
-                    raise InputError(
-                        f"line {index + 1} of {in_path} has no tokens for this model's "
-                        "tokenizer: nothing to store under its index",
-                        field="input",
-                    )
-                layers = res.layers
-                if granularity == "word":
-                    _, layers = words_of(res.tokens, layers, None if args.whitespace else sent)
-                if args.top:
-                    data = layers[-1]
-                elif spec is not None:
-                    data = apply_mix(layers, spec)
-                else:
-                    data = layers
-                if not np.isfinite(data).all():  # never write a NaN a reader would trust
-                    raise ElmoServiceError(
-                        f"line {index + 1} of {in_path}: the model produced non-finite values",
-                        field="input",
-                    )
-                fout.create_dataset(str(index), data=data, dtype="float32")
-                sentence_to_index[line] = str(index)
-                index += 1
-            bar.update(len(chunk))
-        ds = fout.create_dataset("sentence_to_index", (1,), dtype=h5py.string_dtype())
-        ds[0] = json.dumps(sentence_to_index)
-        fout.attrs["granularity"] = granularity  # which positions the datasets hold
+    file_spec(emb, what, args.task, granularity)  # a bad --task fails before any work
+    n = emb.embed_file(
+        in_path,
+        out,
+        what=what,
+        task=args.task,
+        granularity=granularity,
+        whitespace=args.whitespace,
+        chunk_lines=args.chunk_lines,
+        progress=not args.quiet,
+        lines=total,
+    )
     pieces = granularity == "token" and emb.tokenizer.kind == "sentencepiece"
     note = "; one vector per sub-word piece, --granularity word gives one per word" * pieces
-    print(f"wrote {index} sentences to {out} (model {model}{note})", file=sys.stderr)
+    print(f"wrote {n} sentences to {out} (model {model}{note})", file=sys.stderr)
     return 0
 
 
@@ -162,8 +63,9 @@ def cmd_embed_bulk(args: argparse.Namespace) -> int:
     """Ray Data over Parquet shards (elmo_service/bulk.py; docs/bulk.md)."""
     from elmo_service.artifact import default_model_dir
     from elmo_service.bulk import BulkOptions, run_bulk
+    from elmo_service.outputs import default_output
 
-    output = args.output or ("mix" if args.task else "layers")
+    output = args.output or default_output(task=args.task)
     opts = BulkOptions(
         output=output,
         task=args.task,
@@ -255,7 +157,9 @@ def _add_tokenization(p: argparse.ArgumentParser) -> None:
 
 def _granularity(args: argparse.Namespace) -> str:
     """Pre-tokenized input means one vector per given word, as AllenNLP users expect."""
-    return args.granularity or ("word" if args.whitespace else "token")
+    from elmo_service.embed_file import default_granularity
+
+    return args.granularity or default_granularity(args.whitespace)
 
 
 def build_parser() -> argparse.ArgumentParser:

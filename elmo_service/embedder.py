@@ -4,8 +4,8 @@
 
 1. sentences are sorted by length and cut into batches under a token budget
    (padded cost ``n * max_len``, ``elmo_service/batching.py``), so padding stays
-   small; each batch is one ``embed_batch`` call (the server's batcher plans
-   with the same function and calls ``embed_batch`` directly);
+   small; each batch is one ``run_batch`` call (the server's batcher plans
+   with the same function and calls ``run_batch`` directly);
 2. each batch's distinct tokens are looked up in the token-vector cache (the
    character CNN is most of the FLOPs of released-size models); misses run
    through the CNN once per distinct token;
@@ -17,14 +17,20 @@ Both halves run in the kernel chosen once at construction and logged
 ``weights="int8"``, opt-in, quantizes the big matmuls' weights: speed and
 error in ``docs/bench-embedder.md``); otherwise the model's own torch code.
 
-Outputs are float32 numpy arrays ``[L+1, T, D]`` per sentence, markers removed.
+Outputs are float32 numpy arrays ``[L+1, T, D]`` per sentence, markers removed; words,
+mixes and the rest of what a caller asks are ``elmo_service/outputs.py``'s, the same for the
+library, the CLI, ``embed-bulk`` and the HTTP API.
+
+AllenNLP's ``ElmoEmbedder`` names are here too (``embed_sentence``, ``embed_sentences``,
+``embed_batch``, ``embed_file``), answering :class:`EmbeddedSentence` (its ``layers`` is
+what ``ElmoEmbedder`` returned).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +43,7 @@ from elmo_service.batching import (
     DEFAULT_BATCH_TOKENS,
     DEFAULT_MAX_BATCH_SENTENCES,
     BatchBudget,
+    chunks,
     plan_batches,
 )
 from elmo_service.char_ids import bos_ids, eos_ids, token_ids
@@ -44,12 +51,17 @@ from elmo_service.config import DEFAULT_TOKEN_CACHE_SIZE
 from elmo_service.errors import ConfigError, InputError, LimitError
 from elmo_service.kernels.packed import KernelCache, check_weights_mode
 from elmo_service.kernels.select import choose_kernel
+from elmo_service.outputs import OutputSpec, positions, render, resolve_output
 from elmo_service.runtime import autocast, pick_device, resolve_precision, set_threads
-from elmo_service.scalar_mix import MixSpec, apply_mix
+from elmo_service.scalar_mix import MixSpec, apply_mix  # noqa: F401 - re-exported
 from elmo_service.tokenizers import Token
-from elmo_service.words import word_tokens, words_of
+from elmo_service.words import words_of
+
+__all__ = ["EmbeddedSentence", "Embedder", "apply_mix", "words_of"]
 
 Sentence = str | Sequence[str]
+# how an error names sentence i (word j) of the caller's input: "line 7 of a.txt, word 2"
+Where = Callable[[int, "int | None"], str]
 # rows of a batch's token table: 0 the zero vector (padding), 1 and 2 the sentence markers,
 # then the batch's distinct token texts. The markers are rows, never keys: no token text
 # (not even "\x00<S>") can reach their vectors
@@ -82,21 +94,27 @@ def _where(field: str, i: int, j: int | None = None) -> str:
     return f"{field}[{i}]" if j is None else f"{field}[{i}][{j}]"
 
 
-def _check_words_kept(words: Sequence[str], toks: list[Token], i: int, field: str) -> None:
+def _check_words_kept(
+    words: Sequence[str], toks: list[Token], i: int, field: str, where: Where
+) -> None:
     """Pre-tokenized input: every word must keep at least one token, or the output would
     silently hold fewer words than the caller gave (and misalign with their labels)."""
     kept = {t.word for t in toks}
     for j, w in enumerate(words):
         if not w.strip():
             raise InputError(
-                f"{_where(field, i, j)} is empty or only whitespace: a pre-tokenized word "
+                f"{where(i, j)} is empty or only whitespace: a pre-tokenized word "
                 "needs a character to embed",
                 field=f"{field}[{i}][{j}]",
+                index=i,
+                word=j,
             )
         if j not in kept:
             raise InputError(
-                f"{_where(field, i, j)} ({w!r}) has no character the tokenizer keeps",
+                f"{where(i, j)} ({w!r}) has no character the tokenizer keeps",
                 field=f"{field}[{i}][{j}]",
+                index=i,
+                word=j,
             )
 
 
@@ -165,7 +183,7 @@ class Embedder:
         self.cache_hits = 0
         self.cache_misses = 0
         self._lock = threading.Lock()
-        self._compiled = compile  # padded lengths go in steps of 8 then (see _run_batch)
+        self._compiled = compile  # padded lengths go in steps of 8 then (see _forward)
         self.kernel = choose_kernel(self.model, self.device, self.precision, weights, compile)
         self._markers = KernelCache()  # the sentence markers' vectors, per weight version
         log.info("kernel: %s", self.kernel.name)
@@ -174,7 +192,10 @@ class Embedder:
     def load(
         cls, path: str | Path, *, threads: int | None = None, device: str = "auto", **kwargs
     ) -> Embedder:
-        set_threads(threads)
+        """Read an artifact folder. ``threads``: set torch's thread count; left alone when
+        not given (the process's setup, ``configure_process``, or the caller decides it)."""
+        if threads is not None:
+            set_threads(threads)
         return cls(load_artifact(path, device="cpu"), device=device, **kwargs)
 
     def warm_up(self) -> None:
@@ -219,27 +240,33 @@ class Embedder:
 
     # -- public API -------------------------------------------------------
     def tokenize(
-        self, sentences: Iterable[Sentence], *, field: str = "sentences"
+        self, sentences: Iterable[Sentence], *, field: str = "sentences", where: Where | None = None
     ) -> list[list[Token]]:
-        """Tokens per sentence. Errors name ``field[i]`` (the caller's name for the list:
-        an HTTP route passes its request field)."""
+        """Tokens per sentence. Errors carry ``field[i]`` (the caller's name for the list:
+        an HTTP route passes its request field) and the position (``index``, ``word``);
+        their message names it with ``where(i, j)`` (default "sentence 3, word 1", or
+        "input[3][1]" for another field): a file reader passes "line 7 of a.txt"."""
+        if where is None:
+            where = lambda i, j: _where(field, i, j)  # noqa: E731
         out = []
         for i, s in enumerate(sentences):
             if not isinstance(s, str) and not (
                 isinstance(s, Sequence) and all(isinstance(w, str) for w in s)
             ):
                 raise InputError(
-                    f"{_where(field, i)} must be a string or a list of strings",
+                    f"{where(i, None)} must be a string or a list of strings",
                     field=f"{field}[{i}]",
+                    index=i,
                 )
             toks = self.tokenizer(s)
             if not isinstance(s, str):
-                _check_words_kept(s, toks, i, field)
+                _check_words_kept(s, toks, i, field, where)
             if len(toks) > self.max_sentence_tokens:
                 raise LimitError(
-                    f"{_where(field, i)} has {len(toks)} tokens; "
+                    f"{where(i, None)} has {len(toks)} tokens; "
                     f"the limit is {self.max_sentence_tokens}",
                     field=f"{field}[{i}]",
+                    index=i,
                 )
             out.append(toks)
         return out
@@ -250,44 +277,95 @@ class Embedder:
         *,
         granularity: str = "token",
         mix: MixSpec | str | None = None,
+        where: Where | None = None,
     ) -> list[EmbeddedSentence]:
         """Embed strings (tokenized by the model's tokenizer) or token lists.
 
         ``granularity="word"`` averages each word's subword pieces (tokens then
-        are words); ``mix`` (a :class:`MixSpec` or the name of a task stored with
-        the model) also fills ``EmbeddedSentence.mix`` ``[T, D]``.
+        are words); ``mix`` (a :class:`MixSpec`, the name of a task stored with
+        the model, or ``"default"``: that task when stored, else the average of all
+        layers) also fills ``EmbeddedSentence.mix`` ``[T, D]``. The mix is taken over
+        the model's tokens, then averaged per word, as on every surface
+        (``elmo_service/outputs.py``). ``where(i, j)`` names a bad sentence in errors.
         """
-        if granularity not in ("token", "word"):
-            raise InputError("granularity must be 'token' or 'word'", field="granularity")
-        spec = self._mix_spec(mix)
+        spec = self.output_spec(mix, granularity)
         sentences = list(sentences)
-        token_lists = self.tokenize(sentences)
+        token_lists = self.tokenize(sentences, where=where)
         layers = self.embed_tokens([[t.text for t in toks] for toks in token_lists])
-        out = []
-        for sent, toks, x in zip(sentences, token_lists, layers, strict=True):
-            if granularity == "word":
-                text = sent if isinstance(sent, str) else " ".join(sent)
-                _, x = words_of(toks, x)
-                toks = word_tokens(toks, text)
-            out.append(EmbeddedSentence(toks, x, None if spec is None else apply_mix(x, spec)))
-        return out
+        return [
+            self._answer(sent, toks, x, spec)
+            for sent, toks, x in zip(sentences, token_lists, layers, strict=True)
+        ]
 
-    def _mix_spec(self, mix: MixSpec | str | None) -> MixSpec | None:
-        if mix is None or isinstance(mix, MixSpec):
-            return None if mix is None else mix.validate(self.n_layers)
-        if mix not in self.artifact.tasks:
+    def output_spec(self, mix: MixSpec | str | None, granularity: str = "token") -> OutputSpec:
+        """The library's answer: all layers, and the mix when one is named."""
+        if mix is not None and not isinstance(mix, (MixSpec, str)):
+            raise InputError("mix must be a MixSpec or a task name", field="mix")
+        task = mix if isinstance(mix, str) else None
+        inline = mix if isinstance(mix, MixSpec) else None
+        try:
+            return resolve_output(
+                self.n_layers,
+                self.artifact.tasks.get,
+                output="both" if mix is not None else "layers",
+                mix=inline,
+                task=None if task == "default" else task,  # "default": the default policy
+                granularity=granularity,
+            )
+        except InputError as e:
+            if e.field != "task":
+                raise
             known = ", ".join(sorted(self.artifact.tasks)) or "none"
-            raise InputError(f"model has no task {mix!r} (tasks: {known})", field="mix")
-        return self.artifact.tasks[mix]
+            raise InputError(f"model has no task {mix!r} (tasks: {known})", field="mix") from e
+
+    @staticmethod
+    def _answer(sent: Sentence, toks: list[Token], x: np.ndarray, spec: OutputSpec):
+        layers, mixed = render(x, toks, spec)
+        if spec.granularity == "word":
+            toks = positions(toks, spec, sent if isinstance(sent, str) else " ".join(sent))
+        return EmbeddedSentence(toks, layers, mixed)
+
+    # -- AllenNLP's ElmoEmbedder names ------------------------------------
+    def embed_sentence(self, sentence: Sentence, **options) -> EmbeddedSentence:
+        """One sentence (a string, or its tokens): ``.layers`` is ``[L+1, T, D]``, what
+        ``ElmoEmbedder.embed_sentence`` returned. ``options``: as :meth:`embed`."""
+        return self.embed([sentence], **options)[0]
+
+    def embed_batch(self, batch: Sequence[Sentence], **options) -> list[EmbeddedSentence]:
+        """A list of sentences, answered in order (batched under the token budget)."""
+        return self.embed(batch, **options)
+
+    def embed_sentences(
+        self, sentences: Iterable[Sentence], batch_size: int = 64, **options
+    ) -> Iterator[EmbeddedSentence]:
+        """Lazily, in order: reads ``batch_size`` sentences at a time from any iterable
+        (a file, a generator), so neither the input nor the answers are ever all held.
+        Errors name the sentence by its place in the whole input."""
+        if batch_size < 1:
+            raise InputError("batch_size must be >= 1", field="batch_size")
+        where = options.pop("where", None) or (lambda i, j: _where("sentences", i, j))
+        first = 0
+        for batch in chunks(sentences, batch_size):
+            at = first  # bound now: the lambda is called during this batch only
+            yield from self.embed(batch, where=lambda i, j, at=at: where(at + i, j), **options)
+            first += len(batch)
+
+    def embed_file(self, input_file: str | Path, output_file: str | Path, **options) -> int:
+        """Write ``embed-file``'s HDF5 layout (AllenNLP's ``elmo`` command's): dataset ``i``
+        is line ``i``, plus ``sentence_to_index``. Returns the sentences written.
+        ``options``: :func:`elmo_service.embed_file.write_hdf5`'s."""
+        from elmo_service.embed_file import write_hdf5
+
+        return write_hdf5(self, Path(input_file), Path(output_file), **options)
 
     def embed_tokens(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """Token texts -> ``[L+1, T, D]`` float32 per sentence, in input order.
 
-        Plans batches under the budget, then runs each with :meth:`embed_batch`.
+        Plans batches under the budget, then runs each with :meth:`run_batch`.
         """
         out: list[np.ndarray | None] = [None] * len(sentences)
         for batch in self.plan_batches([len(s) for s in sentences]):
-            for i, arr in zip(batch, self.embed_batch([sentences[i] for i in batch]), strict=True):
+            for i, arr in zip(batch, self.run_batch([sentences[i] for i in batch]), strict=True):
                 out[i] = arr
         return out  # type: ignore[return-value]
 
@@ -296,13 +374,13 @@ class Embedder:
         (``lengths`` without the sentence markers)."""
         yield from plan_batches([n + 2 for n in lengths], self.budget)
 
-    def embed_batch(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
-        """One model call on exactly these sentences, as the caller planned them
+    def run_batch(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """One model call on exactly these token texts, as the caller planned them
         (the server's batcher): ``[L+1, T, D]`` float32 per sentence, in input order.
         A sentence's vectors do not depend on its batch mates."""
         if not sentences:
             return []
-        return self._run_batch(list(sentences))
+        return self._forward(list(sentences))
 
     # -- internals --------------------------------------------------------
     def _token_vectors(self, keys: list[str]) -> torch.Tensor:
@@ -349,7 +427,7 @@ class Embedder:
         with autocast(self.device, self.precision):
             return self.kernel.encode(torch.from_numpy(ids).to(self.device)).float()
 
-    def _run_batch(self, sentences: list[Sequence[str]]) -> list[np.ndarray]:
+    def _forward(self, sentences: list[Sequence[str]]) -> list[np.ndarray]:
         lengths = [len(s) + 2 for s in sentences]
         b, t = len(sentences), max(lengths)
         if self._compiled:  # the batch dim is dynamic, lengths go in steps of 8

@@ -17,9 +17,24 @@ class ElmoServiceError(Exception):
 
 
 class InputError(ElmoServiceError, ValueError):
-    """The caller's input is unusable (empty, too long, wrong type)."""
+    """The caller's input is unusable (empty, too long, wrong type).
+
+    ``index`` (and ``word``): the position of the offending sentence (and word) in what the
+    caller passed, 0-based. The message already names it as the caller asked
+    (``Embedder.tokenize``'s ``where``), so no caller rewrites a message."""
 
     code = "invalid_input"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        index: int | None = None,
+        word: int | None = None,
+    ) -> None:
+        super().__init__(message, field=field)
+        self.index, self.word = index, word
 
 
 class LimitError(InputError):
@@ -38,6 +53,17 @@ class ArtifactError(ElmoServiceError):
     """A model artifact is missing, corrupt or inconsistent."""
 
     code = "bad_artifact"
+
+
+def at_line(file: object, first_line: int):
+    """How a file reader names sentence ``i`` (word ``j``) in errors: sentence 0 is line
+    ``first_line`` (1-based): "line 7 of a.txt, word 2" (``Embedder.tokenize``'s ``where``)."""
+
+    def where(i: int, j: int | None) -> str:
+        at = f"line {first_line + i} of {file}"
+        return at if j is None else f"{at}, word {j + 1}"
+
+    return where
 
 
 # a path the user gave that is missing or unreadable: the CLIs report these in one line

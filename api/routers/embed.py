@@ -18,7 +18,7 @@ from api.routers.common import ClientGone, check_request_limits, embed_request
 from api.schemas import ERROR_RESPONSES, EmbedRequest, EmbedResponse
 from api.served import ServedModel
 from api.tasks_store import StoreUnavailable
-from elmo_service.errors import ConfigError
+from elmo_service.outputs import OutputSpec, plan_output, render
 from elmo_service.scalar_mix import MixSpec
 
 router = APIRouter(prefix="/v1", tags=["embed"])
@@ -27,8 +27,8 @@ router = APIRouter(prefix="/v1", tags=["embed"])
 _STREAM_FLOATS = 200_000
 
 
-async def resolve_mix(req: EmbedRequest, served: ServedModel) -> tuple[MixSpec | None, str | None]:
-    """The mix to apply (None: no mix output) and the task name it came from."""
+async def resolve_output(req: EmbedRequest, served: ServedModel) -> OutputSpec:
+    """The request's output spec (``elmo_service.outputs``), its task looked up off the loop."""
     inline_extras = {
         "gamma": req.gamma,
         "per_direction": req.per_direction,
@@ -43,52 +43,39 @@ async def resolve_mix(req: EmbedRequest, served: ServedModel) -> tuple[MixSpec |
                     f"{name} applies to an inline mix: give mix weights too",
                     name,
                 )
-    if req.task is not None and req.mix is not None:
-        raise ApiError(422, "invalid_input", "give either task or mix, not both", "mix")
-    output = req.output or ("mix" if (req.task is not None or req.mix is not None) else "layers")
-    if output == "layers":
-        if req.task is not None or req.mix is not None:
-            which = "task" if req.task is not None else "mix"
-            raise ApiError(
-                422,
-                "invalid_input",
-                f"{which} given but output is 'layers'; use 'mix' or 'both'",
-                which,
-            )
-        return None, None
-    if req.task is not None:
-        try:
-            found = await asyncio.get_running_loop().run_in_executor(
-                served.io, served.tasks.spec, req.task
-            )
-        except StoreUnavailable as e:
-            raise ApiError(503, "store_unavailable", str(e), "task", {"Retry-After": "5"}) from e
-        if found is None:
-            listed = await asyncio.get_running_loop().run_in_executor(served.io, _safe_list, served)
-            known = ", ".join(t["name"] for t in listed) or "none"
-            raise ApiError(
-                422, "unknown_task", f"unknown task {req.task!r} (known: {known})", "task"
-            )
-        return usable_task(found[0], req.task, served.n_layers), req.task
+    inline = None
     if req.mix is not None:
-        spec = MixSpec(
+        inline = MixSpec(
             weights=list(req.mix),
             gamma=1.0 if req.gamma is None else req.gamma,
             per_direction=bool(req.per_direction),
             layer_norm=bool(req.layer_norm),
         )
-        spec.validate(served.n_layers, "mix", gamma_field="gamma")
-        return spec, None
-    return await served.default_mix_async()
-
-
-def usable_task(spec: MixSpec, name: str, n_layers: int) -> MixSpec:
-    """A stored task checked against the served model (stored before a bound existed, or
-    for another model); ConfigError naming ``task`` otherwise."""
+    spec = plan_output(
+        served.n_layers,
+        output=req.output,
+        layers=req.layers,
+        mix=inline,
+        task=req.task,
+        granularity=req.granularity,
+        pooling=req.pooling,
+    )
+    if spec.pending is None:
+        return spec
+    if spec.wants_default:
+        return spec.using(*await served.default_mix_async())
+    loop = asyncio.get_running_loop()
     try:
-        return spec.validate(n_layers, "task")
-    except ConfigError as e:
-        raise ConfigError(f"task {name!r} cannot be used: {e.message}", field="task") from e
+        found = await loop.run_in_executor(served.io, served.tasks.spec, spec.pending)
+    except StoreUnavailable as e:
+        raise ApiError(503, "store_unavailable", str(e), "task", {"Retry-After": "5"}) from e
+    if found is None:
+        listed = await loop.run_in_executor(served.io, _safe_list, served)
+        known = ", ".join(t["name"] for t in listed) or "none"
+        raise ApiError(
+            422, "unknown_task", f"unknown task {spec.pending!r} (known: {known})", "task"
+        )
+    return spec.with_mix(found[0])
 
 
 def _safe_list(served: ServedModel) -> list[dict[str, Any]]:
@@ -96,36 +83,6 @@ def _safe_list(served: ServedModel) -> list[dict[str, Any]]:
         return served.tasks.list()
     except StoreUnavailable:
         return []
-
-
-def resolve_layers(req: EmbedRequest, served: ServedModel, output: str) -> list[int] | None:
-    if output == "mix":
-        if req.layers is not None:
-            raise ApiError(
-                422,
-                "invalid_input",
-                "layers selects the 'layers' output; output is 'mix'",
-                "layers",
-            )
-        return None
-    n = served.n_layers
-    if req.layers is None:
-        return list(range(n))
-    if not req.layers:
-        raise ApiError(422, "invalid_input", "layers must name at least one layer index", "layers")
-    seen: set[int] = set()
-    for i, idx in enumerate(req.layers):
-        if not 0 <= idx < n:
-            raise ApiError(
-                422,
-                "invalid_input",
-                f"layer index {idx} out of range: the model has {n} layers (0..{n - 1})",
-                f"layers[{i}]",
-            )
-        if idx in seen:
-            raise ApiError(422, "invalid_input", f"layer index {idx} given twice", f"layers[{i}]")
-        seen.add(idx)
-    return list(req.layers)
 
 
 def mix_cause(req: EmbedRequest, task: str | None) -> str | None:
@@ -141,32 +98,23 @@ def build_sentence(
     tokens: list,
     layers: np.ndarray,
     req: EmbedRequest,
-    layer_idx: list[int] | None,
-    spec: MixSpec | None,
+    spec: OutputSpec,
     cause: str | None = None,
 ) -> dict[str, Any]:
     """One ``data`` entry. ``cause``: the request field a non-finite mix would come from."""
     out: dict[str, Any] = {"index": index}
     what = f"sentences[{index}]"
-    word = req.granularity == "word"
-    if word:
+    if spec.granularity == "word":
         out["words"] = outputs.words_meta(tokens, text)
     else:
         out["tokens"] = [
             {"text": t.text, "start": t.start, "end": t.end, "word": t.word} for t in tokens
         ]
-    if layer_idx is not None:
-        x = layers if layer_idx == list(range(layers.shape[0])) else layers[layer_idx]
-        if word:
-            x = outputs.to_words(x, tokens, axis=1)
-        x = outputs.pool(x, req.pooling, axis=1)
+    x, m = render(layers, tokens, spec)
+    if x is not None:
         enc = outputs.encode_checked(x, req.encoding, req.dtype, what=what, cause=None)
-        out["layers"] = {**enc, "indices": layer_idx}
-    if spec is not None:
-        m = outputs.mix(layers, spec)
-        if word:
-            m = outputs.to_words(m, tokens, axis=0)
-        m = outputs.pool(m, req.pooling, axis=0)
+        out["layers"] = {**enc, "indices": list(spec.layers)}
+    if m is not None:
         out["mix"] = outputs.encode_checked(m, req.encoding, req.dtype, what=what, cause=cause)
     return out
 
@@ -177,22 +125,20 @@ def build_parts(
     texts: list[str],
     token_lists: list,
     arrays: list[np.ndarray],
-    layer_idx: list[int] | None,
-    spec: MixSpec | None,
-    task: str | None,
+    spec: OutputSpec,
     hits: int,
     misses: int,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The answer without its ``data``, and its ``data`` entries (every check done)."""
-    cause = mix_cause(req, task)
+    cause = mix_cause(req, spec.task)
     data = [
-        build_sentence(i, texts[i], token_lists[i], arrays[i], req, layer_idx, spec, cause)
+        build_sentence(i, texts[i], token_lists[i], arrays[i], req, spec, cause)
         for i in range(len(arrays))
     ]
     head = {
         "object": "embed_result",
         "model": {"id": served.name, "version": served.version},
-        "task": task,
+        "task": spec.task,
         "usage": {
             "sentences": len(arrays),
             "tokens": sum(len(t) for t in token_lists),
@@ -208,19 +154,15 @@ def build_body(*args: Any) -> bytes:
     return dumps({**head, "data": data})
 
 
-def response_floats(
-    req: EmbedRequest,
-    token_lists: list,
-    layer_idx: list[int] | None,
-    spec: MixSpec | None,
-    dim: int,
-) -> tuple[int, str]:
+def response_floats(token_lists: list, spec: OutputSpec, dim: int) -> tuple[int, str]:
     """The floats the answer will carry, and how (for the 413), from the request alone."""
-    outputs_per_position = (len(layer_idx) if layer_idx is not None else 0) + (spec is not None)
-    if req.pooling != "none":
+    outputs_per_position = (len(spec.layers) if spec.layers is not None else 0) + (
+        spec.mix is not None
+    )
+    if spec.pooling != "none":
         positions = len(token_lists)
         what = "pooled"
-    elif req.granularity == "word":
+    elif spec.granularity == "word":
         positions = sum(len({t.word for t in toks}) for toks in token_lists)
         what = "words"
     else:
@@ -251,14 +193,12 @@ async def embed(
 ) -> Response:
     served, settings = ctx.served, ctx.settings
     check_request_limits(req.sentences, settings, "sentences")
-    output = req.output or ("mix" if (req.task is not None or req.mix is not None) else "layers")
-    spec, task = await resolve_mix(req, served)
-    layer_idx = resolve_layers(req, served, output)
+    spec = await resolve_output(req, served)
 
     size = [0]  # the answer's floats, counted once by the check below
 
     def bound(token_lists: list) -> None:  # before any work: the answer's size, from the request
-        size[0], detail = response_floats(req, token_lists, layer_idx, spec, served.dim)
+        size[0], detail = response_floats(token_lists, spec, served.dim)
         check_response_floats(size[0], settings, "sentences", detail)
 
     try:
@@ -269,7 +209,7 @@ async def embed(
     hits, misses = embedded.hits, embedded.misses
     n_floats = size[0]
     texts = [s if isinstance(s, str) else " ".join(s) for s in req.sentences]
-    args = (served, req, texts, token_lists, arrays, layer_idx, spec, task, hits, misses)
+    args = (served, req, texts, token_lists, arrays, spec, hits, misses)
     if n_floats <= _STREAM_FLOATS:
         return JSONBytesResponse(build_body(*args))
     # checked (finite, in range) before the status line goes out; then encoded and sent

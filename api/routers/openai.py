@@ -20,6 +20,7 @@ from api.responses import check_response_floats
 from api.routers.common import ClientGone, check_request_limits, embed_request
 from api.schemas import ERROR_RESPONSES, EmbeddingsRequest, EmbeddingsResponse
 from api.served import ServedModel
+from elmo_service.outputs import plan_output, render
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -60,7 +61,8 @@ async def embeddings(
     check_response_floats(  # one pooled vector per input: only a very wide model gets here
         len(inputs) * served.dim, settings, "input", f"{len(inputs)} inputs x {served.dim} dims"
     )
-    spec, task = await served.default_mix_async()
+    spec = plan_output(served.n_layers, output="mix", pooling="mean")
+    spec = spec.using(*await served.default_mix_async())
     try:
         embedded = await embed_request(request, served, inputs, "input")
     except ClientGone:
@@ -68,13 +70,13 @@ async def embeddings(
     token_lists, arrays = embedded.tokens, embedded.layers
     data = []
     for i, layers in enumerate(arrays):
-        vec = outputs.pool(outputs.mix(layers, spec), "mean", axis=0)
+        _, vec = render(layers, token_lists[i], spec)
         enc = outputs.encode_checked(
             vec,
             "base64" if req.encoding_format == "base64" else "json",
             "float32",
             what=f"input[{i}]",
-            cause=None if task is None else "task",
+            cause=None if spec.task is None else "task",
         )
         emb: object = enc["data"]
         data.append({"object": "embedding", "index": i, "embedding": emb})

@@ -40,12 +40,12 @@ def emb():
 
 def test_batched_equals_alone_within_the_bound(emb):
     toks = [[t.text for t in ts] for ts in emb.tokenize(HARD)]
-    alone = [emb.embed_batch([t])[0] for t in toks]
+    alone = [emb.run_batch([t])[0] for t in toks]
     rng = random.Random(15)
     worst = 0.0
     for _ in range(6):
         idx = rng.sample(range(len(toks)), rng.randint(2, len(toks)))
-        for i, got in zip(idx, emb.embed_batch([toks[i] for i in idx]), strict=True):
+        for i, got in zip(idx, emb.run_batch([toks[i] for i in idx]), strict=True):
             assert same_vectors(got, alone[i]), (HARD[i], np.abs(got - alone[i]).max())
             worst = max(worst, float(np.abs(got - alone[i]).max()))
     assert worst > 0  # the paths really differ: the bound is not vacuous

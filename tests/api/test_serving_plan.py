@@ -1,7 +1,7 @@
 """One batching owner on the serving path, and the serving weight mode.
 
 The server's batcher plans batches with ``elmo_service.batching.plan_batches`` and hands
-each one to ``Embedder.embed_batch``; the embedder must not plan again. ``ELMO_WEIGHTS``
+each one to ``Embedder.run_batch``; the embedder must not plan again. ``ELMO_WEIGHTS``
 picks the int8 kernels, whose vectors never share cache entries with fp32 ones.
 """
 
@@ -57,16 +57,16 @@ def test_served_batches_are_planned_once(tiny_model_dir, tmp_path, monkeypatch):
     batch under the budget, and the vectors equal the library's."""
     ref = [e.layers for e in Embedder.load(tiny_model_dir, threads=1).embed(SENTENCES)]
     calls: list[list[int]] = []
-    real_embed_batch = Embedder.embed_batch
+    real_run_batch = Embedder.run_batch
 
-    def spy_embed_batch(self, sentences):
+    def spy_run_batch(self, sentences):
         calls.append([len(s) + 2 for s in sentences])
-        return real_embed_batch(self, sentences)
+        return real_run_batch(self, sentences)
 
     def no_replanning(self, lengths):
         raise AssertionError("the serving path planned twice")
 
-    monkeypatch.setattr(Embedder, "embed_batch", spy_embed_batch)
+    monkeypatch.setattr(Embedder, "run_batch", spy_run_batch)
     monkeypatch.setattr(Embedder, "plan_batches", no_replanning)
     settings = load_settings(
         model_path=tiny_model_dir, threads=1, data_dir=tmp_path, batch_tokens=40, cache=False

@@ -1,0 +1,147 @@
+"""A text file, one sentence a line -> HDF5 in AllenNLP's ``elmo`` command's layout.
+
+``embed-file`` (``elmo_service/cli.py``) and ``Embedder.embed_file`` both call
+:func:`write_hdf5`: dataset ``str(i)`` holds line ``i``'s vectors (``"all"``: ``[L+1, T, D]``;
+``"top"``, ``"average"`` or a task: ``[T, D]``), ``sentence_to_index`` maps each line to its
+dataset (a JSON string), and the file's ``granularity`` attribute says what ``T`` counts.
+Positions and mixes are ``elmo_service/outputs.py``'s, as on every other surface.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from elmo_service.atomic import atomic_path
+from elmo_service.batching import chunks
+from elmo_service.errors import ElmoServiceError, InputError, at_line
+from elmo_service.outputs import GRANULARITIES, OutputSpec, plan_output, render
+from elmo_service.scalar_mix import MixSpec
+
+WHAT = ("all", "top", "average")
+
+
+def default_granularity(whitespace: bool) -> str:
+    """Pre-tokenized input means one vector per given word, as AllenNLP users expect."""
+    return "word" if whitespace else "token"
+
+
+def check_lines(path: Path) -> int:
+    """The file's line count; ElmoServiceError naming ``input`` when it is not a file or has
+    blank lines (refused as ``allennlp elmo`` refuses them: dataset ``i`` is line ``i``, and
+    an empty sentence has no vectors to store). One pass, before any model loads."""
+    if not path.is_file():
+        raise ElmoServiceError(f"{path}: not a file (missing, or a folder)", field="input")
+    n, blank = 0, []
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, start=1):  # noqa: B007 - n is the count after the loop
+            if not line.strip():
+                blank.append(n)
+    if blank:
+        shown = ", ".join(map(str, blank[:5])) + (
+            f" (and {len(blank) - 5} more)" if len(blank) > 5 else ""
+        )
+        raise ElmoServiceError(
+            f"{path} has blank lines ({shown}); give one sentence a line, as AllenNLP's "
+            "`elmo` command requires (e.g. drop them with: grep -v '^[[:space:]]*$')",
+            field="input",
+        )
+    return n
+
+
+def check_output(path: Path) -> None:
+    if not path.resolve().parent.is_dir():
+        raise ElmoServiceError(
+            f"{path}: its folder {path.resolve().parent} does not exist", field="output"
+        )
+
+
+def file_spec(emb: Any, what: str = "all", task: str | None = None, granularity: str = "token"):
+    """The output spec of ``what`` (``"all"``, ``"top"``, ``"average"``) or of a stored task."""
+    if granularity not in GRANULARITIES:
+        raise InputError(f"granularity must be one of {GRANULARITIES}", field="granularity")
+    if task is not None:
+        if task not in emb.artifact.tasks:
+            known = ", ".join(sorted(emb.artifact.tasks)) or "none"
+            raise ElmoServiceError(f"model has no task {task!r} (tasks: {known})", field="task")
+        return plan_output(emb.n_layers, task=task, granularity=granularity).with_mix(
+            emb.artifact.tasks[task]
+        )
+    if what not in WHAT:
+        raise InputError(f"what must be one of {WHAT}", field="what")
+    if what == "average":
+        mix = MixSpec.average(emb.n_layers)
+        return plan_output(emb.n_layers, mix=mix, granularity=granularity)
+    layers = [emb.n_layers - 1] if what == "top" else None
+    return plan_output(emb.n_layers, output="layers", layers=layers, granularity=granularity)
+
+
+def write_hdf5(
+    emb: Any,
+    input_file: Path,
+    output_file: Path,
+    *,
+    what: str = "all",
+    task: str | None = None,
+    granularity: str | None = None,
+    whitespace: bool = False,
+    chunk_lines: int = 1024,
+    progress: bool = False,
+    lines: int | None = None,
+) -> int:
+    """Embed ``input_file`` with ``emb`` into ``output_file`` (written whole or not at all);
+    returns the sentences written. ``whitespace``: lines are pre-tokenized words (then
+    ``granularity`` defaults to ``"word"``); ``lines``: the count :func:`check_lines`
+    already gave (the file is checked here otherwise)."""
+    import h5py
+    import numpy as np
+    from tqdm import tqdm
+
+    input_file, output_file = Path(input_file), Path(output_file)
+    if lines is None:
+        lines = check_lines(input_file)
+    check_output(output_file)
+    spec = file_spec(emb, what, task, granularity or default_granularity(whitespace))
+    sentence_to_index: dict[str, str] = {}
+    index = 0
+    with (
+        atomic_path(output_file) as tmp,  # a crash never leaves a half-written file behind
+        input_file.open(encoding="utf-8", errors="replace") as fin,
+        h5py.File(tmp, "w") as fout,
+        tqdm(total=lines, unit="sent", disable=not progress) as bar,
+    ):
+        for chunk in chunks((line.rstrip("\n") for line in fin), chunk_lines):
+            inputs = [line.split() for line in chunk] if whitespace else chunk
+            where = at_line(input_file, index + 1)
+            token_lists = emb.tokenize(inputs, field="input", where=where)
+            layers = emb.embed_tokens([[t.text for t in toks] for toks in token_lists])
+            for line, toks, x in zip(chunk, token_lists, layers, strict=True):
+                if not toks:  # e.g. a line of characters the tokenizer removes (U+200B)
+                    raise InputError(
+                        f"line {index + 1} of {input_file} has no tokens for this model's "
+                        "tokenizer: nothing to store under its index",
+                        field="input",
+                        index=index,
+                    )
+                data = _dataset(x, toks, spec)
+                if not np.isfinite(data).all():  # never write a NaN a reader would trust
+                    raise ElmoServiceError(
+                        f"line {index + 1} of {input_file}: the model produced non-finite values",
+                        field="input",
+                    )
+                fout.create_dataset(str(index), data=data, dtype="float32")
+                sentence_to_index[line] = str(index)
+                index += 1
+            bar.update(len(chunk))
+        ds = fout.create_dataset("sentence_to_index", (1,), dtype=h5py.string_dtype())
+        ds[0] = json.dumps(sentence_to_index)
+        fout.attrs["granularity"] = spec.granularity  # which positions the datasets hold
+    return index
+
+
+def _dataset(x: Any, toks: list, spec: OutputSpec) -> Any:
+    layers, mix = render(x, toks, spec)
+    if mix is not None:
+        return mix
+    return layers if spec.all_layers else layers[0]  # "top": [T, D]
