@@ -10,7 +10,13 @@ import httpx
 
 from elmo_service.client import ops
 from elmo_service.client.errors import ServiceError, ServiceUnreachable
-from elmo_service.client.sync import DEFAULT_BATCH, DEFAULT_IN_FLIGHT, DEFAULT_TIMEOUT, headers_for
+from elmo_service.client.sync import (
+    DEFAULT_BATCH,
+    DEFAULT_IN_FLIGHT,
+    DEFAULT_TIMEOUT,
+    checked_url,
+    headers_for,
+)
 from elmo_service.client.wire import (
     Call,
     Http,
@@ -42,7 +48,7 @@ class AsyncClient:
         self.retry = RetryPolicy(retries=retries, deadline=retry_deadline)
         self.max_in_flight = max(1, max_in_flight)
         self._session = ops.Session(batch_size)
-        self._http = httpx.AsyncClient(
+        self._http = checked_url(httpx.AsyncClient, self.base_url)(
             base_url=self.base_url,
             headers=headers_for(api_key),
             timeout=timeout,
@@ -118,7 +124,7 @@ class AsyncClient:
             r = await self._http.request(
                 call.method, call.path, content=call.body(), params=call.params
             )
-        except httpx.TransportError as e:
+        except (httpx.TransportError, httpx.InvalidURL) as e:
             raise ServiceUnreachable(self.base_url + call.path, e) from None
         return r.status_code, r.headers.get("retry-after"), r.content
 

@@ -22,6 +22,7 @@ from elmo_service.client.wire import (
     attempts,
     stops_the_rest,
 )
+from elmo_service.errors import InputError
 
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_IN_FLIGHT = 16
@@ -33,6 +34,20 @@ def headers_for(api_key: str | None) -> dict[str, str]:
     if api_key:
         h["Authorization"] = f"Bearer {api_key}"
     return h
+
+
+def checked_url(make, base_url: str):
+    """``make`` (an httpx client class) that refuses an unusable base URL naming it."""
+    try:
+        url = httpx.URL(base_url)
+    except httpx.InvalidURL as e:
+        raise InputError(f"{base_url!r} is not a URL: {e}", field="base_url") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise InputError(
+            f"{base_url!r} is not an http(s) URL with a host (e.g. http://127.0.0.1:8000)",
+            field="base_url",
+        )
+    return make
 
 
 class Client:
@@ -71,7 +86,7 @@ class Client:
         self.retry = RetryPolicy(retries=retries, deadline=retry_deadline)
         self.max_in_flight = max(1, max_in_flight)
         self._session = ops.Session(batch_size)
-        self._http = httpx.Client(
+        self._http = checked_url(httpx.Client, self.base_url)(
             base_url=self.base_url,
             headers=headers_for(api_key),
             timeout=timeout,
@@ -158,7 +173,7 @@ class Client:
     def _attempt(self, call: Call) -> tuple[int, str | None, bytes]:
         try:
             r = self._http.request(call.method, call.path, content=call.body(), params=call.params)
-        except httpx.TransportError as e:
+        except (httpx.TransportError, httpx.InvalidURL) as e:
             raise ServiceUnreachable(self.base_url + call.path, e) from None
         return r.status_code, r.headers.get("retry-after"), r.content
 
