@@ -53,8 +53,8 @@ class EmbedResult(list):
     model: dict[str, str]
 
     @property
-    def model_version(self) -> str:
-        return self.model["version"]
+    def model_version(self) -> str | None:
+        return self.model.get("version")
 
 
 def embed(
