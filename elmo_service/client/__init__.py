@@ -11,7 +11,12 @@ as a generator over ``wire``'s requests), ``sync`` and ``aio`` (the two drivers)
 """
 
 from elmo_service.client.aio import AsyncClient
-from elmo_service.client.errors import JobFailed, ServiceError, ServiceUnreachable
+from elmo_service.client.errors import (
+    JobFailed,
+    ServiceError,
+    ServiceInputError,
+    ServiceUnreachable,
+)
 from elmo_service.client.ops import EmbedResult
 from elmo_service.client.sync import Client
 from elmo_service.client.wire import Limits
@@ -23,5 +28,6 @@ __all__ = [
     "JobFailed",
     "Limits",
     "ServiceError",
+    "ServiceInputError",
     "ServiceUnreachable",
 ]

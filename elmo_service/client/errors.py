@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from elmo_service.errors import ElmoServiceError
+from elmo_service.errors import ElmoServiceError, InputError
 
 
 class ServiceError(ElmoServiceError):
@@ -19,6 +19,16 @@ class ServiceError(ElmoServiceError):
     def __str__(self) -> str:
         where = f" (field {self.field})" if self.field else ""
         return f"{self.url} answered {self.status} {self.code}: {self.message}{where}"
+
+
+class ServiceInputError(ServiceError, InputError):
+    """A 413 or 422: the request's content was refused. Also an ``InputError``, as the
+    library raises for the same input, so ``except InputError`` works with either."""
+
+
+def service_error(status: int, code: str, message: str, field: str | None, url: str):
+    kind = ServiceInputError if status in (413, 422) else ServiceError
+    return kind(status, code, message, field, url)
 
 
 class ServiceUnreachable(ElmoServiceError, ConnectionError):

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from elmo_service.client.errors import ServiceError
+from elmo_service.client.errors import ServiceError, service_error
 from elmo_service.errors import InputError
 
 RETRY_STATUSES = (429, 503)
@@ -118,14 +118,9 @@ def error_from(status: int, content: bytes, url: str) -> ServiceError:
         body = None
     if not isinstance(body, dict) or "message" not in body:
         text = content.decode("utf-8", "replace").strip()[:500]
-        return ServiceError(status, f"http_{status}", text or "(empty answer)", None, url)
-    return ServiceError(
-        status,
-        str(body.get("code", f"http_{status}")),
-        str(body["message"]),
-        body.get("field"),
-        url,
-    )
+        return service_error(status, f"http_{status}", text or "(empty answer)", None, url)
+    code = str(body.get("code", f"http_{status}"))
+    return service_error(status, code, str(body["message"]), body.get("field"), url)
 
 
 def loads(content: bytes) -> Any:
@@ -219,7 +214,7 @@ def shift_error(e: ServiceError, offset: int) -> ServiceError:
     message = e.message.replace(f"sentences[{k}]", f"sentences[{k + offset}]", 1)
     message = re.sub(rf"\bsentence {k}\b", f"sentence {k + offset}", message, count=1)
     field_ = f"sentences[{k + offset}]{m.group(2)}"
-    return ServiceError(e.status, e.code, message, field_, e.url)
+    return service_error(e.status, e.code, message, field_, e.url)
 
 
 # ------------------------------------------------------------------ the embed request

@@ -125,7 +125,9 @@ def test_errors_carry_the_servers_code_message_and_field():
         "http://h/x",
     )
     assert str(e) == "http://h/x answered 422 invalid_input: no (field mix[1])"
+    assert isinstance(e, InputError)  # as the library raises for the same input
     e = error_from(502, b"<html>Bad gateway</html>", "http://h/x")
+    assert not isinstance(e, InputError)
     assert e.code == "http_502" and "Bad gateway" in e.message and e.field is None
 
 

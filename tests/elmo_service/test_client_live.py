@@ -20,6 +20,7 @@ from elmo_service import AsyncClient, Client, Embedder
 from elmo_service.artifact import write_task
 from elmo_service.client import JobFailed, ServiceError, ServiceUnreachable
 from elmo_service.embedder import EmbeddedSentence
+from elmo_service.errors import InputError
 from elmo_service.scalar_mix import MixSpec
 from tests.jobs.test_jobs import PREPARE, TINY_CONFIG, write_corpus
 from tests.support.core_fixtures import generated_text, tiny_artifact, train_sentencepiece
@@ -175,6 +176,7 @@ def test_a_mix_with_output_layers_and_bad_requests_name_the_field(server, lib):
         with pytest.raises(ServiceError) as e:
             c.embed(sentences)  # the 5th request holds it, as its 2nd sentence
         assert e.value.status == 413 and e.value.code == "limit_exceeded"
+        assert isinstance(e.value, InputError)  # what the library raises for it, too
         assert e.value.field == "sentences[13]" and "sentence 13 " in e.value.message
         with pytest.raises(ServiceError) as e:
             c.embed(["a b"], mix="plain", output="layers")
