@@ -113,8 +113,9 @@ def write_hdf5(
     ):
         for chunk in chunks((line.rstrip("\n") for line in fin), chunk_lines):
             inputs = [line.split() for line in chunk] if whitespace else chunk
-            where = at_line(input_file, index + 1)
-            token_lists = emb.tokenize(inputs, field="input", where=where)
+            token_lists = emb.tokenize(
+                inputs, field="input", where=at_line(input_file, 1), offset=index
+            )
             layers = emb.embed_tokens([[t.text for t in toks] for toks in token_lists])
             for line, toks, x in zip(chunk, token_lists, layers, strict=True):
                 if not toks:  # e.g. a line of characters the tokenizer removes (U+200B)

@@ -240,16 +240,23 @@ class Embedder:
 
     # -- public API -------------------------------------------------------
     def tokenize(
-        self, sentences: Iterable[Sentence], *, field: str = "sentences", where: Where | None = None
+        self,
+        sentences: Iterable[Sentence],
+        *,
+        field: str = "sentences",
+        where: Where | None = None,
+        offset: int = 0,
     ) -> list[list[Token]]:
         """Tokens per sentence. Errors carry ``field[i]`` (the caller's name for the list:
         an HTTP route passes its request field) and the position (``index``, ``word``);
         their message names it with ``where(i, j)`` (default "sentence 3, word 1", or
-        "input[3][1]" for another field): a file reader passes "line 7 of a.txt"."""
+        "input[3][1]" for another field): a file reader passes "line 7 of a.txt".
+        ``offset``: the first sentence's place in the caller's whole input (``i`` counts
+        from it), for callers that hand a long input over in chunks."""
         if where is None:
             where = lambda i, j: _where(field, i, j)  # noqa: E731
         out = []
-        for i, s in enumerate(sentences):
+        for i, s in enumerate(sentences, start=offset):
             if not isinstance(s, str) and not (
                 isinstance(s, Sequence) and all(isinstance(w, str) for w in s)
             ):
@@ -278,6 +285,7 @@ class Embedder:
         granularity: str = "token",
         mix: MixSpec | str | None = None,
         where: Where | None = None,
+        offset: int = 0,
     ) -> list[EmbeddedSentence]:
         """Embed strings (tokenized by the model's tokenizer) or token lists.
 
@@ -286,11 +294,12 @@ class Embedder:
         the model, or ``"default"``: that task when stored, else the average of all
         layers) also fills ``EmbeddedSentence.mix`` ``[T, D]``. The mix is taken over
         the model's tokens, then averaged per word, as on every surface
-        (``elmo_service/outputs.py``). ``where(i, j)`` names a bad sentence in errors.
+        (``elmo_service/outputs.py``). ``where``, ``offset``: how errors name a bad
+        sentence (:meth:`tokenize`).
         """
         spec = self.output_spec(mix, granularity)
         sentences = list(sentences)
-        token_lists = self.tokenize(sentences, where=where)
+        token_lists = self.tokenize(sentences, where=where, offset=offset)
         layers = self.embed_tokens([[t.text for t in toks] for toks in token_lists])
         return [
             self._answer(sent, toks, x, spec)
@@ -343,11 +352,9 @@ class Embedder:
         Errors name the sentence by its place in the whole input."""
         if batch_size < 1:
             raise InputError("batch_size must be >= 1", field="batch_size")
-        where = options.pop("where", None) or (lambda i, j: _where("sentences", i, j))
         first = 0
         for batch in chunks(sentences, batch_size):
-            at = first  # bound now: the lambda is called during this batch only
-            yield from self.embed(batch, where=lambda i, j, at=at: where(at + i, j), **options)
+            yield from self.embed(batch, offset=first, **options)
             first += len(batch)
 
     def embed_file(self, input_file: str | Path, output_file: str | Path, **options) -> int:
