@@ -175,3 +175,111 @@ def test_a_base_url_that_is_not_one_is_named(url):
     with pytest.raises(InputError) as e:
         Client(url)
     assert e.value.field == "base_url" and url in e.value.message
+
+
+# ------------------------------------------------------------------ ops.embed, driven by hand
+
+
+class FakeServer:
+    """Answers ``ops.embed``'s requests as the server would (one token per word, layers
+    filled with the sentence's global number), with the version and refusals a test sets."""
+
+    def __init__(self, versions=None, too_large_over: int | None = None, refuse=None):
+        self.versions = versions or (lambda n_call, first: "v1")
+        self.too_large_over, self.refuse = too_large_over, refuse
+        self.embed_calls: list[list] = []
+        self.served = "v1"
+
+    def answer(self, call):
+        if call.path == "/v1/limits":
+            return {"max_sentences": 4, "max_chars": 10_000, "max_body_bytes": 100_000,
+                    "max_response_floats": 1_000_000, "max_tokens_per_sentence": 50,
+                    "n_layers": 3, "dim": 2, "model": {"id": "m", "version": self.served}}  # fmt: skip
+        sentences = call.json["sentences"]
+        self.embed_calls.append(sentences)
+        if self.refuse is not None and (err := self.refuse(sentences)) is not None:
+            return err
+        if self.too_large_over is not None and len(sentences) > self.too_large_over:
+            return ServiceError(413, "response_too_large", "too many floats", "sentences", "u")
+        version = self.versions(len(self.embed_calls), sentences[0])
+        data = []
+        for i, s in enumerate(sentences):
+            words = s.split()
+            n = int(words[0][1:])  # "s17 ..." -> 17
+            layers = np.full((3, len(words), 2), n, dtype="<f4")
+            b64 = base64.b64encode(layers.tobytes()).decode()
+            data.append({
+                "index": i,
+                "tokens": [{"text": w, "start": 0, "end": len(w), "word": j} for j, w in enumerate(words)],
+                "layers": {"shape": list(layers.shape), "dtype": "float32", "data": b64},
+            })  # fmt: skip
+        return {"model": {"id": "m", "version": version}, "data": data}
+
+
+def drive(op, server: FakeServer):
+    """Run an ``ops`` generator against ``server`` (what Client._run does over HTTP)."""
+    from elmo_service.client.wire import Call, Many
+
+    value = None
+    while True:
+        try:
+            step = op.send(value)
+        except StopIteration as stop:
+            return stop.value
+        if isinstance(step, Many):
+            value = [server.answer(c) for c in step.calls]
+        elif isinstance(step, Call):
+            value = server.answer(step)
+            if isinstance(value, ServiceError):
+                raise value
+
+
+def _embed(server, sentences, batch_size=4):
+    from elmo_service.client import ops
+
+    return drive(ops.embed(ops.Session(batch_size), sentences), server)
+
+
+def _numbers(result) -> list[int]:
+    return [int(s.layers[0, 0, 0]) for s in result]
+
+
+def test_answers_are_reassembled_in_input_order():
+    sentences = [f"s{i} w" for i in range(11)]
+    server = FakeServer()
+    got = _embed(server, sentences, batch_size=3)
+    assert len(server.embed_calls) == 4 and _numbers(got) == list(range(11))
+    assert got.model_version == "v1" and got[3].tokens[0].text == "s3"
+
+
+def test_answers_too_large_are_split_until_they_fit():
+    sentences = [f"s{i} w" for i in range(8)]
+    server = FakeServer(too_large_over=1)
+    got = _embed(server, sentences)
+    assert _numbers(got) == list(range(8))
+    assert sorted(len(c) for c in server.embed_calls) == [1] * 8 + [2] * 4 + [4] * 2
+
+
+def test_a_model_swapped_mid_call_is_asked_again_on_the_new_version():
+    # the first request is answered by the old model, the rest by the new one
+    server = FakeServer(versions=lambda n, first: "v1" if n == 1 else "v2")
+    server.served = "v2"
+    got = _embed(server, [f"s{i} w" for i in range(8)])
+    assert got.model_version == "v2" and _numbers(got) == list(range(8))
+    assert [c[0] for c in server.embed_calls] == ["s0 w", "s4 w", "s0 w"]  # s0..s3 again
+
+
+def test_an_error_names_the_sentence_in_the_whole_input():
+    def refuse(sentences):
+        if "s9 bad" in sentences:
+            k = sentences.index("s9 bad")
+            return ServiceError(
+                422, "invalid_input", f"sentence {k} is bad", f"sentences[{k}]", "u"
+            )
+        return None
+
+    sentences = [f"s{i} w" for i in range(12)]
+    sentences[9] = "s9 bad"
+    with pytest.raises(ServiceError) as e:
+        _embed(FakeServer(refuse=refuse), sentences)
+    assert e.value.field == "sentences[9]" and e.value.message == "sentence 9 is bad"
