@@ -8,6 +8,7 @@ client's runner, so ``client.tasks.get("pos")`` returns the task and
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
@@ -69,9 +70,6 @@ def embed(
     """``Embedder.embed`` over HTTP: split under the server's limits, sent concurrently,
     reassembled in order. Every sentence comes from one model version: chunks answered by
     an older one (a model swapped mid-call) are asked again, once."""
-    from elmo_service.embedder import EmbeddedSentence  # the library's type (pulls in torch)
-    from elmo_service.tokenizers import Token
-
     sentences = list(sentences)
     check_sentences(sentences)
     result = EmbedResult()
@@ -103,10 +101,18 @@ def embed(
             None, "/v1/embed",
         )  # fmt: skip
     for key in sorted(answers):
-        for d in answers[key]["data"]:
-            result.append(decode_sentence(d, granularity, Token, EmbeddedSentence))
+        result.extend(answers[key]["sentences"])
     result.model = next(iter(answers.values()))["model"]
     return result
+
+
+def _decode(answer: dict[str, Any], granularity: str) -> dict[str, Any]:
+    """An embed answer's model and its sentences as the library's ``EmbeddedSentence``."""
+    from elmo_service.embedder import EmbeddedSentence  # the library's type (pulls in torch)
+    from elmo_service.tokenizers import Token
+
+    sentences = [decode_sentence(d, granularity, Token, EmbeddedSentence) for d in answer["data"]]
+    return {"model": answer["model"], "sentences": sentences}
 
 
 def _send_chunks(sentences, chunks, mix, output, granularity, pooling) -> Op:
@@ -122,6 +128,7 @@ def _send_chunks(sentences, chunks, mix, output, granularity, pooling) -> Op:
                 embed_body(
                     sentences[a:b], mix=mix, output=output, granularity=granularity, pooling=pooling
                 ),
+                parse=functools.partial(_decode, granularity=granularity),
             )
             for a, b in todo
         ]

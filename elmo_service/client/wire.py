@@ -14,7 +14,7 @@ import base64
 import random
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,9 @@ class Call:
     path: str
     json: Any = None
     params: dict[str, Any] | None = None
+    # turns the JSON answer into what the operation wants; run by the driver where the
+    # answer arrives (a worker thread), so decoding overlaps the other requests' wait
+    parse: Callable[[Any], Any] | None = field(default=None, compare=False)
 
     def body(self) -> bytes | None:
         return None if self.json is None else orjson.dumps(self.json)
@@ -68,7 +71,8 @@ def attempts(call: Call, policy: RetryPolicy, base_url: str):
     while True:
         status, retry_after, content = yield Http(call)
         if status < 400:
-            return loads(content)
+            body = loads(content)
+            return call.parse(body) if call.parse is not None else body
         wait = policy.delay(attempt, status, retry_after, time.monotonic() - first)
         if wait is None:
             raise error_from(status, content, base_url + call.path)

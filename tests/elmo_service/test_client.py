@@ -218,7 +218,7 @@ class FakeServer:
 
 def drive(op, server: FakeServer):
     """Run an ``ops`` generator against ``server`` (what Client._run does over HTTP)."""
-    from elmo_service.client.wire import Call, Many
+    from elmo_service.client.wire import Many
 
     value = None
     while True:
@@ -226,12 +226,16 @@ def drive(op, server: FakeServer):
             step = op.send(value)
         except StopIteration as stop:
             return stop.value
+        calls = step.calls if isinstance(step, Many) else [step]
+        answers = [server.answer(c) for c in calls]
+        answers = [a if c.parse is None or isinstance(a, ServiceError) else c.parse(a)
+                   for c, a in zip(calls, answers, strict=True)]  # fmt: skip
         if isinstance(step, Many):
-            value = [server.answer(c) for c in step.calls]
-        elif isinstance(step, Call):
-            value = server.answer(step)
-            if isinstance(value, ServiceError):
-                raise value
+            value = answers
+        elif isinstance(answers[0], ServiceError):
+            raise answers[0]
+        else:
+            value = answers[0]
 
 
 def _embed(server, sentences, batch_size=4):
