@@ -95,6 +95,8 @@ def embed(
             break
         now = (yield Call("GET", "/v1/limits"))["model"]["version"]  # the one served now
         chunks = [k for k, a in answers.items() if a["model"]["version"] != now]
+        for k in chunks:  # asked again (and maybe split again): their old answers go
+            del answers[k]
     else:
         raise ServiceError(
             409, "model_changed", f"the served model changed twice during one call ({sorted(versions)})",

@@ -287,3 +287,22 @@ def test_an_error_names_the_sentence_in_the_whole_input():
     with pytest.raises(ServiceError) as e:
         _embed(FakeServer(refuse=refuse), sentences)
     assert e.value.field == "sentences[9]" and e.value.message == "sentence 9 is bad"
+
+
+def test_a_swap_and_a_split_together_keep_every_sentence_once():
+    # the old model answered the first request; the new one's answers are too large for 4
+    server = FakeServer(versions=lambda n, first: "v1" if n == 1 else "v2")
+    server.served = "v2"
+    first = [True]
+
+    def refuse(sentences):
+        if first[0]:
+            first[0] = False
+            return None
+        if len(sentences) > 2:
+            return ServiceError(413, "response_too_large", "too many floats", "sentences", "u")
+        return None
+
+    server.refuse = refuse
+    got = _embed(server, [f"s{i} w" for i in range(8)])
+    assert got.model_version == "v2" and _numbers(got) == list(range(8))
