@@ -306,3 +306,53 @@ def test_a_swap_and_a_split_together_keep_every_sentence_once():
     server.refuse = refuse
     got = _embed(server, [f"s{i} w" for i in range(8)])
     assert got.model_version == "v2" and _numbers(got) == list(range(8))
+
+
+def _records(*states):
+    """Job records as the server answers them, one per poll."""
+    out = []
+    for state, step, loss in states:
+        progress = {"step": step, "total_steps": 40, "loss": loss}
+        out.append({"id": "j1", "state": state, "phase": None, "progress": progress,
+                    "error": "trainer diverged" if state == "failed" else None})  # fmt: skip
+    return out
+
+
+def _poll(records, **kw):
+    """``jobs.wait``'s generator against a scripted server: the records in turn, no sleeping."""
+    from elmo_service.client import ops
+    from elmo_service.client.wire import Call, Sleep
+
+    op = ops._wait("j1", kw.pop("progress", True), kw.pop("poll", 0.01), kw.pop("timeout", None))
+    polls, value = iter(records), None
+    while True:
+        try:
+            step = op.send(value)
+        except StopIteration as stop:
+            return stop.value
+        if isinstance(step, Call):
+            assert step.path == "/v1/jobs/j1"
+            value = next(polls)
+        else:
+            assert isinstance(step, Sleep)
+            value = None
+
+
+def test_wait_shows_steps_and_loss_and_ends_with_the_result(capsys):
+    recs = _records(("queued", 0, None), ("running", 10, 5.25), ("succeeded", 40, 3.5))
+    assert _poll(recs)["state"] == "succeeded"
+    bar = capsys.readouterr().err
+    assert "job j1" in bar and "10/40" in bar and "40/40" in bar and "loss=3.5" in bar
+
+
+def test_wait_raises_the_jobs_error():
+    from elmo_service.client import JobFailed
+
+    with pytest.raises(JobFailed, match="j1 failed: trainer diverged") as e:
+        _poll(_records(("running", 5, 9.0), ("failed", 7, None)), progress=False)
+    assert e.value.record["progress"]["step"] == 7
+
+
+def test_wait_gives_up_at_its_timeout():
+    with pytest.raises(TimeoutError, match="still running"):
+        _poll(_records(*[("running", 1, 1.0)] * 3), progress=False, timeout=0)

@@ -201,6 +201,13 @@ def test_an_unreachable_server_is_named():
     with Client(url, timeout=5) as c, pytest.raises(ServiceUnreachable, match=re.escape(url)):
         c.embed(["a"])
 
+    async def run():
+        async with AsyncClient(url, timeout=5) as ac:
+            await ac.tasks.list()
+
+    with pytest.raises(ServiceUnreachable, match=re.escape(url + "/v1/tasks")):
+        asyncio.run(run())
+
 
 def test_a_flooded_tiny_queue_ends_with_every_sentence_embedded(setup, lib):
     """16 requests in flight against a queue of 6 sentences: the server refuses most with
