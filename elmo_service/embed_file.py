@@ -38,16 +38,15 @@ def check_lines(path: Path) -> int:
         for n, line in enumerate(f, start=1):  # noqa: B007 - n is the count after the loop
             if not line.strip():
                 blank.append(n)
-    if blank:
-        shown = ", ".join(map(str, blank[:5])) + (
-            f" (and {len(blank) - 5} more)" if len(blank) > 5 else ""
-        )
-        raise ElmoServiceError(
-            f"{path} has blank lines ({shown}); give one sentence a line, as AllenNLP's "
-            "`elmo` command requires (e.g. drop them with: grep -v '^[[:space:]]*$')",
-            field="input",
-        )
-    return n
+    if not blank:
+        return n
+    more = f" (and {len(blank) - 5} more)" if len(blank) > 5 else ""
+    raise ElmoServiceError(
+        f"{path} has blank lines ({', '.join(map(str, blank[:5]))}{more}); give one sentence "
+        "a line, as AllenNLP's `elmo` command requires (e.g. drop them with: "
+        "grep -v '^[[:space:]]*$')",
+        field="input",
+    )
 
 
 def check_output(path: Path) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -74,7 +75,7 @@ class OutputSpec:
     pending: str | None = None  # a task name still to look up (DEFAULT_TASK: the default policy)
     n_layers: int = 0
 
-    @property
+    @cached_property
     def all_layers(self) -> bool:
         return self.layers is not None and self.layers == tuple(range(self.n_layers))
 
