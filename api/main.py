@@ -30,7 +30,7 @@ from api.holder import ModelHolder
 from api.loading import on_load_thread
 from api.metrics import Metrics, MetricsMiddleware
 from api.middleware import AnnounceMiddleware, ModelVersionMiddleware, RequestGuardMiddleware
-from api.routers import embed, health, jobs, models, openai, tasks
+from api.routers import embed, health, jobs, limits, models, openai, tasks
 from api.settings import Settings, load_settings
 from elmo_service.errors import ElmoServiceError
 from jobs import JobService
@@ -177,7 +177,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.state.jobs = None
     app.state.fleet = None
-    for r in (embed.router, openai.router, models.router, tasks.router, jobs.router, health.router):
+    for r in (
+        embed.router,
+        openai.router,
+        models.router,
+        limits.router,
+        tasks.router,
+        jobs.router,
+        health.router,
+    ):
         app.include_router(r)
 
     def max_body() -> int:

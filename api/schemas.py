@@ -396,6 +396,21 @@ class Activated(BaseModel):
     )
 
 
+class Limits(BaseModel):
+    """What one request may hold (``GET /v1/limits``): a client splits under these."""
+
+    max_sentences: int = Field(..., description="Sentences (or inputs) per request.")
+    max_chars: int = Field(..., description="Characters per request, all sentences together.")
+    max_body_bytes: int = Field(..., description="Bytes of one request body.")
+    max_response_floats: int = Field(..., description="Floats one answer may carry.")
+    max_tokens_per_sentence: int
+    max_queue: int = Field(..., description="Sentences the model's queue holds; more -> 429.")
+    request_timeout: float = Field(..., description="Seconds a request may wait -> 503.")
+    model: ModelRef
+    n_layers: int
+    dim: int
+
+
 class Health(BaseModel):
     status: Literal["ok"] = "ok"
 

@@ -10,7 +10,9 @@ from elmo_service.process import configure_process
 
 __all__ = [
     "ArtifactError",
+    "AsyncClient",
     "BiLMConfig",
+    "Client",
     "ConfigError",
     "Elmo",
     "Embedder",
@@ -33,6 +35,10 @@ def __getattr__(name: str):
         from elmo_service import elmo
 
         return getattr(elmo, name)
+    if name in ("Client", "AsyncClient"):  # httpx: only for those who talk to a server
+        from elmo_service import client
+
+        return getattr(client, name)
     if name in ("MixSpec", "ScalarMix"):
         from elmo_service import scalar_mix
 

@@ -11,8 +11,6 @@ run (and a preparation) is what it was before the models were pydantic.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -270,23 +268,17 @@ def test_probe_flags_default_to_the_models_defaults():
         probe_config("tokens", epochs=0)
 
 
-def test_probe_service_client_needs_no_http_package():
-    """`elmo-pretrain probe --service` on a plain install: httpx is a test extra only."""
-    code = (
-        "import sys; sys.modules['httpx'] = None\n"  # import httpx now fails
-        "from pretrain.cli import main\n"
-        "from pretrain.probe.service import check_service\n"
-        "from elmo_service.errors import InputError\n"
-        "try:\n"
-        "    check_service('http://127.0.0.1:9', None)\n"
-        "except InputError as e:\n"
-        "    print(e.field, e.message)\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("service http://127.0.0.1:9 is not reachable"), out.stdout
+def test_probe_service_names_a_service_it_cannot_use():
+    """`elmo-pretrain probe --service` (through elmo_service.client): one line naming it."""
+    from pretrain.probe.service import check_service
+
+    with pytest.raises(InputError) as e:
+        check_service("http://127.0.0.1:9", None)
+    assert e.value.field == "service"
+    assert e.value.message.startswith("http://127.0.0.1:9 is not reachable"), e.value.message
+    with pytest.raises(InputError) as e:
+        check_service("127.0.0.1:8000", None)  # no scheme
+    assert e.value.field == "service" and "not an http(s) URL" in e.value.message
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)

@@ -1,53 +1,38 @@
 """Where a learned task goes: the artifact's ``tasks/`` and/or a running service.
 
-The service client is the standard library's ``urllib`` (no HTTP package needed
-on a plain install). If the PUT fails, the learned mix is not lost: it is
-written to a fallback file and the error says where.
+The service is reached with the project's client (``elmo_service.client.Client``). If the
+PUT fails, the learned mix is not lost: it is written to a fallback file and the error
+says where.
 """
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from elmo_service.artifact import TASKS, write_task
 from elmo_service.atomic import write_json
+from elmo_service.client import Client, ServiceError, ServiceUnreachable
 from elmo_service.errors import InputError
 from elmo_service.scalar_mix import MixSpec
 
+# a store or a check, not a bulk job: a refusal is reported, not waited out
+_RETRIES = dict(retries=2, retry_deadline=10.0)
 
-def _request(
-    method: str, url: str, admin_key: str | None, body: Any = None, timeout: float = 10
-) -> Any:
-    """One request, its JSON answer (None if not JSON); raises urllib's HTTPError for a
-    non-2xx answer, URLError/OSError if none."""
-    headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
-    data = None
-    if body is not None:
-        data = json.dumps(body).encode()
-        headers["Content-Type"] = "application/json"
-    req = urllib.request.Request(url, data=data, headers=headers, method=method)
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        text = r.read()
+
+def _client(service: str, admin_key: str | None, timeout: float = 10) -> Client:
     try:
-        return json.loads(text)
-    except ValueError:
-        return None
+        return Client(service, admin_key, timeout=timeout, **_RETRIES)
+    except InputError as e:  # not a URL the client can use
+        raise InputError(f"{service}: {e.message}", field="service") from None
 
 
 def _service_error(service: str, e: Exception) -> str:
-    if isinstance(e, urllib.error.HTTPError):
-        text = e.read().decode("utf-8", "replace")
-        try:
-            detail = json.loads(text).get("message", text)
-        except (ValueError, AttributeError):
-            detail = text
-        return f"{service} answered {e.code}: {detail}"
-    reason = e.reason if isinstance(e, urllib.error.URLError) else e
-    return f"{service} is not reachable: {reason}"
+    if isinstance(e, ServiceError):
+        return f"{service} answered {e.status}: {e.message}"
+    if isinstance(e, ServiceUnreachable):
+        return f"{service} is not reachable: {e.reason}"
+    return str(e)
 
 
 def check_service(
@@ -61,16 +46,16 @@ def check_service(
     """Before any work: the service answers and knows the key, serves the model the task
     will be learned on (``model_version``, ``n_layers``), and ships no task ``task_name``
     unless ``overwrite``. InputError naming --service (or --task-name) otherwise."""
-    base = service.rstrip("/")
-    try:
-        tasks = _request("GET", f"{base}/v1/tasks", admin_key)
-        models = _request("GET", f"{base}/v1/models", admin_key) if model_version else None
-    except (OSError, ValueError) as e:  # URLError/HTTPError are OSErrors; ValueError: bad URL
-        raise InputError(_service_error(service, e), field="service") from None
+    with _client(service, admin_key) as client:
+        try:
+            tasks = client.tasks.list()
+            models = client.models.list() if model_version else None
+        except (ServiceError, ServiceUnreachable) as e:
+            raise InputError(_service_error(service, e), field="service") from None
     if model_version is not None:
         served = (models or {}).get("served") or {}
         if served.get("version") != model_version:
-            layers = (tasks or {}).get("n_layers")
+            layers = (models or {}).get("data", [{}])[0].get("n_layers")
             extra = (
                 f" ({layers} output layers there, {n_layers} here)"
                 if n_layers is not None and layers is not None and layers != n_layers
@@ -83,9 +68,7 @@ def check_service(
                 field="service",
             )
     if task_name is not None and not overwrite:
-        shipped = {
-            t.get("name") for t in (tasks or {}).get("data", []) if t.get("source") == "model"
-        }
+        shipped = {t.get("name") for t in tasks if t.get("source") == "model"}
         if task_name in shipped:
             raise InputError(
                 f"{service}'s model ships a task named {task_name!r}: choose another "
@@ -138,8 +121,9 @@ def save_task(
     if service:
         url = f"{service.rstrip('/')}/v1/tasks/{name}"
         try:
-            _request("PUT", url, admin_key, body=spec.to_dict(), timeout=30)
-        except (OSError, ValueError) as e:
+            with _client(service, admin_key, timeout=30) as client:
+                client.tasks.put(name, spec)
+        except (ServiceError, ServiceUnreachable, InputError) as e:
             msg = _service_error(service, e)
             if fallback is not None:
                 fallback.parent.mkdir(parents=True, exist_ok=True)

@@ -120,6 +120,8 @@ def test_every_route_returns_what_the_document_says(api):
     ok("POST", "/v1/embeddings", c.post("/v1/embeddings", json={"input": "x", "model": "gpt"}))
 
     ok("GET", "/v1/models", c.get("/v1/models"))
+    limits = ok("GET", "/v1/limits", c.get("/v1/limits"))
+    assert limits["max_sentences"] == c.app.state.settings.max_sentences
     ok("GET", "/v1/models/{model_id}", c.get("/v1/models/default"))
     ok("GET", "/v1/models/{model_id}", c.get("/v1/models/other"))  # 404
     (tmp := c.app.state.settings.models_dir / "broken").mkdir()
