@@ -219,6 +219,10 @@ def cmd_prepare(a) -> int:
     return 0
 
 
+def _say_error(command: str, e: ElmoServiceError) -> None:
+    print(f"elmo-pretrain {command}: error: {e.message}", file=sys.stderr, flush=True)
+
+
 def cmd_train(a) -> int:
     from pathlib import Path
 
@@ -252,6 +256,7 @@ def cmd_train(a) -> int:
         force=a.force,
         stop_after=a.stop_after,
         hand_on_signals=False,  # this process is the run: a signal means checkpoint, exit 0
+        say=lambda e: _say_error("train", e),
     )
     return 0
 
@@ -397,8 +402,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(handler(args) or 0)
     except ElmoServiceError as e:
-        if os.environ.get("RANK", "0") == "0":  # DDP: every rank stops alike, one says why
-            print(f"elmo-pretrain {args.command}: error: {e.message}", file=sys.stderr)
+        # DDP: every rank stops alike, one says why (the trainer's rank 0 may have said it)
+        if os.environ.get("RANK", "0") == "0" and not getattr(e, "said", False):
+            _say_error(args.command, e)
         return 2
     except PATH_ERRORS as e:  # one line, not a traceback
         print(f"elmo-pretrain {args.command}: error: {e}", file=sys.stderr)

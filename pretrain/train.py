@@ -679,12 +679,20 @@ def run_training(
     stop_after: int | None = None,
     hand_on_signals: bool = True,
     log=print,
+    say=None,
 ) -> dict[str, Any]:
     trainer = Trainer(
         cfg, run_dir, resume=resume, force=force, hand_on_signals=hand_on_signals, log=log
     )
     try:
         return trainer.fit(stop_after=stop_after)
+    except ElmoServiceError as e:
+        # DDP: rank 0 says why before the last barrier; once a rank has exited, torchrun
+        # stops the others, and a line printed after that could be lost
+        if say is not None and trainer.ddp and trainer.rank == 0:
+            say(e)
+            e.said = True
+        raise
     finally:
         if trainer.ddp and dist.is_initialized():
             # every rank leaves its last collective (rank 0's end-of-run evaluation and its
