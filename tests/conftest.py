@@ -107,3 +107,13 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         tasks={"shipped": MixSpec(weights=[0.5, 1.0, -0.5], gamma=0.7)},
     )
     return path
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator:
+    """A fake Redis answering nonsense (a real process), one per test module; the tests set
+    its mode (``fake.set_mode(...)``)."""
+    from tests.support.fake_redis import FakeRedis
+
+    with FakeRedis("types") as f:
+        yield f

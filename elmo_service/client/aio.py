@@ -10,55 +10,23 @@ import httpx
 
 from elmo_service.client import ops
 from elmo_service.client.errors import ServiceError, ServiceUnreachable
-from elmo_service.client.sync import (
-    DEFAULT_BATCH,
-    DEFAULT_IN_FLIGHT,
-    DEFAULT_TIMEOUT,
-    checked_url,
-    headers_for,
-)
+from elmo_service.client.sync import Connection
 from elmo_service.client.wire import (
     Call,
     Http,
     Limits,
     Many,
-    RetryPolicy,
     Sleep,
     attempts,
     stops_the_rest,
 )
 
 
-class AsyncClient:
+class AsyncClient(Connection):
     """``Client`` for asyncio: the same parameters, methods and answers, each awaited
     (``await client.embed(...)``, ``await client.tasks.list()``, ``await client.jobs.wait(job)``)."""
 
-    def __init__(
-        self,
-        base_url: str,
-        api_key: str | None = None,
-        *,
-        timeout: float = DEFAULT_TIMEOUT,
-        retries: int = 20,
-        retry_deadline: float = 120.0,
-        max_in_flight: int = DEFAULT_IN_FLIGHT,
-        batch_size: int = DEFAULT_BATCH,
-    ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.retry = RetryPolicy(retries=retries, deadline=retry_deadline)
-        self.max_in_flight = max(1, max_in_flight)
-        self._session = ops.Session(batch_size)
-        self._http = checked_url(httpx.AsyncClient, self.base_url)(
-            base_url=self.base_url,
-            headers=headers_for(api_key),
-            timeout=timeout,
-            limits=httpx.Limits(
-                max_connections=self.max_in_flight, max_keepalive_connections=self.max_in_flight
-            ),
-        )
-        self.tasks = ops.Tasks(self._run)
-        self.models = ops.Models(self._run)
-        self.jobs = ops.Jobs(self._run)
+    _http_class = httpx.AsyncClient
 
     async def embed(
         self,

@@ -50,7 +50,41 @@ def checked_url(make, base_url: str):
     return make
 
 
-class Client:
+class Connection:
+    """What ``Client`` and ``AsyncClient`` share: their parameters (``Client``'s docstring),
+    the httpx client of the subclass's ``_http_class``, and the resources."""
+
+    _http_class: type
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        retries: int = 20,
+        retry_deadline: float = 120.0,
+        max_in_flight: int = DEFAULT_IN_FLIGHT,
+        batch_size: int = DEFAULT_BATCH,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.retry = RetryPolicy(retries=retries, deadline=retry_deadline)
+        self.max_in_flight = max(1, max_in_flight)
+        self._session = ops.Session(batch_size)
+        self._http = checked_url(self._http_class, self.base_url)(
+            base_url=self.base_url,
+            headers=headers_for(api_key),
+            timeout=timeout,
+            limits=httpx.Limits(
+                max_connections=self.max_in_flight, max_keepalive_connections=self.max_in_flight
+            ),
+        )
+        self.tasks = ops.Tasks(self._run)
+        self.models = ops.Models(self._run)
+        self.jobs = ops.Jobs(self._run)
+
+
+class Client(Connection):
     """The service's client: ``embed`` as the library's, ``tasks``, ``models``, ``jobs``.
 
     # Parameters
@@ -71,34 +105,9 @@ class Client:
         Sentences per request at most (the server's own limit caps it too).
     """
 
-    def __init__(
-        self,
-        base_url: str,
-        api_key: str | None = None,
-        *,
-        timeout: float = DEFAULT_TIMEOUT,
-        retries: int = 20,
-        retry_deadline: float = 120.0,
-        max_in_flight: int = DEFAULT_IN_FLIGHT,
-        batch_size: int = DEFAULT_BATCH,
-    ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.retry = RetryPolicy(retries=retries, deadline=retry_deadline)
-        self.max_in_flight = max(1, max_in_flight)
-        self._session = ops.Session(batch_size)
-        self._http = checked_url(httpx.Client, self.base_url)(
-            base_url=self.base_url,
-            headers=headers_for(api_key),
-            timeout=timeout,
-            limits=httpx.Limits(
-                max_connections=self.max_in_flight, max_keepalive_connections=self.max_in_flight
-            ),
-        )
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_lock = threading.Lock()
-        self.tasks = ops.Tasks(self._run)
-        self.models = ops.Models(self._run)
-        self.jobs = ops.Jobs(self._run)
+    _http_class = httpx.Client
+    _pool: ThreadPoolExecutor | None = None
+    _pool_lock = threading.Lock()  # guards the pool's creation only: rare and brief
 
     # -- the public calls ---------------------------------------------------
     def embed(

@@ -50,12 +50,6 @@ def _metric(c, name):
 
 
 @pytest.fixture(scope="module")
-def fake():
-    with FakeRedis("types") as f:
-        yield f
-
-
-@pytest.fixture(scope="module")
 def client(fake, tiny_model_dir, tmp_path_factory):
     app = create_app(_settings(tiny_model_dir, tmp_path_factory.mktemp("d"), fake.url))
     with TestClient(app, raise_server_exceptions=False) as c:

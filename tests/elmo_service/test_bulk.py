@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ from elmo_service.bulk import (
     verify_shard,
 )
 from elmo_service.errors import ConfigError, InputError
+from tests.support.bulk_run import start_bulk
 from tests.support.core_fixtures import generated_text
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -222,31 +222,7 @@ def test_a_killed_run_loses_only_the_shards_in_flight(ray_cluster, tmp_path, tin
     the re-run keeps every shard that was whole and redoes the rest."""
     inp, out = tmp_path / "in.txt", tmp_path / "out"
     inp.write_text(generated_text(400, seed=3))
-    cmd = [
-        sys.executable,
-        "-m",
-        "api.cli",
-        "embed-bulk",
-        str(inp),
-        "--out",
-        str(out),
-        "--model",
-        str(tiny_model_dir),
-        "--actors",
-        "1",
-        "--shard-rows",
-        "2",
-        "--quiet",
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    proc = start_bulk(inp, out, tiny_model_dir, "--actors", "1", "--shard-rows", "2")
     try:
         deadline = time.monotonic() + 180
         while len(list((out / MANIFESTS).glob("*.json"))) < 3:

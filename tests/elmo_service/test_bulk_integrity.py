@@ -12,7 +12,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,25 +20,10 @@ import pytest
 
 from elmo_service.bulk import MANIFESTS, BulkOptions, embed_shard, scan_inputs, verify_shard
 from elmo_service.bulk.plan import shard_size
+from tests.support.bulk_run import bulk_cmd, start_bulk
 from tests.support.core_fixtures import generated_text
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _bulk_cmd(inp: Path, out: Path, model: Path, *flags: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "api.cli",
-        "embed-bulk",
-        str(inp),
-        "--out",
-        str(out),
-        "--model",
-        str(model),
-        "--quiet",
-        *flags,
-    ]
 
 
 def _children() -> dict[int, list[int]]:
@@ -135,15 +119,7 @@ def test_the_local_cluster_listens_on_loopback_only_and_dies_with_its_driver(
     ``core_worker.cc`` line is not on the user's screen."""
     inp, out = tmp_path / "in.txt", tmp_path / "out"
     inp.write_text(generated_text(400, seed=3))
-    cmd = _bulk_cmd(inp, out, tiny_model_dir, "--actors", "1", "--shard-rows", "2")
-    proc = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    proc = start_bulk(inp, out, tiny_model_dir, "--actors", "1", "--shard-rows", "2")
     family: dict[int, str] = {}
     try:
         deadline = time.monotonic() + 180
@@ -202,7 +178,7 @@ def test_a_full_disk_ends_in_one_line_naming_the_folder(tmp_path, tiny_model_dir
     inp.write_text(generated_text(400, seed=5))
     disk.mkdir()
     out = disk / "out"
-    cmd = _bulk_cmd(inp, out, tiny_model_dir, "--actors", "1", "--shard-rows", "40")
+    cmd = bulk_cmd(inp, out, tiny_model_dir, "--actors", "1", "--shard-rows", "40")
     script = (
         f"mount -t tmpfs -o size=96k tmpfs {disk} && {{ {' '.join(cmd)}; rc=$?; "
         f"ls {out}/{MANIFESTS} | grep -c json; exit $rc; }}"

@@ -20,7 +20,7 @@ from api.main import create_app
 from jobs.backend import RqBackend
 from jobs.state import JobRecord, StoreUnavailable, Unreadable
 from tests.jobs.test_jobs import ADMIN, dirs, job_body, settings_for
-from tests.support.fake_redis import MODES, FakeRedis
+from tests.support.fake_redis import MODES
 
 torch.set_num_threads(1)
 
@@ -43,12 +43,6 @@ STRING_RECORD = {
     ("ok", f"/v1/jobs/{JOB}/cancel"): {409},
     ("ok", f"/v1/jobs/{JOB}/retry"): {409},
 }
-
-
-@pytest.fixture(scope="module")
-def fake():
-    with FakeRedis("types") as f:
-        yield f
 
 
 @pytest.fixture(scope="module")
