@@ -28,6 +28,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from elmo_service import atomic
+from elmo_service.atomic import sha256_file
 from elmo_service.config import BiLMConfig
 from elmo_service.errors import ArtifactError, ConfigError
 from elmo_service.model import BiLM
@@ -49,14 +50,6 @@ def default_model_dir() -> Path:
         return Path(os.environ["ELMO_MODEL_PATH"])
     root = Path(os.environ.get("ELMO_MODELS_DIR") or BUNDLED_MODELS_DIR)
     return root / (os.environ.get("ELMO_MODEL") or "default")
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def version_of(file_hashes: dict[str, str]) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import hashlib
 import json
 import os
 import secrets
@@ -226,3 +227,13 @@ def atomic_dir(directory: str | Path) -> Iterator[Path]:
     fsync_dir(directory.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """The file's sha256 (hex), read in 1 MiB chunks: the one checksum of every file the
+    project writes or checks (artifacts, prepared shards, checkpoints, fetched data, bulk)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()

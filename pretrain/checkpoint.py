@@ -59,7 +59,7 @@ from typing import Any, BinaryIO, Literal
 
 import torch
 
-from elmo_service.atomic import atomic_open, write_text
+from elmo_service.atomic import atomic_open, sha256_file, write_text
 from elmo_service.errors import ElmoServiceError
 from pretrain.run_dir import CHECKPOINTS_DIR
 
@@ -68,7 +68,6 @@ log = logging.getLogger("pretrain.checkpoint")
 _NAME = re.compile(r"^step-(\d{8,})\.pt$")
 _SIDECAR = re.compile(r"^([0-9a-f]{64})  (step-\d{8,}\.pt)\n?$")
 HASH_SUFFIX = ".sha256"
-_CHUNK = 1 << 20
 
 Status = Literal["verified", "unhashed", "corrupt", "nonfinite"]
 
@@ -149,14 +148,6 @@ class _HashingWriter:
         self.f.flush()
 
 
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def expected_sha256(path: str | Path) -> str | None:
     """The hash recorded for ``path``; None without a sidecar. Raises CorruptCheckpoint
     when the sidecar exists but is not a valid record for this file."""
@@ -179,7 +170,7 @@ def verify_checkpoint(path: str | Path) -> bool:
     want = expected_sha256(path)
     if want is None:
         return False
-    got = file_sha256(path)
+    got = sha256_file(path)
     if got != want:
         raise CorruptCheckpoint(
             f"{Path(path).name}: content hash mismatch (sha256 {got[:12]}..., recorded {want[:12]}...)",

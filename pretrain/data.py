@@ -33,9 +33,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from elmo_service.atomic import sha256_file
 from elmo_service.char_ids import bos_ids, eos_ids, token_ids
 from elmo_service.errors import InputError
-from pretrain.prepare import BOS, EOS, FORMAT, UNK, file_sha256
+from pretrain.prepare import BOS, EOS, FORMAT, UNK
 
 
 def _load_array(path: Path, expected_sha256: str | None, mmap: bool) -> np.ndarray:
@@ -44,7 +45,7 @@ def _load_array(path: Path, expected_sha256: str | None, mmap: bool) -> np.ndarr
     again = "; run `elmo-pretrain prepare` again"
     if not path.is_file():
         raise InputError(f"{path}: shard file missing{again}", field="data.path")
-    if expected_sha256 is not None and file_sha256(path) != expected_sha256:
+    if expected_sha256 is not None and sha256_file(path) != expected_sha256:
         raise InputError(
             f"{path}: content does not match the sha256 in manifest.json (changed or "
             f"damaged after prepare){again}",

@@ -37,7 +37,7 @@ import numpy as np
 from pydantic import Field
 from tqdm import tqdm
 
-from elmo_service.atomic import atomic_dir
+from elmo_service.atomic import atomic_dir, sha256_file
 from elmo_service.errors import ElmoServiceError, InputError
 from elmo_service.settings_base import Cli, StrictModel
 from pretrain import text as T
@@ -133,14 +133,6 @@ JOB_FIELDS = (
 )
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _inputs_fingerprint(files: list[Path]) -> list[dict[str, Any]]:
     out = []
     for f in files:
@@ -152,7 +144,7 @@ def _inputs_fingerprint(files: list[Path]) -> list[dict[str, Any]]:
 def _params_hash(opts: PrepareOptions, train: list[dict], heldout: list[dict]) -> str:
     # an unset sp_model stays out of the hash: earlier preparations keep theirs
     options = opts.model_dump(exclude={"sp_model"} if opts.sp_model is None else set())
-    given = {"sp_model_sha256": file_sha256(Path(opts.sp_model))} if opts.sp_model else {}
+    given = {"sp_model_sha256": sha256_file(Path(opts.sp_model))} if opts.sp_model else {}
     blob = json.dumps(
         {"options": options, "train": train, "heldout": heldout, **given},
         sort_keys=True,
@@ -355,7 +347,7 @@ def _prepare_into(
     vocab, counts, softmax_size, shards = _tokenize(tmp, paths, opts, log, progress)
     for sh in (sh for split in shards.values() for sh in split):  # checked at every load
         sh["sha256"] = {
-            kind: file_sha256(tmp / "shards" / f"{sh['name']}.{kind}.npy")
+            kind: sha256_file(tmp / "shards" / f"{sh['name']}.{kind}.npy")
             for kind in ("tokens", "offsets")
         }
     if softmax_size < opts.vocab_size and not opts.sp_model:

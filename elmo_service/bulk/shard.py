@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from elmo_service.atomic import atomic_path, write_json
+from elmo_service.atomic import atomic_path, sha256_file, write_json
 from elmo_service.bulk.plan import (
     MANIFESTS,
     METADATA_KEY,
@@ -361,14 +361,6 @@ def _worker() -> str:
     return f"{os.uname().nodename}:{os.getpid()}"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def verify_shard(out: Path, shard: Shard, version: str, full: bool = True) -> dict[str, Any] | None:
     """The shard's manifest when it was written by this model for these lines and its
     Parquet file is whole, else None (the shard is redone). Whole: the recorded size and
@@ -385,7 +377,7 @@ def verify_shard(out: Path, shard: Shard, version: str, full: bool = True) -> di
             and parquet.stat().st_size == m.get("bytes")
         )
         if ok and full:
-            ok = _sha256(parquet) == m.get("sha256")
+            ok = sha256_file(parquet) == m.get("sha256")
         if ok:
             _, pq = pyarrow()
             ok = pq.read_metadata(parquet).num_rows == m.get("rows")

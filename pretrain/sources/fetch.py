@@ -33,6 +33,8 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+from elmo_service.atomic import sha256_file  # the project's one file checksum
+
 __all__ = [
     "FetchError",
     "default_cache_dir",
@@ -65,14 +67,6 @@ def default_cache_dir() -> Path:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------- cache

@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 import yaml
 
+from elmo_service.atomic import sha256_file
 from elmo_service.errors import InputError
 from pretrain import checkpoint as ckpt
 from pretrain.cli import main
 from pretrain.config import TrainConfig, apply_overrides
 from pretrain.data import Corpus
-from pretrain.prepare import PrepareOptions, file_sha256, prepare
+from pretrain.prepare import PrepareOptions, prepare
 from pretrain.sources.synthetic import write_corpus
 from pretrain.train import CorpusMissing, run_training
 
@@ -58,7 +59,7 @@ def rehash(corpus: Path) -> None:
     m = json.loads(mpath.read_text())
     for sh in m["shards"]["train"]:
         for kind in ("tokens", "offsets"):
-            sh["sha256"][kind] = file_sha256(corpus / "shards" / f"{sh['name']}.{kind}.npy")
+            sh["sha256"][kind] = sha256_file(corpus / "shards" / f"{sh['name']}.{kind}.npy")
     mpath.write_text(json.dumps(m))
 
 
@@ -75,7 +76,7 @@ def test_manifest_records_a_checksum_per_shard_file(pristine):
         for sh in m["shards"][split]:
             for kind in ("tokens", "offsets"):
                 path = pristine / "shards" / f"{sh['name']}.{kind}.npy"
-                assert sh["sha256"][kind] == file_sha256(path)
+                assert sh["sha256"][kind] == sha256_file(path)
     assert len(Corpus(pristine).split("train")) == m["summary"]["train_sentences"]
 
 
