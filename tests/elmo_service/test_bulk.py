@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import h5py
@@ -28,7 +27,7 @@ from elmo_service.bulk import (
     verify_shard,
 )
 from elmo_service.errors import ConfigError, InputError
-from tests.support.bulk_run import start_bulk
+from tests.support.bulk_run import one_shard_of_six, start_bulk, wait_for_shards
 from tests.support.core_fixtures import generated_text
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -224,11 +223,7 @@ def test_a_killed_run_loses_only_the_shards_in_flight(ray_cluster, tmp_path, tin
     inp.write_text(generated_text(400, seed=3))
     proc = start_bulk(inp, out, tiny_model_dir, "--actors", "1", "--shard-rows", "2")
     try:
-        deadline = time.monotonic() + 180
-        while len(list((out / MANIFESTS).glob("*.json"))) < 3:
-            assert proc.poll() is None, proc.stderr.read().decode()
-            assert time.monotonic() < deadline, "no shard written in time"
-            time.sleep(0.02)
+        wait_for_shards(proc, out, 3)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # its own session: the command and its Ray
         proc.wait()
@@ -249,15 +244,7 @@ def test_a_killed_run_loses_only_the_shards_in_flight(ray_cluster, tmp_path, tin
 
 @pytest.mark.slow  # imports Ray, or loads a model
 def test_full_verification_catches_a_flipped_byte_and_quick_a_truncation(tmp_path, tiny_model_dir):
-    from elmo_service.bulk import embed_shard
-    from elmo_service.embedder import Embedder
-
-    inp, out = tmp_path / "in.txt", tmp_path / "out"
-    inp.write_text(generated_text(6, seed=4))
-    (out / MANIFESTS).mkdir(parents=True)
-    (shard,) = scan_inputs([inp], shard_rows=10).shards
-    emb = Embedder.load(tiny_model_dir, threads=1)
-    assert embed_shard(emb, shard, BulkOptions(), out, None, skip_bad=False).rows == 6
+    out, shard, emb = one_shard_of_six(tmp_path, tiny_model_dir)
     parquet = out / "part-00000.parquet"
     good = parquet.read_bytes()
     assert verify_shard(out, shard, emb.version, full=True)["rows"] == 6

@@ -20,7 +20,7 @@ import pytest
 
 from elmo_service.bulk import MANIFESTS, BulkOptions, embed_shard, scan_inputs, verify_shard
 from elmo_service.bulk.plan import shard_size
-from tests.support.bulk_run import bulk_cmd, start_bulk
+from tests.support.bulk_run import bulk_cmd, one_shard_of_six, start_bulk, wait_for_shards
 from tests.support.core_fixtures import generated_text
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,11 +122,7 @@ def test_the_local_cluster_listens_on_loopback_only_and_dies_with_its_driver(
     proc = start_bulk(inp, out, tiny_model_dir, "--actors", "1", "--shard-rows", "2")
     family: dict[int, str] = {}
     try:
-        deadline = time.monotonic() + 180
-        while len(list((out / MANIFESTS).glob("*.json"))) < 2:
-            assert proc.poll() is None, proc.stderr.read().decode()
-            assert time.monotonic() < deadline, "no shard written in time"
-            time.sleep(0.05)
+        wait_for_shards(proc, out, 2)
         pids = _descendants(proc.pid)
         family = {p: s for p in pids if (s := _start_time(p)) is not None}
         names = {_comm(p) for p in family}
@@ -204,14 +200,7 @@ def test_a_full_disk_ends_in_one_line_naming_the_folder(tmp_path, tiny_model_dir
 def test_full_verification_checks_the_footer_row_count_against_the_manifest(
     tmp_path, tiny_model_dir
 ):
-    from elmo_service.embedder import Embedder
-
-    inp, out = tmp_path / "in.txt", tmp_path / "out"
-    inp.write_text(generated_text(6, seed=4))
-    (out / MANIFESTS).mkdir(parents=True)
-    (shard,) = scan_inputs([inp], shard_rows=10).shards
-    emb = Embedder.load(tiny_model_dir, threads=1)
-    assert embed_shard(emb, shard, BulkOptions(), out, None, skip_bad=False).rows == 6
+    out, shard, emb = one_shard_of_six(tmp_path, tiny_model_dir)
     path = out / MANIFESTS / "part-00000.json"
     m = json.loads(path.read_text())
     assert verify_shard(out, shard, emb.version, full=True)["rows"] == 6
