@@ -159,13 +159,13 @@ class LstmpFunction(torch.autograd.Function):
         w_hh_t, w_proj_t = w_hh_t.to(dt), w_proj_t.to(dt)
         h, c = h0.to(dt), c0.float()
         keep_f = None if keep is None else keep.to(torch.float32).unsqueeze(-1)  # [B, T, 1]
-        # zeros, not empty: past a row's length they stay, and the backward reads them
-        alloc = x_gates.new_zeros if active is not None else x_gates.new_empty
-        hs = alloc(b, t, p)
-        acts = alloc(b, t, g4)
-        cs = alloc(b, t, n, dtype=torch.float32)
+        hs = x_gates.new_empty(b, t, p)
+        acts = x_gates.new_empty(b, t, g4)
+        cs = x_gates.new_empty(b, t, n, dtype=torch.float32)
         for s in range(t):
             r = b if active is None else active[s]
+            if r < b:  # past a row's length: zeros (the backward reads them), only there
+                hs[r:, s], acts[r:, s], cs[r:, s] = 0, 0, 0
             if r < h.shape[0]:  # rows sorted longest first: finished rows drop off the end
                 h, c = h[:r], c[:r]
             if keep_f is not None:
@@ -192,12 +192,13 @@ class LstmpFunction(torch.autograd.Function):
         if keep_f is not None:
             h_prev, c_prev = h_prev * keep_f.to(h_prev.dtype), c_prev * keep_f
         d_hs = d_hs.float()
-        alloc = torch.zeros if active is not None else torch.empty
-        d_gates = alloc(b, t, 4 * n, **f32)
-        d_pres = alloc(b, t, p, **f32)
+        d_gates = torch.empty(b, t, 4 * n, **f32)
+        d_pres = torch.empty(b, t, p, **f32)
         dh, dc = torch.zeros(b, p, **f32), torch.zeros(b, n, **f32)
         for s in range(t - 1, -1, -1):
-            r = b if active is None else active[s]  # rows past their end stay zero
+            r = b if active is None else active[s]
+            if r < b:  # rows past their end: zero gradients, written only there
+                d_gates[r:, s], d_pres[r:, s] = 0, 0
             d_gates[:r, s], d_pres[:r, s], dh[:r], dc[:r] = bwd(
                 d_hs[:r, s] + dh[:r],
                 dc[:r],
