@@ -237,13 +237,16 @@ def cmd_train(a) -> int:
     if a.print_config:
         print(dump_config(cfg), end="")
         return 0
-    # refuse a run folder in the way before recording anything in it (the trainer checks again)
-    mode = check_run_dir(run_dir, cfg, a.resume, a.force)
+    # refuse a run folder in the way before recording anything in it: the rank that records
+    # checks (another rank could meet rank 0's record half-written and refuse the folder);
+    # the trainer checks again on every rank, between barriers
+    rank = dist_env()[0]
+    mode = check_run_dir(run_dir, cfg, a.resume, a.force) if rank == 0 else None
     if a.nproc_per_node and a.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
         from pretrain.launch import launch_local
 
         return launch_local(a.nproc_per_node, _without_option(a.argv[1:], "--nproc-per-node"))
-    if dist_env()[0] == 0:
+    if rank == 0:
         launch = read_launch(run_dir) if mode == "resume" else None
         if mode != "resume":
             write_launch(run_dir, a.config, a.overrides)

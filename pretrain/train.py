@@ -24,6 +24,7 @@ How a run ends, with its exit codes: docs/training.md.
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import shutil
@@ -695,6 +696,12 @@ def run_training(
         raise
     finally:
         if trainer.ddp and dist.is_initialized():
+            # the DDP reducer goes first, while the group is still registered: freed after
+            # destroy_process_group, it would take the gloo group down with it while holding
+            # the GIL, joining a gloo thread that waits for the GIL to free a tensor (a hang
+            # at exit, seen about once in five two-node runs)
+            trainer.net = trainer.model
+            gc.collect()
             # every rank leaves its last collective (rank 0's end-of-run evaluation and its
             # broadcast) before the group goes: none tears it down under another
             with contextlib.suppress(Exception):

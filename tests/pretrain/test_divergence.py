@@ -132,7 +132,7 @@ def test_export_refuses_non_finite_weights(corpus_dir, tmp_path, capsys):
     name = next(k for k, v in st["model"].items() if v.is_floating_point())
     st["model"][name] = torch.full_like(st["model"][name], float("nan"))
     torch.save(st, path)
-    ckpt.sidecar(path).write_text(f"{ckpt.file_sha256(path)}  {path.name}\n")
+    ckpt.sidecar(path).write_text(f"{ckpt.sha256_file(path)}  {path.name}\n")
     rc = main(["export", str(run), str(tmp_path / "model"), "--checkpoint", path.name])
     err = capsys.readouterr().err
     assert rc == 2 and len(error_lines(err)) == 1
@@ -154,7 +154,7 @@ def test_non_finite_checkpoints_are_never_written_resumed_or_counted_as_good(tmp
     d = ckpt.checkpoint_dir(tmp_path)
     bad = d / "step-00000003.pt"
     torch.save(state(3, float("nan")), bad)
-    ckpt.sidecar(bad).write_text(f"{ckpt.file_sha256(bad)}  {bad.name}\n")
+    ckpt.sidecar(bad).write_text(f"{ckpt.sha256_file(bad)}  {bad.name}\n")
     assert ckpt.checkpoint_status(bad) == "nonfinite"
     msgs: list[str] = []
     path, st = ckpt.load_latest(tmp_path, log=msgs.append)
