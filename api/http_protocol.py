@@ -242,31 +242,24 @@ if HttpToolsProtocol is not None:
 
         # -- deadlines -------------------------------------------------------
         def _first_byte_late(self) -> None:
-            self._deadline = None
-            if self.transport.is_closing():
-                return
-            self.transport.write(
-                _timeout_response(f"no request received within {self.first_byte_timeout:g}s")
-            )
-            self.transport.close()
+            self._late(f"no request received within {self.first_byte_timeout:g}s")
 
         def _headers_late(self) -> None:
-            self._deadline = None
-            if self.transport.is_closing():
-                return
-            self.transport.write(
-                _timeout_response(f"request headers not received within {self.header_timeout:g}s")
-            )
-            self.transport.close()
+            self._late(f"request headers not received within {self.header_timeout:g}s")
 
         def _body_late(self) -> None:
+            self._late(
+                f"request body not received within {self.body_timeout:g}s",
+                answer=self.cycle is None or not self.cycle.response_started,
+            )
+
+        def _late(self, message: str, answer: bool = True) -> None:
+            """A deadline passed: a 408 saying which (unless an answer has begun), then close."""
             self._deadline = None
             if self.transport.is_closing():
                 return
-            if self.cycle is None or not self.cycle.response_started:
-                self.transport.write(
-                    _timeout_response(f"request body not received within {self.body_timeout:g}s")
-                )
+            if answer:
+                self.transport.write(_timeout_response(message))
             self.transport.close()
 
 else:  # pragma: no cover
