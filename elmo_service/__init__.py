@@ -35,10 +35,15 @@ def __getattr__(name: str):
         from elmo_service import elmo
 
         return getattr(elmo, name)
-    if name in ("Client", "AsyncClient"):  # httpx: only for those who talk to a server
-        from elmo_service import client
-
-        return getattr(client, name)
+    if name in ("Client", "AsyncClient"):  # the client is its own distribution (httpx, no torch)
+        try:
+            import elmo_client
+        except ImportError as e:
+            raise ImportError(
+                f"elmo_service.{name} is the elmo-service-client distribution's: "
+                "pip install ./clients/python (or elmo-service-client)"
+            ) from e
+        return getattr(elmo_client, name)
     if name in ("MixSpec", "ScalarMix"):
         from elmo_service import scalar_mix
 

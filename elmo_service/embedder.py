@@ -55,6 +55,7 @@ from elmo_service.outputs import OutputSpec, positions, render, resolve_output
 from elmo_service.runtime import autocast, pick_device, resolve_precision, set_threads
 from elmo_service.scalar_mix import MixSpec, apply_mix  # noqa: F401 - re-exported
 from elmo_service.tokenizers import Token
+from elmo_service.values import EmbeddedSentence  # shared with the client
 from elmo_service.words import words_of
 
 __all__ = ["EmbeddedSentence", "Embedder", "apply_mix", "words_of"]
@@ -73,17 +74,6 @@ WARMUP_SENTENCES = (
 )
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class EmbeddedSentence:
-    tokens: list[Token]  # words when embedded with granularity="word"
-    layers: np.ndarray  # [L+1, T, D] float32
-    mix: np.ndarray | None = None  # [T, D] when a mix was asked for
-
-    def words(self) -> tuple[list[str], np.ndarray]:
-        """Word-level vectors: a word's pieces averaged. ``[L+1, W, D]``."""
-        return words_of(self.tokens, self.layers)
 
 
 def _where(field: str, i: int, j: int | None = None) -> str:

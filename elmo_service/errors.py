@@ -6,35 +6,10 @@ that the HTTP layer can answer ``{code, message, field}`` without guessing.
 
 from __future__ import annotations
 
+# defined with the values the client shares (numpy-only, one file for both sides of the wire)
+from elmo_service.values import ElmoServiceError, InputError
 
-class ElmoServiceError(Exception):
-    code = "error"
-
-    def __init__(self, message: str, *, field: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.field = field
-
-
-class InputError(ElmoServiceError, ValueError):
-    """The caller's input is unusable (empty, too long, wrong type).
-
-    ``index`` (and ``word``): the position of the offending sentence (and word) in what the
-    caller passed, 0-based. The message already names it as the caller asked
-    (``Embedder.tokenize``'s ``where``), so no caller rewrites a message."""
-
-    code = "invalid_input"
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        field: str | None = None,
-        index: int | None = None,
-        word: int | None = None,
-    ) -> None:
-        super().__init__(message, field=field)
-        self.index, self.word = index, word
+__all__ = ["ArtifactError", "ConfigError", "ElmoServiceError", "InputError", "LimitError"]
 
 
 class LimitError(InputError):

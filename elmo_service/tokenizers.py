@@ -20,27 +20,13 @@ import re
 import unicodedata
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from elmo_service.errors import ArtifactError, ConfigError
+from elmo_service.values import Token  # shared with the client (elmo_service/values.py)
 
 SP_SPACE = "\u2581"  # sentencepiece's visible space
-
-
-@dataclass(frozen=True, slots=True)
-class Token:
-    """A model token: its text (what the character CNN reads), the span
-    ``[start, end)`` in the original string, and the index of its word."""
-
-    text: str
-    start: int
-    end: int
-    word: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"text": self.text, "start": self.start, "end": self.end, "word": self.word}
 
 
 class Tokenizer(ABC):

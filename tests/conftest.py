@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -26,6 +27,12 @@ import pytest
 # the tests see. Set here, at import, so every server and worker the tests start inherits it; a
 # test of the dotenv file itself sets ELMO_ENV_FILE back (tests/api/test_settings_env.py).
 os.environ["ELMO_ENV_FILE"] = ""
+
+# The client is its own distribution (clients/python, import elmo_client); until it is
+# installed beside the service, the tests import it from the checkout, ahead of any copy
+_CLIENT = str(Path(__file__).resolve().parent.parent / "clients" / "python")
+if _CLIENT not in sys.path:
+    sys.path.insert(0, _CLIENT)
 
 from tests.support.redis_server import RedisMissing, RedisServer
 

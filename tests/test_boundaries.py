@@ -47,7 +47,12 @@ ALLOWED = {
     "storage": set(),  # the stores' plumbing (Redis clients, replies, file locks)
 }
 # import name -> distribution, where packages_distributions() cannot tell (not installed)
-DIST_OF = {"yaml": "pyyaml", "google": "protobuf", "uvicorn": "uvicorn"}
+DIST_OF = {
+    "yaml": "pyyaml",
+    "google": "protobuf",
+    "uvicorn": "uvicorn",
+    "elmo_client": "elmo-service-client",  # clients/python: this repository's own client
+}
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Where a learned task goes: the artifact's ``tasks/`` and/or a running service.
 
-The service is reached with the project's client (``elmo_service.client.Client``). If the
+The service is reached with the project's client (``elmo_client.Client``, the
+``elmo-service-client`` distribution: ``pip install ./clients/python``). If the
 PUT fails, the learned mix is not lost: it is written to a fallback file and the error
 says where.
 """
@@ -12,15 +13,29 @@ from typing import Any
 
 from elmo_service.artifact import TASKS, write_task
 from elmo_service.atomic import write_json
-from elmo_service.client import Client, ServiceError, ServiceUnreachable
 from elmo_service.errors import InputError
 from elmo_service.scalar_mix import MixSpec
+
+try:  # the client is its own distribution (the `client` extra)
+    from elmo_client import Client, ServiceError, ServiceUnreachable
+except ImportError:  # --service then says how to install it (_client)
+    Client = None  # type: ignore[assignment,misc]
+
+    class ServiceError(Exception):  # type: ignore[no-redef]  # never raised without a client
+        pass
+
+    ServiceUnreachable = ServiceError  # type: ignore[assignment,misc]
 
 # a store or a check, not a bulk job: a refusal is reported, not waited out
 _RETRIES = dict(retries=2, retry_deadline=10.0)
 
 
 def _client(service: str, admin_key: str | None, timeout: float = 10) -> Client:
+    if Client is None:
+        raise InputError(
+            "--service needs the client: pip install ./clients/python (elmo-service-client)",
+            field="service",
+        )
     try:
         return Client(service, admin_key, timeout=timeout, **_RETRIES)
     except InputError as e:  # not a URL the client can use

@@ -1,4 +1,4 @@
-"""The client's protocol without a server (``elmo_service/client/wire.py``): splitting under
+"""The client's protocol without a server (``clients/python/elmo_client/wire.py``): splitting under
 every limit, the retry rule, errors and their positions. The live server: test_client_live.py."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import numpy as np
 import orjson
 import pytest
 
-from elmo_service.client import Client, ServiceError
-from elmo_service.client.wire import (
+from elmo_client import Client, ServiceError
+from elmo_client.shared import decode_array
+from elmo_client.wire import (
     Limits,
     RetryPolicy,
     check_sentences,
-    decode_array,
     embed_body,
     error_from,
     plan_chunks,
@@ -191,6 +191,8 @@ class FakeServer:
         self.served = "v1"
 
     def answer(self, call):
+        if call.path == "/v1/models":  # the fleet converges on the served model
+            return {"fleet": {"desired": {"id": "m", "version": self.served}}}
         if call.path == "/v1/limits":
             return {"max_sentences": 4, "max_chars": 10_000, "max_body_bytes": 100_000,
                     "max_response_floats": 1_000_000, "max_tokens_per_sentence": 50,
@@ -218,7 +220,7 @@ class FakeServer:
 
 def drive(op, server: FakeServer):
     """Run an ``ops`` generator against ``server`` (what Client._run does over HTTP)."""
-    from elmo_service.client.wire import Many
+    from elmo_client.wire import Many, Reply, Sleep
 
     value = None
     while True:
@@ -226,9 +228,13 @@ def drive(op, server: FakeServer):
             step = op.send(value)
         except StopIteration as stop:
             return stop.value
+        if isinstance(step, Sleep):  # a round's backoff: not waited here
+            value = None
+            continue
         calls = step.calls if isinstance(step, Many) else [step]
         answers = [server.answer(c) for c in calls]
-        answers = [a if c.parse is None or isinstance(a, ServiceError) else c.parse(a)
+        reply = Reply(200, {}, b"", "http://h")
+        answers = [a if c.parse is None or isinstance(a, ServiceError) else c.parse(a, reply)
                    for c, a in zip(calls, answers, strict=True)]  # fmt: skip
         if isinstance(step, Many):
             value = answers
@@ -239,7 +245,7 @@ def drive(op, server: FakeServer):
 
 
 def _embed(server, sentences, batch_size=4):
-    from elmo_service.client import ops
+    from elmo_client import ops
 
     return drive(ops.embed(ops.Session(batch_size), sentences), server)
 
@@ -320,8 +326,8 @@ def _records(*states):
 
 def _poll(records, **kw):
     """``jobs.wait``'s generator against a scripted server: the records in turn, no sleeping."""
-    from elmo_service.client import ops
-    from elmo_service.client.wire import Call, Sleep
+    from elmo_client import ops
+    from elmo_client.wire import Call, Sleep
 
     op = ops._wait("j1", kw.pop("progress", True), kw.pop("poll", 0.01), kw.pop("timeout", None))
     polls, value = iter(records), None
@@ -346,7 +352,7 @@ def test_wait_shows_steps_and_loss_and_ends_with_the_result(capsys):
 
 
 def test_wait_raises_the_jobs_error():
-    from elmo_service.client import JobFailed
+    from elmo_client import JobFailed
 
     with pytest.raises(JobFailed, match="j1 failed: trainer diverged") as e:
         _poll(_records(("running", 5, 9.0), ("failed", 7, None)), progress=False)

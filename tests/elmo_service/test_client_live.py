@@ -18,7 +18,7 @@ import pytest
 
 from elmo_service import AsyncClient, Client, Embedder
 from elmo_service.artifact import write_task
-from elmo_service.client import JobFailed, ServiceError, ServiceUnreachable
+from elmo_client import JobFailed, ServiceError, ServiceUnreachable
 from elmo_service.embedder import EmbeddedSentence
 from elmo_service.errors import InputError
 from elmo_service.scalar_mix import MixSpec

@@ -1,32 +1,44 @@
 """The client's protocol, without I/O: requests as values, answers as values.
 
-Every operation of :class:`~elmo_service.client.Client` and ``AsyncClient`` is written
-once, in ``ops.py``, as a generator that yields what it needs from the network: a
-:class:`Call` (one request; the JSON answer comes back), :class:`Many` (requests sent
-concurrently; answers or errors come back in order) or :class:`Sleep`. The two clients
-differ only in how they carry these out (threads or asyncio), so the retry rule, the
-splitting of large inputs and the decoding below are shared.
+Every operation of :class:`~elmo_client.Client` and ``AsyncClient`` is written once, in
+``ops.py``, as a generator that yields what it needs from the network: a :class:`Call`
+(one request, retried as :class:`RetryPolicy` says; the parsed answer comes back),
+:class:`Many` (requests sent concurrently; answers or errors come back in order) or
+:class:`Sleep`. The two clients differ only in how they carry these out (threads or
+asyncio), so the retry rule, the splitting of large inputs and the checks of every answer
+(``answers.py``) are shared.
 """
 
 from __future__ import annotations
 
-import base64
 import random
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import orjson
 
-from elmo_service.client.errors import ServiceError, service_error
-from elmo_service.errors import InputError
+from elmo_client.errors import ServiceError, ServiceUnreachable, bad_answer, service_error
+from elmo_client.shared import InputError
 
-RETRY_STATUSES = (429, 503)
+# refusals that did nothing: retried for every call, job submission included
+REFUSALS = (429, 503)
+# a timeout or a gateway's failure: the request may have run; retried for idempotent calls
+GATEWAY = (408, 502, 504)
 # a request body's bytes besides its sentences (options, braces): kept free under the limit
 _BODY_OVERHEAD = 1024
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One HTTP answer: status, headers (lower-case names), body bytes, and the URL asked."""
+
+    status: int
+    headers: Mapping[str, str]
+    content: bytes
+    url: str
 
 
 @dataclass(frozen=True)
@@ -35,9 +47,13 @@ class Call:
     path: str
     json: Any = None
     params: dict[str, Any] | None = None
-    # turns the JSON answer into what the operation wants; run by the driver where the
-    # answer arrives (a worker thread), so decoding overlaps the other requests' wait
-    parse: Callable[[Any], Any] | None = field(default=None, compare=False)
+    # turns the JSON answer (and its Reply: headers) into what the operation wants; run by
+    # the driver where the answer arrives (a worker thread), so decoding overlaps the other
+    # requests' wait. What it raises on a malformed answer becomes one ServiceError.
+    parse: Callable[[Any, Reply], Any] | None = field(default=None, compare=False)
+    # False for a call that must never be sent twice (job submission): only refusals that
+    # did nothing (429, 503) are retried
+    idempotent: bool = True
 
     def body(self) -> bytes | None:
         return None if self.json is None else orjson.dumps(self.json)
@@ -46,7 +62,7 @@ class Call:
 @dataclass(frozen=True)
 class Many:
     """Requests sent concurrently (a bounded number in flight). Answers come back in order:
-    each a JSON answer, a :class:`ServiceError`, or None if never sent (an earlier error
+    each a parsed answer, a :class:`ServiceError`, or None if never sent (an earlier error
     stopped the rest; ``response_too_large`` does not stop them, the caller splits)."""
 
     calls: list[Call]
@@ -59,23 +75,44 @@ class Sleep:
 
 @dataclass(frozen=True)
 class Http:
-    """One attempt at ``call``: ``(status, Retry-After, body bytes)`` comes back."""
+    """One attempt at ``call``: a :class:`Reply` comes back, or ServiceUnreachable is thrown."""
 
     call: Call
 
 
+# what a parse function raises on an answer that is not what it should be
+MALFORMED = (ValueError, KeyError, TypeError, IndexError, AttributeError)
+
+
 def attempts(call: Call, policy: RetryPolicy, base_url: str):
-    """``call`` until it is answered, retried as ``policy`` says: its JSON answer, or the
-    :class:`ServiceError` of the last refusal."""
+    """``call`` until it is answered, retried as ``policy`` says: its parsed answer, or the
+    :class:`ServiceError` of the last refusal (the ServiceUnreachable of the last failure)."""
     first, attempt = time.monotonic(), 0
+    url = base_url + call.path
     while True:
-        status, retry_after, content = yield Http(call)
-        if status < 400:
-            body = loads(content)
-            return call.parse(body) if call.parse is not None else body
-        wait = policy.delay(attempt, status, retry_after, time.monotonic() - first)
+        try:
+            reply = yield Http(call)
+        except ServiceUnreachable as e:
+            elapsed = time.monotonic() - first
+            wait = policy.after_failure(attempt, e.retryable and call.idempotent, elapsed)
+            if wait is None:
+                raise
+            attempt += 1
+            yield Sleep(wait)
+            continue
+        if reply.status < 400:
+            try:
+                body = loads(reply.content)
+                return call.parse(body, reply) if call.parse is not None else body
+            except ServiceError:
+                raise
+            except MALFORMED as e:  # orjson.JSONDecodeError is a ValueError
+                raise bad_answer(reply.status, url, f"{type(e).__name__}: {e}") from None
+        elapsed = time.monotonic() - first
+        retry_after = reply.headers.get("retry-after")
+        wait = policy.delay(attempt, reply.status, retry_after, elapsed, call.idempotent)
         if wait is None:
-            raise error_from(status, content, base_url + call.path)
+            raise error_from(reply.status, reply.content, url)
         attempt += 1
         yield Sleep(wait)
 
@@ -86,10 +123,13 @@ def stops_the_rest(e: BaseException) -> bool:
 
 @dataclass
 class RetryPolicy:
-    """429 and 503 are retried: after ``Retry-After`` when the server gives one, else an
-    exponential backoff, plus a random share of the backoff so that clients refused
-    together do not come back together; never past ``deadline`` seconds after the first
-    attempt, nor more than ``retries`` times."""
+    """Refusals (429, 503) are retried for every call; a gateway's or the server's timeout
+    (408, 502, 504) and a connection error (refused, reset, dropped mid-answer, a protocol
+    error) only for idempotent calls (every call but job submission): after
+    ``Retry-After`` when the server gives one, else an exponential backoff, plus a random
+    share of the backoff so that clients refused together do not come back together;
+    never past ``deadline`` seconds after the first attempt, nor more than ``retries``
+    times. A request past its own ``timeout`` is not retried."""
 
     retries: int = 20
     deadline: float = 120.0
@@ -97,14 +137,34 @@ class RetryPolicy:
     cap: float = 10.0
     rng: random.Random = field(default_factory=random.Random)
 
-    def delay(self, attempt: int, status: int, retry_after: str | None, elapsed: float):
+    def delay(
+        self,
+        attempt: int,
+        status: int,
+        retry_after: str | None,
+        elapsed: float,
+        idempotent: bool = True,
+    ) -> float | None:
         """Seconds to wait before attempt ``attempt + 1``, or None: give up."""
-        if status not in RETRY_STATUSES or attempt >= self.retries:
+        retried = status in REFUSALS or (idempotent and status in GATEWAY)
+        if not retried or attempt >= self.retries:
             return None
-        backoff = min(self.cap, self.base * 2**attempt)
+        backoff = self.backoff(attempt)
         wait = _seconds(retry_after)
         wait = (backoff if wait is None else wait) + self.rng.uniform(0, backoff)
         return wait if elapsed + wait <= self.deadline else None
+
+    def after_failure(self, attempt: int, retryable: bool, elapsed: float) -> float | None:
+        """The same rule for a request that got no answer (``retryable``: a connection error
+        of an idempotent call)."""
+        if not retryable or attempt >= self.retries:
+            return None
+        backoff = self.backoff(attempt)
+        wait = backoff + self.rng.uniform(0, backoff)
+        return wait if elapsed + wait <= self.deadline else None
+
+    def backoff(self, attempt: int) -> float:
+        return min(self.cap, self.base * 2**attempt)
 
 
 def _seconds(retry_after: str | None) -> float | None:
@@ -124,7 +184,10 @@ def error_from(status: int, content: bytes, url: str) -> ServiceError:
         text = content.decode("utf-8", "replace").strip()[:500]
         return service_error(status, f"http_{status}", text or "(empty answer)", None, url)
     code = str(body.get("code", f"http_{status}"))
-    return service_error(status, code, str(body["message"]), body.get("field"), url)
+    field_ = body.get("field")
+    return service_error(
+        status, code, str(body["message"]), None if field_ is None else str(field_), url
+    )
 
 
 def loads(content: bytes) -> Any:
@@ -136,7 +199,7 @@ def loads(content: bytes) -> Any:
 
 @dataclass(frozen=True)
 class Limits:
-    """``GET /v1/limits``: what one request may hold."""
+    """``GET /v1/limits``: what one request may hold, and the model serving it."""
 
     max_sentences: int
     max_chars: int
@@ -145,10 +208,19 @@ class Limits:
     max_tokens_per_sentence: int
     n_layers: int
     dim: int
+    model: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Limits:
-        return cls(**{k: int(d[k]) for k in cls.__dataclass_fields__})
+        sizes = {k: int(d[k]) for k in cls.__dataclass_fields__ if k != "model"}
+        model = d.get("model")
+        return cls(**sizes, model=dict(model) if isinstance(model, dict) else {})
+
+
+def is_empty(s: str | Sequence[str]) -> bool:
+    """A sentence with nothing to embed: its answer is empty (zero tokens), computed here
+    (the library's answer) and never sent."""
+    return not s.strip() if isinstance(s, str) else len(s) == 0
 
 
 def check_sentences(sentences: Sequence[Any]) -> None:
@@ -209,37 +281,44 @@ def plan_chunks(
     return out
 
 
-def shift_error(e: ServiceError, offset: int) -> ServiceError:
-    """A chunk's error, its sentence index counted in the caller's whole input."""
+def shift_error(e: ServiceError, position: int | Callable[[int], int]) -> ServiceError:
+    """A chunk's error, its sentence index counted in the caller's whole input:
+    ``position`` is the chunk's offset, or maps a chunk's index to the caller's."""
+    where = position if callable(position) else (lambda k: k + position)
     m = re.fullmatch(r"sentences\[(\d+)\](.*)", e.field or "")
-    if not m or offset == 0:
+    if not m:
         return e
     k = int(m.group(1))
-    message = e.message.replace(f"sentences[{k}]", f"sentences[{k + offset}]", 1)
-    message = re.sub(rf"\bsentence {k}\b", f"sentence {k + offset}", message, count=1)
-    field_ = f"sentences[{k + offset}]{m.group(2)}"
+    n = where(k)
+    if n == k:
+        return e
+    message = e.message.replace(f"sentences[{k}]", f"sentences[{n}]", 1)
+    message = re.sub(rf"\bsentence {k}\b", f"sentence {n}", message, count=1)
+    field_ = f"sentences[{n}]{m.group(2)}"
     return service_error(e.status, e.code, message, field_, e.url)
 
 
 # ------------------------------------------------------------------ the embed request
 
+PRIORITIES = ("interactive", "batch")
 
-def embed_body(
-    chunk: Sequence[str | Sequence[str]],
-    *,
-    mix: Any,
-    output: str | None,
-    granularity: str,
-    pooling: str,
+
+def output_of(mix: Any, output: str | None) -> str:
+    """``output`` None: ``both`` with a mix (the library returns the layers and the mix),
+    else ``layers``."""
+    return output or ("layers" if mix is None else "both")
+
+
+def output_body(
+    *, mix: Any, output: str | None, granularity: str, pooling: str
 ) -> dict[str, Any]:
-    """``POST /v1/embed``'s body: base64 float32 arrays (bit-exact, never float lists).
+    """The output options of ``/v1/embed`` (and ``/v1/embed/document``): base64 float32
+    arrays (bit-exact, never float lists).
 
     ``mix``: None, a task name, or a MixSpec (anything with ``weights``, ``gamma``,
-    ``per_direction``, ``layer_norm``). ``output`` None: ``both`` with a mix (the library
-    returns the layers and the mix), else ``layers``."""
+    ``per_direction``, ``layer_norm``)."""
     body: dict[str, Any] = {
-        "sentences": [s if isinstance(s, str) else list(s) for s in chunk],
-        "output": output or ("layers" if mix is None else "both"),
+        "output": output_of(mix, output),
         "granularity": granularity,
         "pooling": pooling,
         "encoding": "base64",
@@ -255,29 +334,72 @@ def embed_body(
     return body
 
 
+def embed_body(
+    chunk: Sequence[str | Sequence[str]],
+    *,
+    mix: Any,
+    output: str | None,
+    granularity: str,
+    pooling: str,
+    priority: str | None = None,
+) -> dict[str, Any]:
+    """``POST /v1/embed``'s body (``priority``: sent when not None)."""
+    body: dict[str, Any] = {"sentences": [s if isinstance(s, str) else list(s) for s in chunk]}
+    body.update(output_body(mix=mix, output=output, granularity=granularity, pooling=pooling))
+    if priority is not None:
+        body["priority"] = priority
+    return body
+
+
+def check_priority(priority: str | None) -> None:
+    if priority is not None and priority not in PRIORITIES:
+        raise InputError(
+            f"priority must be one of {', '.join(PRIORITIES)}, not {priority!r}",
+            field="priority",
+        )
+
+
 def floats_per_position(mix: Any, output: str | None, limits: Limits) -> int:
-    out = output or ("layers" if mix is None else "both")
+    out = output_of(mix, output)
     return limits.dim * ((limits.n_layers if out != "mix" else 0) + (out != "layers"))
 
 
-def decode_array(obj: dict[str, Any] | None) -> np.ndarray | None:
-    """A base64 ``{"shape", "dtype", "data"}`` as float32 (``api/encoding.py`` writes it)."""
-    if obj is None:
-        return None
-    raw = np.frombuffer(
-        base64.b64decode(obj["data"]), dtype=np.dtype(obj["dtype"]).newbyteorder("<")
-    )
-    return raw.astype(np.float32).reshape(obj["shape"])
+# ------------------------------------------------------------------ streamed answers
 
 
-def decode_sentence(d: dict[str, Any], granularity: str, token_cls: type, sentence_cls: type):
-    """One ``data`` entry as the library's ``EmbeddedSentence`` (tokens, or words with
-    their index as ``word``, as ``Embedder.embed(granularity="word")`` gives them)."""
-    if granularity == "word":
-        tokens = [
-            token_cls(w["text"].replace("\u2581", ""), w["start"], w["end"], j)
-            for j, w in enumerate(d["words"])
-        ]
-    else:
-        tokens = [token_cls(t["text"], t["start"], t["end"], t["word"]) for t in d["tokens"]]
-    return sentence_cls(tokens, decode_array(d.get("layers")), decode_array(d.get("mix")))
+@dataclass(frozen=True)
+class Open:
+    """One attempt at a streamed ``call``: ``(Reply, response)`` comes back, the response
+    open (its body not read) when the status is a success, else None with the error's body
+    in the Reply."""
+
+    call: Call
+
+
+def opening(call: Call, policy: RetryPolicy, base_url: str):
+    """A streamed ``call`` opened, retried as :func:`attempts` retries (only before its
+    answer has begun): the open response."""
+    first, attempt = time.monotonic(), 0
+    url = base_url + call.path
+    while True:
+        try:
+            reply, response = yield Open(call)
+        except ServiceUnreachable as e:
+            wait = policy.after_failure(
+                attempt, e.retryable and call.idempotent, time.monotonic() - first
+            )
+            if wait is None:
+                raise
+            attempt += 1
+            yield Sleep(wait)
+            continue
+        if reply.status < 400:
+            return response
+        wait = policy.delay(
+            attempt, reply.status, reply.headers.get("retry-after"),
+            time.monotonic() - first, call.idempotent,
+        )  # fmt: skip
+        if wait is None:
+            raise error_from(reply.status, reply.content, url)
+        attempt += 1
+        yield Sleep(wait)
