@@ -132,6 +132,8 @@ def embed(
         result.model = next(iter(answers.values())).model
     else:  # every sentence empty: nothing sent; the served model's shape and name
         result.model = dict(lim.model)
+    if len(by_sentence) != len(sent):  # a sentence never answered is never filled in
+        raise RuntimeError(f"{len(sent) - len(by_sentence)} sentences were not answered")
     k, dim = _shape_of(answers, lim)
     result.extend(
         by_sentence[i] if i in by_sentence else empty_sentence(expect, k, dim)
@@ -255,7 +257,9 @@ def _send_chunks(
                 )
             elif ans is not None:
                 done[(a, b)] = ans
-        if any(ans is None for ans in answers) and not again:  # stopped by an error above
+            else:  # never sent: another answer stopped the rest (one to split, or lanes)
+                again.append((a, b))
+        if len(again) == sum(ans is None for ans in answers) and again:
             raise RuntimeError("unreachable: requests were stopped without an error")
         todo = again
     return done
