@@ -221,11 +221,15 @@ def test_a_mix_with_output_layers_and_bad_requests_name_the_field(server, lib):
 
 def test_an_unreachable_server_is_named():
     url = f"http://127.0.0.1:{free_port()}"
-    with Client(url, timeout=5) as c, pytest.raises(ServiceUnreachable, match=re.escape(url)):
+    # a refused connection is retried (to the retry deadline: kept short here)
+    with (
+        Client(url, timeout=5, retry_deadline=1) as c,
+        pytest.raises(ServiceUnreachable, match=re.escape(url)),
+    ):
         c.embed(["a"])
 
     async def run():
-        async with AsyncClient(url, timeout=5) as ac:
+        async with AsyncClient(url, timeout=5, retry_deadline=1) as ac:
             await ac.tasks.list()
 
     with pytest.raises(ServiceUnreachable, match=re.escape(url + "/v1/tasks")):

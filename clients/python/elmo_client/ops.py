@@ -173,7 +173,10 @@ def _one_version(session: Session, send, chunks, pinned: str | None) -> Op:
         if want is None or set(seen) == {want}:
             return answers
         elapsed = time.monotonic() - started
-        wait = session.retry.after_failure(rounds, True, elapsed)
+        # a short pause: replicas converge within their fleet interval, and a balancer
+        # sends the next request elsewhere; the retry deadline bounds the whole wait
+        pause = min(1.0, 0.05 * 2**rounds) * (1 + session.retry.rng.random())
+        wait = pause if elapsed + pause <= session.retry.deadline else None
         if wait is None:
             raise ServiceError(
                 409, "model_changed",
