@@ -224,7 +224,7 @@ def test_an_older_server_without_lanes_still_embeds():
     with Scripted(old) as srv:
         with Client(srv.url, **FAST) as c:
             got = c.embed(["a", "b c", "d"])
-            assert got.requests == 4 and got.timings == {}  # 2 refused, sent again without it
+            assert got.requests == 3 and got.timings == {}  # one refused (the probe), then 2
             with pytest.raises(ServiceError) as e:  # asked for explicitly: not dropped
                 c.embed(["a"], priority="batch")
             assert e.value.field == "priority"

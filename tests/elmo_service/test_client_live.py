@@ -260,6 +260,8 @@ def test_a_flooded_tiny_queue_ends_with_every_sentence_embedded(setup, lib):
         statuses = _embed_statuses(metrics)
         assert statuses.get("429", 0) > 0, statuses  # the queue did overflow
         assert statuses.get("413", 0) > 0, statuses  # and some answers had to be split
+        # a server without priority lanes refuses the field once (the client then drops it)
+        assert statuses.pop("422", 0) <= 1, statuses
         assert set(statuses) <= {"200", "413", "429"}, statuses
     finally:
         rep.stop()

@@ -45,7 +45,7 @@ class Session:
     def __init__(self, batch_size: int, retry: RetryPolicy | None = None, url: str = "") -> None:
         self.batch_size = batch_size
         self.limits: Limits | None = None
-        self.lanes = True
+        self.lanes: bool | None = None  # whether the server knows ``priority`` (None: not yet)
         self.retry = retry or RetryPolicy()
         self.url = url
 
@@ -232,7 +232,11 @@ def _send_chunks(
     done: dict[tuple[int, int], ChunkAnswer] = {}
     todo = list(chunks)
     while todo:
-        prio = lane if session.lanes or explicit else None
+        prio = lane if session.lanes is not False or explicit else None
+        # whether the server knows ``priority`` is learnt from one request, not from every
+        # request of a large call (an older server refuses the field: then it is dropped)
+        probe = prio is not None and session.lanes is None and not explicit and len(todo) > 1
+        todo, later = (todo[:1], todo[1:]) if probe else (todo, [])
         calls = [
             Call(
                 "POST",
@@ -260,11 +264,13 @@ def _send_chunks(
                 )
             elif ans is not None:
                 done[(a, b)] = ans
+                if prio is not None and session.lanes is None:
+                    session.lanes = True
             else:  # never sent: another answer stopped the rest (one to split, or lanes)
                 again.append((a, b))
         if len(again) == sum(ans is None for ans in answers) and again:
             raise RuntimeError("unreachable: requests were stopped without an error")
-        todo = again
+        todo = again + later
     return done
 
 
