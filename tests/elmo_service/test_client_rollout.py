@@ -29,6 +29,7 @@ from tests.support.core_fixtures import generated_text, tiny_model
 from tests.support.determinism import same_vectors
 from tests.support.ports import free_port
 from tests.support.procs import terminate
+from tests.support.redis_server import RedisServer
 from tests.support.replicas import Replica
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
@@ -53,9 +54,9 @@ def _served(r: Replica) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def fleet(redis_server_factory, tmp_path_factory):
+def fleet(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("rollout")
-    redis = redis_server_factory()
+    redis = RedisServer(tmp / "redis").start()  # its own: the fleet's keys are this test's
     shared = tmp / "models"
     for name, seed in {"alpha": 0, "beta": 1, "gamma": 2}.items():
         save_artifact(tiny_model(seed), WordTokenizer(), shared / name)
@@ -90,6 +91,7 @@ def fleet(redis_server_factory, tmp_path_factory):
         terminate(lb)
         for r in reps:
             r.stop()
+        redis.stop()
 
 
 def _up(url: str) -> bool:
@@ -139,11 +141,11 @@ def test_a_split_fleet_answers_every_sentence_from_the_desired_version(fleet):
 def test_a_rollout_during_a_call_ends_on_one_version(fleet):
     url, reps, versions, libs = fleet
     _activate(reps, "beta", versions["beta"])
-    sentences = _sentences(1200, seed=2)
+    sentences = _sentences(3000, seed=2)
     out: dict = {}
 
     def call() -> None:
-        with Client(url, batch_size=4, max_in_flight=2, retry_deadline=120) as c:
+        with Client(url, batch_size=4, max_in_flight=1, retry_deadline=120) as c:
             try:
                 out["got"] = c.embed(sentences)
             except BaseException as e:  # noqa: BLE001 - reported below
@@ -151,7 +153,7 @@ def test_a_rollout_during_a_call_ends_on_one_version(fleet):
 
     t = threading.Thread(target=call)
     t.start()
-    time.sleep(1.0)  # the call is under way (300 requests, two at a time)
+    time.sleep(0.5)  # the call is under way (750 requests, one at a time: seconds)
     r = httpx.post(reps[1].url + "/v1/models/gamma/activate", headers=ADMIN, timeout=60)
     assert r.status_code == 200, r.text
     assert t.is_alive(), "the call ended before the rollout: the test proves nothing"
