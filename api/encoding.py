@@ -39,4 +39,12 @@ class JSONBytesResponse(JSONResponse):
 
 
 # the array codec is the one the Python client decodes with (elmo_service/values.py)
-__all__ = ["DType", "Encoding", "JSONBytesResponse", "as_dtype", "decode_array", "dumps", "encode_array"]
+__all__ = [
+    "DType",
+    "Encoding",
+    "JSONBytesResponse",
+    "as_dtype",
+    "decode_array",
+    "dumps",
+    "encode_array",
+]

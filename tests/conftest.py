@@ -28,13 +28,13 @@ import pytest
 # test of the dotenv file itself sets ELMO_ENV_FILE back (tests/api/test_settings_env.py).
 os.environ["ELMO_ENV_FILE"] = ""
 
+from tests.support.redis_server import RedisMissing, RedisServer
+
 # The client is its own distribution (clients/python, import elmo_client); until it is
 # installed beside the service, the tests import it from the checkout, ahead of any copy
 _CLIENT = str(Path(__file__).resolve().parent.parent / "clients" / "python")
 if _CLIENT not in sys.path:
     sys.path.insert(0, _CLIENT)
-
-from tests.support.redis_server import RedisMissing, RedisServer
 
 REDIS_FIXTURES = {"redis_server", "redis_server_factory"}
 

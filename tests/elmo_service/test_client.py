@@ -9,7 +9,6 @@ import random
 import numpy as np
 import orjson
 import pytest
-
 from elmo_client import Client, ServiceError
 from elmo_client.shared import decode_array
 from elmo_client.wire import (
@@ -21,6 +20,7 @@ from elmo_client.wire import (
     plan_chunks,
     shift_error,
 )
+
 from elmo_service.errors import InputError
 
 LIMITS = Limits(

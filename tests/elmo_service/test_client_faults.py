@@ -12,8 +12,8 @@ import time
 
 import numpy as np
 import pytest
-
 from elmo_client import AsyncClient, Client, InputError, ServiceError, ServiceUnreachable
+
 from tests.support.misbehaving import Answer, Drip, Drop, Garbage, Scripted, Stream
 from tests.support.ports import free_port
 
@@ -103,7 +103,10 @@ def test_idempotent_calls_retry_gateway_failures_and_dropped_connections(failure
 @pytest.mark.parametrize("failure", FAILURES)
 def test_job_submission_is_never_sent_twice(failure):
     with Scripted(failing_first(1, FAILURES[failure], "/v1/jobs")) as srv:
-        with Client(srv.url, "admin", **FAST) as c, pytest.raises((ServiceError, ServiceUnreachable)):
+        with (
+            Client(srv.url, "admin", **FAST) as c,
+            pytest.raises((ServiceError, ServiceUnreachable)),
+        ):
             c.jobs.submit({"corpus": "x"})
         assert _count(srv, "/v1/jobs", "POST") == 1
 
@@ -221,13 +224,12 @@ def test_an_older_server_without_lanes_still_embeds():
                                 "field": "priority"})  # fmt: skip
         return honest(req)
 
-    with Scripted(old) as srv:
-        with Client(srv.url, **FAST) as c:
-            got = c.embed(["a", "b c", "d"])
-            assert got.requests == 3 and got.timings == {}  # one refused (the probe), then 2
-            with pytest.raises(ServiceError) as e:  # asked for explicitly: not dropped
-                c.embed(["a"], priority="batch")
-            assert e.value.field == "priority"
+    with Scripted(old) as srv, Client(srv.url, **FAST) as c:
+        got = c.embed(["a", "b c", "d"])
+        assert got.requests == 3 and got.timings == {}  # one refused (the probe), then 2
+        with pytest.raises(ServiceError) as e:  # asked for explicitly: not dropped
+            c.embed(["a"], priority="batch")
+        assert e.value.field == "priority"
 
 
 def test_the_async_client_sends_priority_and_reads_timings():
@@ -309,11 +311,29 @@ def test_a_document_streams_chunk_by_chunk_in_order():
         ("cut", dict(cut=True, drop_done=True), "not reachable|without its last line"),
         ("out of order", dict(extra=lambda ls: [ls[1], ls[0], *ls[2:]]), "chunk 1 came where"),
         ("wrong count", dict(extra=lambda ls: ls[:-1]), "counts 3 chunks"),
-        ("error", dict(extra=lambda ls: [ls[0], {"error": {"code": "limit_exceeded",
-                        "message": "document too long", "field": "document"}}]),
-         "document too long"),  # fmt: skip
-        ("nan", dict(extra=lambda ls: [{**ls[0], "layers": _array(np.full((3, 3, 2), np.nan))},
-                                       *ls[1:]]), "NaN"),  # fmt: skip
+        (
+            "error",
+            dict(
+                extra=lambda ls: [
+                    ls[0],
+                    {
+                        "error": {
+                            "code": "limit_exceeded",
+                            "message": "document too long",
+                            "field": "document",
+                        }
+                    },
+                ]
+            ),
+            "document too long",
+        ),  # fmt: skip
+        (
+            "nan",
+            dict(
+                extra=lambda ls: [{**ls[0], "layers": _array(np.full((3, 3, 2), np.nan))}, *ls[1:]]
+            ),
+            "NaN",
+        ),  # fmt: skip
     ],
 )
 def test_a_document_stream_that_does_not_hold_together_is_an_error(case, kw, match):

@@ -18,8 +18,8 @@ import sys
 import httpx
 import numpy as np
 import pytest
-
 from elmo_client import AsyncClient, Client, ServiceError
+
 from tests.support.core_fixtures import generated_text, tiny_artifact
 from tests.support.ports import free_port
 from tests.support.procs import terminate
@@ -82,9 +82,8 @@ def test_through_the_honest_path_the_answer_is_the_servers(liar):
 def test_a_mangled_answer_is_one_service_error_naming_the_url(liar, mode):
     _, url = liar
     sentences = _sentences()
-    with Client(url + f"/{mode}", batch_size=10, retries=0) as c:
-        with pytest.raises(ServiceError) as e:
-            c.embed(sentences)
+    with Client(url + f"/{mode}", batch_size=10, retries=0) as c, pytest.raises(ServiceError) as e:
+        c.embed(sentences)
     _check(e.value, url, mode)
 
     async def run():
