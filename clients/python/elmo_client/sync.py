@@ -198,7 +198,7 @@ class Client(Connection):
                 except StopIteration:
                     break
                 except (httpx.TransportError, httpx.StreamError) as e:
-                    raise unreachable(reader.url, e) from None
+                    raise reader.cut(e) from None
                 got = reader.feed(line)
                 if got is not None:
                     yield got
