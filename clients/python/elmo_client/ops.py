@@ -403,7 +403,7 @@ def _wait(job_id: str, progress: bool, poll: float, timeout: float | None) -> Op
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         while True:
-            rec = yield Call("GET", f"/v1/jobs/{_path(job_id)}")
+            rec = yield Call("GET", f"/v1/jobs/{_path(job_id)}", parse=_record)
             if bar is not None:
                 _show(bar, rec)
             if rec["state"] in TERMINAL:
@@ -416,6 +416,13 @@ def _wait(job_id: str, progress: bool, poll: float, timeout: float | None) -> Op
     finally:
         if bar is not None:
             bar.close()
+
+
+def _record(body: Any, reply: Any) -> dict[str, Any]:
+    """A job's record, which must at least say its state (else one ServiceError)."""
+    if not isinstance(body, dict) or not isinstance(body.get("state"), str):
+        raise ValueError("the answer is not a job record with a state")
+    return body
 
 
 def _show(bar: Any, rec: dict[str, Any]) -> None:
