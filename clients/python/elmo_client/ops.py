@@ -156,7 +156,7 @@ def _one_version(session: Session, send, chunks, pinned: str | None) -> Op:
     caller names one, else the one the fleet is converging on (its ``desired`` model in
     ``GET /v1/models``), else the version most of the latest requests came back from.
     Chunks from any other version are asked again (a rollout in progress; a split fleet
-    where one replica keeps the old model) with the retry rule's backoff, until every
+    where one replica keeps the old model) after short pauses, until every
     chunk agrees or the retry deadline passes: then one ``model_changed`` error saying
     which versions answered how many chunks."""
     answers: dict[tuple[int, int], ChunkAnswer] = {}
