@@ -269,7 +269,7 @@ def test_probe_flags_default_to_the_models_defaults():
 
 
 def test_probe_service_names_a_service_it_cannot_use():
-    """`elmo-pretrain probe --service` (through elmo_service.client): one line naming it."""
+    """`elmo-pretrain probe --service` (through elmo_client): one line naming it."""
     from pretrain.probe.service import check_service
 
     with pytest.raises(InputError) as e:

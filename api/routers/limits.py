@@ -1,5 +1,5 @@
 """``GET /v1/limits``: the bounds one request must stay under, so that a client can split
-a large input into requests the server accepts (``elmo_service.client`` reads it).
+a large input into requests the server accepts (the Python client, ``elmo_client``, reads it).
 
 Read-only, behind the same key as the embedding routes; the values are the settings
 the routes check (``api/routers/common.py``, ``api/responses.py``, the body guard).
