@@ -99,6 +99,8 @@ def lib(setup):
 def _pool(x: np.ndarray | None, how: str, axis: int) -> np.ndarray | None:
     if x is None or how == "none":
         return x
+    if x.shape[axis] == 0:  # an empty sentence pools to the zero vector (#51)
+        return np.zeros(x.shape[:axis] + x.shape[axis + 1 :], np.float32)
     if how == "mean":
         return x.mean(axis=axis, dtype=np.float64).astype(np.float32)
     return x.max(axis=axis)
@@ -134,6 +136,7 @@ def largest_difference(got, want) -> float:
             assert (a is None) == (b is None), f"sentence {i}: {what} {a is None} vs {b is None}"
             if a is not None:
                 assert a.dtype == np.float32 and a.shape == b.shape, (i, what, a.shape, b.shape)
+                assert np.isfinite(a).all() and np.isfinite(b).all(), (i, what)  # max() skips NaN
                 scale = max(1.0, float(np.abs(b).max(initial=0.0)))
                 worst = max(worst, float(np.abs(a - b).max(initial=0.0)) / scale)
     return worst
