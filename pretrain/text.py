@@ -185,7 +185,7 @@ _ABBREV = frozenset(
 # capital or digit of any script (Spanish opens with ¿ ¡, French quotes with «), or at a
 # full-width 。！？ (Chinese, Japanese: no space follows)
 _BOUNDARY = re.compile(
-    r"([.!?]+[\"'\u201d\u2019\u00bb)\]]*)\s+(?=[\"'\u201c\u2018\u00ab\u00bf\u00a1(\[]*([^\W_]))"
+    r"([.!?]+(?:\s?[\"'\u201d\u2019\u00bb)\]])*)\s+(?=[\"'\u201c\u2018\u00ab\u00bf\u00a1(\[]*([^\W_]))"
     r"|([\u3002\uff01\uff1f]+[\u300d\u300f\uff09\u201d]*)\s*"
 )
 
