@@ -1,4 +1,4 @@
-"""Pretrain and serve other languages (issue #47): prepare -> train -> export -> serve on
+"""Pretrain and serve other languages: prepare -> train -> export -> serve on
 Russian (Cyrillic) and Japanese (written without spaces), generated corpora, tiny config.
 
 What is held: the sentencepiece coverage chosen for the script, token offsets that

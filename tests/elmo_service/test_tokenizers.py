@@ -34,7 +34,7 @@ def test_sentencepiece_offsets_and_words(sp):
     for t in toks:
         surface = t.text.replace(SP_SPACE, "")
         assert text[t.start : t.end] == surface
-    # raw text's words split punctuation off (issue #51 item 5), as AllenNLP's do
+    # raw text's words split punctuation off, as AllenNLP's do
     words, _ = words_of(toks, np.zeros((1, len(toks), 2), np.float32), text)
     assert words == ["The", "bank", "of", "the", "river", ",", "naïve", "café", "!"]
 

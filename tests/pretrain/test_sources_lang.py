@@ -1,5 +1,5 @@
 """Corpora in other languages: the sources by language, Debian Reference's prose, the
-sentence splitter on other scripts (issue #47)."""
+sentence splitter on other scripts."""
 
 from __future__ import annotations
 
