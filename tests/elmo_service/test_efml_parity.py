@@ -180,3 +180,12 @@ def test_a_pickle_holding_objects_is_never_unpickled(model, tmp_path) -> None:
         torch.save(state, d / "encoder.pkl")
 
     assert "weights_only" in _refused(tmp_path, src, edit)
+
+
+def test_the_allennlp_drop_in_refuses_it_by_name(model) -> None:
+    from elmo_service.elmo import Elmo
+
+    _, art = model
+    with pytest.raises(ConfigError, match="ManyLangsEmbedder") as e:
+        Elmo.from_pretrained(art)
+    assert e.value.field == "bilm"
