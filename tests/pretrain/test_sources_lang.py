@@ -86,3 +86,12 @@ def test_sentences_split_in_other_scripts(text: str, sentences: int) -> None:
     got = split_sentences(text)
     assert len(got) == sentences, got
     assert "".join(got).replace(" ", "") == text.replace(" ", "")
+
+
+def test_training_reads_bytes_and_refuses_a_lexicon_by_name() -> None:
+    from elmo_service.errors import ConfigError
+    from pretrain.config import TrainConfig
+
+    with pytest.raises(ConfigError) as e:
+        TrainConfig.from_dict({"model": {"char_vocab_size": 300}})
+    assert e.value.field == "model.char_vocab_size" and "ELMoForManyLangs" in str(e.value)
