@@ -84,3 +84,20 @@ def test_a_model_reads_lexicon_ids_and_word_vectors() -> None:
 )
 def test_word_starts(text: str, starts: set[int]) -> None:
     assert word_starts(text) == starts
+
+
+def test_a_lexicon_model_is_saved_loaded_and_never_exported_as_bilm_tf(tmp_path) -> None:
+    from elmo_service.artifact import load_artifact, save_artifact
+    from elmo_service.convert import export_bilm
+
+    cfg = BiLMConfig(
+        char_dim=4, filters=((1, 4),), n_highway=0, max_chars_per_token=8, projection_dim=8,
+        lstm_dim=8, n_layers=1, char_vocab_size=11, word_dim=3, word_vocab_size=4,
+    )  # fmt: skip
+    tok = LexiconTokenizer(Lexicon(CHARS.encode(), WORDS.encode()))
+    save_artifact(BiLM(cfg).eval(), tok, tmp_path / "m")
+    art = load_artifact(tmp_path / "m")
+    assert art.config.word_dim == 3 and art.tokenizer.kind == "lexicon"
+    with pytest.raises(ConfigError, match="lexicon") as e:
+        export_bilm(tmp_path / "m", tmp_path / "o.json", tmp_path / "w.hdf5")
+    assert e.value.field == "tokenizer" and not (tmp_path / "w.hdf5").exists()
