@@ -1,9 +1,10 @@
 """Text -> tokens with character offsets.
 
-Two tokenizers sit behind one interface:
+Three tokenizers sit behind one interface:
 
 * ``SentencePieceTokenizer``: the project's own models; tokens are pieces
-  (``"▁bank"``), a new word starts at each piece carrying ``▁``.
+  (``"▁bank"``), a new word starts at each piece carrying ``▁`` or beginning a word
+  of the raw text (below).
 * ``WordTokenizer``: imported bilm-tf models, trained on word-tokenized text
   (1B Word Benchmark style: punctuation split off, ``n't`` split).
 * ``LexiconTokenizer``: imported ELMoForManyLangs models: the same words, read
