@@ -113,8 +113,18 @@ def cmd_embed_bulk(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
+    if args.manylangs:
+        from elmo_service.convert_efml import convert_efml
+
+        if args.options or args.weights or args.lowercase:
+            raise SystemExit("convert: --manylangs takes no --options, --weights or --lowercase")
+        version = convert_efml(args.manylangs, args.out, overwrite=args.overwrite)
+        print(f"wrote {args.out} (version {version})")
+        return 0
     from elmo_service.convert import convert_bilm
 
+    if not (args.options and args.weights):
+        raise SystemExit("convert: give --options and --weights, or --manylangs DIR")
     version = convert_bilm(
         args.options, args.weights, args.out, lowercase=args.lowercase, overwrite=args.overwrite
     )
@@ -169,10 +179,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser(
-        "convert", help="convert bilm-tf/AllenNLP options.json + weights.hdf5 to an artifact"
+        "convert",
+        help="convert bilm-tf/AllenNLP options.json + weights.hdf5, or an ELMoForManyLangs "
+        "model folder, to an artifact",
     )
-    c.add_argument("--options", required=True, help="the model's options.json (bilm-tf/AllenNLP)")
-    c.add_argument("--weights", required=True, help="its weights.hdf5")
+    c.add_argument("--options", help="the model's options.json (bilm-tf/AllenNLP)")
+    c.add_argument("--weights", help="its weights.hdf5")
+    c.add_argument(
+        "--manylangs",
+        metavar="DIR",
+        help="an ELMoForManyLangs model folder (config.json, char.dic, [word.dic], "
+        "token_embedder.pkl, encoder.pkl) instead of --options/--weights",
+    )
     c.add_argument("--out", required=True, help="artifact folder to write, e.g. models/elmo-small")
     c.add_argument(
         "--lowercase", action="store_true", help="the model was trained on lowercased text"

@@ -53,6 +53,20 @@ class BiLMConfig(StrictModel):
     projection_dim: int = Field(
         128, gt=0, description="shared width of the token vector and of each LSTM layer's output"
     )
+    # a lexicon's scheme (ELMoForManyLangs models, elmo_service/lexicon.py) instead of bytes
+    char_vocab_size: int | None = Field(
+        None,
+        gt=0,
+        description="rows of the character embedding when characters come from a lexicon "
+        "(ELMoForManyLangs' char.dic); null: UTF-8 bytes, 262 ids",
+    )
+    word_vocab_size: int = Field(0, ge=0, description="rows of the word embedding (0: none)")
+    word_dim: int = Field(
+        0,
+        ge=0,
+        description="width of a word embedding concatenated before the character features "
+        "(ELMoForManyLangs' word_dim); 0: none",
+    )
     # LSTM
     lstm_dim: int = Field(1024, gt=0, description="LSTM cells per layer and direction")
     n_layers: int = Field(2, ge=1, description="LSTM layers per direction")
@@ -83,6 +97,16 @@ class BiLMConfig(StrictModel):
         need(len(self.filters) > 0, "filters", "need at least one [width, count] pair")
         for w, n in self.filters:
             need(0 < w <= self.max_chars_per_token and n > 0, "filters", f"bad filter [{w}, {n}]")
+        need(
+            (self.word_dim > 0) == (self.word_vocab_size > 0),
+            "word_dim",
+            "a word embedding needs both word_dim and word_vocab_size",
+        )
+        need(
+            self.word_dim == 0 or self.char_vocab_size is not None,
+            "word_dim",
+            "word embeddings come with a character lexicon (char_vocab_size)",
+        )
         need(
             self.lstm_projection or self.lstm_dim == self.projection_dim,
             "lstm_projection",

@@ -388,6 +388,12 @@ def export_bilm(
     import h5py
 
     art = load_artifact(artifact_dir)
+    if art.config.char_vocab_size is not None:
+        raise ConfigError(
+            f"{art.name} reads characters from an ELMoForManyLangs lexicon, not bytes: "
+            "bilm-tf/AllenNLP cannot read it",
+            field="tokenizer",
+        )
     if art.tokenizer.kind != "word" and not allow_subword:
         raise ConfigError(
             f"{art.name} reads {art.tokenizer.kind} pieces, but bilm-tf/AllenNLP feed whole words;"

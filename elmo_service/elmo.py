@@ -224,6 +224,13 @@ class Elmo(nn.Module):
                 from elmo_service.convert import load_bilm  # h5py: only for hdf5 files
 
                 bilm, _ = load_bilm(options_file, weight_file)
+            if bilm.token_encoder.lexicon:  # batch_to_ids gives bytes, not its lexicon's ids
+                raise ConfigError(
+                    "an ELMoForManyLangs model reads its own character lexicon, not "
+                    "batch_to_ids' bytes: use elmo_service.manylangs.ManyLangsEmbedder "
+                    "(stateful=True for its carried state) or Embedder",
+                    field="bilm",
+                )
             bilm.dropout.p = bilm_dropout
             if not requires_grad:
                 bilm.requires_grad_(False)

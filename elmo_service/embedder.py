@@ -167,6 +167,13 @@ class Embedder:
         self.model = artifact.model.to(self.device).eval()
         self.tokenizer = artifact.tokenizer
         self.cfg = artifact.config
+        # token texts -> character ids: the model's own lexicon (ELMoForManyLangs), else bytes
+        lexicon = getattr(self.tokenizer, "lexicon", None)
+        self._ids = (
+            (token_ids, bos_ids, eos_ids)
+            if lexicon is None
+            else (lexicon.token_ids, lexicon.bos_ids, lexicon.eos_ids)
+        )
         self.max_sentence_tokens = max_sentence_tokens or self.cfg.max_sentence_tokens
         self._cache: LRUCache | None = LRUCache(token_cache_size) if token_cache_size > 0 else None
         self.cache_hits = 0
@@ -410,13 +417,13 @@ class Embedder:
         return self._markers.get_or_build(
             "markers",
             list(self.model.token_encoder.parameters()),
-            lambda: self._encode_ids(np.stack([bos_ids(w), eos_ids(w)])),
+            lambda: self._encode_ids(np.stack([self._ids[1](w), self._ids[2](w)])),
         )
 
     def _encode_keys(self, keys: list[str]) -> torch.Tensor:
         """Token texts -> ``[N, P]`` through the CNN."""
         w = self.cfg.max_chars_per_token
-        return self._encode_ids(np.stack([token_ids(k, w) for k in keys]))
+        return self._encode_ids(np.stack([self._ids[0](k, w) for k in keys]))
 
     def _encode_ids(self, ids: np.ndarray) -> torch.Tensor:
         """Character ids ``[N, W]`` -> ``[N, P]`` through the CNN."""

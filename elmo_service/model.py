@@ -5,7 +5,9 @@
 * ``CharCNN``: embed each of the W byte ids of a token, one 1-D convolution
   per filter width over the W positions, max over positions, activation;
   ``n_highway`` highway layers; linear projection to P. Inference computes
-  the same convolution by table lookup (see ``CharCNN.forward``).
+  the same convolution by table lookup (see ``CharCNN.forward``). An imported
+  ELMoForManyLangs model reads characters from its lexicon instead of bytes and
+  may put a word vector before the features (``cfg.char_vocab_size``, ``word_dim``).
 * ``LstmLayer`` (``elmo_service/lstm.py``): one direction of one LSTM layer
   with a projection (``lstm_dim`` cells -> P), cell and projection clipping;
   its training kernel does backpropagation through time by hand.
@@ -57,31 +59,48 @@ class CharCNN(nn.Module):
     def __init__(self, cfg: BiLMConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.char_embed = nn.Embedding(N_CHAR_IDS, cfg.char_dim, padding_idx=0)
+        # a lexicon's characters (ELMoForManyLangs) have no "no token" row: every id is real
+        self.lexicon = cfg.char_vocab_size is not None
+        if self.lexicon:
+            self.char_embed = nn.Embedding(cfg.char_vocab_size, cfg.char_dim)
+        else:
+            self.char_embed = nn.Embedding(N_CHAR_IDS, cfg.char_dim, padding_idx=0)
         self.convs = nn.ModuleList(nn.Conv1d(cfg.char_dim, n, w) for w, n in cfg.filters)
         n_filters = cfg.n_filters
         # each highway layer is one matmul: rows [transform ; carry]
         self.highways = nn.ModuleList(
             nn.Linear(n_filters, 2 * n_filters) for _ in range(cfg.n_highway)
         )
-        self.projection = nn.Linear(n_filters, cfg.projection_dim)
+        # ELMoForManyLangs: [word vector ; character features] -> projection
+        self.word_embed = nn.Embedding(cfg.word_vocab_size, cfg.word_dim) if cfg.word_dim else None
+        self.projection = nn.Linear(cfg.word_dim + n_filters, cfg.projection_dim)
         self._tables: tuple[tuple, list[Tensor]] | None = None  # (weight versions, tables)
 
     def activation(self, x: Tensor) -> Tensor:
         return torch.tanh(x) if self.cfg.activation == "tanh" else F.relu(x)
 
     def forward(self, char_ids: Tensor) -> Tensor:
-        """``[N, W]`` -> ``[N, P]``: convolutions under autograd, table lookups without."""
-        if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
-            x = self._filters_conv(char_ids)
-        else:
-            x = self._filters_lookup(char_ids)
-        return self.highway_and_project(x)
+        """``[N, W]`` -> ``[N, P]``: convolutions under autograd, table lookups without.
+
+        With a word embedding (``cfg.word_dim``) each row is ``[W + 1]``: the W
+        character ids, then the word id (``elmo_service/lexicon.py`` writes them)."""
+        words = None
+        if self.word_embed is not None:
+            char_ids, words = char_ids[:, :-1], self.word_embed(char_ids[:, -1])
+        grad = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
+        # a lexicon's tables (thousands of characters x every tap) would not pay: convolve
+        conv = grad or self.lexicon
+        x = self._filters_conv(char_ids) if conv else self._filters_lookup(char_ids)
+        return self.highway_and_project(x, words=words)
 
     def highway_and_project(
-        self, x: Tensor, linears: Sequence[Callable[[Tensor], Tensor]] | None = None
+        self,
+        x: Tensor,
+        linears: Sequence[Callable[[Tensor], Tensor]] | None = None,
+        words: Tensor | None = None,
     ) -> Tensor:
-        """Filter features ``[N, F]`` -> ``[N, P]``: the highway layers, then the projection.
+        """Filter features ``[N, F]`` -> ``[N, P]``: the highway layers, then the projection
+        (of ``[words ; x]`` when word vectors ``[N, word_dim]`` are given).
 
         ``linears``: stand-ins for ``[*highways, projection]`` computing the same
         affine maps (the CPU kernel's packed weights); the modules themselves when None.
@@ -93,6 +112,8 @@ class CharCNN(nn.Module):
             # autocast the matmul is bf16 and x stays fp32, as type promotion kept it
             gate = torch.sigmoid(carry).to(x.dtype)
             x = torch.lerp(x, F.relu(transform).to(x.dtype), gate)
+        if words is not None:
+            x = torch.cat([words.to(x.dtype), x], dim=-1)
         return linears[-1](x)
 
     def _filters_conv(self, char_ids: Tensor) -> Tensor:

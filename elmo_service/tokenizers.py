@@ -1,13 +1,23 @@
 """Text -> tokens with character offsets.
 
-Two tokenizers sit behind one interface:
+Three tokenizers sit behind one interface:
 
 * ``SentencePieceTokenizer``: the project's own models; tokens are pieces
-  (``"▁bank"``), a new word starts at each piece carrying ``▁``.
+  (``"▁bank"``), a new word starts at each piece carrying ``▁`` or beginning a word
+  of the raw text (below).
 * ``WordTokenizer``: imported bilm-tf models, trained on word-tokenized text
   (1B Word Benchmark style: punctuation split off, ``n't`` split).
+* ``LexiconTokenizer``: imported ELMoForManyLangs models: the same words, read
+  through the model's own character (and word) lexicon (``elmo_service/lexicon.py``).
 
-Pre-tokenized input (a list of words) is accepted by both; offsets then refer
+Words of raw text (``granularity="word"``, ``EmbeddedSentence.words``) are the same for
+every tokenizer (:func:`word_starts`): runs of letters and digits with their inner
+hyphens, apostrophes and periods, each punctuation mark its own word (``river.`` is
+``river`` and ``.``, as AllenNLP's word splitter gives them), and in scripts written
+without spaces (Chinese, Japanese, Thai, ...) each model token its own word: no
+tokenizer here knows those languages' words, so their users pass pre-tokenized input.
+
+Pre-tokenized input (a list of words) is accepted by all; offsets then refer
 to the words joined by single spaces, and each given word is one word.
 """
 
@@ -24,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from elmo_service.errors import ArtifactError, ConfigError
+from elmo_service.lexicon import Lexicon
 from elmo_service.values import Token  # shared with the client (elmo_service/values.py)
 
 SP_SPACE = "\u2581"  # sentencepiece's visible space
@@ -58,6 +69,22 @@ _WORD_RE = re.compile(
     r"\w+(?=n't\b)|n't\b|'(?:s|re|ve|ll|d|m)\b|\w+(?:[-.]\w+)*|[^\w\s]",
     re.IGNORECASE,
 )
+
+
+# scripts written without spaces between words: Thai, Lao, Myanmar, Khmer, kana, Han
+_NO_SPACE = re.compile(
+    "[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u31f0-\u31ff"
+    "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003ffff]"
+)
+
+
+def word_starts(text: str) -> set[int]:
+    """Where raw text's words begin (character offsets): see the module docstring. A
+    position in a script without spaces starts a word wherever a model token starts."""
+    starts = {m.start() for m in _WORD_RE.finditer(text)}
+    if not text.isascii():
+        starts.update(m.start() for m in _NO_SPACE.finditer(text))
+    return starts
 
 
 class WordTokenizer(Tokenizer):
@@ -126,15 +153,19 @@ class SentencePieceTokenizer(Tokenizer):
             return [], word_base
         proto = self.sp.encode(text, return_type="proto")
         char_of = _char_offsets(text)
+        starts = word_starts(text)
         out: list[Token] = []
         word = word_base - 1
+        open_word = False  # the current word holds a character (a bare "▁" holds none)
         for p in proto.pieces:
             start, end = char_of[p.begin], char_of[p.end]
             start += len(text[start:end]) - len(text[start:end].lstrip())
-            start, end = offset + start, offset + end
-            if p.piece.startswith(SP_SPACE) or not out:
+            # a new word at a space or where raw text's words begin (punctuation split off)
+            if not out or (open_word and (p.piece.startswith(SP_SPACE) or start in starts)):
                 word += 1
-            out.append(Token(p.piece, start, max(start, end), word))
+                open_word = False
+            open_word = open_word or end > start
+            out.append(Token(p.piece, offset + start, offset + max(start, end), word))
         return out, word + 1
 
     def tokenize(self, text: str) -> list[Token]:
@@ -178,6 +209,25 @@ class SentencePieceTokenizer(Tokenizer):
         return {"type": "sentencepiece", "file": self.FILE}
 
 
+class LexiconTokenizer(WordTokenizer):
+    """An ELMoForManyLangs model's input: words (raw text split as :class:`WordTokenizer`
+    splits it, or the caller's own words), read through its lexicon. Its published
+    models were trained on UD-tokenized text, words as given, never lowercased."""
+
+    kind = "lexicon"
+
+    def __init__(self, lexicon: Lexicon) -> None:
+        super().__init__(lowercase=False)
+        self.lexicon = lexicon
+
+    @property
+    def fingerprint(self) -> str:
+        return self.lexicon.fingerprint
+
+    def save(self, directory: Path) -> dict[str, Any]:
+        return {"type": "lexicon", **self.lexicon.save(directory)}
+
+
 def _char_offsets(text: str) -> Sequence[int]:
     """Byte offset -> character offset (sentencepiece reports bytes)."""
     if text.isascii():
@@ -197,6 +247,8 @@ def load_tokenizer(entry: dict[str, Any], directory: Path) -> Tokenizer:
     kind = entry.get("type")
     if kind == "word":
         return WordTokenizer(lowercase=bool(entry.get("lowercase", False)))
+    if kind == "lexicon":
+        return LexiconTokenizer(Lexicon.from_dir(directory, words="words" in entry))
     if kind == "sentencepiece":
         path = Path(directory) / entry.get("file", SentencePieceTokenizer.FILE)
         if not path.is_file():

@@ -212,6 +212,19 @@ class TrainConfig(StrictModel):
     train: TrainSection = Field(default_factory=TrainSection)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
 
+    @model_validator(mode="after")
+    def _bytes_only(self) -> TrainConfig:
+        # the trainer reads UTF-8 bytes; a lexicon's characters and words are for
+        # imported ELMoForManyLangs models (elmo_service/lexicon.py)
+        for key in ("char_vocab_size", "word_dim"):
+            if getattr(self.model, key):
+                raise ConfigError(
+                    f"model.{key}: training reads UTF-8 bytes; a character or word lexicon "
+                    "comes only with an imported ELMoForManyLangs model",
+                    field=f"model.{key}",
+                )
+        return self
+
 
 # keys that change only how long a run goes or how it reports; a resumed run may change them
 RESUMABLE_KEYS = frozenset(

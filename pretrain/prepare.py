@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import time
 from collections import Counter
@@ -75,8 +76,13 @@ class PrepareOptions(StrictModel):
     byte_fallback: bool = Field(
         True, description="sentencepiece: rare characters become byte pieces instead of <unk>"
     )
-    character_coverage: float = Field(
-        0.9995, gt=0, le=1, description="sentencepiece: share of characters kept as pieces"
+    character_coverage: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="sentencepiece: share of characters kept as pieces; default: chosen for "
+        "the script (0.9995 for text mostly in Chinese/Japanese characters, whose rare ones "
+        "become bytes, else 1.0: every character of an alphabet)",
     )
     sp_input_sentences: int = Field(
         2_000_000, ge=1, description="sentencepiece trains on a sample this large"
@@ -427,17 +433,39 @@ def _encode_file(path: Path, encode, writer: ShardWriter, progress: bool, desc: 
     writer.flush()
 
 
+# scripts with thousands of characters (Han, kana, Hangul syllables): sentencepiece's
+# advice is a coverage of 0.9995 for them, 1.0 for alphabets
+_RICH_SCRIPT = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+RICH_SCRIPT_COVERAGE, ALPHABET_COVERAGE = 0.9995, 1.0
+
+
+def coverage_for(train: Path, opts: PrepareOptions, sample_chars: int = 2_000_000) -> float:
+    """The character coverage asked, else the one for the script of the training text's
+    first ``sample_chars`` letters: rich scripts over a fifth of them -> 0.9995, else 1.0."""
+    if opts.character_coverage is not None:
+        return opts.character_coverage
+    with open(train, encoding="utf-8") as f:
+        sample = f.read(sample_chars)
+    letters = sum(ch.isalpha() for ch in sample)
+    rich = len(_RICH_SCRIPT.findall(sample))
+    return RICH_SCRIPT_COVERAGE if rich > 0.2 * max(1, letters) else ALPHABET_COVERAGE
+
+
 def _train_sp(tmp: Path, paths: dict[str, Path], opts: PrepareOptions, log) -> None:
     import sentencepiece as spm
 
-    log(f"training sentencepiece ({opts.sp_model_type}, vocab {opts.vocab_size})...")
+    coverage = coverage_for(paths["train"], opts)
+    log(
+        f"training sentencepiece ({opts.sp_model_type}, vocab {opts.vocab_size}, "
+        f"character coverage {coverage})..."
+    )
     try:
         spm.SentencePieceTrainer.train(
             input=str(paths["train"]),
             model_prefix=str(tmp / "tokenizer"),
             vocab_size=opts.vocab_size - 2,  # + <S>, </S> = the softmax size
             model_type=opts.sp_model_type,
-            character_coverage=opts.character_coverage,
+            character_coverage=coverage,
             byte_fallback=opts.byte_fallback,
             input_sentence_size=opts.sp_input_sentences,
             shuffle_input_sentence=True,

@@ -181,14 +181,33 @@ _ABBREV = frozenset(
         "eds",
     ]
 )
-# a sentence ends at . ! ? (plus closing quotes/brackets) followed by space and an opening capital or digit
-_BOUNDARY = re.compile(r"([.!?]+[\"'\u201d\u2019)\]]*)\s+(?=[\"'\u201c\u2018(\[]*[A-Z0-9])")
+# a sentence ends at . ! ? (plus closing quotes/brackets) followed by space and an opening
+# capital or digit of any script (Spanish opens with ¿ ¡, French quotes with «), or at a
+# full-width 。！？ (Chinese, Japanese: no space follows)
+_BOUNDARY = re.compile(
+    r"([.!?]+(?:\s?[\"'\u201d\u2019\u00bb)\]])*)\s+(?=[\"'\u201c\u2018\u00ab\u00bf\u00a1(\[]*([^\W_]))"
+    r"|([\u3002\uff01\uff1f]+[\u300d\u300f\uff09\u201d]*)\s*"
+)
+
+
+def _opens_sentence(ch: str) -> bool:
+    """A capital, a digit, or a letter of a script without case (CJK, Arabic, ...)."""
+    return ch.isupper() or ch.isdigit() or ch.lower() == ch.upper()
 
 
 def split_sentences(text: str) -> list[str]:
-    """Rule-based English sentence splitter; keeps abbreviations and initials together."""
+    """Rule-based sentence splitter (English abbreviations and initials kept together;
+    capitals of any script, full-width terminators)."""
     out, start = [], 0
     for m in _BOUNDARY.finditer(text):
+        if m.group(3) is not None:  # 。！？: always a boundary
+            piece = text[start : m.end(3)].strip()
+            if piece:
+                out.append(piece)
+            start = m.end()
+            continue
+        if not _opens_sentence(m.group(2)):
+            continue
         before = text[start : m.start(1)].rsplit(None, 1)
         word = before[-1].lstrip("\"'(\u201c\u2018[") if before else ""
         if (

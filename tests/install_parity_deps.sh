@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install AllenNLP 2.10.1 for tests/elmo_service/test_convert_parity.py, beside torch 2.13.
+# Install AllenNLP 2.10.1 for tests/elmo_service/test_convert_parity.py, and
+# ELMoForManyLangs 0.0.4.post2 for tests/elmo_service/test_efml_parity.py, beside torch 2.13.
 #
 #   bash tests/install_parity_deps.sh [PIP]     (default: .venv/bin/pip)
 #
@@ -34,6 +35,8 @@ PINS=(
   dill==0.4.1               # allennlp.common.util
   lmdb==3.0.0               # allennlp.common.file_utils
   more-itertools==11.2.1    # allennlp.data.data_loaders
+  elmoformanylangs==0.0.4.post2  # ELMoForManyLangs (no deps: only torch, numpy, h5py, overrides)
+  overrides==3.1.0          #   its Highway; overrides >= 4 fails at its import
 )
 
 missing="$("$PY" - "${PINS[@]}" <<'EOF'
@@ -47,7 +50,7 @@ for spec in sys.argv[1:]:
     except PackageNotFoundError:
         print(spec)
         continue
-    if name in ("allennlp", "cached-path") and have != want:
+    if name in ("allennlp", "cached-path", "elmoformanylangs", "overrides") and have != want:
         print(spec)
 EOF
 )"
@@ -68,4 +71,5 @@ fi
 
 # the same import the parity tests do, so a broken install fails here, loudly
 "$PY" -c 'from tests.support.allennlp_shim import import_allennlp_elmo; import_allennlp_elmo()'
+"$PY" -c 'import elmoformanylangs'
 echo "install_parity_deps: installed $(echo "$missing" | tr '\n' ' ')(torch $after untouched)"

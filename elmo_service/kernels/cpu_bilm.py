@@ -87,6 +87,8 @@ class CpuBiLM:
         """Character ids ``[N, W]`` -> token vectors ``[N, P]``."""
         compile_kernels()
         cnn = self.bilm.token_encoder
+        if cnn.lexicon:  # ELMoForManyLangs' characters and word vectors: the model's torch code
+            return cnn(char_ids)
         return cnn.highway_and_project(self._filters(char_ids), self._linears())
 
     def _filters(self, char_ids: Tensor) -> Tensor:

@@ -4,7 +4,7 @@
 ``ArgumentParser().add_subparsers()`` object; every subcommand sets
 ``func=`` to a callable taking the parsed ``args`` and returning an exit code::
 
-    elmo-pretrain fetch-corpus   --out data/corpus [--sources sotu,kjv]
+    elmo-pretrain fetch-corpus   --out data/corpus [--sources sotu,kjv | --language es]
     elmo-pretrain fetch-ptb      --out data/ptb
     elmo-pretrain fetch-brown    --out data/brown
     elmo-pretrain fetch-polarity --out data/polarity
@@ -62,6 +62,7 @@ def _corpus(args) -> int:
             cache_dir=a.cache,
             log=lambda s: print(s, file=sys.stderr),
             progress=sys.stderr.isatty(),
+            language=a.language,
         )
         return {k: m[k] for k in ("total_bytes", "total_words", "skipped")} | {
             "sources": {e["name"]: {"bytes": e["bytes"], "words": e["words"]} for e in m["sources"]}
@@ -113,7 +114,18 @@ def add_source_commands(subparsers) -> None:
     p.add_argument(
         "--sources",
         default=None,
-        help=f"comma-separated subset of: {','.join(SOURCES)} (default: all)",
+        help=f"comma-separated subset of: {','.join(SOURCES)} (default: all of --language)",
+    )
+    languages = sorted({s.language for s in SOURCES.values()})
+    p.add_argument(
+        "--language",
+        default=None,
+        choices=languages,
+        help="every source in this language (ISO 639-1; default en): "
+        + "; ".join(
+            f"{lang}: {','.join(n for n, s in SOURCES.items() if s.language == lang)}"
+            for lang in languages
+        ),
     )
     p.set_defaults(func=_corpus)
 

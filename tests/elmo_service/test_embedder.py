@@ -115,7 +115,8 @@ def test_word_granularity_and_mix_options(model_dir):
     text = "The riverbank, naïve café!"
     tok = emb.embed([text])[0]
     word = emb.embed([text], granularity="word", mix=MixSpec([0.0, 1.0, 0.0]))[0]
-    assert [w.text for w in word.tokens] == ["The", "riverbank,", "naïve", "café!"]
+    # punctuation is its own word, as AllenNLP users expect
+    assert [w.text for w in word.tokens] == ["The", "riverbank", ",", "naïve", "café", "!"]
     for w in word.tokens:
         assert text[w.start : w.end] == w.text
     # a word's vector is the mean of its pieces'

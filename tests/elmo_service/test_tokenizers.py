@@ -34,9 +34,9 @@ def test_sentencepiece_offsets_and_words(sp):
     for t in toks:
         surface = t.text.replace(SP_SPACE, "")
         assert text[t.start : t.end] == surface
-    # words are whitespace-separated units
+    # raw text's words split punctuation off, as AllenNLP's do
     words, _ = words_of(toks, np.zeros((1, len(toks), 2), np.float32), text)
-    assert words == ["The", "bank", "of", "the", "river,", "naïve", "café!"]
+    assert words == ["The", "bank", "of", "the", "river", ",", "naïve", "café", "!"]
 
 
 def test_pretokenized_input_keeps_given_words(sp):
