@@ -1,0 +1,137 @@
+"""A frozen biLM's layers per sentence, kept for the next time the sentence comes back.
+
+    cache = LayerCache(max_bytes=512 * 2**20)
+    key = sentence_key(char_ids [n, W])        # the sentence's own ids, no padding
+    cache.get(key) -> layers [L+1, n+2, 2P] | None;  cache.put(key, layers)
+
+Training a task network through a frozen ``Elmo`` feeds it the same sentences
+every epoch; the biLM's answer for a sentence depends on the sentence alone
+(every sentence starts from a zero state), so the second epoch on only needs the
+mixes. Bounded memory: least recently used entries go first once the stored
+tensors pass ``max_bytes``. ``Elmo`` clears it whenever a biLM weight changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+def sentence_key(char_ids: np.ndarray) -> bytes:
+    """A sentence's identity: a hash of its character ids ``[n, W]`` and their shape
+    (16 bytes of blake2b: a collision is ~2^-64 likely over 2^32 sentences)."""
+    ids = np.ascontiguousarray(char_ids, dtype=np.int64)
+    h = hashlib.blake2b(digest_size=16)
+    h.update(np.asarray(ids.shape, dtype=np.int64).tobytes())
+    h.update(ids.tobytes())
+    return h.digest()
+
+
+class LayerCache:
+    """LRU over ``key -> tensor``, bounded by the tensors' bytes.
+
+    A tensor larger than the whole budget is not stored. Not thread-safe (one
+    module's forward uses it).
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = int(max_bytes)
+        self._entries: OrderedDict[bytes, Tensor] = OrderedDict()
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: bytes) -> Tensor | None:
+        hit = self._entries.get(key)
+        if hit is None:
+            self.misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        return hit
+
+    def put(self, key: bytes, value: Tensor) -> None:
+        size = value.numel() * value.element_size()
+        if size > self.max_bytes:
+            return
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.bytes -= old.numel() * old.element_size()
+        self._entries[key] = value
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            _, dropped = self._entries.popitem(last=False)
+            self.bytes -= dropped.numel() * dropped.element_size()
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.bytes = 0
+
+    def stats(self) -> dict:
+        return {
+            "entries": len(self._entries),
+            "bytes": self.bytes,
+            "max_bytes": self.max_bytes,
+            "hits": self.hits,
+            "misses": self.misses,
+        }
+
+
+# ---------------------------------------------------------------- weights that change
+_CHUNK = 256  # elements per fingerprint entry: the fingerprint is 1/256 of the weights
+
+
+class WeightsWatch:
+    """Whether a model's weights changed since the last look, however they were written.
+
+    ``_version`` and ``data_ptr`` (free to read) see every write through the
+    parameter itself: in-place ops, ``copy_`` under ``no_grad``, ``load_state_dict``,
+    optimizer steps, ``.to()``. A write through ``p.data`` goes to a tensor with
+    a version counter of its own, so the content is checked too: each run of
+    ``_CHUNK`` elements' weighted sum (one matrix-vector product over the weights,
+    distinct weights per position, so scaling, copying, swapping rows or elements
+    all show). A change smaller than float32 rounding of such a sum can pass
+    unseen; it moves the outputs by less than that rounding.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._prints: list[tuple[Tensor, Tensor]] | None = None
+        self._weights: dict[tuple, Tensor] = {}
+
+    def changed(self, tensors: list[Tensor]) -> bool:
+        """True on the first call and whenever any tensor differs from the last call."""
+        key = tuple((t.data_ptr(), t._version, t.dtype, t.device, t.shape) for t in tensors)
+        with torch.no_grad():
+            prints = [self._fingerprint(t.detach()) for t in tensors]
+        same = (
+            key == self._key
+            and self._prints is not None
+            and all(
+                torch.equal(a, c) and torch.equal(b, d)
+                for (a, b), (c, d) in zip(prints, self._prints, strict=True)
+            )
+        )
+        self._key, self._prints = key, prints
+        return not same
+
+    def reset(self) -> None:
+        self._key = self._prints = None
+
+    def _fingerprint(self, t: Tensor) -> tuple[Tensor, Tensor]:
+        flat = t.reshape(-1)
+        rows = flat.numel() // _CHUNK
+        wkey = (t.dtype, t.device)
+        w = self._weights.get(wkey)
+        if w is None:
+            w = torch.linspace(1.0, 2.0, _CHUNK, dtype=t.dtype, device=t.device)
+            self._weights[wkey] = w
+        head = flat[: rows * _CHUNK].view(rows, _CHUNK) @ w
+        return head, flat[rows * _CHUNK :].clone()
