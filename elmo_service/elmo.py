@@ -538,7 +538,7 @@ class Elmo(nn.Module):
     def _keep(self, final: BiLMState) -> None:
         """Store the final state of this call's rows (detached); rows beyond it keep theirs."""
         h = torch.stack([torch.stack([s[0] for s in d]) for d in final]).detach()
-        c = torch.stack([torch.stack([s[1].float() for s in d]) for d in final]).detach()
+        c = torch.stack([torch.stack([s[1] for s in d]) for d in final]).detach()
         if self._states is not None and self._states[0].shape[2] > h.shape[2]:
             old_h, old_c = self._states
             b = h.shape[2]
