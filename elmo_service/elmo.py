@@ -22,6 +22,10 @@ AllenNLP itself by ``tests/elmo_service/test_elmo_module.py``), with these choic
   call to the next, row b continuing row b, as AllenNLP and bilm-tf do.
 * ``do_layer_norm=True`` normalises each layer over the whole batch's unmasked
   positions, as AllenNLP does (the service's task mixes normalise per sentence).
+* **Caches** (docs/library.md): the frozen path's packed weight copies follow any
+  write to the biLM's weights (``bilm_cache.WeightsWatch``, checked each forward);
+  ``cache_bytes`` keeps a frozen biLM's layers per sentence; neither is pickled.
+  Under ``torch.compile`` the biLM runs eager; ``.double()`` runs it in float64.
 """
 
 from __future__ import annotations
