@@ -344,7 +344,7 @@ class Elmo(nn.Module):
         ids = inputs.reshape(int(np.prod(lead)), *inputs.shape[-2:])
         words = None
         if word_inputs is not None and self._word_embedding is not None:
-            words = word_inputs.reshape(int(np.prod(word_inputs.shape[:-1])), -1)
+            words = word_inputs.reshape(int(np.prod(word_inputs.shape[:-1])), word_inputs.shape[-1])
         if self._module is not None:
             out = self._module(ids, words)
             layers, mask = torch.stack(list(out["activations"])), out["mask"]

@@ -180,6 +180,9 @@ def test_a_batch_of_empty_sentences_gives_empty_outputs(keep):
     assert bool(out["mask"].all()) if keep else True
     # extra leading dims too, and an empty sentence beside a real one
     assert elmo(batch_to_ids([[]]).unsqueeze(0))["mask"].shape == (1, 1, t)
+    cached = Elmo(None, None, 1, bilm=_model(), vocab_to_cache=["@@PADDING@@", "a"])
+    words = torch.zeros(2, 0, dtype=torch.long)
+    assert cached(batch_to_ids([[], []]), words)["elmo_representations"][0].shape == (2, 0, d)
     mixed = elmo(batch_to_ids([["a", "b"], []]))
     assert mixed["mask"].tolist() == ([[1, 1, 1, 1], [1, 1, 0, 0]] if keep else [[1, 1], [0, 0]])
 
