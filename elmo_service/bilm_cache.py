@@ -9,6 +9,10 @@ every epoch; the biLM's answer for a sentence depends on the sentence alone
 (every sentence starts from a zero state), so the second epoch on only needs the
 mixes. Bounded memory: least recently used entries go first once the stored
 tensors pass ``max_bytes``. ``Elmo`` clears it whenever a biLM weight changes.
+
+:class:`WeightsWatch` is how ``Elmo`` knows: checked on every frozen forward, it
+sees any write to the weights (``p.data`` included), after which the serving
+kernel's packed copies are rebuilt and this cache emptied.
 """
 
 from __future__ import annotations
