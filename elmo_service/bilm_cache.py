@@ -18,11 +18,17 @@ kernel's packed copies are rebuilt and this cache emptied.
 from __future__ import annotations
 
 import hashlib
+import logging
+import uuid
 from collections import OrderedDict
+from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
+
+log = logging.getLogger(__name__)
 
 
 def sentence_key(char_ids: np.ndarray) -> bytes:
@@ -35,25 +41,50 @@ def sentence_key(char_ids: np.ndarray) -> bytes:
     return h.digest()
 
 
-class LayerCache:
-    """LRU over ``key -> tensor``, bounded by the tensors' bytes.
+def weights_id(tensors: Iterable[Tensor]) -> str:
+    """sha256 of the weights' dtypes, shapes and bytes: the on-disk cache's folder, so
+    that layers are only ever read back for the weights that computed them."""
+    h = hashlib.sha256()
+    for t in tensors:
+        t = t.detach().cpu().contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().data if t.numel() else b"")
+    return h.hexdigest()[:32]
 
-    A tensor larger than the whole budget is not stored. Not thread-safe (one
-    module's forward uses it).
+
+class LayerCache:
+    """LRU over ``key -> tensor``, bounded by the tensors' bytes; optionally on disk.
+
+    A tensor larger than the whole budget is not kept in memory. With
+    ``directory``, every entry is also written there (one safetensors shard per
+    :meth:`flush`, written atomically; no pickle), in a folder per weights
+    (:meth:`scope`), and a memory miss reads it back: a later process on the same
+    weights starts with them. The folder is not bounded: delete it freely. Not
+    thread-safe (one module's forward uses it).
     """
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, directory: str | Path | None = None) -> None:
         self.max_bytes = int(max_bytes)
+        self.directory = None if directory is None else Path(directory)
         self._entries: OrderedDict[bytes, Tensor] = OrderedDict()
         self.bytes = 0
         self.hits = 0
         self.misses = 0
+        self.disk_hits = 0
+        self._folder: Path | None = None  # this weights' folder (scope)
+        self._on_disk: dict[bytes, Path] = {}  # key -> its shard
+        self._pending: dict[bytes, Tensor] = {}  # put since the last flush
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def get(self, key: bytes) -> Tensor | None:
         hit = self._entries.get(key)
+        if hit is None and key in self._on_disk:
+            hit = self._read(key)
+            if hit is not None:
+                self.disk_hits += 1
+                self._remember(key, hit)
         if hit is None:
             self.misses += 1
             return None
@@ -62,6 +93,11 @@ class LayerCache:
         return hit
 
     def put(self, key: bytes, value: Tensor) -> None:
+        if self._folder is not None and key not in self._on_disk:
+            self._pending[key] = value
+        self._remember(key, value)
+
+    def _remember(self, key: bytes, value: Tensor) -> None:
         size = value.numel() * value.element_size()
         if size > self.max_bytes:
             return
@@ -75,8 +111,57 @@ class LayerCache:
             self.bytes -= dropped.numel() * dropped.element_size()
 
     def clear(self) -> None:
+        """Forget what is in memory (what is on disk stays, in its weights' folder)."""
         self._entries.clear()
+        self._pending.clear()
         self.bytes = 0
+
+    # -- on disk --------------------------------------------------------------
+    def scope(self, weights: str) -> None:
+        """Serve the weights ``weights`` (:func:`weights_id`) from now on: memory
+        emptied, the disk index read from that weights' folder."""
+        self.clear()
+        self._on_disk = {}
+        if self.directory is None:
+            return
+        from safetensors import safe_open
+
+        self._folder = self.directory / weights
+        for shard in sorted(self._folder.glob("*.safetensors")):
+            try:
+                with safe_open(shard, framework="pt") as f:
+                    names = list(f.keys())
+            except Exception as e:  # a damaged shard: its sentences are computed again
+                log.warning("layer cache: skipping %s (%s)", shard, e)
+                continue
+            self._on_disk.update({bytes.fromhex(n): shard for n in names})
+
+    def flush(self) -> None:
+        """Write the entries put since the last flush as one shard (atomic, fsync'ed)."""
+        if self._folder is None or not self._pending:
+            return
+        from safetensors.torch import save
+
+        from elmo_service.atomic import write_bytes
+
+        self._folder.mkdir(parents=True, exist_ok=True)
+        shard = self._folder / f"{uuid.uuid4().hex}.safetensors"
+        data = save({k.hex(): v.detach().cpu().contiguous() for k, v in self._pending.items()})
+        write_bytes(shard, data)
+        self._on_disk.update(dict.fromkeys(self._pending, shard))
+        self._pending.clear()
+
+    def _read(self, key: bytes) -> Tensor | None:
+        from safetensors import safe_open
+
+        shard = self._on_disk[key]
+        try:
+            with safe_open(shard, framework="pt") as f:
+                return f.get_tensor(key.hex())
+        except Exception as e:  # gone or damaged since: computed again
+            log.warning("layer cache: cannot read %s (%s)", shard, e)
+            del self._on_disk[key]
+            return None
 
     def stats(self) -> dict:
         return {
@@ -85,6 +170,8 @@ class LayerCache:
             "max_bytes": self.max_bytes,
             "hits": self.hits,
             "misses": self.misses,
+            "disk_hits": self.disk_hits,
+            "on_disk": len(self._on_disk),
         }
 
 

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from elmo_service.bilm_cache import LayerCache, WeightsWatch, sentence_key
+from elmo_service.bilm_cache import LayerCache, WeightsWatch, sentence_key, weights_id
 from elmo_service.char_ids import bos_ids, eos_ids, token_ids
 from elmo_service.errors import ConfigError, InputError
 from elmo_service.model import N_CHAR_IDS, BiLM, BiLMState
@@ -151,7 +151,11 @@ def _fixed_weights(weights: Sequence[float], n_layers: int) -> list[float]:
 
 
 def _new_cache(
-    cache_bytes: int, requires_grad: bool, stateful: bool, module: nn.Module | None
+    cache_bytes: int,
+    requires_grad: bool,
+    stateful: bool,
+    module: nn.Module | None,
+    cache_dir: str | Path | None,
 ) -> LayerCache | None:
     """The layer cache ``cache_bytes`` asks for, or None; refused where a sentence's
     layers are not a function of the sentence alone."""
@@ -161,6 +165,8 @@ def _new_cache(
             field="cache_bytes",
         )
     if not cache_bytes:
+        if cache_dir is not None:
+            raise ConfigError("cache_dir needs cache_bytes (the memory side)", field="cache_dir")
         return None
     why = (
         "requires_grad=True (a fine-tuned biLM changes every step)"
@@ -173,7 +179,7 @@ def _new_cache(
     )
     if why:
         raise ConfigError(f"cache_bytes needs a frozen biLM; not with {why}", field="cache_bytes")
-    return LayerCache(cache_bytes)
+    return LayerCache(cache_bytes, cache_dir)
 
 
 class Elmo(nn.Module):
@@ -218,6 +224,10 @@ class Elmo(nn.Module):
         mixes. Needs ``requires_grad=False`` and ``stateful=False``; used while the
         biLM runs frozen (``bilm_dropout`` 0, or ``eval()`` mode). Cleared when a
         biLM weight changes. :attr:`cache_stats` says how it went.
+    cache_dir : `str | Path`, optional
+        Also keep the cached layers in this folder (a subfolder per weights, one
+        safetensors shard per batch): another process on the same weights reads
+        them back instead of running the biLM. Not bounded: delete it freely.
     """
 
     def __init__(
@@ -238,6 +248,7 @@ class Elmo(nn.Module):
         bilm: BiLM | None = None,
         tokenizer: Tokenizer | None = None,
         cache_bytes: int = 0,
+        cache_dir: str | Path | None = None,
     ) -> None:
         super().__init__()
         if module is not None or bilm is not None:
@@ -283,7 +294,7 @@ class Elmo(nn.Module):
         self._kernel = None  # the serving kernel, built on the first frozen forward
         # the kernel's packed copies and the cached layers follow the weights (see WeightsWatch)
         self._watch = WeightsWatch()
-        self._layer_cache = _new_cache(cache_bytes, requires_grad, stateful, module)
+        self._layer_cache = _new_cache(cache_bytes, requires_grad, stateful, module, cache_dir)
         self._word_embedding: nn.Embedding | None = None
         if vocab_to_cache:
             if module is not None:
@@ -379,7 +390,9 @@ class Elmo(nn.Module):
         state["_kernel"] = None
         state["_watch"] = WeightsWatch()
         cache = state.get("_layer_cache")
-        state["_layer_cache"] = None if cache is None else LayerCache(cache.max_bytes)
+        state["_layer_cache"] = (
+            None if cache is None else LayerCache(cache.max_bytes, cache.directory)
+        )
         return state
 
     # ------------------------------------------------------------------ the biLM
@@ -447,6 +460,7 @@ class Elmo(nn.Module):
         rows = ids.cpu().numpy()
         keys = [sentence_key(rows[b, : n[b]]) for b in range(len(n))]
         got = [cache.get(k) for k in keys]
+        got = [None if g is None else g.to(ids.device) for g in got]  # read from disk: CPU
         todo: dict[bytes, int] = {}
         for b, hit in enumerate(got):
             if hit is None:
@@ -463,6 +477,7 @@ class Elmo(nn.Module):
                 cache.put(keys[b], one)
                 fresh[keys[b]] = one
             got = [fresh[k] if g is None else g for k, g in zip(keys, got, strict=True)]
+            cache.flush()  # with cache_dir: this batch's new sentences, one shard
         first = got[0]
         out = first.new_zeros(first.shape[0], len(n), ids.shape[1] + 2, first.shape[-1])
         for b, layers in enumerate(got):  # zero past each sentence, as the biLM gives
@@ -476,8 +491,11 @@ class Elmo(nn.Module):
         if self._watch.changed(list(bilm.parameters())):
             self._kernel = None
             bilm.token_encoder._tables = None  # the torch path's lookup tables (model.py)
-            if self._layer_cache is not None:
-                self._layer_cache.clear()
+            cache = self._layer_cache
+            if cache is not None and cache.directory is not None:
+                cache.scope(weights_id(bilm.parameters()))  # on disk: a folder per weights
+            elif cache is not None:
+                cache.clear()
 
     def _encode(self, ids: Tensor, fast: bool) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """Char ids ``[B, T, W]`` -> token vectors ``[B, T, P]`` and ``(table [U, P],

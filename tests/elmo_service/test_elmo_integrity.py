@@ -334,3 +334,31 @@ def test_a_tiny_finetune_scores_the_same_with_and_without_the_cache():
     assert cached_losses == plain_losses
     assert cached_acc == plain_acc
     assert stats["hits"] > stats["misses"] > 0
+
+
+def test_the_cache_on_disk_serves_another_module_on_the_same_weights(tmp_path, monkeypatch):
+    model = _model()
+    first = Elmo(None, None, 1, bilm=model, dropout=0.0, cache_bytes=2**20, cache_dir=tmp_path)
+    want = _out(first)
+    shards = list(tmp_path.glob("*/*.safetensors"))
+    assert len(shards) == 1  # one batch, one shard, in the weights' folder
+    rows = _count_bilm_rows(monkeypatch)
+    # another module (another process, as far as the cache knows) on a copy of the weights
+    second = Elmo(
+        None, None, 1, bilm=copy.deepcopy(model), dropout=0.0, cache_bytes=2**20, cache_dir=tmp_path
+    )
+    assert torch.equal(_out(second), want)
+    assert rows == [] and second.cache_stats["disk_hits"] == len(SENTENCES)
+    # other weights: another folder, nothing read back
+    second._elmo_lstm.token_encoder.projection.weight.data.mul_(2.0)
+    got = _out(second)
+    assert rows == [len(SENTENCES)] and _close(got, _out(_fresh(second._elmo_lstm)))
+    assert len({p.parent for p in tmp_path.glob("*/*.safetensors")}) == 2
+    # a damaged shard is skipped: its sentences are computed again
+    shards[0].write_bytes(b"not a shard")
+    rows.clear()
+    third = Elmo(None, None, 1, bilm=_model(), dropout=0.0, cache_bytes=2**20, cache_dir=tmp_path)
+    assert _close(_out(third), want) and rows == [len(SENTENCES)]
+    with pytest.raises(ConfigError) as e:
+        Elmo(None, None, 1, bilm=_model(), cache_dir=tmp_path)
+    assert e.value.field == "cache_dir"
