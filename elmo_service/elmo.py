@@ -22,6 +22,10 @@ AllenNLP itself by ``tests/elmo_service/test_elmo_module.py``), with these choic
   call to the next, row b continuing row b, as AllenNLP and bilm-tf do.
 * ``do_layer_norm=True`` normalises each layer over the whole batch's unmasked
   positions, as AllenNLP does (the service's task mixes normalise per sentence).
+* **Caches** (docs/library.md): the frozen path's packed weight copies follow any
+  write to the biLM's weights (``bilm_cache.WeightsWatch``, checked each forward);
+  ``cache_bytes`` keeps a frozen biLM's layers per sentence; neither is pickled.
+  Under ``torch.compile`` the biLM runs eager; ``.double()`` runs it in float64.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from elmo_service.bilm_cache import LayerCache, WeightsWatch, sentence_key, weights_id
 from elmo_service.char_ids import bos_ids, eos_ids, token_ids
 from elmo_service.errors import ConfigError, InputError
 from elmo_service.model import N_CHAR_IDS, BiLM, BiLMState
@@ -145,6 +150,38 @@ def _fixed_weights(weights: Sequence[float], n_layers: int) -> list[float]:
     return [max(x - top, -MAX_MIX_WEIGHT) for x in w]
 
 
+def _new_cache(
+    cache_bytes: int,
+    requires_grad: bool,
+    stateful: bool,
+    module: nn.Module | None,
+    cache_dir: str | Path | None,
+) -> LayerCache | None:
+    """The layer cache ``cache_bytes`` asks for, or None; refused where a sentence's
+    layers are not a function of the sentence alone."""
+    if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
+        raise ConfigError(
+            f"cache_bytes is a byte budget (an int >= 0, e.g. 2**30), got {cache_bytes!r}",
+            field="cache_bytes",
+        )
+    if not cache_bytes:
+        if cache_dir is not None:
+            raise ConfigError("cache_dir needs cache_bytes (the memory side)", field="cache_dir")
+        return None
+    why = (
+        "requires_grad=True (a fine-tuned biLM changes every step)"
+        if requires_grad
+        else "stateful=True (a row's layers depend on the batches before)"
+        if stateful
+        else "a custom module (its layers are its own)"
+        if module is not None
+        else None
+    )
+    if why:
+        raise ConfigError(f"cache_bytes needs a frozen biLM; not with {why}", field="cache_bytes")
+    return LayerCache(cache_bytes, cache_dir)
+
+
 class Elmo(nn.Module):
     """ELMo representations from a pretrained biLM: AllenNLP's ``Elmo``.
 
@@ -180,6 +217,17 @@ class Elmo(nn.Module):
         from a zero state, so its vectors do not depend on earlier batches.
     bilm_dropout : `float`, optional (default = `0.0`)
         The biLM's pretraining dropout when fine-tuning in ``train()`` mode.
+    cache_bytes : `int`, optional (default = `0`: off)
+        A frozen biLM runs once per sentence: its layers for each sentence seen
+        (keyed by the sentence's character ids) are kept, up to this many bytes
+        (least recently used first out), and a sentence seen again runs only the
+        mixes. Needs ``requires_grad=False`` and ``stateful=False``; used while the
+        biLM runs frozen (``bilm_dropout`` 0, or ``eval()`` mode). Cleared when a
+        biLM weight changes. :attr:`cache_stats` says how it went.
+    cache_dir : `str | Path`, optional
+        Also keep the cached layers in this folder (a subfolder per weights, one
+        safetensors shard per batch): another process on the same weights reads
+        them back instead of running the biLM. Not bounded: delete it freely.
     """
 
     def __init__(
@@ -199,6 +247,8 @@ class Elmo(nn.Module):
         bilm_dropout: float = 0.0,
         bilm: BiLM | None = None,
         tokenizer: Tokenizer | None = None,
+        cache_bytes: int = 0,
+        cache_dir: str | Path | None = None,
     ) -> None:
         super().__init__()
         if module is not None or bilm is not None:
@@ -249,6 +299,9 @@ class Elmo(nn.Module):
             self.add_module(f"scalar_mix_{k}", mix)
             self._scalar_mixes.append(mix)
         self._kernel = None  # the serving kernel, built on the first frozen forward
+        # the kernel's packed copies and the cached layers follow the weights (see WeightsWatch)
+        self._watch = WeightsWatch()
+        self._layer_cache = _new_cache(cache_bytes, requires_grad, stateful, module, cache_dir)
         self._word_embedding: nn.Embedding | None = None
         if vocab_to_cache:
             if module is not None:
@@ -305,10 +358,11 @@ class Elmo(nn.Module):
         w = MAX_CHARS if self._module is not None else self._elmo_lstm.cfg.max_chars_per_token
         inputs = _check_char_ids(inputs, w)
         lead = inputs.shape[:-2]
-        ids = inputs.reshape(-1, *inputs.shape[-2:])
+        # explicit row count: a batch of empty sentences ([B, 0, W]) has no -1 to infer
+        ids = inputs.reshape(int(np.prod(lead)), *inputs.shape[-2:])
         words = None
         if word_inputs is not None and self._word_embedding is not None:
-            words = word_inputs.reshape(-1, word_inputs.shape[-1])
+            words = word_inputs.reshape(int(np.prod(word_inputs.shape[:-1])), word_inputs.shape[-1])
         if self._module is not None:
             out = self._module(ids, words)
             layers, mask = torch.stack(list(out["activations"])), out["mask"]
@@ -331,14 +385,39 @@ class Elmo(nn.Module):
             "mask": out_mask.reshape(*shape, out_mask.shape[-1]),
         }
 
+    @property
+    def cache_stats(self) -> dict | None:
+        """The layer cache's entries, bytes, hits and misses (``cache_bytes``); None when off."""
+        return None if self._layer_cache is None else self._layer_cache.stats()
+
+    def __getstate__(self) -> dict:
+        # the serving kernel (opaque oneDNN tensors: not picklable), the weights' fingerprints
+        # and the cached layers are caches: dropped here, rebuilt on the next forward
+        state = self.__dict__.copy()
+        state["_kernel"] = None
+        state["_watch"] = WeightsWatch()
+        cache = state.get("_layer_cache")
+        state["_layer_cache"] = (
+            None if cache is None else LayerCache(cache.max_bytes, cache.directory)
+        )
+        return state
+
     # ------------------------------------------------------------------ the biLM
+    # torch.compile traces the mixes and the caller's network; the biLM runs eager: its
+    # kernels are numba and oneDNN calls on packed weights, with data-dependent shapes
+    @torch.compiler.disable
     def _bilm_layers(self, ids: Tensor, words: Tensor | None) -> tuple[Tensor, Tensor]:
         """Char ids ``[B, T, W]`` -> layers ``[L+1, B, T+2, 2P]`` and lengths with markers."""
         bilm: BiLM = self._elmo_lstm
-        w = ids.shape[-1]
         grad = torch.is_grad_enabled() and any(p.requires_grad for p in bilm.parameters())
         fast = not grad and not (self.training and bilm.dropout.p > 0)
-        if words is not None and int(words.max()) >= self._word_embedding.num_embeddings:
+        if not grad:  # under autograd the torch code reads the weights themselves
+            self._follow_weights()
+        if (
+            words is not None
+            and words.numel()
+            and int(words.max()) >= self._word_embedding.num_embeddings
+        ):
             words = None  # a word outside the cached vocabulary: the CNN (AllenNLP backs off too)
         # AllenNLP: a token is real where any id is non-zero (with a cached vocabulary: id > 0)
         mask = (ids > 0).any(-1) if words is None else words > 0
@@ -349,6 +428,16 @@ class Elmo(nn.Module):
                 f"char_ids row {row} has a padding token (all zeros) before a real token",
                 field="char_ids",
             )
+        if self._layer_cache is not None and fast and words is None and not self.stateful:
+            return self._cached_layers(ids, mask, lengths), lengths + 2
+        return self._run_bilm(ids, words, mask, lengths, fast), lengths + 2
+
+    def _run_bilm(
+        self, ids: Tensor, words: Tensor | None, mask: Tensor, lengths: Tensor, fast: bool
+    ) -> Tensor:
+        """The biLM itself on a checked batch: layers ``[L+1, B, T+2, 2P]``."""
+        bilm: BiLM = self._elmo_lstm
+        w = ids.shape[-1]
         distinct = None
         if words is not None:
             tokens, _ = _boundaries(
@@ -368,7 +457,52 @@ class Elmo(nn.Module):
                 layers = self._serving_kernel().contextualize(tokens, lengths + 2, distinct)
             else:
                 layers = bilm.contextualize(tokens, lengths + 2)
-        return layers, lengths + 2
+        return layers
+
+    def _cached_layers(self, ids: Tensor, mask: Tensor, lengths: Tensor) -> Tensor:
+        """:meth:`_run_bilm` (frozen) through the layer cache: the biLM runs only on the
+        sentences not in it (each once, however often the batch repeats it)."""
+        cache = self._layer_cache
+        n = lengths.tolist()
+        rows = ids.cpu().numpy()
+        keys = [sentence_key(rows[b, : n[b]]) for b in range(len(n))]
+        got = [cache.get(k) for k in keys]
+        got = [None if g is None else g.to(ids.device) for g in got]  # read from disk: CPU
+        todo: dict[bytes, int] = {}
+        for b, hit in enumerate(got):
+            if hit is None:
+                todo.setdefault(keys[b], b)
+        if todo:
+            run = list(todo.values())
+            t = max(n[b] for b in run)
+            pick = torch.tensor(run, device=ids.device)
+            layers = self._run_bilm(ids[pick, :t], None, mask[pick, :t], lengths[pick], True)
+            fresh = {}
+            for j, b in enumerate(run):
+                # a copy of its own: a view would keep the whole batch's tensor alive
+                one = layers[:, j, : n[b] + 2].clone(memory_format=torch.contiguous_format)
+                cache.put(keys[b], one)
+                fresh[keys[b]] = one
+            got = [fresh[k] if g is None else g for k, g in zip(keys, got, strict=True)]
+            cache.flush()  # with cache_dir: this batch's new sentences, one shard
+        first = got[0]
+        out = first.new_zeros(first.shape[0], len(n), ids.shape[1] + 2, first.shape[-1])
+        for b, layers in enumerate(got):  # zero past each sentence, as the biLM gives
+            out[:, b, : n[b] + 2] = layers
+        return out
+
+    def _follow_weights(self) -> None:
+        """After any change to a biLM weight (however written: see ``WeightsWatch``) the
+        next forward rebuilds the kernel's packed copies and forgets cached layers."""
+        bilm: BiLM = self._elmo_lstm
+        if self._watch.changed(list(bilm.parameters())):
+            self._kernel = None
+            bilm.token_encoder._tables = None  # the torch path's lookup tables (model.py)
+            cache = self._layer_cache
+            if cache is not None and cache.directory is not None:
+                cache.scope(weights_id(bilm.parameters()))  # on disk: a folder per weights
+            elif cache is not None:
+                cache.clear()
 
     def _encode(self, ids: Tensor, fast: bool) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """Char ids ``[B, T, W]`` -> token vectors ``[B, T, P]`` and ``(table [U, P],
@@ -433,7 +567,7 @@ class Elmo(nn.Module):
     def _keep(self, final: BiLMState) -> None:
         """Store the final state of this call's rows (detached); rows beyond it keep theirs."""
         h = torch.stack([torch.stack([s[0] for s in d]) for d in final]).detach()
-        c = torch.stack([torch.stack([s[1].float() for s in d]) for d in final]).detach()
+        c = torch.stack([torch.stack([s[1] for s in d]) for d in final]).detach()
         if self._states is not None and self._states[0].shape[2] > h.shape[2]:
             old_h, old_c = self._states
             b = h.shape[2]

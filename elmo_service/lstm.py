@@ -50,6 +50,11 @@ from elmo_service.config import BiLMConfig
 LstmState = tuple[Tensor, Tensor]  # (h [B, P], c [B, C])
 
 
+def cell_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The cell state's dtype: float32 (bf16 / fp16 / fp32 models), float64 for a float64 one."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 # ---------------------------------------------------------------- the one cell
 
 
@@ -66,7 +71,7 @@ def lstm_step(x_gates, h, c, w_hh_t, w_proj_t, cell_clip: float, proj_clip: floa
     gates = torch.addmm(x_gates, h, w_hh_t)
     gates[:, 3 * n :] *= 2
     acts = torch.sigmoid(gates)
-    i, f, o, s = acts.float().chunk(4, dim=1)
+    i, f, o, s = acts.to(cell_dtype(acts.dtype)).chunk(4, dim=1)
     c = torch.addcmul(f * c - i, i, s, value=2)  # f c + i (2 sigmoid(2g) - 1)
     if cell_clip:
         c = c.clamp(-cell_clip, cell_clip)
@@ -313,6 +318,8 @@ class LstmLayer(nn.Module):
 
         Under autograd (``x``'s gates require grad) the training kernel
         :class:`LstmpFunction` runs, whatever the padding; otherwise the inference loop.
+        A float64 layer (``.double()``: gradcheck) runs the inference loop under autograd
+        instead, all in float64 (the training kernel keeps float32 cell states).
         """
         b, t = x.shape[:2]
         training = torch.is_grad_enabled() and any(
@@ -324,11 +331,11 @@ class LstmLayer(nn.Module):
         x_gates = self._input_gates(x, active) if training else self.w_ih(x)
         if state is None:
             h0 = x_gates.new_zeros(b, self.proj_dim)
-            c0 = x_gates.new_zeros(b, self.cell_dim, dtype=torch.float32)
+            c0 = x_gates.new_zeros(b, self.cell_dim, dtype=cell_dtype(x_gates.dtype))
         else:
             h0, c0 = state
         cc, pc = float(self.cell_clip or 0.0), float(self.proj_clip or 0.0)
-        if not training:
+        if not training or x_gates.dtype == torch.float64:
             return self._infer(x_gates, h0, c0, active, keep, cc, pc)
         w_hh_t, w_proj_t = self.w_hh.weight.t(), self.w_proj.weight.t()
         hs, cs = LstmpFunction.apply(
@@ -364,7 +371,7 @@ class LstmLayer(nn.Module):
         # cast once per layer, not per step (autocast does not cache non-leaf views)
         w_hh_t = self.w_hh.weight.t().to(x_gates.dtype)
         w_proj_t = self.w_proj.weight.t().to(x_gates.dtype)
-        h, cell = h.to(x_gates.dtype), cell.float()
+        h, cell = h.to(x_gates.dtype), cell.to(cell_dtype(x_gates.dtype))
         h_last, c_last = h.clone(), cell.clone()  # rows that end before step 0 keep theirs
         out = x_gates.new_zeros(b, t, self.proj_dim)
         for step in range(t):
@@ -375,7 +382,7 @@ class LstmLayer(nn.Module):
             n = h.shape[0]
             if keep is not None:
                 k = keep[:n, step, None]
-                h, cell = h * k.to(h.dtype), cell * k.float()
+                h, cell = h * k.to(h.dtype), cell * k.to(cell.dtype)
             h, cell, _ = lstm_step(
                 x_gates[:n, step], h, cell, w_hh_t, w_proj_t, cell_clip, proj_clip
             )

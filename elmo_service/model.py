@@ -146,10 +146,11 @@ class CharCNN(nn.Module):
 
     def build_lookup_tables(self, dtype: torch.dtype = torch.float32) -> list[Tensor]:
         """Per filter width ``[width * 262, n]``: row ``k * 262 + id`` = ``char_embed[id] @ weight[:, :, k].T``."""
+        work = torch.float64 if dtype == torch.float64 else torch.float32  # .double(): all float64
         with torch.no_grad(), torch.autocast(self.char_embed.weight.device.type, enabled=False):
-            emb = self.char_embed.weight.float()
+            emb = self.char_embed.weight.to(work)
             return [
-                torch.einsum("cd,ndk->kcn", emb, conv.weight.float()).reshape(-1, n).to(dtype)
+                torch.einsum("cd,ndk->kcn", emb, conv.weight.to(work)).reshape(-1, n).to(dtype)
                 for (_, n), conv in zip(self.cfg.filters, self.convs, strict=True)
             ]
 
