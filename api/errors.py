@@ -175,6 +175,20 @@ def _validation_response(exc: RequestValidationError, request: Request | None = 
     return error_response(422, "invalid_request", msg, field)
 
 
+def allowed_methods(request: Request) -> list[str]:
+    """The methods some route of the app answers on this request's path (a path served by
+    several routes, e.g. GET and PUT ``/v1/tasks/{name}``, lists them all)."""
+    from starlette.routing import Match
+
+    methods: set[str] = set()
+    scope = {**request.scope, "method": "GET"}
+    for route in request.app.router.routes:
+        match, _ = route.matches(scope)
+        if match != Match.NONE and getattr(route, "methods", None):
+            methods |= set(route.methods)
+    return sorted(methods)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> Response:
@@ -198,7 +212,12 @@ def install_error_handlers(app: FastAPI) -> None:
         message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         if exc.status_code == 404 and message == "Not Found":
             message = f"no route {request.method} {request.url.path}"
-        return error_response(exc.status_code, code, message, None, getattr(exc, "headers", None))
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:  # every method of the path, not only the first route's
+            allowed = allowed_methods(request)
+            headers = {**(headers or {}), "Allow": ", ".join(allowed)}
+            message = f"{request.method} is not allowed on {request.url.path} (allowed: {', '.join(allowed)})"
+        return error_response(exc.status_code, code, message, None, headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:

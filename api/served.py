@@ -21,7 +21,6 @@ from api.batcher import Runner, Ticket
 from api.cache import SentenceCache
 from api.metrics import Metrics
 from api.tasks_store import TaskRegistry
-from elmo_service.errors import InputError
 from elmo_service.outputs import DEFAULT_TASK, default_mix
 from elmo_service.scalar_mix import MixSpec
 from elmo_service.tokenizers import Token
@@ -122,15 +121,10 @@ class ServedModel:
         ticket: Ticket | None = None,
         check: Callable[[list[list[Token]]], None] | None = None,
     ) -> Embedded:
-        """What a route asks of the model: tokenize (errors name ``field[i]``; a sentence
-        with no tokens is refused), ``check(token_lists)`` if given, then the layers
-        (:meth:`layers`)."""
+        """What a route asks of the model: tokenize (errors name ``field[i]``), ``check``
+        if given, then the layers (:meth:`layers`). A sentence with no tokens (``""``,
+        ``[]``) gets ``[L+1, 0, D]``, as from the library (#51: one answer everywhere)."""
         token_lists = self.tokenize(sentences, field)
-        for i, toks in enumerate(token_lists):
-            if not toks:
-                raise InputError(
-                    f"{field}[{i}] has no tokens (empty sentence)", field=f"{field}[{i}]"
-                )
         if check is not None:
             check(token_lists)
         texts = [[t.text for t in toks] for toks in token_lists]
@@ -167,6 +161,18 @@ class ServedModel:
         AnnounceMiddleware as the request arrived); one is made here otherwise.
         Returns (arrays, cache hits, cache misses) counted over distinct sentences.
         """
+        full = [i for i, t in enumerate(token_lists) if t]
+        if len(full) < len(token_lists):  # empty sentences: zero positions, never the model
+            empty = np.zeros((self.n_layers, 0, self.dim), dtype=np.float32)
+            out: list[np.ndarray] = [empty] * len(token_lists)
+            if not full:
+                if ticket is not None:
+                    ticket.retire()
+                return out, 0, 0
+            got, hits, misses = await self.layers([token_lists[i] for i in full], ticket)
+            for i, a in zip(full, got, strict=True):
+                out[i] = a
+            return out, hits, misses
         loop = asyncio.get_running_loop()
         cache = self.cache
         if ticket is None:

@@ -189,7 +189,10 @@ def positions(tokens: Sequence[Token], spec: OutputSpec, text: str | None = None
 
 
 def pool(x: np.ndarray, how: str, axis: int) -> np.ndarray:
-    """Mean (accumulated in float64) or max over the positions ``axis``; "none": ``x``."""
+    """Mean (accumulated in float64) or max over the positions ``axis``; "none": ``x``.
+    No positions (an empty sentence): the zero vector, finite on every surface (#51)."""
+    if how != "none" and x.shape[axis] == 0:
+        return np.zeros(x.shape[:axis] + x.shape[axis + 1 :], dtype=np.float32)
     if how == "mean":
         return x.mean(axis=axis, dtype=np.float64).astype(np.float32)
     if how == "max":
