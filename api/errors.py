@@ -178,14 +178,18 @@ def _validation_response(exc: RequestValidationError, request: Request | None = 
 def allowed_methods(request: Request) -> list[str]:
     """The methods some route of the app answers on this request's path (a path served by
     several routes, e.g. GET and PUT ``/v1/tasks/{name}``, lists them all)."""
-    from starlette.routing import Match
-
+    path = request.scope.get("path", "")
     methods: set[str] = set()
-    scope = {**request.scope, "method": "GET"}
-    for route in request.app.router.routes:
-        match, _ = route.matches(scope)
-        if match != Match.NONE and getattr(route, "methods", None):
-            methods |= set(route.methods)
+
+    def walk(routes: Sequence[Any]) -> None:
+        for route in routes:
+            inner = getattr(route, "original_router", None)  # FastAPI >= 0.165's included router
+            if inner is not None:
+                walk(inner.routes)  # our routers carry their prefix in their routes' paths
+            elif getattr(route, "methods", None) and route.path_regex.match(path):
+                methods.update(route.methods)
+
+    walk(request.app.router.routes)
     return sorted(methods)
 
 

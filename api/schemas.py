@@ -38,9 +38,7 @@ def _input(v: Any) -> str | list[str]:
 # the schema says what the route enforces (an empty list is a 422 naming the field)
 OpenAIInput = Annotated[
     str | list[str],
-    PlainValidator(
-        _input, json_schema_input_type=str | Annotated[list[str], Field(min_length=1)]
-    ),
+    PlainValidator(_input, json_schema_input_type=str | Annotated[list[str], Field(min_length=1)]),
 ]
 
 
@@ -98,7 +96,7 @@ class EmbedRequest(BaseModel):
     sentences: list[Sentence] = Field(
         ...,
         description="Strings (tokenized by the model's tokenizer) or lists of tokens (pre-tokenized words). "
-        "An empty sentence (\"\" or []) gets an empty answer (no tokens; pooled: the zero vector).",
+        'An empty sentence ("" or []) gets an empty answer (no tokens; pooled: the zero vector).',
         json_schema_extra={"minItems": 1},  # an empty list is a 422 naming the field
         examples=[["The bank raised rates.", ["We", "sat", "on", "the", "river", "bank", "."]]],
     )
