@@ -314,6 +314,15 @@ class TaskRegistry:
                 continue
         return [out[k] for k in sorted(out)]
 
+    def names(self) -> list[str]:
+        """The task names there are, shipped and stored (shipped only while the store is
+        down and nothing was read before): what an unknown-task error lists."""
+        try:
+            stored = self._stored()
+        except StoreUnavailable:
+            stored = {}
+        return sorted({*self.shipped, *stored})
+
     def spec(self, name: str) -> tuple[MixSpec, str] | None:
         try:
             raw = self.store.get(name)

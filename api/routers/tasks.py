@@ -20,7 +20,6 @@ from api.encoding import JSONBytesResponse
 from api.errors import ApiError
 from api.schemas import ERROR_RESPONSES, TaskDeleted, TaskIn, TaskList, TaskOut
 from api.served import ServedModel
-from api.tasks_store import StoreUnavailable
 from elmo_service.scalar_mix import MixSpec, check_task_name
 
 router = APIRouter(prefix="/v1", tags=["tasks"], dependencies=[Depends(require_key)])
@@ -30,10 +29,9 @@ NamePath = Path(..., description="Task name: letters, digits, '_', '.', '-'", ex
 
 
 async def _io(served: ServedModel, fn: Callable[..., T], *args: Any) -> T:
-    try:
-        return await asyncio.get_running_loop().run_in_executor(served.io, fn, *args)
-    except StoreUnavailable as e:
-        raise ApiError(503, "store_unavailable", str(e), None, {"Retry-After": "5"}) from e
+    """``fn(*args)`` off the event loop (the store may block; its outage is a 503 by
+    ``api/errors.py``'s table)."""
+    return await asyncio.get_running_loop().run_in_executor(served.io, fn, *args)
 
 
 @router.get("/tasks", response_model=TaskList, responses=ERROR_RESPONSES, summary="List tasks")
