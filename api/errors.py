@@ -25,6 +25,7 @@ from api.batcher import BatcherClosed, QueueFull
 from api.encoding import JSONBytesResponse
 from api.fleet import OutcomeUnknown
 from api.served import ModelTimeout
+from api.tasks_store import TaskUnreadable
 from elmo_service.errors import ArtifactError, ConfigError, ElmoServiceError, InputError, LimitError
 from jobs import JobConflict, JobNotFound, Unreadable
 from storage import StoreUnavailable
@@ -86,6 +87,7 @@ STATUS: list[tuple[type[Exception], Answer]] = [
     (InputError, Answer(422)),
     (ConfigError, Answer(422)),
     (ArtifactError, Answer(500)),
+    (TaskUnreadable, Answer(409)),  # a stored task the API cannot answer: named, not a 500
     (ElmoServiceError, Answer(500)),
     # the model's queue and worker
     (

@@ -262,10 +262,20 @@ class TaskOut(BaseModel):
     read_only: bool
 
 
+class UnreadableTask(BaseModel):
+    name: str
+    error: str
+
+
 class TaskList(BaseModel):
     object: Literal["list"] = "list"
     n_layers: int
     data: list[TaskOut]
+    unreadable: list[UnreadableTask] = Field(
+        default_factory=list,
+        description="Stored tasks that cannot be read (e.g. written straight into Redis), "
+        "skipped: an admin can PUT them again or DELETE them.",
+    )
 
 
 class TaskDeleted(BaseModel):

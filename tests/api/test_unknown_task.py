@@ -41,9 +41,7 @@ def test_the_library_the_file_cli_and_bulk_raise_the_same_error(emb, tiny_model_
 
 
 def test_the_api_answers_it_listing_stored_and_shipped_tasks(tiny_model_dir, tmp_path):
-    s = load_settings(
-        model_path=tiny_model_dir, threads=1, data_dir=tmp_path, admin_keys=["adm"]
-    )
+    s = load_settings(model_path=tiny_model_dir, threads=1, data_dir=tmp_path, admin_keys=["adm"])
     with TestClient(create_app(s)) as c:
         put = c.put(
             "/v1/tasks/mine", json={"weights": [0, 1, 0]}, headers={"Authorization": "Bearer adm"}
@@ -62,9 +60,7 @@ def test_the_api_answers_it_listing_stored_and_shipped_tasks(tiny_model_dir, tmp
 
 def test_the_message_is_written_once_and_routes_map_no_status():
     sources = [
-        p
-        for top in ("elmo_service", "api", "jobs", "pretrain")
-        for p in (ROOT / top).rglob("*.py")
+        p for top in ("elmo_service", "api", "jobs", "pretrain") for p in (ROOT / top).rglob("*.py")
     ]
     written = [p for p in sources if re.search(r"no task \{", p.read_text())]
     assert written == [ROOT / "elmo_service" / "errors.py"], written
