@@ -90,12 +90,17 @@ def _is_count(reply: object) -> bool:  # HSET and HDEL answer how many fields ch
     return isinstance(reply, int) and not isinstance(reply, bool) and 0 <= reply <= 1
 
 
+class Unparsed(str):
+    """A stored entry that is not JSON at all (a corrupt write, or a store answering
+    nonsense): flagged by the list; a shipped task of that name stays served."""
+
+
 def _parsed(v: bytes) -> Any:
-    """A stored entry decoded; what does not parse is kept as text (read as unreadable)."""
+    """A stored entry decoded; what does not parse is kept as :class:`Unparsed` text."""
     try:
         return json.loads(v)
     except (ValueError, RecursionError):  # not JSON, not UTF-8, an int past 4300 digits
-        return v.decode(errors="replace")
+        return Unparsed(v.decode(errors="replace"))
 
 
 class TaskStore(ABC):
@@ -372,7 +377,8 @@ class TaskRegistry:
             try:
                 out[name] = self.describe(name, self.readable(name, raw), "store")
             except TaskUnreadable as e:
-                out.pop(name, None)  # an unreadable override hides nothing: flagged instead
+                if not isinstance(raw, Unparsed):  # a bad override is what a GET meets
+                    out.pop(name, None)
                 bad.append({"name": name, "error": e.message})
         return [out[k] for k in sorted(out)], bad
 
@@ -399,6 +405,9 @@ class TaskRegistry:
             raw = self._last.get(name)
             if raw is None and name not in self.shipped:
                 raise
+        if isinstance(raw, Unparsed) and name in self.shipped:
+            log.warning("stored task %r is not JSON: the shipped one is served", name)
+            raw = None
         if raw is not None:
             return self.readable(name, raw), "store"
         if name in self.shipped:
