@@ -467,7 +467,7 @@ class ErrorOut(BaseModel):
 
 
 class NotReady(ErrorOut):
-    status: Literal["starting", "stale"] = "starting"
+    status: Literal["starting", "stale", "unjoined"] = "starting"
     fleet: FleetHealth | None = None
 
 
