@@ -113,9 +113,6 @@ async def serving(request: Request, creds: Credentials) -> Serving:
     settings = await get_settings(request)
     await require_key(creds, settings)
     served = await get_model(request.app.state.holder)
-    fleet = request.app.state.fleet
-    if fleet is not None and not fleet.joined:  # it cannot tell the fleet's model (#50)
-        raise ApiError(503, "fleet_unjoined", fleet.unjoined_message(), None, {"Retry-After": "5"})
     request.scope[SERVED_KEY] = served  # the version that answers: X-Model-Version
     return Serving(served, settings)
 

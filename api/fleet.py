@@ -304,16 +304,18 @@ class FleetAgent:
     def joined(self) -> bool:
         """It has read the fleet's desired record since it started. Until then it cannot
         know which model the fleet serves, and no other replica can see it (its heartbeat
-        does not reach Redis either): it takes no embeds and is not ready (#50 item 8: a
-        replica restarted against a Redis it could not read served the old model through
-        the balancer while the others' views said ``agree: true``)."""
+        does not reach Redis either): /readyz says 503 ``fleet_unjoined``, whatever
+        ELMO_FLEET_STALE_READY says, so a balancer sends it nothing (#50 item 8: a replica
+        restarted against a Redis it could not read served the old model through the
+        balancer while the others' views said ``agree: true, converged 2/2``). Requests
+        sent to it directly are still answered, naming their model (X-Model-Version)."""
         return self.read_at is not None
 
     def unjoined_message(self) -> str:
         return (
             "this replica has not read the fleet's desired model since it started "
             f"({self.redis_error or 'no answer yet'}): it cannot tell which model the fleet "
-            "serves, so it answers no embeds until it can"
+            "serves, so it stays out of rotation until it can"
         )
 
     def _redis_ok(self) -> None:

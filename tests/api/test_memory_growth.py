@@ -23,7 +23,23 @@ pytestmark = pytest.mark.slow  # a server process and ~30,000 requests
 SEGMENTS, PER_SEGMENT = 3, 10_000
 JOBS, JOB_SEGMENTS = 100, 4
 ADMIN = {"authorization": "Bearer admin"}
-WORDS = ["the", "bank", "river", "boat", "rates", "raised", "we", "sat", "on", "watched", "a", "quiet", "town", "old", "dog"]
+WORDS = [
+    "the",
+    "bank",
+    "river",
+    "boat",
+    "rates",
+    "raised",
+    "we",
+    "sat",
+    "on",
+    "watched",
+    "a",
+    "quiet",
+    "town",
+    "old",
+    "dog",
+]
 
 
 def _rss(pid: int) -> int:
