@@ -64,7 +64,9 @@ def test_the_fuzzer_finds_no_server_error_and_no_schema_violation(tiny_model_dir
             "--max-time", str(SECONDS), "--workers", "2", "--request-timeout", "30",
             "--phases", "examples,coverage,fuzzing", "--no-color", *headers,
         ]  # fmt: skip
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=SECONDS + 120)
+        run = subprocess.run(  # in tmp_path: schemathesis writes its cache where it runs
+            cmd, capture_output=True, text=True, timeout=SECONDS + 120, cwd=tmp_path
+        )
     finally:
         server.stop()
     out = run.stdout + run.stderr
