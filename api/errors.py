@@ -11,7 +11,8 @@ from __future__ import annotations
 import difflib
 import logging
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -20,8 +21,14 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
+from api.batcher import BatcherClosed, QueueFull
 from api.encoding import JSONBytesResponse
+from api.fleet import OutcomeUnknown
+from api.served import ModelTimeout
+from api.tasks_store import TaskUnreadable
 from elmo_service.errors import ArtifactError, ConfigError, ElmoServiceError, InputError, LimitError
+from jobs import JobConflict, JobNotFound, Unreadable
+from storage import StoreUnavailable
 
 log = logging.getLogger("api")
 
@@ -56,20 +63,92 @@ def error_response(
     return JSONBytesResponse(error_body(code, message, field), status_code=status, headers=headers)
 
 
-# Status of each library error class (most specific first).
-_LIBRARY_STATUS: list[tuple[type[ElmoServiceError], int]] = [
-    (LimitError, 413),
-    (InputError, 422),
-    (ConfigError, 422),
-    (ArtifactError, 500),
+def _retry(seconds: int) -> Callable[[Exception], dict[str, str]]:
+    return lambda e: {"Retry-After": str(seconds)}
+
+
+@dataclass(frozen=True)
+class Answer:
+    """How the API answers one exception class. ``code``/``field`` None: the exception's own
+    (library errors carry both); ``message``: from the exception (default ``str(e)``)."""
+
+    status: int
+    code: str | None = None
+    field: str | None = None
+    message: Callable[[Any], str] = str
+    headers: Callable[[Any], dict[str, str] | None] = lambda e: None
+
+
+# Every exception the API turns into an answer, and how: the ONE table (most specific
+# first). Routes raise what the core raises; nothing else maps a status.
+STATUS: list[tuple[type[Exception], Answer]] = [
+    # the library's errors carry their code and field (UnknownTask: 422 unknown_task, task)
+    (LimitError, Answer(413)),  # ResponseTooLarge included (code response_too_large)
+    (InputError, Answer(422)),
+    (ConfigError, Answer(422)),
+    (ArtifactError, Answer(500)),
+    (TaskUnreadable, Answer(409)),  # a stored task the API cannot answer: named, not a 500
+    (ElmoServiceError, Answer(500)),
+    # the model's queue and worker
+    (
+        QueueFull,
+        Answer(
+            429,
+            "overloaded",
+            message=lambda e: f"the model is overloaded ({e}); retry later",
+            headers=lambda e: {"Retry-After": str(e.retry_after)},
+        ),
+    ),
+    (ModelTimeout, Answer(503, "timeout", headers=_retry(1))),
+    (BatcherClosed, Answer(503, "unavailable", headers=_retry(1))),
+    # Redis (tasks, fleet, jobs) not answering
+    (StoreUnavailable, Answer(503, "store_unavailable", headers=_retry(5))),
+    # jobs
+    (Unreadable, Answer(409, "unreadable_record", "job_id")),
+    (JobNotFound, Answer(404, "not_found", "job_id", message=lambda e: f"no job {e.args[0]!r}")),
+    (JobConflict, Answer(409, "conflict", message=lambda e: e.message)),
 ]
 
 
-def status_of(e: ElmoServiceError) -> int:
-    for cls, status in _LIBRARY_STATUS:
+def answer_of(e: Exception) -> tuple[int, str, str, str | None, dict[str, str] | None]:
+    """(status, code, message, field, headers) of an exception the table names; else 500."""
+    for cls, a in STATUS:
         if isinstance(e, cls):
-            return status
-    return 500
+            code = a.code or getattr(e, "code", "error")
+            field = a.field if a.field is not None else getattr(e, "field", None)
+            message = getattr(e, "message", None) if a.message is str else None
+            return a.status, code, message or a.message(e), field, a.headers(e)
+    return 500, "internal_error", "internal server error", None, None
+
+
+def status_of(e: Exception) -> int:
+    return answer_of(e)[0]
+
+
+def activation_error(e: Exception, name: str) -> ApiError | None:
+    """What ``POST /v1/models/{name}/activate`` answers for a refusal (None: not one)."""
+    if isinstance(e, LookupError):
+        return ApiError(404, "not_found", f"no model {name!r} in the models folder", "name")
+    if isinstance(e, ArtifactError):  # still being written, or broken: the served model stays
+        return ApiError(
+            422, "bad_artifact", f"model {name!r} cannot be loaded: {e.message}", "name"
+        )
+    if isinstance(e, OutcomeUnknown):  # sent, unanswered, not read back: it may land yet
+        return ApiError(
+            503,
+            "fleet_outcome_unknown",
+            f"cannot tell whether {name!r} became the fleet's model: {e}. GET /v1/models "
+            f"shows the fleet's desired model; activating {name!r} again is safe (a no-op "
+            "once recorded)",
+            None,
+            {"Retry-After": "5"},
+        )
+    if isinstance(e, StoreUnavailable):  # not recorded (never sent, or read back)
+        return ApiError(
+            503, "fleet_unavailable", f"{name!r} is not the fleet's model: {e}", None,
+            {"Retry-After": "5"},
+        )  # fmt: skip
+    return None
 
 
 def loc_to_field(loc: Sequence[Any]) -> str | None:
@@ -175,17 +254,37 @@ def _validation_response(exc: RequestValidationError, request: Request | None = 
     return error_response(422, "invalid_request", msg, field)
 
 
+def allowed_methods(request: Request) -> list[str]:
+    """The methods some route of the app answers on this request's path (a path served by
+    several routes, e.g. GET and PUT ``/v1/tasks/{name}``, lists them all)."""
+    path = request.scope.get("path", "")
+    methods: set[str] = set()
+
+    def walk(routes: Sequence[Any]) -> None:
+        for route in routes:
+            inner = getattr(route, "original_router", None)  # FastAPI >= 0.165's included router
+            if inner is not None:
+                walk(inner.routes)  # our routers carry their prefix in their routes' paths
+            elif getattr(route, "methods", None) and route.path_regex.match(path):
+                methods.update(route.methods)
+
+    walk(request.app.router.routes)
+    return sorted(methods)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> Response:
         return error_response(exc.status, exc.code, exc.message, exc.field, exc.headers)
 
-    @app.exception_handler(ElmoServiceError)
-    async def _library_error(request: Request, exc: ElmoServiceError) -> Response:
-        status = status_of(exc)
-        if status >= 500:
-            log.error("server error: %s", exc.message)
-        return error_response(status, exc.code, exc.message, exc.field)
+    async def _mapped(request: Request, exc: Exception) -> Response:
+        status, code, message, field, headers = answer_of(exc)
+        if status >= 500 and status != 503:
+            log.error("server error: %s", message)
+        return error_response(status, code, message, field, headers)
+
+    for cls, _ in STATUS:
+        app.add_exception_handler(cls, _mapped)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
@@ -198,7 +297,12 @@ def install_error_handlers(app: FastAPI) -> None:
         message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         if exc.status_code == 404 and message == "Not Found":
             message = f"no route {request.method} {request.url.path}"
-        return error_response(exc.status_code, code, message, None, getattr(exc, "headers", None))
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:  # every method of the path, not only the first route's
+            allowed = allowed_methods(request)
+            headers = {**(headers or {}), "Allow": ", ".join(allowed)}
+            message = f"{request.method} is not allowed on {request.url.path} (allowed: {', '.join(allowed)})"
+        return error_response(exc.status_code, code, message, None, headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:

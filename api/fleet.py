@@ -195,6 +195,11 @@ class FleetAgent:
     async def start(self, note: str | None = None) -> None:
         if note:  # started on ELMO_MODEL, not the fleet's model: say why until converged
             self.state, self.error = "failed", note
+        try:  # joined at once when Redis answers (the converge loop reads it again next)
+            await self.call(self.store.desired)
+            self.read_at = time.time()
+        except StoreUnavailable as e:
+            self._redis_failed(e)
         loop = asyncio.get_running_loop()
         self._listener = threading.Thread(
             target=self._listen, args=(loop,), name="elmo-fleet-pubsub", daemon=True
@@ -294,6 +299,24 @@ class FleetAgent:
     @property
     def stale(self) -> bool:
         return self.state_age() > self.ttl
+
+    @property
+    def joined(self) -> bool:
+        """It has read the fleet's desired record since it started. Until then it cannot
+        know which model the fleet serves, and no other replica can see it (its heartbeat
+        does not reach Redis either): /readyz says 503 ``fleet_unjoined``, whatever
+        ELMO_FLEET_STALE_READY says, so a balancer sends it nothing (#50 item 8: a replica
+        restarted against a Redis it could not read served the old model through the
+        balancer while the others' views said ``agree: true, converged 2/2``). Requests
+        sent to it directly are still answered, naming their model (X-Model-Version)."""
+        return self.read_at is not None
+
+    def unjoined_message(self) -> str:
+        return (
+            "this replica has not read the fleet's desired model since it started "
+            f"({self.redis_error or 'no answer yet'}): it cannot tell which model the fleet "
+            "serves, so it stays out of rotation until it can"
+        )
 
     def _redis_ok(self) -> None:
         if self.redis_error is not None:

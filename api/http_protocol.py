@@ -27,9 +27,10 @@ Two more guards, for what the server sends and for floods:
   ``limit_concurrency``): beyond it a request is answered 503 in the JSON error
   shape, except the health routes (``/healthz``, ``/readyz``, ``/metrics``), which
   always answer, so a liveness probe does not restart a pod that is only flooded.
-  It counts *busy* connections (a request begun and not yet answered) and requests
-  in progress, never idle ones: sockets that send nothing cannot lock other clients
-  out (they only wait for ``first_byte_timeout``).
+  It counts *busy* connections (a request whose headers are in, not yet answered) and
+  requests in progress, never idle ones nor ones still sending their headers: sockets
+  that send nothing, or drip header bytes, cannot lock other clients out (they only
+  wait for ``first_byte_timeout`` / ``header_timeout``).
 """
 
 from __future__ import annotations
@@ -208,7 +209,8 @@ if HttpToolsProtocol is not None:
         # -- parser callbacks ------------------------------------------------
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            self._busy = True
+            # not busy yet: a socket dripping its headers a byte at a time counts for
+            # nothing until they are complete (#50: 1,100 such sockets locked embeds out)
             if self._first_byte:  # the headers' deadline still counts from connecting
                 self._first_byte = False
                 spent = self.loop.time() - self._connected_at
@@ -224,6 +226,7 @@ if HttpToolsProtocol is not None:
             return sum(1 for c in self.connections if getattr(c, "_busy", True))
 
         def on_headers_complete(self) -> None:
+            self._busy = True  # a request in: counts until answered (this one included)
             limit, app = self.max_connections, self.app
             over = limit is not None and (
                 len(self.tasks) >= limit or self._busy_connections() >= limit

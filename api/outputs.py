@@ -1,21 +1,19 @@
-"""The HTTP side of an answer: finite-checked encoding, and the words' spans.
+"""The HTTP side of an answer: finite-checked encoding.
 
 What a sentence's layers become (layer subsets, mixes, words, pooling, in one order) is
-the core's ``elmo_service/outputs.py``, the same for the library, the CLIs and the API.
+the core's ``elmo_service/outputs.py`` (the words' spans: ``outputs.positions``), the same
+for the library, the CLIs and the API.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import numpy as np
 
 from api.encoding import DType, Encoding, as_dtype, encode_array
 from elmo_service.errors import ElmoServiceError, InputError
 from elmo_service.scalar_mix import softmax
-from elmo_service.tokenizers import Token
 
-__all__ = ["NonFiniteOutput", "encode_checked", "softmax", "words_meta"]
+__all__ = ["NonFiniteOutput", "encode_checked", "softmax"]
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 
@@ -51,17 +49,3 @@ def encode_checked(
             )
         raise NonFiniteOutput(f"{what}: the model produced non-finite values", field=what)
     return encode_array(arr, encoding, dtype)
-
-
-def words_meta(tokens: Sequence[Token], text: str) -> list[dict]:
-    out: list[dict] = []
-    prev = None
-    for t in tokens:
-        if out and t.word == prev:
-            out[-1]["end"] = t.end
-        else:
-            out.append({"start": t.start, "end": t.end})
-        prev = t.word
-    for w in out:
-        w["text"] = text[w["start"] : w["end"]]
-    return out

@@ -18,23 +18,26 @@ from typing import Any
 from starlette.responses import StreamingResponse
 
 from api.encoding import dumps
-from api.errors import ApiError
-from api.settings import Settings
+from elmo_service.errors import LimitError
 
 SETTING = "ELMO_MAX_RESPONSE_FLOATS"
 
 
-def check_response_floats(n_floats: int, settings: Settings, field: str, detail: str) -> None:
-    """413 naming the request's size (``detail``) and the setting that raises the bound."""
-    limit = settings.max_response_floats
+class ResponseTooLarge(LimitError):
+    """The answer asked for would carry more floats than ``ELMO_MAX_RESPONSE_FLOATS`` (413)."""
+
+    code = "response_too_large"
+
+
+def check_response_floats(n_floats: int, limit: int, field: str, detail: str) -> None:
+    """ResponseTooLarge naming the request's size (``detail``) and the setting that raises
+    the bound."""
     if n_floats > limit:
-        raise ApiError(
-            413,
-            "response_too_large",
+        raise ResponseTooLarge(
             f"the answer would carry {n_floats:,} floats ({detail}); the limit is {limit:,} "
             f"({SETTING}): ask for fewer {field}, fewer layers, a mix or pooling, or raise "
             f"{SETTING}",
-            field,
+            field=field,
         )
 
 

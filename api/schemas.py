@@ -35,8 +35,10 @@ def _input(v: Any) -> str | list[str]:
     )
 
 
+# the schema says what the route enforces (an empty list is a 422 naming the field)
 OpenAIInput = Annotated[
-    str | list[str], PlainValidator(_input, json_schema_input_type=str | list[str])
+    str | list[str],
+    PlainValidator(_input, json_schema_input_type=str | Annotated[list[str], Field(min_length=1)]),
 ]
 
 
@@ -93,7 +95,9 @@ class EmbedRequest(BaseModel):
 
     sentences: list[Sentence] = Field(
         ...,
-        description="Strings (tokenized by the model's tokenizer) or lists of tokens (pre-tokenized words).",
+        description="Strings (tokenized by the model's tokenizer) or lists of tokens (pre-tokenized words). "
+        'An empty sentence ("" or []) gets an empty answer (no tokens; pooled: the zero vector).',
+        json_schema_extra={"minItems": 1},  # an empty list is a 422 naming the field
         examples=[["The bank raised rates.", ["We", "sat", "on", "the", "river", "bank", "."]]],
     )
     output: Literal["layers", "mix", "both"] | None = Field(
@@ -258,10 +262,20 @@ class TaskOut(BaseModel):
     read_only: bool
 
 
+class UnreadableTask(BaseModel):
+    name: str
+    error: str
+
+
 class TaskList(BaseModel):
     object: Literal["list"] = "list"
     n_layers: int
     data: list[TaskOut]
+    unreadable: list[UnreadableTask] = Field(
+        default_factory=list,
+        description="Stored tasks that cannot be read (e.g. written straight into Redis), "
+        "skipped: an admin can PUT them again or DELETE them.",
+    )
 
 
 class TaskDeleted(BaseModel):
@@ -453,7 +467,7 @@ class ErrorOut(BaseModel):
 
 
 class NotReady(ErrorOut):
-    status: Literal["starting", "stale"] = "starting"
+    status: Literal["starting", "stale", "unjoined"] = "starting"
     fleet: FleetHealth | None = None
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,9 +19,9 @@ import numpy as np
 from api.batcher import Runner, Ticket
 from api.cache import SentenceCache
 from api.metrics import Metrics
+from api.responses import check_response_floats
 from api.tasks_store import TaskRegistry
-from elmo_service.errors import InputError
-from elmo_service.outputs import DEFAULT_TASK, default_mix
+from elmo_service.outputs import DEFAULT_TASK, OutputSpec, default_mix, plan_output
 from elmo_service.scalar_mix import MixSpec
 from elmo_service.tokenizers import Token
 
@@ -69,6 +68,10 @@ def provenance_summary(provenance: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class ModelTimeout(Exception):
+    """The model did not answer within ELMO_REQUEST_TIMEOUT (503 ``timeout``)."""
+
+
 @dataclass
 class Embedded:
     """One request's sentences embedded: their tokens and ``[L+1, T, D]`` layers."""
@@ -77,6 +80,28 @@ class Embedded:
     layers: list[np.ndarray]
     hits: int  # distinct sentences from the cache
     misses: int  # ... and from the model
+    floats: int = 0  # the floats the answer carries (0: no output spec given)
+
+
+def answer_floats(token_lists: list, spec: OutputSpec, dim: int) -> tuple[int, str]:
+    """The floats the answer will carry, and how (for the 413), from the request alone."""
+    outputs_per_position = (len(spec.layers) if spec.layers is not None else 0) + (
+        spec.mix is not None
+    )
+    if spec.pooling != "none":
+        positions = len(token_lists)
+        what = "pooled"
+    elif spec.granularity == "word":
+        positions = sum(len({t.word for t in toks}) for toks in token_lists)
+        what = "words"
+    else:
+        positions = sum(len(toks) for toks in token_lists)
+        what = "tokens"
+    detail = (
+        f"{len(token_lists)} sentences, {positions:,} {what} x {outputs_per_position} "
+        f"output layers x {dim} dims"
+    )
+    return positions * outputs_per_position * dim, detail
 
 
 @dataclass
@@ -114,28 +139,48 @@ class ServedModel:
         """Cheap, in the request path; raises InputError/LimitError naming ``field[i]``."""
         return self.embedder.tokenize(sentences, field=field)
 
+    async def output_spec(self, **options: Any) -> OutputSpec:
+        """What each sentence's answer is (``elmo_service.outputs.plan_output``'s options),
+        its task looked up off the event loop: the default mix, a stored or shipped task,
+        or ``UnknownTask`` listing the names there are."""
+        spec = plan_output(self.n_layers, **options)
+        if spec.pending is None:
+            return spec
+        if spec.wants_default:
+            return spec.using(*await self.default_mix_async())
+        loop = asyncio.get_running_loop()
+        found = await loop.run_in_executor(self.io, self.tasks.spec, spec.pending)
+        if found is not None:
+            return spec.with_mix(found[0])
+        return spec.with_mix(None, await loop.run_in_executor(self.io, self.tasks.names))
+
     async def embed(
         self,
         sentences: list,
         *,
         field: str = "sentences",
         ticket: Ticket | None = None,
-        check: Callable[[list[list[Token]]], None] | None = None,
+        spec: OutputSpec | None = None,
+        max_floats: int | None = None,
     ) -> Embedded:
-        """What a route asks of the model: tokenize (errors name ``field[i]``; a sentence
-        with no tokens is refused), ``check(token_lists)`` if given, then the layers
-        (:meth:`layers`)."""
+        """What a route asks of the model: tokenize (errors name ``field[i]``), bound the
+        answer ``spec`` would make by ``max_floats`` before any work (ResponseTooLarge
+        naming ``field``), then the layers (:meth:`layers`). A sentence with no tokens
+        (``""``, ``[]``) gets ``[L+1, 0, D]``, as from the library (#51)."""
         token_lists = self.tokenize(sentences, field)
-        for i, toks in enumerate(token_lists):
-            if not toks:
-                raise InputError(
-                    f"{field}[{i}] has no tokens (empty sentence)", field=f"{field}[{i}]"
-                )
-        if check is not None:
-            check(token_lists)
+        floats = 0
+        if spec is not None:
+            floats, detail = answer_floats(token_lists, spec, self.dim)
+            if max_floats is not None:
+                check_response_floats(floats, max_floats, field, detail)
         texts = [[t.text for t in toks] for toks in token_lists]
-        layers, hits, misses = await self.layers(texts, ticket)
-        return Embedded(token_lists, layers, hits, misses)
+        try:
+            layers, hits, misses = await self.layers(texts, ticket)
+        except TimeoutError as e:
+            raise ModelTimeout(
+                f"timed out after {self.request_timeout:g}s waiting for the model; retry later"
+            ) from e
+        return Embedded(token_lists, layers, hits, misses, floats)
 
     def default_mix(self) -> tuple[MixSpec, str | None]:
         """The model's default mix (``elmo_service.outputs.default_mix``: the task named
@@ -167,6 +212,18 @@ class ServedModel:
         AnnounceMiddleware as the request arrived); one is made here otherwise.
         Returns (arrays, cache hits, cache misses) counted over distinct sentences.
         """
+        full = [i for i, t in enumerate(token_lists) if t]
+        if len(full) < len(token_lists):  # empty sentences: zero positions, never the model
+            empty = np.zeros((self.n_layers, 0, self.dim), dtype=np.float32)
+            out: list[np.ndarray] = [empty] * len(token_lists)
+            if not full:
+                if ticket is not None:
+                    ticket.retire()
+                return out, 0, 0
+            got, hits, misses = await self.layers([token_lists[i] for i in full], ticket)
+            for i, a in zip(full, got, strict=True):
+                out[i] = a
+            return out, hits, misses
         loop = asyncio.get_running_loop()
         cache = self.cache
         if ticket is None:

@@ -167,9 +167,10 @@ class Settings(BaseSettings):
     http_max_connections: int = Field(
         1024,
         ge=1,
-        description="Busy connections (a request begun, not yet answered; idle ones do not "
-        "count) and requests in progress beyond which a request is answered 503 at once "
-        "(JSON, Retry-After); /healthz, /readyz and /metrics always answer.",
+        description="Busy connections (a request whose headers are in, not yet answered; idle "
+        "ones and ones still sending their headers do not count) and requests in progress "
+        "beyond which a request is answered 503 at once (JSON, Retry-After); /healthz, /readyz "
+        "and /metrics always answer.",
     )
     http_send_timeout: float = Field(
         30.0,
@@ -239,7 +240,9 @@ class Settings(BaseSettings):
         description="/readyz of a replica that could not read the fleet's state for over "
         "ELMO_FLEET_TTL: ready (default: it still embeds, with the model it has; a Redis "
         "outage must not empty the balancer) or unready (503: out of rotation until it reads "
-        "the state again). Either way the view, /readyz's body and /metrics say stale.",
+        "the state again). Either way the view, /readyz's body and /metrics say stale. A replica "
+        "that has not read it once since it started is unready whatever this says (503 "
+        "fleet_unjoined): it cannot tell the fleet's model.",
     )
 
     @model_validator(mode="after")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import threading
 from abc import ABC, abstractmethod
@@ -29,6 +30,51 @@ from storage import StoreUnavailable, connect, expect, file_lock, unavailable
 
 log = logging.getLogger("api")
 
+JSON_DEPTH = 64  # orjson (the API's encoder) refuses past 254 levels; notes need far fewer
+
+
+class TaskUnreadable(ElmoServiceError):
+    """A stored task that cannot be answered (written by hand or by an older server, with a
+    value the API's JSON cannot carry): its GET answers 409 naming it, the list flags it."""
+
+    code = "unreadable_task"
+
+
+def json_problem(value: Any, where: str, depth: int = 0) -> tuple[str, str] | None:
+    """(the path, what is wrong) where ``value`` stops being JSON that the API's encoder
+    (orjson) writes and reads back the same; None when all of it does. Catches what
+    Python's ``json`` takes and orjson does not: integers past 64 bits, NaN/inf, lone
+    surrogates, non-string keys, nesting past JSON_DEPTH."""
+    if depth > JSON_DEPTH:
+        return where, f"nested deeper than {JSON_DEPTH} levels"
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        if -(2**63) <= value < 2**64:
+            return None
+        return where, f"an integer of {value.bit_length()} bits (JSON numbers here: 64 bits)"
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (where, f"{value} is not a finite number")
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where, "not valid Unicode (lone surrogate)"
+        return None
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            if (found := json_problem(v, f"{where}[{i}]", depth + 1)) is not None:
+                return found
+        return None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                return where, f"key {k!r} is not a string"
+            if (found := json_problem(v, f"{where}.{k}", depth + 1)) is not None:
+                return found
+        return None
+    return where, f"a {type(value).__name__}, not a JSON value"
+
 
 def _is_hash(reply: object) -> bool:
     return isinstance(reply, dict) and all(
@@ -42,6 +88,19 @@ def _is_string(reply: object) -> bool:
 
 def _is_count(reply: object) -> bool:  # HSET and HDEL answer how many fields changed
     return isinstance(reply, int) and not isinstance(reply, bool) and 0 <= reply <= 1
+
+
+class Unparsed(str):
+    """A stored entry that is not JSON at all (a corrupt write, or a store answering
+    nonsense): flagged by the list; a shipped task of that name stays served."""
+
+
+def _parsed(v: bytes) -> Any:
+    """A stored entry decoded; what does not parse is kept as :class:`Unparsed` text."""
+    try:
+        return json.loads(v)
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, an int past 4300 digits
+        return Unparsed(v.decode(errors="replace"))
 
 
 class TaskStore(ABC):
@@ -136,25 +195,12 @@ class RedisTaskStore(TaskStore):
 
     def all(self) -> dict[str, dict[str, Any]]:
         raw = self._call(self.client.hgetall, self.key, ok=_is_hash, what="HGETALL")
-        out = {}
-        for k, v in raw.items():
-            try:
-                spec = json.loads(v)
-            except (UnicodeDecodeError, json.JSONDecodeError):
-                continue  # a corrupt entry is skipped, not fatal
-            if isinstance(spec, dict):
-                out[k.decode()] = spec
-        return out
+        # a corrupt entry comes back as it is: the registry flags it (TaskUnreadable)
+        return {k.decode(errors="replace"): _parsed(v) for k, v in raw.items()}
 
     def get(self, name: str) -> dict[str, Any] | None:
         v = self._call(self.client.hget, self.key, name, ok=_is_string, what="HGET")
-        if v is None:
-            return None
-        try:
-            spec = json.loads(v)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            return None
-        return spec if isinstance(spec, dict) else None
+        return None if v is None else _parsed(v)
 
     def put(self, name: str, spec: dict[str, Any]) -> None:
         self._call(self.client.hset, self.key, name, json.dumps(spec, sort_keys=True),
@@ -302,17 +348,51 @@ class TaskRegistry:
         d["read_only"] = source == "model"
         return d
 
-    def list(self) -> list[dict[str, Any]]:
+    def readable(self, name: str, raw: Any) -> MixSpec:
+        """A stored entry as a MixSpec whose description the API can answer; TaskUnreadable
+        naming it otherwise (never a 500 for every caller: #50 item 6)."""
+        try:
+            spec = MixSpec.from_dict(raw)
+            problem = json_problem(spec.to_dict(), "task")
+            why = None if problem is None else f"{problem[0]}: {problem[1]}"
+        except (ConfigError, TypeError, ValueError, KeyError, AttributeError) as e:
+            why = getattr(e, "message", None) or str(e) or type(e).__name__
+        if why is not None:
+            raise TaskUnreadable(
+                f"stored task {name!r} cannot be read ({why}); an admin can PUT it again "
+                "or DELETE it",
+                field="name",
+            )
+        return spec
+
+    def listing(self) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+        """(the tasks, shipped and stored, by name; the stored entries that cannot be read,
+        as ``{"name", "error"}``: skipped, flagged, never failing the list)."""
         stored = self._stored()
         out = {}
+        bad: list[dict[str, str]] = []
         for name, spec in self.shipped.items():
             out[name] = self.describe(name, spec, "model")
         for name, raw in stored.items():
             try:
-                out[name] = self.describe(name, MixSpec.from_dict(raw), "store")
-            except ConfigError:
-                continue
-        return [out[k] for k in sorted(out)]
+                out[name] = self.describe(name, self.readable(name, raw), "store")
+            except TaskUnreadable as e:
+                if not isinstance(raw, Unparsed):  # a bad override is what a GET meets
+                    out.pop(name, None)
+                bad.append({"name": name, "error": e.message})
+        return [out[k] for k in sorted(out)], bad
+
+    def list(self) -> list[dict[str, Any]]:
+        return self.listing()[0]
+
+    def names(self) -> list[str]:
+        """The task names there are, shipped and stored (shipped only while the store is
+        down and nothing was read before): what an unknown-task error lists."""
+        try:
+            stored = self._stored()
+        except StoreUnavailable:
+            stored = {}
+        return sorted({*self.shipped, *stored})
 
     def spec(self, name: str) -> tuple[MixSpec, str] | None:
         try:
@@ -325,8 +405,11 @@ class TaskRegistry:
             raw = self._last.get(name)
             if raw is None and name not in self.shipped:
                 raise
+        if isinstance(raw, Unparsed) and name in self.shipped:
+            log.warning("stored task %r is not JSON: the shipped one is served", name)
+            raw = None
         if raw is not None:
-            return MixSpec.from_dict(raw), "store"
+            return self.readable(name, raw), "store"
         if name in self.shipped:
             return self.shipped[name], "model"
         return None

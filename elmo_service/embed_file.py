@@ -61,11 +61,9 @@ def file_spec(emb: Any, what: str = "all", task: str | None = None, granularity:
     if granularity not in GRANULARITIES:
         raise InputError(f"granularity must be one of {GRANULARITIES}", field="granularity")
     if task is not None:
-        if task not in emb.artifact.tasks:
-            known = ", ".join(sorted(emb.artifact.tasks)) or "none"
-            raise ElmoServiceError(f"model has no task {task!r} (tasks: {known})", field="task")
+        tasks = emb.artifact.tasks
         return plan_output(emb.n_layers, task=task, granularity=granularity).with_mix(
-            emb.artifact.tasks[task]
+            tasks.get(task), tasks
         )
     if what not in WHAT:
         raise InputError(f"what must be one of {WHAT}", field="what")

@@ -47,7 +47,7 @@ from elmo_service.batching import (
 )
 from elmo_service.char_ids import bos_ids, eos_ids, token_ids
 from elmo_service.config import DEFAULT_TOKEN_CACHE_SIZE
-from elmo_service.errors import ConfigError, InputError, LimitError
+from elmo_service.errors import ConfigError, InputError, LimitError, UnknownTask
 from elmo_service.kernels.packed import KernelCache, check_weights_mode
 from elmo_service.kernels.select import choose_kernel
 from elmo_service.outputs import OutputSpec, positions, render, resolve_output
@@ -312,16 +312,14 @@ class Embedder:
             return resolve_output(
                 self.n_layers,
                 self.artifact.tasks.get,
+                self.artifact.tasks,
                 output="both" if mix is not None else "layers",
                 mix=inline,
                 task=None if task == "default" else task,  # "default": the default policy
                 granularity=granularity,
             )
-        except InputError as e:
-            if e.field != "task":
-                raise
-            known = ", ".join(sorted(self.artifact.tasks)) or "none"
-            raise InputError(f"model has no task {mix!r} (tasks: {known})", field="mix") from e
+        except UnknownTask as e:  # the library's argument is ``mix``
+            raise UnknownTask(e.name, e.known, field="mix") from None
 
     @staticmethod
     def _answer(sent: Sentence, toks: list[Token], x: np.ndarray, spec: OutputSpec):

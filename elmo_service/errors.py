@@ -12,6 +12,18 @@ from elmo_service.values import ElmoServiceError, InputError
 __all__ = ["ArtifactError", "ConfigError", "ElmoServiceError", "InputError", "LimitError"]
 
 
+class UnknownTask(InputError):
+    """A task name the model does not hold (its artifact, or a server's store): the one
+    error for it on every surface (library, CLIs, jobs, API: 422 ``unknown_task``)."""
+
+    code = "unknown_task"
+
+    def __init__(self, name: str, known: object = (), *, field: str = "task") -> None:
+        self.name, self.known = name, sorted(known)  # type: ignore[call-overload]
+        listed = ", ".join(self.known) or "none"
+        super().__init__(f"model has no task {name!r} (known: {listed})", field=field)
+
+
 class LimitError(InputError):
     """The input exceeds a configured limit."""
 

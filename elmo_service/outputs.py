@@ -19,13 +19,13 @@ two orders agree to float rounding (the mix is linear); with one they did not
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
 
-from elmo_service.errors import ConfigError, InputError
+from elmo_service.errors import ConfigError, InputError, UnknownTask
 from elmo_service.scalar_mix import MixSpec, apply_mix
 from elmo_service.tokenizers import Token
 from elmo_service.words import average_words, word_tokens
@@ -79,15 +79,16 @@ class OutputSpec:
     def all_layers(self) -> bool:
         return self.layers is not None and self.layers == tuple(range(self.n_layers))
 
-    def with_mix(self, found: MixSpec | None) -> OutputSpec:
+    def with_mix(self, found: MixSpec | None, known: Iterable[str] = ()) -> OutputSpec:
         """The spec once the caller looked ``pending`` up (``found``: what the store holds
-        under that name, or None). An unknown named task raises InputError naming ``task``."""
+        under that name, or None). An unknown named task raises :class:`UnknownTask`
+        listing ``known`` (the names the caller could look up)."""
         if self.pending is None:
             return self
         if self.wants_default:
             return self.using(*default_mix(found, self.n_layers))
         if found is None:
-            raise InputError(f"model has no task {self.pending!r}", field="task")
+            raise UnknownTask(self.pending, known)
         return self.using(usable_task(found, self.pending, self.n_layers), self.pending)
 
     @property
@@ -135,10 +136,15 @@ def plan_output(
     return OutputSpec(output, idx, mix, task, granularity, pooling, pending, n_layers)
 
 
-def resolve_output(n_layers: int, find_task: FindTask, **options) -> OutputSpec:
-    """:func:`plan_output` and the task lookup, for callers whose lookup is cheap and sync."""
+def resolve_output(
+    n_layers: int, find_task: FindTask, known: Iterable[str] = (), **options
+) -> OutputSpec:
+    """:func:`plan_output` and the task lookup, for callers whose lookup is cheap and sync
+    (``known``: the task names listed when the one asked is unknown)."""
     spec = plan_output(n_layers, **options)
-    return spec.with_mix(find_task(spec.pending)) if spec.pending is not None else spec
+    if spec.pending is None:
+        return spec
+    return spec.with_mix(find_task(spec.pending), known)
 
 
 def _layer_indices(layers: Sequence[int] | None, n: int) -> tuple[int, ...]:
@@ -189,7 +195,10 @@ def positions(tokens: Sequence[Token], spec: OutputSpec, text: str | None = None
 
 
 def pool(x: np.ndarray, how: str, axis: int) -> np.ndarray:
-    """Mean (accumulated in float64) or max over the positions ``axis``; "none": ``x``."""
+    """Mean (accumulated in float64) or max over the positions ``axis``; "none": ``x``.
+    No positions (an empty sentence): the zero vector, finite on every surface (#51)."""
+    if how != "none" and x.shape[axis] == 0:
+        return np.zeros(x.shape[:axis] + x.shape[axis + 1 :], dtype=np.float32)
     if how == "mean":
         return x.mean(axis=axis, dtype=np.float64).astype(np.float32)
     if how == "max":

@@ -11,6 +11,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from elmo_service.errors import ElmoServiceError
 from jobs.backend import JobBackend, make_backend
 from jobs.memory import check_memory, memory_limit
 from jobs.settings import JobsSettings
@@ -73,15 +74,31 @@ class JobService:
         if holder is not None:
             raise JobConflict(f"job {holder} already builds {name!r}", "name")
 
+    def public(self, message: str) -> str:
+        """``message`` with the server's folders named as the API names them (``models/x``,
+        never ``/srv/.../models/x``): a caller learns nothing of the server's layout."""
+        s = self.settings
+        for folder, name in ((s.models_dir, "models"), (s.data_dir, "data"), (s.runs_dir, "runs")):
+            for form in {str(Path(folder).resolve()), str(Path(folder).absolute())}:
+                message = message.replace(form, name)
+        return message
+
     def submit(self, job: JobIn) -> JobRecord:
         """Validate (422 errors name the field), reserve the name, record as queued, deliver."""
-        corpus = resolve_corpus(self.settings.data_dir, job.corpus)
-        train_config = resolve_train_config(job, self.settings.models_dir)
-        check_limits(job, train_config, self.limits)
-        s = self.settings
-        vocab, vocab_field = softmax_size(corpus, job)
-        limit = memory_limit(s.jobs_max_memory, s.jobs_memory_fraction)
-        check_memory(train_config, vocab, limit, vocab_field)
+        try:
+            corpus = resolve_corpus(self.settings.data_dir, job.corpus)
+            train_config = resolve_train_config(job, self.settings.models_dir)
+            check_limits(job, train_config, self.limits)
+            s = self.settings
+            vocab, vocab_field = softmax_size(corpus, job)
+            limit = memory_limit(s.jobs_max_memory, s.jobs_memory_fraction)
+            check_memory(train_config, vocab, limit, vocab_field)
+        except ElmoServiceError as e:
+            if self.public(e.message) == e.message:
+                raise
+            e.message = self.public(e.message)  # the same error, its paths made relative
+            e.args = (e.message,)
+            raise
         job_id = new_job_id()
         name = job.name or job_id
         self._name_free(name, job_id)

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from typing import TypeVar
 
 from starlette.requests import Request
 
-from api.batcher import BatcherClosed, QueueFull
 from api.errors import ApiError
 from api.middleware import TICKET_KEY
 from api.served import Embedded, ServedModel
 from api.settings import Settings
+from elmo_service.outputs import OutputSpec
 
 T = TypeVar("T")
 
@@ -79,30 +79,12 @@ async def embed_request(
     served: ServedModel,
     sentences: list,
     field: str,
-    check: Callable[[list], None] | None = None,
+    spec: OutputSpec | None = None,
+    max_floats: int | None = None,
 ) -> Embedded:
-    """:meth:`ServedModel.embed` for a route: the request's ticket, cancelled when the client
-    goes, and the runner's refusals as HTTP errors. ``check(token_lists)`` runs between
-    tokenizing and the model (a bound on the answer's size)."""
+    """:meth:`ServedModel.embed` with the request's ticket, cancelled when the client goes
+    (ClientGone). Its refusals (queue full, timeout, too large) are answered by
+    ``api/errors.py``'s table."""
     ticket = request.scope.get(TICKET_KEY)
-    work = served.embed(sentences, field=field, ticket=ticket, check=check)
-    try:
-        return await run_guarded(request, work)
-    except QueueFull as e:  # refused at the door (queue full, or could not finish in time)
-        raise ApiError(
-            429,
-            "overloaded",
-            f"the model is overloaded ({e}); retry later",
-            None,
-            {"Retry-After": str(e.retry_after)},
-        ) from e
-    except TimeoutError as e:
-        raise ApiError(
-            503,
-            "timeout",
-            f"timed out after {served.request_timeout:g}s waiting for the model; retry later",
-            None,
-            {"Retry-After": "1"},
-        ) from e
-    except BatcherClosed as e:
-        raise ApiError(503, "unavailable", str(e), None, {"Retry-After": "1"}) from e
+    work = served.embed(sentences, field=field, ticket=ticket, spec=spec, max_floats=max_floats)
+    return await run_guarded(request, work)

@@ -13,12 +13,11 @@ from api import outputs
 from api.deps import ServingDep
 from api.encoding import JSONBytesResponse, dumps
 from api.errors import ApiError
-from api.responses import check_response_floats, streamed_json
+from api.responses import streamed_json
 from api.routers.common import ClientGone, check_request_limits, embed_request
 from api.schemas import ERROR_RESPONSES, EmbedRequest, EmbedResponse
 from api.served import ServedModel
-from api.tasks_store import StoreUnavailable
-from elmo_service.outputs import OutputSpec, plan_output, render
+from elmo_service.outputs import OutputSpec, positions, render
 from elmo_service.scalar_mix import MixSpec
 
 router = APIRouter(prefix="/v1", tags=["embed"])
@@ -27,8 +26,9 @@ router = APIRouter(prefix="/v1", tags=["embed"])
 _STREAM_FLOATS = 200_000
 
 
-async def resolve_output(req: EmbedRequest, served: ServedModel) -> OutputSpec:
-    """The request's output spec (``elmo_service.outputs``), its task looked up off the loop."""
+def output_options(req: EmbedRequest) -> dict[str, Any]:
+    """The request's output options (``ServedModel.output_spec``); ``gamma`` and friends
+    without ``mix`` weights are a 422 naming them."""
     inline_extras = {
         "gamma": req.gamma,
         "per_direction": req.per_direction,
@@ -51,38 +51,14 @@ async def resolve_output(req: EmbedRequest, served: ServedModel) -> OutputSpec:
             per_direction=bool(req.per_direction),
             layer_norm=bool(req.layer_norm),
         )
-    spec = plan_output(
-        served.n_layers,
-        output=req.output,
-        layers=req.layers,
-        mix=inline,
-        task=req.task,
-        granularity=req.granularity,
-        pooling=req.pooling,
-    )
-    if spec.pending is None:
-        return spec
-    if spec.wants_default:
-        return spec.using(*await served.default_mix_async())
-    loop = asyncio.get_running_loop()
-    try:
-        found = await loop.run_in_executor(served.io, served.tasks.spec, spec.pending)
-    except StoreUnavailable as e:
-        raise ApiError(503, "store_unavailable", str(e), "task", {"Retry-After": "5"}) from e
-    if found is None:
-        listed = await loop.run_in_executor(served.io, _safe_list, served)
-        known = ", ".join(t["name"] for t in listed) or "none"
-        raise ApiError(
-            422, "unknown_task", f"unknown task {spec.pending!r} (known: {known})", "task"
-        )
-    return spec.with_mix(found[0])
-
-
-def _safe_list(served: ServedModel) -> list[dict[str, Any]]:
-    try:
-        return served.tasks.list()
-    except StoreUnavailable:
-        return []
+    return {
+        "output": req.output,
+        "layers": req.layers,
+        "mix": inline,
+        "task": req.task,
+        "granularity": req.granularity,
+        "pooling": req.pooling,
+    }
 
 
 def mix_cause(req: EmbedRequest, task: str | None) -> str | None:
@@ -105,7 +81,9 @@ def build_sentence(
     out: dict[str, Any] = {"index": index}
     what = f"sentences[{index}]"
     if spec.granularity == "word":
-        out["words"] = outputs.words_meta(tokens, text)
+        out["words"] = [
+            {"start": w.start, "end": w.end, "text": w.text} for w in positions(tokens, spec, text)
+        ]
     else:
         out["tokens"] = [
             {"text": t.text, "start": t.start, "end": t.end, "word": t.word} for t in tokens
@@ -154,27 +132,6 @@ def build_body(*args: Any) -> bytes:
     return dumps({**head, "data": data})
 
 
-def response_floats(token_lists: list, spec: OutputSpec, dim: int) -> tuple[int, str]:
-    """The floats the answer will carry, and how (for the 413), from the request alone."""
-    outputs_per_position = (len(spec.layers) if spec.layers is not None else 0) + (
-        spec.mix is not None
-    )
-    if spec.pooling != "none":
-        positions = len(token_lists)
-        what = "pooled"
-    elif spec.granularity == "word":
-        positions = sum(len({t.word for t in toks}) for toks in token_lists)
-        what = "words"
-    else:
-        positions = sum(len(toks) for toks in token_lists)
-        what = "tokens"
-    detail = (
-        f"{len(token_lists)} sentences, {positions:,} {what} x {outputs_per_position} "
-        f"output layers x {dim} dims"
-    )
-    return positions * outputs_per_position * dim, detail
-
-
 @router.post(
     "/embed",
     response_model=EmbedResponse,
@@ -193,21 +150,16 @@ async def embed(
 ) -> Response:
     served, settings = ctx.served, ctx.settings
     check_request_limits(req.sentences, settings, "sentences")
-    spec = await resolve_output(req, served)
-
-    size = [0]  # the answer's floats, counted once by the check below
-
-    def bound(token_lists: list) -> None:  # before any work: the answer's size, from the request
-        size[0], detail = response_floats(token_lists, spec, served.dim)
-        check_response_floats(size[0], settings, "sentences", detail)
-
+    spec = await served.output_spec(**output_options(req))
     try:
-        embedded = await embed_request(request, served, req.sentences, "sentences", check=bound)
+        embedded = await embed_request(
+            request, served, req.sentences, "sentences", spec, settings.max_response_floats
+        )
     except ClientGone:
         return Response(status_code=499)
     token_lists, arrays = embedded.tokens, embedded.layers
     hits, misses = embedded.hits, embedded.misses
-    n_floats = size[0]
+    n_floats = embedded.floats
     texts = [s if isinstance(s, str) else " ".join(s) for s in req.sentences]
     args = (served, req, texts, token_lists, arrays, spec, hits, misses)
     if n_floats <= _STREAM_FLOATS:

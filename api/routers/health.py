@@ -28,8 +28,9 @@ async def healthz() -> dict[str, Any]:
     responses={
         503: {
             "model": NotReady,
-            "description": "Loading or warming up; or (ELMO_FLEET_STALE_READY=unready) "
-            "the fleet's state unread for over ELMO_FLEET_TTL",
+            "description": "Loading or warming up; or, with Redis, the fleet's state never "
+            "read since start (unjoined); or (ELMO_FLEET_STALE_READY=unready) unread for "
+            "over ELMO_FLEET_TTL",
         }
     },
     summary="Readiness: model loaded and warmed; cache backend state",
@@ -47,6 +48,13 @@ async def readyz(request: Request, holder: HolderDep) -> Response:
     health = None
     if fleet is not None:
         health = {"stale": fleet.stale, "state_age": fleet.state_age(), "error": fleet.redis_error}
+        if not fleet.joined:  # whatever ELMO_FLEET_STALE_READY says: it never was in the fleet
+            body = error_body("fleet_unjoined", fleet.unjoined_message())
+            return JSONBytesResponse(
+                {**body, "status": "unjoined", "fleet": health},
+                status_code=503,
+                headers={"Retry-After": "5"},
+            )
         if fleet.stale and request.app.state.settings.fleet_stale_ready == "unready":
             body = error_body(
                 "fleet_stale",

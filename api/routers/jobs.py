@@ -22,13 +22,10 @@ from api.encoding import JSONBytesResponse
 from api.errors import ApiError
 from api.schemas import ERROR_RESPONSES
 from jobs import (
-    JobConflict,
     JobIn,
-    JobNotFound,
     JobRecord,
     JobService,
     StoreUnavailable,
-    Unreadable,
 )
 
 router = APIRouter(prefix="/v1", tags=["jobs"], dependencies=[Depends(require_admin)])
@@ -72,23 +69,12 @@ async def _call(jobs: JobService, fn: Callable[..., T], *args: Any) -> T:
     loop = asyncio.get_running_loop()
     # the store's own timeouts bound each call; this bounds a queue of calls behind them
     deadline = max(10.0, 5 * jobs.settings.jobs_store_timeout)
-    try:
+    try:  # the jobs' own errors (not found, conflict, store down) map in api/errors.py
         return await asyncio.wait_for(
             loop.run_in_executor(jobs.executor, functools.partial(fn, *args)), deadline
         )
     except TimeoutError as e:
-        raise ApiError(
-            503, "store_unavailable", f"the job store did not answer within {deadline:.0f}s",
-            None, {"Retry-After": "5"},
-        ) from e  # fmt: skip
-    except Unreadable as e:
-        raise ApiError(409, "unreadable_record", str(e), "job_id") from e
-    except JobNotFound as e:
-        raise ApiError(404, "not_found", f"no job {e.args[0]!r}", "job_id") from e
-    except JobConflict as e:
-        raise ApiError(409, "conflict", e.message, e.field) from e
-    except StoreUnavailable as e:
-        raise ApiError(503, "store_unavailable", str(e), None, {"Retry-After": "5"}) from e
+        raise StoreUnavailable(f"the job store did not answer within {deadline:.0f}s") from e
 
 
 def _out(rec: JobRecord) -> dict[str, Any]:

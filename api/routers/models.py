@@ -18,11 +18,9 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from api.activation import activate_in_fleet, activate_model
 from api.artifacts import list_artifacts
 from api.deps import HolderDep, ModelDep, SettingsDep, require_admin, require_key
-from api.errors import ApiError
-from api.fleet import FleetAgent, OutcomeUnknown, default_replica_id, standalone_view
+from api.errors import ApiError, activation_error
+from api.fleet import FleetAgent, default_replica_id, standalone_view
 from api.schemas import ERROR_RESPONSES, Activated, ModelInfo, ModelList
-from elmo_service.errors import ArtifactError
-from storage import StoreUnavailable
 
 router = APIRouter(prefix="/v1", tags=["models"], dependencies=[Depends(require_key)])
 
@@ -99,30 +97,11 @@ async def activate(
             new, old = await activate_model(
                 holder, settings, state.cache_backend, state.io, state.metrics, name
             )
-    except LookupError as e:
-        raise ApiError(404, "not_found", f"no model {name!r} in the models folder", "name") from e
-    except ArtifactError as e:  # still being written, or broken: the served model stays
-        raise ApiError(
-            422, "bad_artifact", f"model {name!r} cannot be loaded: {e.message}", "name"
-        ) from e
-    except OutcomeUnknown as e:  # sent, unanswered, not read back: it may land yet
-        raise ApiError(
-            503,
-            "fleet_outcome_unknown",
-            f"cannot tell whether {name!r} became the fleet's model: {e}. GET /v1/models "
-            f"shows the fleet's desired model; activating {name!r} again is safe (a no-op "
-            "once recorded)",
-            None,
-            {"Retry-After": "5"},
-        ) from e
-    except StoreUnavailable as e:  # not recorded (never sent, or read back): nothing swapped
-        raise ApiError(
-            503,
-            "fleet_unavailable",
-            f"{name!r} is not the fleet's model: {e}",
-            None,
-            {"Retry-After": "5"},
-        ) from e
+    except Exception as e:
+        answer = activation_error(e, name)  # api/errors.py: what each refusal answers
+        if answer is None:
+            raise
+        raise answer from e
     return {
         "activated": new.info(),
         "previous": {"id": old.name, "version": old.version} if old is not None else None,

@@ -16,11 +16,10 @@ from api import outputs
 from api.deps import ServingDep
 from api.encoding import JSONBytesResponse, dumps
 from api.errors import ApiError
-from api.responses import check_response_floats
 from api.routers.common import ClientGone, check_request_limits, embed_request
 from api.schemas import ERROR_RESPONSES, EmbeddingsRequest, EmbeddingsResponse
 from api.served import ServedModel
-from elmo_service.outputs import plan_output, render
+from elmo_service.outputs import render
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -58,13 +57,11 @@ async def embeddings(
         )
     inputs = [req.input] if isinstance(req.input, str) else list(req.input)
     check_request_limits(inputs, settings, "input")
-    check_response_floats(  # one pooled vector per input: only a very wide model gets here
-        len(inputs) * served.dim, settings, "input", f"{len(inputs)} inputs x {served.dim} dims"
-    )
-    spec = plan_output(served.n_layers, output="mix", pooling="mean")
-    spec = spec.using(*await served.default_mix_async())
+    spec = await served.output_spec(output="mix", pooling="mean")  # the default mix, pooled
     try:
-        embedded = await embed_request(request, served, inputs, "input")
+        embedded = await embed_request(
+            request, served, inputs, "input", spec, settings.max_response_floats
+        )
     except ClientGone:
         return Response(status_code=499)
     token_lists, arrays = embedded.tokens, embedded.layers

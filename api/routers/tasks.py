@@ -20,7 +20,7 @@ from api.encoding import JSONBytesResponse
 from api.errors import ApiError
 from api.schemas import ERROR_RESPONSES, TaskDeleted, TaskIn, TaskList, TaskOut
 from api.served import ServedModel
-from api.tasks_store import StoreUnavailable
+from api.tasks_store import json_problem
 from elmo_service.scalar_mix import MixSpec, check_task_name
 
 router = APIRouter(prefix="/v1", tags=["tasks"], dependencies=[Depends(require_key)])
@@ -30,19 +30,15 @@ NamePath = Path(..., description="Task name: letters, digits, '_', '.', '-'", ex
 
 
 async def _io(served: ServedModel, fn: Callable[..., T], *args: Any) -> T:
-    try:
-        return await asyncio.get_running_loop().run_in_executor(served.io, fn, *args)
-    except StoreUnavailable as e:
-        raise ApiError(503, "store_unavailable", str(e), None, {"Retry-After": "5"}) from e
+    """``fn(*args)`` off the event loop (the store may block; its outage is a 503 by
+    ``api/errors.py``'s table)."""
+    return await asyncio.get_running_loop().run_in_executor(served.io, fn, *args)
 
 
 @router.get("/tasks", response_model=TaskList, responses=ERROR_RESPONSES, summary="List tasks")
 async def list_tasks(served: ModelDep) -> dict[str, Any]:
-    return {
-        "object": "list",
-        "n_layers": served.n_layers,
-        "data": await _io(served, served.tasks.list),
-    }
+    data, unreadable = await _io(served, served.tasks.listing)
+    return {"object": "list", "n_layers": served.n_layers, "data": data, "unreadable": unreadable}
 
 
 @router.get(
@@ -65,6 +61,10 @@ async def get_task(served: ModelDep, name: str = NamePath) -> dict[str, Any]:
 )
 async def put_task(body: TaskIn, served: ModelDep, name: str = NamePath) -> Response:
     check_task_name(name)
+    problem = json_problem(body.meta, "meta")
+    if problem is not None:  # stored, it would break every later read of the tasks (#50)
+        where, why = problem
+        raise ApiError(422, "invalid_input", f"{where}: {why}; it cannot be stored", where)
     spec = MixSpec(
         weights=list(body.weights),
         gamma=body.gamma,

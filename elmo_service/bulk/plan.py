@@ -250,8 +250,5 @@ def resolve_mix(model: Path, opts: BulkOptions) -> tuple[str, int, int, Any | No
     if opts.output != "mix":
         return header.version, n_layers, header.config.output_dim, None
     tasks = load_tasks(model, n_layers)
-    if opts.task is not None and opts.task not in tasks:
-        known = ", ".join(sorted(tasks)) or "none"
-        raise ConfigError(f"model has no task {opts.task!r} (tasks: {known})", field="task")
-    spec = resolve_output(n_layers, tasks.get, output="mix", task=opts.task).mix
+    spec = resolve_output(n_layers, tasks.get, tasks, output="mix", task=opts.task).mix
     return header.version, n_layers, header.config.output_dim, spec

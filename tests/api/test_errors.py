@@ -48,7 +48,6 @@ def _err(r, status, code=None, field=None):
         ({"sentences": []}, 422, "invalid_input", "sentences"),
         ({"sentences": ["ok", "fine", 3]}, 422, "invalid_request", "sentences[2]"),
         ({"sentences": ["ok", ["a", 1]]}, 422, "invalid_request", "sentences[1]"),
-        ({"sentences": ["ok", "   "]}, 422, "invalid_input", "sentences[1]"),
         ({"sentences": "not a list"}, 422, "invalid_request", "sentences"),
         ({}, 422, "invalid_request", "sentences"),
         ({"sentences": ["a"], "bogus": 1}, 422, "invalid_request", "bogus"),
@@ -140,7 +139,13 @@ def test_malformed_json_and_content_type(client):
 
 def test_unknown_routes_and_methods(client):
     _err(client.get("/v1/nothing"), 404, "not_found")
-    _err(client.get("/v1/embed"), 405, "method_not_allowed")
+    r = client.get("/v1/embed")
+    _err(r, 405, "method_not_allowed")
+    assert r.headers["allow"] == "POST"
+    # a path several routes serve: the 405 lists every one of its methods (#50)
+    r = client.post("/v1/tasks/x", json={})
+    _err(r, 405, "method_not_allowed")
+    assert set(r.headers["allow"].split(", ")) == {"DELETE", "GET", "PUT"}, r.headers
     _err(client.get("/v1/tasks/nope"), 404, "not_found", "name")
     _err(client.get("/v1/models/other"), 404, "not_found", "model_id")
 
@@ -160,12 +165,6 @@ def test_openai_rejections(client):
         "dimensions",
     )
     _err(client.post("/v1/embeddings", json={**ok, "input": []}), 422, "invalid_input", "input")
-    _err(
-        client.post("/v1/embeddings", json={**ok, "input": ["a", ""]}),
-        422,
-        "invalid_input",
-        "input[1]",
-    )
     _err(
         client.post("/v1/embeddings", json={**ok, "input": ["a"] * 5}),
         413,

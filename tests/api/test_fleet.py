@@ -208,3 +208,78 @@ def test_a_replica_without_the_model_keeps_serving_and_converges_once_it_appears
         )
 
     _until(all_on_winner, what="every replica on the last recorded activation")
+
+
+def test_a_replica_restarted_against_a_redis_it_cannot_read_gets_no_traffic(
+    redis_server_factory, tmp_path, stop_all
+):
+    """#50 item 8, behind the shipped HAProxy config: r3, restarted on ELMO_MODEL=alpha
+    against a Redis it cannot reach, is invisible to r1 and r2 (its heartbeat cannot reach
+    Redis either), whose views say ``agree: true, converged 2/2``. That is only true if r3
+    gets none of the balancer's traffic: its /readyz is 503 ``fleet_unjoined`` (whatever
+    ELMO_FLEET_STALE_READY says), so every answer through the balancer is beta. Once it can
+    read the fleet's state it converges on beta like any restart."""
+    import shutil
+    import subprocess
+
+    from tests.deploy.test_haproxy import HAPROXY_CFG, render
+    from tests.support.ports import free_port
+
+    redis = redis_server_factory()
+    models = _models(tmp_path / "models", {"alpha": 0, "beta": 1})
+    beta = read_manifest(models / "beta")["version"]
+    alpha = read_manifest(models / "alpha")["version"]
+    stop_all += _replicas(redis.url, tmp_path, [models] * 3)
+    r1, r2, r3 = stop_all
+    resp = httpx.post(r1.url + "/v1/models/beta/activate", headers=ADMIN, timeout=60)
+    assert resp.status_code == 200, resp.text
+    _until(lambda: _fleet(r1)["converged"] == 3, what="3 converged")
+
+    lb_port = free_port()
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(render(HAPROXY_CFG.read_text(), lb_port, {r.name: r.port for r in stop_all}))
+    haproxy = shutil.which("haproxy")
+    assert haproxy, "haproxy is needed (apt-get install haproxy)"
+    with open(tmp_path / "haproxy.log", "ab") as log:
+        lb = subprocess.Popen([haproxy, "-W", "-db", "-f", str(cfg)], stdout=log, stderr=log)
+    try:
+        r3.stop()
+        good_url = r3.env["REDIS_URL"]
+        r3.env["REDIS_URL"] = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+        r3.start()
+
+        def unjoined() -> bool:
+            try:
+                r = httpx.get(r3.url + "/readyz", timeout=5)
+            except httpx.HTTPError:
+                return False
+            return r.status_code == 503 and r.json()["code"] == "fleet_unjoined"
+
+        _until(unjoined, timeout=60, what="r3 up and unjoined")
+        ready = httpx.get(r3.url + "/readyz", timeout=5).json()
+        assert ready["status"] == "unjoined" and ready["fleet"]["error"]
+        # asked directly it answers, naming the model it has; its own view claims nothing
+        direct = httpx.post(r3.url + "/v1/embed", json={"sentences": [SENTENCE]}, timeout=30)
+        assert direct.status_code == 200 and direct.headers["x-model-version"] == alpha
+        own = _fleet(r3)
+        assert not own["agree"] and own["error"]
+        time.sleep(3)  # past two of HAProxy's checks (inter 2s): r3 never entered the rotation
+        seen = set()
+        with httpx.Client(base_url=f"http://127.0.0.1:{lb_port}", timeout=30) as c:
+            for _ in range(60):
+                r = c.post("/v1/embed", json={"sentences": [SENTENCE]})
+                assert r.status_code == 200, r.text
+                seen.add(r.headers["x-model-version"])
+        assert seen == {beta}, seen  # none of the 60 from the old model
+        for r in (r1, r2):  # the views of the fleet in rotation: true
+            view = _fleet(r)
+            assert view["agree"] and view["converged"] == view["replicas_total"] == 2, view
+
+        r3.stop()  # Redis readable again: it joins, converges on beta, serves
+        r3.env["REDIS_URL"] = good_url
+        r3.start()
+        assert r3.wait_ready()["model"] == {"id": "beta", "version": beta}
+        assert _embed(r3)[1] == beta
+    finally:
+        lb.terminate()
+        lb.wait(10)

@@ -195,6 +195,28 @@ def test_a_replica_that_cannot_read_the_fleet_state_never_claims_agreement(
         assert not view["agree"] and view["state_age"] > 1.0
         assert _metric(c, "elmo_fleet_stale") == 1.0
         assert _metric(c, "elmo_fleet_state_age_seconds") > 1.0
+        # it never read the fleet's state since it started: it cannot tell the fleet's
+        # model, so whatever ELMO_FLEET_STALE_READY says it is out of rotation (#50 item 8);
+        # what is sent to it directly is answered, naming its model
+        r = c.get("/readyz")
+        assert r.json()["fleet"]["stale"] is True
+        assert r.status_code == 503 and r.json()["code"] == "fleet_unjoined", r.text
+        e = c.post("/v1/embed", json={"sentences": ["a b"]})
+        assert e.status_code == 200 and e.headers["x-model-version"], e.text
+
+
+@pytest.mark.parametrize("stale_ready", ["ready", "unready"])
+def test_a_replica_that_joined_then_lost_redis_follows_the_stale_policy(
+    models, redis_server_factory, tmp_path, stale_ready
+):
+    """Once it has read the fleet's state it serves the model it converged on through an
+    outage (a Redis outage must not empty the balancer), ready or not per the policy."""
+    redis = redis_server_factory()
+    settings = _settings(models, tmp_path, redis.url, "was-in", fleet_stale_ready=stale_ready)
+    with TestClient(create_app(settings)) as c:
+        assert c.get("/readyz").status_code == 200
+        redis.stop()
+        _until(lambda: c.get("/v1/models").json()["fleet"]["stale"], what="stale")
         r = c.get("/readyz")
         assert r.json()["fleet"]["stale"] is True
         assert r.status_code == (200 if stale_ready == "ready" else 503), r.text

@@ -136,8 +136,12 @@ def _overloaded(r: httpx.Response) -> None:
 
 
 def _busy(sock: socket.socket) -> socket.socket:
-    """A request begun and never finished: the connection counts against the limit."""
-    sock.sendall(b"POST /v1/embed HTTP/1.1\r\nHost: x\r\n")
+    """A request whose headers are in and whose body never comes: the connection counts
+    against the limit (one still sending its headers does not: see test_slow_headers)."""
+    sock.sendall(
+        b"POST /v1/embed HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: 100\r\n\r\n"
+    )
     return sock
 
 

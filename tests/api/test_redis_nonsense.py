@@ -77,7 +77,9 @@ def test_embed_routes_serve_correct_vectors_on_nonsense(client, fake, ref, mode)
         assert len(r.json()["data"]) == 3
     # every MGET met nonsense: counted each time the breaker let one through
     assert _metric(client, 'elmo_cache_errors_total{kind="bad_reply"}') >= bad_before + 3
-    assert client.get("/readyz").status_code == 200
+    # served, yet out of rotation: it never read the fleet's desired model (#50 item 8)
+    ready = client.get("/readyz")
+    assert ready.status_code == 503 and ready.json()["code"] == "fleet_unjoined", ready.text
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -46,11 +46,13 @@ def api(tiny_model_dir, tmp_path):
         yield c
 
 
-def _reject(c, body: dict[str, Any], field: str, words: str) -> None:
+def _reject(c, body: dict[str, Any], field: str, words: str, tmp: Path | None = None) -> None:
     r = c.post("/v1/jobs", json=body, headers=ADMIN)
     assert r.status_code == 422, r.text
     err = r.json()
     assert err["field"] == field and words in err["message"], err
+    if tmp is not None:  # #50: a 422 never names the server's folders
+        assert str(tmp) not in r.text and str(tmp.resolve()) not in r.text, err
 
 
 def test_an_adapt_job_is_checked_at_submit(tiny_model_dir, tmp_path):
@@ -58,7 +60,10 @@ def test_an_adapt_job_is_checked_at_submit(tiny_model_dir, tmp_path):
     shutil.copytree(tiny_model_dir, d["models"] / "base")
     s = settings_for(tiny_model_dir, d, jobs_embedded_worker=False)
     with TestClient(create_app(s)) as c:
-        _reject(c, adapt_body(base_model="nope"), "base_model", "no model 'nope'")
+        _reject(c, adapt_body(base_model="nope"), "base_model", "no model 'nope'", tmp_path)
+        # a folder that is not a model: the reason, with the folder relative to models/
+        (d["models"] / "empty").mkdir()
+        _reject(c, adapt_body(base_model="empty"), "base_model", "models/empty", tmp_path)
         _reject(c, adapt_body(config={"optim": {"lr": 1.0}}), "config", "base_model")
         _reject(c, adapt_body(prepare={"vocab_size": 50}), "prepare", "base_model")
         _reject(c, adapt_body(adapt={"lr": -1}), "adapt.lr", "")
