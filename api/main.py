@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -29,7 +30,12 @@ from api.fleet import FleetAgent, fleet_store, load_startup_model
 from api.holder import ModelHolder
 from api.loading import on_load_thread
 from api.metrics import Metrics, MetricsMiddleware
-from api.middleware import AnnounceMiddleware, ModelVersionMiddleware, RequestGuardMiddleware
+from api.middleware import (
+    AnnounceMiddleware,
+    ModelVersionMiddleware,
+    RequestGuardMiddleware,
+    TimingMiddleware,
+)
 from api.routers import embed, health, jobs, limits, models, openai, tasks
 from api.settings import Settings, load_settings
 from elmo_service.errors import ElmoServiceError
@@ -199,10 +205,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(ModelVersionMiddleware)
     app.add_middleware(AnnounceMiddleware, holder=lambda: app.state.holder)
     app.add_middleware(RequestGuardMiddleware, max_body_bytes=max_body)
+    # the X-*-Time headers: outside the body guard, so the total counts reading the body
+    app.add_middleware(TimingMiddleware, metrics=lambda: app.state.metrics)
     app.add_middleware(
         MetricsMiddleware, metrics=lambda: app.state.metrics, routes=lambda: app.routes
     )
+    # opt-in traces (ELMO_OTEL): before the app starts, so its middleware is in the stack
+    otel = settings.otel if settings is not None else _env_flag("ELMO_OTEL")
+    if otel:
+        from api import tracing
+
+        tracing.enable(app)
     return app
+
+
+def _env_flag(name: str) -> bool:
+    """A boolean setting read before the settings are (``uvicorn api.main:app``)."""
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 app = create_app()

@@ -129,6 +129,11 @@ class EmbedRequest(BaseModel):
         "json", description="'base64': little-endian C-order bytes of the array, base64-encoded."
     )
     dtype: Literal["float32", "float16"] = "float32"
+    priority: Literal["interactive", "batch"] = Field(
+        "interactive",
+        description="The batcher's lane: interactive (served first) or batch (bulk work; "
+        "a bounded share of the model while interactive work waits). docs/serving.md.",
+    )
 
 
 class TokenOut(BaseModel):
@@ -202,6 +207,11 @@ class EmbeddingsRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, description="Only the model's own width is supported.")
     user: str | None = None
+    priority: Literal["interactive", "batch"] = Field(
+        "interactive",
+        description="The batcher's lane: interactive (served first) or batch (bulk work; "
+        "a bounded share of the model while interactive work waits). docs/serving.md.",
+    )
 
 
 class EmbeddingOut(BaseModel):

@@ -121,11 +121,18 @@ class ServedModel:
         field: str = "sentences",
         ticket: Ticket | None = None,
         check: Callable[[list[list[Token]]], None] | None = None,
+        lane: str = "interactive",
+        timing: Any = None,
     ) -> Embedded:
         """What a route asks of the model: tokenize (errors name ``field[i]``; a sentence
         with no tokens is refused), ``check(token_lists)`` if given, then the layers
-        (:meth:`layers`)."""
+        (:meth:`layers`) in priority ``lane``; ``timing`` (``api.lanes.RequestTiming``)
+        gets the tokenization, queue and model time."""
+        t0 = time.perf_counter()
         token_lists = self.tokenize(sentences, field)
+        if timing is not None:
+            timing.lane, timing.used = lane, True
+            timing.tokenization = time.perf_counter() - t0
         for i, toks in enumerate(token_lists):
             if not toks:
                 raise InputError(
@@ -134,7 +141,7 @@ class ServedModel:
         if check is not None:
             check(token_lists)
         texts = [[t.text for t in toks] for toks in token_lists]
-        layers, hits, misses = await self.layers(texts, ticket)
+        layers, hits, misses = await self.layers(texts, ticket, lane, timing)
         return Embedded(token_lists, layers, hits, misses)
 
     def default_mix(self) -> tuple[MixSpec, str | None]:
@@ -159,7 +166,11 @@ class ServedModel:
         return await asyncio.get_running_loop().run_in_executor(self.io, self.default_mix)
 
     async def layers(
-        self, token_lists: list[list[str]], ticket: Ticket | None = None
+        self,
+        token_lists: list[list[str]],
+        ticket: Ticket | None = None,
+        lane: str = "interactive",
+        timing: Any = None,
     ) -> tuple[list[np.ndarray], int, int]:
         """``[L+1, T, D]`` float32 per sentence: cache first, the batcher for the rest.
 
@@ -191,7 +202,11 @@ class ServedModel:
             computed: list[np.ndarray] = []
             if miss:
                 computed = await self.runner.embed(
-                    [u_tokens[j] for j in miss], timeout=self.request_timeout, ticket=ticket
+                    [u_tokens[j] for j in miss],
+                    timeout=self.request_timeout,
+                    ticket=ticket,
+                    lane=lane,  # type: ignore[arg-type]
+                    timing=timing,
                 )
         finally:
             ticket.retire()

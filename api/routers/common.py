@@ -11,6 +11,7 @@ from starlette.requests import Request
 
 from api.batcher import BatcherClosed, QueueFull
 from api.errors import ApiError
+from api.lanes import TIMING_KEY
 from api.middleware import TICKET_KEY
 from api.served import Embedded, ServedModel
 from api.settings import Settings
@@ -80,12 +81,18 @@ async def embed_request(
     sentences: list,
     field: str,
     check: Callable[[list], None] | None = None,
+    priority: str = "interactive",
 ) -> Embedded:
     """:meth:`ServedModel.embed` for a route: the request's ticket, cancelled when the client
     goes, and the runner's refusals as HTTP errors. ``check(token_lists)`` runs between
-    tokenizing and the model (a bound on the answer's size)."""
+    tokenizing and the model (a bound on the answer's size). ``priority``: the batcher's
+    lane; the request's timing (``X-*-Time``, left in the scope by the TimingMiddleware)
+    is filled in on the way."""
     ticket = request.scope.get(TICKET_KEY)
-    work = served.embed(sentences, field=field, ticket=ticket, check=check)
+    timing = request.scope.get(TIMING_KEY)
+    work = served.embed(
+        sentences, field=field, ticket=ticket, check=check, lane=priority, timing=timing
+    )
     try:
         return await run_guarded(request, work)
     except QueueFull as e:  # refused at the door (queue full, or could not finish in time)

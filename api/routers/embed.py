@@ -202,7 +202,9 @@ async def embed(
         check_response_floats(size[0], settings, "sentences", detail)
 
     try:
-        embedded = await embed_request(request, served, req.sentences, "sentences", check=bound)
+        embedded = await embed_request(
+            request, served, req.sentences, "sentences", check=bound, priority=req.priority
+        )
     except ClientGone:
         return Response(status_code=499)
     token_lists, arrays = embedded.tokens, embedded.layers

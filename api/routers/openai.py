@@ -64,7 +64,7 @@ async def embeddings(
     spec = plan_output(served.n_layers, output="mix", pooling="mean")
     spec = spec.using(*await served.default_mix_async())
     try:
-        embedded = await embed_request(request, served, inputs, "input")
+        embedded = await embed_request(request, served, inputs, "input", priority=req.priority)
     except ClientGone:
         return Response(status_code=499)
     token_lists, arrays = embedded.tokens, embedded.layers
