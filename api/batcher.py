@@ -230,7 +230,7 @@ class Batcher:
             INTERACTIVE: max_queue,
             BATCH: max_queue if batch_max_queue is None else batch_max_queue,
         }
-        self.share = LaneShare(batch_share)
+        self.share = LaneShare(batch_share, floor=batch_tokens)
         self.interactive_window = interactive_window
         self.metrics = metrics
         self.take_tokens = batch_tokens * take_batches

@@ -36,11 +36,16 @@ class LaneShare:
     the last ``1 / (1 - decay)`` batches.
     """
 
-    def __init__(self, batch_share: float = 0.2, decay: float = 0.9) -> None:
+    def __init__(self, batch_share: float = 0.2, decay: float = 0.9, floor: float = 0.0) -> None:
         if not 0.0 <= batch_share <= 1.0:
             raise ValueError("batch_share must be in [0, 1]")
         self.batch_share = batch_share
         self.decay = decay
+        # light interactive traffic never yields: below ``floor`` recent interactive tokens
+        # (the batcher passes one batch budget) batch work already gets the idle model and
+        # the room in interactive batches, and making a lone interactive request wait for
+        # a batch slice would only add latency
+        self.floor = floor
         self.tokens = {INTERACTIVE: 0.0, BATCH: 0.0}
 
     def ran(self, tokens: dict[Lane, int]) -> None:
@@ -50,8 +55,10 @@ class LaneShare:
 
     def batch_due(self) -> bool:
         """With both lanes waiting: has the batch lane fallen below its share?"""
+        if self.batch_share <= 0 or self.tokens[INTERACTIVE] < self.floor:
+            return False
         total = self.tokens[INTERACTIVE] + self.tokens[BATCH]
-        return self.batch_share > 0 and self.tokens[BATCH] < self.batch_share * total
+        return self.tokens[BATCH] < self.batch_share * total
 
 
 @dataclass(eq=False)
