@@ -36,7 +36,7 @@ from api.middleware import (
     RequestGuardMiddleware,
     TimingMiddleware,
 )
-from api.routers import embed, health, jobs, limits, models, openai, tasks
+from api.routers import embed, health, jobs, limits, models, openai, selftest, tasks
 from api.settings import Settings, load_settings
 from elmo_service.errors import ElmoServiceError
 from jobs import JobService
@@ -51,6 +51,7 @@ Contextual token embeddings from an ELMo-style biLM.
 * `GET /v1/models`, `/v1/tasks`: what is served; tasks are named mixes (writes need an admin key).
 * `POST /v1/models/{name}/activate`: serve another artifact of the models folder (admin).
 * `/v1/jobs`: pretraining jobs, run by `elmo-service worker` (admin).
+* `GET /v1/selftest`: the served model on the sentences stored with its artifact (admin).
 * Errors are always `{"code", "message", "field"}` with a 4xx status for client mistakes.
 """
 
@@ -190,6 +191,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         limits.router,
         tasks.router,
         jobs.router,
+        selftest.router,
         health.router,
     ):
         app.include_router(r)

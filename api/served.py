@@ -94,6 +94,7 @@ class ServedModel:
     created: int | None = None  # the manifest's mtime when it was loaded
     loaded_at: float = field(default_factory=time.time)
     warmed: bool = False
+    selftest: dict[str, Any] | None = None  # the last self-test's result (api/selftest.py)
     _default_mix: tuple | None = field(default=None, repr=False)
 
     @property
