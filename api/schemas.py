@@ -342,11 +342,21 @@ class DesiredOut(BaseModel):
     by: str = Field(..., description="The replica that recorded it.")
 
 
+class SelfTestSummary(BaseModel):
+    status: Literal["passed", "failed", "unchecked", "absent", "error"]
+    ok: bool | None = Field(..., description="null: not held to the bound (not fp32, or absent).")
+    max_rel_diff: float | None = None
+    checked_at: float
+
+
 class ReplicaOut(BaseModel):
     id: str
     host: str
     pid: int
     served: ModelRef | None
+    selftest: SelfTestSummary | None = Field(
+        None, description="Its served model's last self-test (GET /v1/selftest); null: not run."
+    )
     state: Literal["serving", "loading", "failed"] = Field(
         ..., description="failed: cannot load the desired model; it serves what it had."
     )
