@@ -349,6 +349,33 @@ class SelfTestSummary(BaseModel):
     checked_at: float
 
 
+class SelfTestComparison(BaseModel):
+    max_abs_diff: float | None = Field(..., description="null: not finite")
+    max_rel_diff: float | None = Field(
+        ..., description="max |d| / max(1, |stored|); null: not finite"
+    )
+    worst_sentence: int | None
+    within_bound: bool
+    error: str | None = None
+
+
+class SelfTestResult(BaseModel):
+    model: ModelRef
+    status: Literal["passed", "failed", "unchecked", "error"]
+    ok: bool | None = Field(..., description="Every value within the bound; null: not fp32.")
+    bound: dict[str, Any]
+    checked_at: float
+    sentences: int | None = None
+    max_abs_diff: float | None = None
+    max_rel_diff: float | None = None
+    alone: SelfTestComparison | None = Field(None, description="Each sentence alone.")
+    batched: SelfTestComparison | None = Field(None, description="All in one request.")
+    stored_for_version: str | None = None
+    exact: bool | None = None
+    seconds: float | None = None
+    error: str | None = None
+
+
 class ReplicaOut(BaseModel):
     id: str
     host: str
@@ -464,6 +491,9 @@ class Ready(BaseModel):
     cache: CacheState
     tasks_store: Literal["file", "redis"]
     fleet: FleetHealth | None = Field(None, description="With Redis: this replica's view of it.")
+    selftest: SelfTestSummary | None = Field(
+        None, description="With ELMO_READY_REQUIRES_SELFTEST: the served model's self-test."
+    )
 
 
 class ErrorOut(BaseModel):
@@ -473,8 +503,9 @@ class ErrorOut(BaseModel):
 
 
 class NotReady(ErrorOut):
-    status: Literal["starting", "stale"] = "starting"
+    status: Literal["starting", "stale", "selftest_failed"] = "starting"
     fleet: FleetHealth | None = None
+    selftest: SelfTestSummary | None = None
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends
 
 from api.deps import ModelDep, require_admin
 from api.errors import ApiError
-from api.schemas import ERROR_RESPONSES
+from api.schemas import ERROR_RESPONSES, SelfTestResult
 from api.selftest import run_selftest
 
 router = APIRouter(prefix="/v1", tags=["selftest"], dependencies=[Depends(require_admin)])
@@ -16,6 +16,7 @@ router = APIRouter(prefix="/v1", tags=["selftest"], dependencies=[Depends(requir
 
 @router.get(
     "/selftest",
+    response_model=SelfTestResult,
     responses=ERROR_RESPONSES,
     summary="Self-test: the served model on the sentences stored with its artifact",
     description=(
