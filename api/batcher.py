@@ -18,9 +18,9 @@ Priority lanes (``priority`` in a request: ``interactive``, the default, or
 ``batch``): each lane has its own queue, queue bound and admission.
 
 * Interactive work goes first: a take starts with the interactive queue, and
-  while batch work waits, the room left in that batch (up to one slice, below)
-  is filled with batch sentences, so an interactive request never costs the
-  model a batch of its own.
+  while batch work waits, the room left in that batch (up to a quarter of a
+  slice, below) is filled with batch sentences, which ride along on the steps
+  the model takes for the interactive sentence anyway.
 * No starvation: while both lanes wait, the batch lane gets at least
   ``batch_share`` of the model's recent tokens (``api.lanes.LaneShare``: why a
   share and not an age rule is said there).
@@ -30,8 +30,8 @@ Priority lanes (``priority`` in a request: ``interactive``, the default, or
   full batches, and after each batch of a take the worker looks at the
   interactive queue again (the rest of the take goes back to the front of the
   batch queue). So an interactive request waits behind at most one slice (one
-  full batch for the first one after a quiet spell), then runs with at most one
-  slice's worth of batch sentences beside it.
+  full batch for the first one after a quiet spell), then runs with at most a
+  quarter slice of batch sentences beside it.
 
 A full lane raises :class:`QueueFull` at once (the route answers 429). Queues
 are counted in sentences, the unit the model works in.
@@ -225,6 +225,9 @@ class Batcher:
         self.embed_fn = embed_fn
         self.budget = BatchBudget(batch_tokens, max_batch_sentences)
         self.slice = BatchBudget(min(slice_tokens, batch_tokens), max_batch_sentences)
+        # an interactive batch takes batch work along up to a quarter slice: a bigger share
+        # would make the interactive request's own batch as long as the slice it waited for
+        self.topup_tokens = max(1, self.slice.tokens // 4)
         self.max_queue = max_queue
         self.lane_max_queue = {
             INTERACTIVE: max_queue,
@@ -434,12 +437,14 @@ class Batcher:
         return moved
 
     def _top_up(self, taken: list[_Item]) -> None:
-        """Fill an interactive batch with batch-lane sentences up to one slice (padded)."""
+        """Fill an interactive batch with batch-lane sentences, oldest first, up to
+        ``topup_tokens`` padded: the batch work rides along on steps the model takes anyway,
+        and the interactive request's own batch stays a fraction of a slice."""
         queue = self._queues[BATCH]
         n, longest, moved = len(taken), max(it.cost for it in taken), 0
         while queue and n < self.slice.sentences:
             cost = queue[0].cost
-            if (n + 1) * max(longest, cost) > self.slice.tokens:
+            if (n + 1) * max(longest, cost) > self.topup_tokens:
                 break
             it = queue.popleft()
             taken.append(it)
