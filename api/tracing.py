@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -112,7 +113,8 @@ def _default_provider() -> None:
             "opentelemetry-exporter-otlp-proto-http, or run under opentelemetry-instrument)"
         )
         return
-    provider = TracerProvider(resource=Resource.create({"service.name": "elmo-service"}))
+    name = os.environ.get("OTEL_SERVICE_NAME") or "elmo-service"  # the operator's wins
+    provider = TracerProvider(resource=Resource.create({"service.name": name}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
 

@@ -10,7 +10,7 @@ One server (``models/default``, no cache, the server's default threads) and, in 
               in one lane, first come first served -- the behaviour before lanes
 
 ``alone`` and ``mixed`` alternate for ``--rounds`` rounds (the machine is shared: ratios
-of neighbouring phases tell more than times). Targets (issue #49): interactive p99 under
+of neighbouring phases tell more than times). Targets: interactive p99 under
 load <= 3x idle p99; batch throughput with interactive traffic >= 85 % of alone.
 
     .venv/bin/python bench/bench_lanes.py                      # ~1.5 min
