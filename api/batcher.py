@@ -18,9 +18,10 @@ Priority lanes (``priority`` in a request: ``interactive``, the default, or
 ``batch``): each lane has its own queue, queue bound and admission.
 
 * Interactive work goes first: a take starts with the interactive queue, and
-  while batch work waits, the room left in that batch (up to a quarter of a
-  slice, below) is filled with batch sentences, which ride along on the steps
-  the model takes for the interactive sentence anyway.
+  while batch work waits, the room left in that batch (up to one slice, below,
+  unless ``topup_tokens`` says less) is filled with batch sentences, oldest
+  first: the interactive request rides in a slice the batch lane would have run
+  anyway, so it costs the model no extra batch.
 * No starvation: while both lanes wait, the batch lane gets at least
   ``batch_share`` of the model's recent tokens (``api.lanes.LaneShare``: why a
   share and not an age rule is said there).
@@ -189,6 +190,8 @@ class Batcher:
         The batch lane's least share of the model while both lanes wait (:class:`LaneShare`).
     interactive_window : `float`, optional
         Seconds after an interactive request during which batch work runs in slices.
+    topup_tokens : `int`, optional
+        Padded tokens of batch work an interactive batch takes along (default: a slice).
     metrics : `Metrics`, optional
         Prometheus metrics to update (queue depth, batch sizes, refusals).
     take_batches : `int`, optional (default = `4`)
@@ -215,6 +218,7 @@ class Batcher:
         slice_tokens: int = DEFAULT_BATCH_SLICE_TOKENS,
         batch_share: float = DEFAULT_BATCH_SHARE,
         interactive_window: float = DEFAULT_INTERACTIVE_WINDOW,
+        topup_tokens: int | None = None,
         metrics: Metrics | None = None,
         take_batches: int = 4,
         max_fill_wait: float = DEFAULT_FILL_WAIT_MS / 1000.0,
@@ -225,9 +229,12 @@ class Batcher:
         self.embed_fn = embed_fn
         self.budget = BatchBudget(batch_tokens, max_batch_sentences)
         self.slice = BatchBudget(min(slice_tokens, batch_tokens), max_batch_sentences)
-        # an interactive batch takes batch work along up to a quarter slice: a bigger share
-        # would make the interactive request's own batch as long as the slice it waited for
-        self.topup_tokens = max(1, self.slice.tokens // 4)
+        # an interactive batch takes batch work along up to this many padded tokens. A full
+        # slice (the default) makes it a slice the batch lane would have run anyway: no extra
+        # batch, so no extra per-step cost, for each interactive request (on 2 cores a lone
+        # sentence costs the model ~10 ms, about 400 tokens' worth inside a big batch); less
+        # shortens the interactive request's own batch and costs batch throughput
+        self.topup_tokens = self.slice.tokens if topup_tokens is None else topup_tokens
         self.max_queue = max_queue
         self.lane_max_queue = {
             INTERACTIVE: max_queue,
@@ -438,8 +445,7 @@ class Batcher:
 
     def _top_up(self, taken: list[_Item]) -> None:
         """Fill an interactive batch with batch-lane sentences, oldest first, up to
-        ``topup_tokens`` padded: the batch work rides along on steps the model takes anyway,
-        and the interactive request's own batch stays a fraction of a slice."""
+        ``topup_tokens`` padded tokens (see ``__init__``)."""
         queue = self._queues[BATCH]
         n, longest, moved = len(taken), max(it.cost for it in taken), 0
         while queue and n < self.slice.sentences:
@@ -471,7 +477,7 @@ class Batcher:
                 mixed = bool(self._queues[BATCH])
                 # beside waiting batch work, one batch at a time: the share is checked per batch
                 self._pop(INTERACTIVE, self.budget.tokens if mixed else self.take_tokens, taken)
-                if mixed and sum(it.cost for it in taken) < self.slice.tokens:
+                if mixed and sum(it.cost for it in taken) < self.topup_tokens:
                     self._top_up(taken)
                 budget, preemptible = self.budget, False
             else:

@@ -117,6 +117,7 @@ def load_served_model(
             batch_max_queue=settings.batch_max_queue,
             slice_tokens=settings.batch_slice_tokens,
             batch_share=settings.batch_share,
+            topup_tokens=settings.interactive_topup_tokens,
             max_fill_wait=settings.batch_fill_wait_ms / 1000.0,
             metrics=metrics,
             name=f"batcher-{name}",

@@ -158,6 +158,13 @@ class Settings(BaseSettings):
         description="While interactive traffic is live, batch-lane work runs in batches of at "
         "most this many padded tokens: what an interactive request may wait behind.",
     )
+    interactive_topup_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Padded tokens of waiting batch work an interactive batch takes along "
+        "(default: ELMO_BATCH_SLICE_TOKENS: the interactive request rides in a slice, no extra "
+        "batch). Less: a shorter interactive batch, at a cost in batch throughput.",
+    )
     batch_share: float = Field(
         DEFAULT_BATCH_SHARE,
         ge=0,

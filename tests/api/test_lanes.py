@@ -52,8 +52,8 @@ def _first_batch_with(batches, token: str) -> int:
 def test_interactive_work_runs_before_batch_work_queued_earlier():
     gate = threading.Event()
     model = GatedModel(gate)
-    # slices of 64 padded tokens: an interactive batch takes batch work along up to a quarter
-    b = Batcher(model, batch_tokens=4096, slice_tokens=64, max_fill_wait=0)
+    # slices of 64 padded tokens; an interactive batch takes batch work along up to 16
+    b = Batcher(model, batch_tokens=4096, slice_tokens=64, topup_tokens=16, max_fill_wait=0)
 
     async def main():
         warm = asyncio.ensure_future(b.embed([["warm"]]))
@@ -71,7 +71,7 @@ def test_interactive_work_runs_before_batch_work_queued_earlier():
     after = model.batches[1:]
     # every interactive sentence is in the first batch after the one that was running
     assert {s for s in after[0] if s[0].startswith("i")} == {("i0",), ("i1",), ("i2",)}
-    # ... topped up with the oldest batch work up to a quarter slice: 4 sentences x 4 tokens
+    # ... topped up with the oldest batch work up to 16 padded tokens: 4 sentences x 4 tokens
     assert sorted(after[0]) == [("b0", "x"), ("i0",), ("i1",), ("i2",)]  # (planned by length)
     assert len(after) > 2  # the rest of the batch lane ran after, in slices
     for batch in after[1:]:
