@@ -243,6 +243,7 @@ class Batcher:
         self.share = LaneShare(batch_share, floor=batch_tokens)
         self.interactive_window = interactive_window
         self.metrics = metrics
+        self.take_batches = take_batches
         self.take_tokens = batch_tokens * take_batches
         self.max_fill_wait = max_fill_wait
         self.fill_ratio = fill_ratio
@@ -483,7 +484,9 @@ class Batcher:
             else:
                 live = time.perf_counter() - self._last_interactive < self.interactive_window
                 budget = self.slice if live else self.budget
-                self._pop(BATCH, budget.tokens if live else self.take_tokens, taken)
+                # a few slices' worth, sorted together: they pack with little padding, and
+                # what is left when interactive work arrives goes back (see _worker)
+                self._pop(BATCH, budget.tokens * self.take_batches, taken)
                 preemptible = True
             self._gauge()
             return taken, budget, preemptible

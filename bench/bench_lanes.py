@@ -16,6 +16,7 @@ load <= 3x idle p99; batch throughput with interactive traffic >= 85 % of alone.
     .venv/bin/python bench/bench_lanes.py                      # ~1.5 min
     .venv/bin/python bench/bench_lanes.py --duration 20 --rounds 3 --fifo --json out.json
     .venv/bin/python bench/bench_lanes.py --server-env ELMO_BATCH_SLICE_TOKENS=512
+    .venv/bin/python bench/bench_lanes.py --slices     # in process: what slicing costs per token
 """
 
 from __future__ import annotations
@@ -186,6 +187,43 @@ async def phase(args, port: int, kind: str, sentences, probes) -> dict:
     return out
 
 
+def model_slices(args) -> dict:
+    """In process, no HTTP: what a batch of each padded-token budget costs per token against
+    the full budget (the throughput price of slicing), and a lone sentence's time (what an
+    interactive request costs the model in a batch of its own). Sizes interleaved per round;
+    medians of per-round ratios."""
+    from elmo_service.batching import BatchBudget, plan_batches
+    from elmo_service.embedder import Embedder
+
+    emb = Embedder.load(args.model, threads=args.threads)
+    emb.warm_up()
+    sents = [[t.text for t in toks] for toks in emb.tokenize(make_sentences(4000, seed=3))]
+    costs = [len(s) + 2 for s in sents]
+    budgets = sorted({256, 512, 1024, 2048, 4096, *args.slice_sizes})
+    cuts = {b: plan_batches(costs, BatchBudget(b, 256)) for b in budgets}
+    per_token: dict[int, list[float]] = {b: [] for b in budgets}
+    lone: list[float] = []
+    for r in range(args.slice_rounds):
+        for b in budgets:
+            batch = [sents[i] for i in cuts[b][(r * 7) % len(cuts[b])]]
+            t = time.perf_counter()
+            emb.run_batch(batch)
+            per_token[b].append((time.perf_counter() - t) / sum(len(x) + 2 for x in batch))
+        t = time.perf_counter()
+        emb.run_batch([sents[r]])
+        lone.append(time.perf_counter() - t)
+    full = max(budgets)
+    out = {
+        "lone_sentence_ms": statistics.median(lone) * 1e3,
+        "full_ms_per_1k_tokens": statistics.median(per_token[full]) * 1e6,
+    }
+    for b in budgets:
+        ratios = [f / x for f, x in zip(per_token[full], per_token[b], strict=True)]
+        out[f"efficiency_{b}"] = statistics.median(ratios)  # throughput vs the full budget
+        out[f"slice_{b}_ms"] = statistics.median(per_token[b]) * b * 1e3
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=10.0, help="seconds per phase")
@@ -197,7 +235,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, default=REPO / "models" / "default")
     ap.add_argument("--server-env", action="append", default=[], metavar="K=V")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--slices", action="store_true", help="the in-process slice costs only")
+    ap.add_argument("--slice-sizes", type=int, nargs="*", default=[])
+    ap.add_argument("--slice-rounds", type=int, default=15)
     args = ap.parse_args(argv)
+    if args.slices:
+        info = machine()
+        res = model_slices(args)
+        print(json.dumps({**info, **{k: round(v, 3) for k, v in res.items()}}))
+        return 0
     for kv in args.server_env:
         k, _, v = kv.partition("=")
         bench_serve.SERVER_ENV[k] = v
@@ -245,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     fifo = next((r for r in rows if r["phase"] == "fifo"), None)
     if fifo:
         summary["fifo_p50_ms"], summary["fifo_p99_ms"] = fifo["p50_ms"], fifo["p99_ms"]
+        summary["fifo_tokens_per_s"] = fifo["tokens_per_s"]
+        summary["mixed_p99_vs_fifo"] = summary["mixed_p99_ms"] / fifo["p99_ms"]
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in summary.items()}))
     if args.json:
         args.json.write_text(
