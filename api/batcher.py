@@ -231,8 +231,8 @@ class Batcher:
         self.slice = BatchBudget(min(slice_tokens, batch_tokens), max_batch_sentences)
         # an interactive batch takes batch work along up to this many padded tokens. A full
         # slice (the default) makes it a slice the batch lane would have run anyway: no extra
-        # batch, so no extra per-step cost, for each interactive request (on 2 cores a lone
-        # sentence costs the model ~10 ms, about 400 tokens' worth inside a big batch); less
+        # batch, so no extra per-step cost, for each interactive request (a lone sentence costs
+        # the model 100-400 tokens' worth of a full batch: docs/serving.md); less
         # shortens the interactive request's own batch and costs batch throughput
         self.topup_tokens = self.slice.tokens if topup_tokens is None else topup_tokens
         self.max_queue = max_queue
