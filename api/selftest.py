@@ -15,6 +15,7 @@ import asyncio
 import time
 from typing import Any
 
+from api.admission import BatcherClosed, QueueFull
 from api.served import ServedModel
 from elmo_service.errors import ArtifactError
 from elmo_service.selftest import REL_BOUND, compare, load_selftest
@@ -29,7 +30,8 @@ def _exact(served: ServedModel) -> bool:
 
 
 async def run_selftest(served: ServedModel) -> dict[str, Any]:
-    """Run the self-test now; the result is also left in ``served.selftest``."""
+    """Run the self-test now; the result is also left in ``served.selftest``. The runner's
+    refusals (QueueFull, TimeoutError, BatcherClosed) propagate: nothing is kept then."""
     t0 = time.perf_counter()
     base: dict[str, Any] = {
         "model": {"id": served.name, "version": served.version},
@@ -83,7 +85,9 @@ async def run_selftest(served: ServedModel) -> dict[str, Any]:
 
 
 async def ensure_selftest(served: ServedModel) -> dict[str, Any]:
-    """The served model's self-test result, run once (concurrent callers share the run)."""
+    """The served model's self-test result, run once (concurrent callers share the run).
+    A run the model could not take now (overloaded, timed out, shutting down) is answered as
+    an error and not kept: the next call tries again."""
     if served.selftest is not None:
         return served.selftest
     task = getattr(served, "_selftest_run", None)
@@ -92,6 +96,14 @@ async def ensure_selftest(served: ServedModel) -> dict[str, Any]:
         served._selftest_run = task  # type: ignore[attr-defined]
     try:
         return await asyncio.shield(task)
+    except (QueueFull, TimeoutError, BatcherClosed) as e:
+        return {
+            "model": {"id": served.name, "version": served.version},
+            "status": "error",
+            "ok": False,
+            "error": f"could not run now ({type(e).__name__}: {e}); retried on the next call",
+            "checked_at": time.time(),
+        }
     finally:
         if task.done():
             served._selftest_run = None  # type: ignore[attr-defined]
@@ -99,7 +111,11 @@ async def ensure_selftest(served: ServedModel) -> dict[str, Any]:
 
 def summary(served: ServedModel | None) -> dict[str, Any] | None:
     """What the fleet view shows of a replica's self-test (None: not run)."""
-    r = None if served is None else served.selftest
+    return summarize(None if served is None else served.selftest)
+
+
+def summarize(r: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A self-test result, short."""
     if r is None:
         return None
     return {

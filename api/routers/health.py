@@ -13,7 +13,7 @@ from api.deps import HolderDep, MetricsDep
 from api.encoding import JSONBytesResponse
 from api.errors import error_body
 from api.schemas import Health, NotReady, Ready
-from api.selftest import ensure_selftest, summary
+from api.selftest import ensure_selftest, summarize
 
 router = APIRouter(tags=["health"])
 
@@ -63,7 +63,7 @@ async def readyz(request: Request, holder: HolderDep) -> Response:
     selftest = None
     if request.app.state.settings.ready_requires_selftest:
         result = await ensure_selftest(served)
-        selftest = summary(served)
+        selftest = summarize(result)
         if result["ok"] is not True:
             body = error_body(
                 "selftest_failed",

@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends
 
+from api.admission import BatcherClosed, QueueFull
 from api.deps import ModelDep, require_admin
 from api.errors import ApiError
 from api.schemas import ERROR_RESPONSES, SelfTestResult
@@ -27,7 +28,18 @@ router = APIRouter(prefix="/v1", tags=["selftest"], dependencies=[Depends(requir
     ),
 )
 async def selftest(served: ModelDep) -> dict[str, Any]:
-    result = await run_selftest(served)
+    try:
+        result = await run_selftest(served)
+    except QueueFull as e:
+        raise ApiError(
+            429, "overloaded", f"the model is overloaded ({e}); retry later", None,
+            {"Retry-After": str(e.retry_after)},
+        ) from e  # fmt: skip
+    except (TimeoutError, BatcherClosed) as e:
+        raise ApiError(
+            503, "unavailable", f"the self-test could not run now ({e or 'timed out'})", None,
+            {"Retry-After": "5"},
+        ) from e  # fmt: skip
     if result["status"] == "absent":
         raise ApiError(404, "selftest_absent", result["error"], None)
     return result

@@ -158,3 +158,37 @@ def test_export_and_convert_write_a_selftest(tmp_path):
     convert_bilm(opts, weights, out)
     st = load_selftest(out)
     assert st is not None and st.meta["model_version"] == read_manifest(out)["version"]
+
+
+def test_a_run_the_model_cannot_take_now_is_not_kept(with_selftest):
+    """Overloaded / timed out / closed: answered as an error, tried again on the next call."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
+
+    from api.batcher import QueueFull
+    from api.selftest import ensure_selftest
+
+    class Refusing:
+        calls = 0
+
+        async def embed(self, token_lists, timeout=None, **kw):
+            Refusing.calls += 1
+            raise QueueFull("interactive queue full")
+
+    io = ThreadPoolExecutor(1)
+    served = SimpleNamespace(
+        name="tiny", version="v", path=with_selftest, io=io, runner=Refusing(),
+        request_timeout=1.0, selftest=None,
+        embedder=SimpleNamespace(precision="fp32", weights="fp32"),
+    )  # fmt: skip
+
+    async def main():
+        first = await ensure_selftest(served)
+        second = await ensure_selftest(served)
+        return first, second
+
+    first, second = asyncio.run(main())
+    io.shutdown()
+    assert first["status"] == second["status"] == "error" and first["ok"] is False
+    assert "QueueFull" in first["error"] and served.selftest is None and Refusing.calls == 2
