@@ -258,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
             srv.wait_ready()
             plan = ["idle"] + ["alone", "mixed"] * args.rounds + (["fifo"] if args.fifo else [])
             for kind in plan:
+                if kind == "alone":
+                    # past the batcher's interactive window (2 s): batch work alone runs in
+                    # full batches, as on a server with no interactive traffic
+                    time.sleep(2.5)
                 row = asyncio.run(phase(args, srv.port, kind, sentences, probes))
                 rows.append(row)
                 print(
