@@ -18,10 +18,10 @@ Priority lanes (``priority`` in a request: ``interactive``, the default, or
 ``batch``): each lane has its own queue, queue bound and admission.
 
 * Interactive work goes first: a take starts with the interactive queue, and
-  while batch work waits, the room left in that batch (up to one slice, below,
-  unless ``topup_tokens`` says less) is filled with batch sentences, oldest
-  first: the interactive request rides in a slice the batch lane would have run
-  anyway, so it costs the model no extra batch.
+  while batch work waits, the room left in that batch (``topup_tokens``, 128
+  padded tokens by default, at most one slice) is filled with batch sentences,
+  oldest first: the interactive batch stays short, and batch work rides along
+  on the steps the model takes for it anyway.
 * No starvation: while both lanes wait, the batch lane gets at least
   ``batch_share`` of the model's recent tokens (``api.lanes.LaneShare``: why a
   share and not an age rule is said there).
@@ -117,6 +117,7 @@ log = logging.getLogger("api.batcher")
 __all__ = [
     "DEFAULT_BATCH_SLICE_TOKENS",
     "DEFAULT_BATCH_SHARE",
+    "DEFAULT_TOPUP_TOKENS",
     "DEFAULT_FILL_WAIT_MS",
     "DEFAULT_MAX_QUEUE",
     "Batcher",
@@ -136,6 +137,7 @@ __all__ = [
 DEFAULT_BATCH_SLICE_TOKENS = 1024
 DEFAULT_BATCH_SHARE = 0.2
 DEFAULT_INTERACTIVE_WINDOW = 2.0
+DEFAULT_TOPUP_TOKENS = 128
 
 
 @dataclass(eq=False)
@@ -191,7 +193,8 @@ class Batcher:
     interactive_window : `float`, optional
         Seconds after an interactive request during which batch work runs in slices.
     topup_tokens : `int`, optional
-        Padded tokens of batch work an interactive batch takes along (default: a slice).
+        Padded tokens of batch work an interactive batch takes along (default 128, at most
+        a slice).
     metrics : `Metrics`, optional
         Prometheus metrics to update (queue depth, batch sizes, refusals).
     take_batches : `int`, optional (default = `4`)
@@ -229,12 +232,14 @@ class Batcher:
         self.embed_fn = embed_fn
         self.budget = BatchBudget(batch_tokens, max_batch_sentences)
         self.slice = BatchBudget(min(slice_tokens, batch_tokens), max_batch_sentences)
-        # an interactive batch takes batch work along up to this many padded tokens. A full
-        # slice (the default) makes it a slice the batch lane would have run anyway: no extra
-        # batch, so no extra per-step cost, for each interactive request (a lone sentence costs
-        # the model 100-400 tokens' worth of a full batch: docs/serving.md); less
-        # shortens the interactive request's own batch and costs batch throughput
-        self.topup_tokens = self.slice.tokens if topup_tokens is None else topup_tokens
+        # an interactive batch takes batch work along up to this many padded tokens: a little
+        # (the default, 128) keeps the interactive request's own batch short -- what it waits
+        # for is mostly that batch -- and recovers part of what its extra batch costs; a full
+        # slice makes it a slice the batch lane would have run anyway (no extra batch: more
+        # batch throughput, a slice's time on every interactive request; docs/serving.md)
+        self.topup_tokens = min(
+            self.slice.tokens, DEFAULT_TOPUP_TOKENS if topup_tokens is None else topup_tokens
+        )
         self.max_queue = max_queue
         self.lane_max_queue = {
             INTERACTIVE: max_queue,

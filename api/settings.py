@@ -38,6 +38,7 @@ from api.batcher import (
     DEFAULT_BATCH_SLICE_TOKENS,
     DEFAULT_FILL_WAIT_MS,
     DEFAULT_MAX_QUEUE,
+    DEFAULT_TOPUP_TOKENS,
 )
 from elmo_service.batching import DEFAULT_BATCH_TOKENS, DEFAULT_MAX_BATCH_SENTENCES
 from elmo_service.config import DEFAULT_TOKEN_CACHE_SIZE
@@ -158,12 +159,12 @@ class Settings(BaseSettings):
         description="While interactive traffic is live, batch-lane work runs in batches of at "
         "most this many padded tokens: what an interactive request may wait behind.",
     )
-    interactive_topup_tokens: int | None = Field(
-        None,
+    interactive_topup_tokens: int = Field(
+        DEFAULT_TOPUP_TOKENS,
         ge=1,
-        description="Padded tokens of waiting batch work an interactive batch takes along "
-        "(default: ELMO_BATCH_SLICE_TOKENS: the interactive request rides in a slice, no extra "
-        "batch). Less: a shorter interactive batch, at a cost in batch throughput.",
+        description="Padded tokens of waiting batch work an interactive batch takes along (at "
+        "most ELMO_BATCH_SLICE_TOKENS). Small: the interactive batch stays short (latency); up "
+        "to a slice: it rides in a slice the batch lane runs anyway (batch throughput).",
     )
     batch_share: float = Field(
         DEFAULT_BATCH_SHARE,
