@@ -1,4 +1,4 @@
-"""Micro-batching: one bounded queue, one worker thread, the only model caller.
+"""Micro-batching: two priority lanes, one worker thread, the only model caller.
 
 Requests ``submit`` token lists (already tokenized in the request path) and
 await one future per sentence. The worker thread:
@@ -14,16 +14,37 @@ await one future per sentence. The worker thread:
   again, and hands results back to the event loop; sentences cancelled while
   earlier batches ran are dropped too.
 
-A full queue raises :class:`QueueFull` at once (the route answers 429). The
-queue is counted in sentences, the unit the model works in.
+Priority lanes (``priority`` in a request: ``interactive``, the default, or
+``batch``): each lane has its own queue, queue bound and admission.
+
+* Interactive work goes first: a take starts with the interactive queue, and
+  while batch work waits, the room left in that batch (``topup_tokens``, 128
+  padded tokens by default, at most one slice) is filled with batch sentences,
+  oldest first: the interactive batch stays short, and batch work rides along
+  on the steps the model takes for it anyway.
+* No starvation: while both lanes wait, the batch lane gets at least
+  ``batch_share`` of the model's recent tokens (``api.lanes.LaneShare``: why a
+  share and not an age rule is said there).
+* A bound on waiting behind batch work already computing: while interactive
+  traffic is live (a request in the last ``interactive_window`` seconds), batch
+  work runs in slices of at most ``slice_tokens`` padded tokens; otherwise in
+  full batches, and after each batch of a take the worker looks at the
+  interactive queue again (the rest of the take goes back to the front of the
+  batch queue). So an interactive request waits behind at most one slice (one
+  full batch for the first one after a quiet spell), then runs with at most a
+  quarter slice of batch sentences beside it.
+
+A full lane raises :class:`QueueFull` at once (the route answers 429). Queues
+are counted in sentences, the unit the model works in.
 
 Admission control: a request is also refused at the door (:class:`Overloaded`,
-429 with ``Retry-After``) when the work already waiting -- queued and running
+429 with ``Retry-After``) when the work ahead of it -- queued and running
 tokens x the measured seconds per token -- plus its own would not finish inside
 its timeout (within 80% of it: headroom for the estimate's error). Admitting it
 would only make it wait and then fail with 503 after the timeout, while taking
-model time from requests that can still make it.
-Seconds per token is a token-weighted moving average over real batches
+model time from requests that can still make it. Ahead of interactive work is
+the interactive lane and the batch running now; ahead of batch work, all of
+it. Seconds per token is a token-weighted moving average over real batches
 (:class:`WorkEstimate`), starting from a deliberately slow prior. Since each
 take is sorted by length, a later request can run before an earlier one of the
 same take, so a request is also refused when it would push the oldest queued
@@ -37,7 +58,9 @@ a batch while announced requests are still on their way (parsed, being
 looked up), it waits for them -- at most ``fill_ratio`` of the recent batch
 duration and never more than ``max_fill_wait`` -- and starts at once when
 they have arrived or when nothing is announced (an idle server never waits).
-Without this, closed-loop clients alternate batches of 1 and of N-1.
+Without this, closed-loop clients alternate batches of 1 and of N-1. An
+interactive sentence waiting while batch work is queued ends the wait: its
+latency matters more than the batch's fill.
 
 Returning clients count as on their way too: the sentences a batch just
 answered belong to clients that typically send their next request within a
@@ -57,13 +80,29 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any
 
 import numpy as np
 
+from api import tracing
+from api.admission import (
+    DEFAULT_FILL_WAIT_MS,
+    DEFAULT_MAX_QUEUE,
+    BatcherClosed,
+    EmbedFn,
+    Overloaded,
+    QueueFull,
+    Runner,
+    Ticket,
+    TokenLists,
+    WorkEstimate,
+    admit,
+    token_cost,
+)
+from api.direct import DirectRunner
+from api.lanes import BATCH, INTERACTIVE, LANES, Lane, LaneShare
 from api.metrics import Metrics
 from elmo_service.batching import (
     DEFAULT_BATCH_TOKENS,
@@ -74,164 +113,31 @@ from elmo_service.batching import (
 
 log = logging.getLogger("api.batcher")
 
-TokenLists = Sequence[Sequence[str]]  # sentences as token texts
-EmbedFn = Callable[[TokenLists], list[np.ndarray]]
+# re-exported: the runners' shared vocabulary lives in api.admission
+__all__ = [
+    "DEFAULT_BATCH_SLICE_TOKENS",
+    "DEFAULT_BATCH_SHARE",
+    "DEFAULT_TOPUP_TOKENS",
+    "DEFAULT_FILL_WAIT_MS",
+    "DEFAULT_MAX_QUEUE",
+    "Batcher",
+    "BatcherClosed",
+    "DirectRunner",
+    "EmbedFn",
+    "Overloaded",
+    "QueueFull",
+    "Runner",
+    "Ticket",
+    "TokenLists",
+    "WorkEstimate",
+    "token_cost",
+]
 
-
-class Runner(Protocol):
-    """How a served model's calls reach it: :class:`Batcher`, or :class:`DirectRunner`."""
-
-    # how long a runner must stay idle before a drain may close it (a DirectRunner sees
-    # a request only once it calls the model, so it needs a longer quiet spell)
-    quiet_for: float
-
-    @property
-    def depth(self) -> int:
-        """Requests queued or running."""
-
-    @property
-    def idle(self) -> bool:
-        """No request on its way: none announced, queued or running."""
-
-    @property
-    def alive(self) -> bool:
-        """Still taking work."""
-
-    def announce(self) -> Ticket:
-        """A request is on its way (the AnnounceMiddleware calls this on arrival)."""
-
-    async def embed(
-        self, token_lists: TokenLists, timeout: float | None = None, ticket: Ticket | None = None
-    ) -> list[np.ndarray]:
-        """``[L+1, T, D]`` float32 per sentence, in order."""
-
-    def close(self, timeout: float = ...) -> None:
-        """Stop taking work and wait for what runs."""
-
-
-# the server's defaults (api/settings.py reads these; the budget's are elmo_service's)
-DEFAULT_FILL_WAIT_MS = 10.0
-DEFAULT_MAX_QUEUE = 4096
-
-
-class Ticket:
-    """An announced request; ``retire`` is idempotent."""
-
-    __slots__ = ("_batcher", "live")
-
-    def __init__(self, batcher: Batcher | None) -> None:
-        self._batcher = batcher
-        self.live = batcher is not None
-
-    def retire(self) -> None:
-        if self.live and self._batcher is not None:
-            self._batcher._retire(self)
-
-
-class QueueFull(Exception):
-    """The batcher's queue cannot take the request; retry after ``retry_after`` seconds."""
-
-    def __init__(self, message: str, retry_after: int = 1) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class Overloaded(QueueFull):
-    """The work already queued would not let the request finish inside its timeout."""
-
-
-class WorkEstimate:
-    """Seconds per token: a token-weighted moving average over real batches.
-
-    ``seconds_per_token`` is ``prior`` until a batch has been measured, then
-    ``sum(decayed seconds) / sum(decayed tokens)`` -- big batches weigh more than
-    the small ones whose fixed overhead makes them look slow per token. The
-    seconds are the batcher's busy time, not only the model's.
-    """
-
-    def __init__(self, prior: float = 5e-3, decay: float = 0.8, headroom: float = 0.8) -> None:
-        self.prior = prior
-        self.decay = decay
-        # admit only what the estimate finishes within this share of the timeout: the rate
-        # moves with load on the machine, and the estimate follows it a few batches late
-        self.headroom = headroom
-        self._seconds = 0.0
-        self._tokens = 0.0
-
-    def observe(self, seconds: float, tokens: int) -> None:
-        if tokens <= 0 or seconds < 0:
-            return
-        self._seconds = self.decay * self._seconds + seconds
-        self._tokens = self.decay * self._tokens + tokens
-
-    @property
-    def seconds_per_token(self) -> float:
-        return self._seconds / self._tokens if self._tokens else self.prior
-
-    def check(
-        self, pending: int, cost: int, timeout: float | None, protect: float | None = None
-    ) -> None:
-        """Raise Overloaded unless ``pending`` tokens (queued or running) + ``cost`` finish
-        within ``headroom`` x ``timeout`` and, when given, within ``protect`` seconds (what
-        is left of the earliest deadline among queued requests this one could delay)."""
-        if timeout is None or pending <= 0:
-            return
-        spt = self.seconds_per_token
-        ahead, total = pending * spt, (pending + cost) * spt
-        budget = timeout * self.headroom
-        if protect is not None:
-            budget = min(budget, protect)
-        if total <= budget:
-            return
-        # when enough of the queue has drained (all of it, if this request alone is too big)
-        retry = max(1, math.ceil(min(ahead, total - budget)))
-        raise Overloaded(
-            f"about {ahead:.1f}s of work is queued ({pending} tokens at "
-            f"{spt * 1e3:.3g} ms/token); with this request's {cost} tokens it "
-            + (
-                f"could not finish within its {timeout:g}s timeout"
-                if budget >= timeout * self.headroom
-                else "would delay queued requests past their timeout"
-            ),
-            retry_after=retry,
-        )
-
-
-def token_cost(tokens: Sequence[str]) -> int:
-    """What admission counts for a sentence: its tokens and the model's <S> and </S>."""
-    return len(tokens) + 2
-
-
-def admit(
-    *,
-    waiting: int,
-    sentences: int,
-    max_queue: int,
-    estimate: WorkEstimate,
-    pending_cost: int,
-    cost: int,
-    timeout: float | None,
-    metrics: Metrics | None,
-    protect: Callable[[int], float | None] | None = None,
-) -> None:
-    """Both runners' admission: raise QueueFull when ``sentences`` more would pass
-    ``max_queue`` waiting, Overloaded when the queued work (``pending_cost`` tokens) and
-    this request's ``cost`` would not finish in time (:meth:`WorkEstimate.check`; ``protect``
-    gives the earliest deadline this request could push back). Each refusal is counted."""
-    if waiting + sentences > max_queue:
-        if metrics:
-            metrics.rejected.labels("queue_full").inc()
-        raise QueueFull(f"queue full: {waiting} sentences waiting, limit {max_queue}")
-    try:
-        estimate.check(pending_cost, cost, timeout, protect(cost) if protect else None)
-    except Overloaded:
-        if metrics:
-            metrics.rejected.labels("overloaded").inc()
-        raise
-
-
-class BatcherClosed(Exception):
-    """The batcher was stopped (shutdown or model swap) before the work ran."""
+# the lanes' defaults (api/settings.py reads these; docs/serving.md says how they were chosen)
+DEFAULT_BATCH_SLICE_TOKENS = 1024
+DEFAULT_BATCH_SHARE = 0.2
+DEFAULT_INTERACTIVE_WINDOW = 2.0
+DEFAULT_TOPUP_TOKENS = 128
 
 
 @dataclass(eq=False)
@@ -239,6 +145,9 @@ class _Item:
     tokens: Sequence[str]
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
+    lane: Lane = INTERACTIVE
+    timing: Any = None  # the request's api.lanes.RequestTiming, if it keeps one
+    trace: Any = None  # the request's tracing context, when tracing is on
     enqueued: float = field(default_factory=time.perf_counter)
     deadline: float = math.inf  # by when admission promised it an answer (perf_counter)
 
@@ -261,7 +170,7 @@ def _set_results(
 
 
 class Batcher:
-    """The queue and the one model thread of a served model (see the module docstring).
+    """The lanes and the one model thread of a served model (see the module docstring).
 
     # Parameters
 
@@ -273,7 +182,19 @@ class Batcher:
     max_batch_sentences : `int`, optional
         The most sentences in one batch.
     max_queue : `int`, optional
-        Sentences queued at most; beyond, :class:`QueueFull` (a 429).
+        Interactive sentences queued at most; beyond, :class:`QueueFull` (a 429).
+    batch_max_queue : `int`, optional
+        Batch-lane sentences queued at most (default ``max_queue``).
+    slice_tokens : `int`, optional
+        The padded-token budget of a batch-lane slice while interactive traffic is live:
+        the bound on what an interactive request waits behind.
+    batch_share : `float`, optional
+        The batch lane's least share of the model while both lanes wait (:class:`LaneShare`).
+    interactive_window : `float`, optional
+        Seconds after an interactive request during which batch work runs in slices.
+    topup_tokens : `int`, optional
+        Padded tokens of batch work an interactive batch takes along (default 128, at most
+        a slice).
     metrics : `Metrics`, optional
         Prometheus metrics to update (queue depth, batch sizes, refusals).
     take_batches : `int`, optional (default = `4`)
@@ -296,6 +217,11 @@ class Batcher:
         batch_tokens: int = DEFAULT_BATCH_TOKENS,
         max_batch_sentences: int = DEFAULT_MAX_BATCH_SENTENCES,
         max_queue: int = DEFAULT_MAX_QUEUE,
+        batch_max_queue: int | None = None,
+        slice_tokens: int = DEFAULT_BATCH_SLICE_TOKENS,
+        batch_share: float = DEFAULT_BATCH_SHARE,
+        interactive_window: float = DEFAULT_INTERACTIVE_WINDOW,
+        topup_tokens: int | None = None,
         metrics: Metrics | None = None,
         take_batches: int = 4,
         max_fill_wait: float = DEFAULT_FILL_WAIT_MS / 1000.0,
@@ -305,26 +231,45 @@ class Batcher:
     ) -> None:
         self.embed_fn = embed_fn
         self.budget = BatchBudget(batch_tokens, max_batch_sentences)
+        self.slice = BatchBudget(min(slice_tokens, batch_tokens), max_batch_sentences)
+        # an interactive batch takes batch work along up to this many padded tokens: a little
+        # (the default, 128) keeps the interactive request's own batch short -- what it waits
+        # for is mostly that batch -- and recovers part of what its extra batch costs; a full
+        # slice makes it a slice the batch lane would have run anyway (no extra batch: more
+        # batch throughput, a slice's time on every interactive request; docs/serving.md)
+        self.topup_tokens = min(
+            self.slice.tokens, DEFAULT_TOPUP_TOKENS if topup_tokens is None else topup_tokens
+        )
         self.max_queue = max_queue
+        self.lane_max_queue = {
+            INTERACTIVE: max_queue,
+            BATCH: max_queue if batch_max_queue is None else batch_max_queue,
+        }
+        self.share = LaneShare(batch_share, floor=batch_tokens)
+        self.interactive_window = interactive_window
         self.metrics = metrics
+        self.take_batches = take_batches
         self.take_tokens = batch_tokens * take_batches
         self.max_fill_wait = max_fill_wait
         self.fill_ratio = fill_ratio
         self._batch_seconds = 0.0  # moving average of recent batch durations
         self.estimate = estimate or WorkEstimate()
-        self._pending_cost = 0  # tokens (with markers) queued or running: admission control
-        self._queued_cost = 0  # of which queued, not yet taken by the worker
+        # tokens (with markers) queued or running, and of which queued, per lane: admission
+        self._pending_cost = {lane: 0 for lane in LANES}
+        self._queued_cost = {lane: 0 for lane in LANES}
+        self._running_batch = 0  # batch-lane tokens in the model now
+        self._last_interactive = -math.inf  # when an interactive request last arrived
         self._busy_mark = time.perf_counter()  # since when the worker has been busy
         self._incoming = 0  # announced requests not yet submitted
         self._returning = 0  # sentences answered by the last batch not yet matched by arrivals
-        self._queue: deque[_Item] = deque()
+        self._queues: dict[Lane, deque[_Item]] = {lane: deque() for lane in LANES}
         self._cond = threading.Condition()
         self._closed = False
-        self._busy = False
         self.batches_run = 0
         self.recent: deque[tuple[int, int, float]] = deque(
             maxlen=512
         )  # (sentences, announced, waited s)
+        self.lanes_run: deque[tuple[int, int]] = deque(maxlen=512)  # (interactive, batch) sentences
         self._last_fill = (0, 0.0)
         self.sentences_run = 0
         self.dropped = 0
@@ -336,11 +281,14 @@ class Batcher:
 
     @property
     def depth(self) -> int:
-        return len(self._queue)
+        return sum(len(q) for q in self._queues.values())
+
+    def lane_depth(self, lane: Lane) -> int:
+        return len(self._queues[lane])
 
     @property
     def idle(self) -> bool:
-        return not self._queue and self._incoming == 0
+        return not self.depth and self._incoming == 0
 
     def announce(self) -> Ticket:
         """A request is on its way (see the module docstring); retire the ticket or submit with it."""
@@ -355,19 +303,19 @@ class Batcher:
                 self._incoming -= 1
                 self._cond.notify()
 
-    def _protect(self, cost: int) -> float | None:
+    def _protect(self, lane: Lane, cost: int) -> float | None:
         """Seconds left before the earliest deadline that ``cost`` more tokens could push back.
 
         The worker sorts each take (up to ``take_tokens``) by length, so a request
-        that joins the take the oldest queued request will run in can be run before
-        it: admitting it must not make that request miss its deadline. Under the
-        lock; queued requests share the request timeout, so the oldest live one has
-        the earliest deadline. None when this request would start a later take.
+        that joins the take the oldest queued request of its lane will run in can be
+        run before it: admitting it must not make that request miss its deadline.
+        Under the lock; queued requests share the request timeout, so the oldest live
+        one has the earliest deadline. None when this request would start a later take.
         """
-        if self._queued_cost + cost > self.take_tokens:
+        if self._queued_cost[lane] + cost > self.take_tokens:
             return None
         now = time.perf_counter()
-        for it in self._queue:
+        for it in self._queues[lane]:
             if not it.future.done() and it.deadline > now:
                 return it.deadline - now
         return None
@@ -375,18 +323,32 @@ class Batcher:
     @property
     def pending_tokens(self) -> int:
         """Tokens (with sentence markers) queued or in the model now."""
-        return self._pending_cost
+        return sum(self._pending_cost.values())
+
+    def _ahead(self, lane: Lane) -> int:
+        """Tokens a request of ``lane`` waits for: interactive work waits for its own lane
+        and the batch in the model now; batch work for everything."""
+        if lane == INTERACTIVE:
+            return self._pending_cost[INTERACTIVE] + self._running_batch
+        return self.pending_tokens
 
     def submit_nowait(
         self,
         token_lists: Sequence[Sequence[str]],
         ticket: Ticket | None = None,
         timeout: float | None = None,
+        lane: Lane = INTERACTIVE,
+        timing: Any = None,
     ) -> list[asyncio.Future]:
-        """Queue sentences; one future per sentence. Raises QueueFull (Overloaded when the
-        queued work would not let them finish within ``timeout``) / BatcherClosed at once."""
+        """Queue sentences in ``lane``; one future per sentence. Raises QueueFull (Overloaded
+        when the work ahead would not let them finish within ``timeout``) / BatcherClosed."""
+        if lane not in LANES:
+            raise ValueError(f"unknown lane {lane!r} (one of {', '.join(LANES)})")
         loop = asyncio.get_running_loop()
-        items = [_Item(toks, loop.create_future(), loop) for toks in token_lists]
+        trace = tracing.capture()
+        items = [
+            _Item(toks, loop.create_future(), loop, lane, timing, trace) for toks in token_lists
+        ]
         if ticket is not None and ticket._batcher is not self:
             ticket.retire()  # announced to another batcher (the model was swapped meanwhile)
             ticket = None
@@ -397,18 +359,25 @@ class Batcher:
             if self._closed:
                 raise BatcherClosed("the model is shutting down")
             cost = sum(it.cost for it in items)
+            queue = self._queues[lane]
             admit(
-                waiting=len(self._queue), sentences=len(items), max_queue=self.max_queue,
-                estimate=self.estimate, pending_cost=self._pending_cost, cost=cost,
-                timeout=timeout, metrics=self.metrics, protect=self._protect,
+                waiting=len(queue), sentences=len(items), max_queue=self.lane_max_queue[lane],
+                estimate=self.estimate, pending_cost=self._ahead(lane), cost=cost,
+                timeout=timeout, metrics=self.metrics,
+                protect=lambda c: self._protect(lane, c), lane=lane,
             )  # fmt: skip
+            now = time.perf_counter()
             if timeout is not None:
-                deadline = time.perf_counter() + self.estimate.headroom * timeout
+                deadline = now + self.estimate.headroom * timeout
                 for it in items:
                     it.deadline = deadline
-            self._pending_cost += cost
-            self._queued_cost += cost
-            self._queue.extend(items)
+            if lane == INTERACTIVE:
+                self._last_interactive = now
+            if timing is not None:
+                timing.submitted = now
+            self._pending_cost[lane] += cost
+            self._queued_cost[lane] += cost
+            queue.extend(items)
             self._returning = max(0, self._returning - len(items))
             self._gauge()
             self._cond.notify()
@@ -419,6 +388,8 @@ class Batcher:
         token_lists: Sequence[Sequence[str]],
         timeout: float | None = None,
         ticket: Ticket | None = None,
+        lane: Lane = INTERACTIVE,
+        timing: Any = None,
     ) -> list[np.ndarray]:
         """Queue, wait, return ``[L+1, T, D]`` per sentence. On timeout or cancellation
         the sentences still queued are dropped before they reach the model."""
@@ -426,14 +397,17 @@ class Batcher:
             if ticket is not None:
                 ticket.retire()
             return []
-        futures = self.submit_nowait(token_lists, ticket, timeout)
+        futures = self.submit_nowait(token_lists, ticket, timeout, lane, timing)
         try:
             async with asyncio.timeout(timeout):
-                return list(await asyncio.gather(*futures))
+                out = list(await asyncio.gather(*futures))
         except BaseException:
             for f in futures:
                 f.cancel()
             raise
+        if timing is not None:
+            timing.close_runner()
+        return out
 
     # -- lifecycle ------------------------------------------------------------------
     def close(self, timeout: float = 30.0, drain: bool = True) -> None:
@@ -442,10 +416,12 @@ class Batcher:
             self._closed = True
             pending: list[_Item] = []
             if not drain:
-                pending = list(self._queue)
-                self._queue.clear()
-                self._pending_cost -= sum(it.cost for it in pending)
-                self._queued_cost -= sum(it.cost for it in pending)
+                for lane, queue in self._queues.items():
+                    gone = list(queue)
+                    queue.clear()
+                    self._pending_cost[lane] -= sum(it.cost for it in gone)
+                    self._queued_cost[lane] -= sum(it.cost for it in gone)
+                    pending += gone
                 self._gauge()
             self._cond.notify_all()
         self._complete(pending, error=BatcherClosed("the model is shutting down"))
@@ -458,27 +434,76 @@ class Batcher:
     # -- worker thread -------------------------------------------------------------------
     def _gauge(self) -> None:
         if self.metrics:
-            self.metrics.queue_depth.set(len(self._queue))
+            self.metrics.queue_depth.set(self.depth)
+            for lane, queue in self._queues.items():
+                self.metrics.lane_queue_depth.labels(lane).set(len(queue))
 
-    def _take(self) -> list[_Item] | None:
+    def _pop(self, lane: Lane, tokens: int, taken: list[_Item]) -> int:
+        """Move sentences of ``lane`` into ``taken``, oldest first, while their tokens fit
+        (always at least one when ``taken`` is empty); returns the tokens moved."""
+        queue, moved = self._queues[lane], 0
+        while queue and (not taken or moved + queue[0].cost <= tokens):
+            it = queue.popleft()
+            moved += it.cost
+            taken.append(it)
+        self._queued_cost[lane] -= moved
+        return moved
+
+    def _top_up(self, taken: list[_Item]) -> None:
+        """Fill an interactive batch with batch-lane sentences, oldest first, up to
+        ``topup_tokens`` padded tokens (see ``__init__``)."""
+        queue = self._queues[BATCH]
+        n, longest, moved = len(taken), max(it.cost for it in taken), 0
+        while queue and n < self.slice.sentences:
+            cost = queue[0].cost
+            if (n + 1) * max(longest, cost) > self.topup_tokens:
+                break
+            it = queue.popleft()
+            taken.append(it)
+            n, longest, moved = n + 1, max(longest, cost), moved + cost
+        self._queued_cost[BATCH] -= moved
+
+    def _take(self) -> tuple[list[_Item], BatchBudget, bool] | None:
+        """The next take: its sentences, the budget to plan them under, and whether the
+        worker may put its later batches back when interactive work arrives."""
         with self._cond:
-            while not self._queue and not self._closed:
+            while not self.depth and not self._closed:
                 self._cond.wait()
-            if not self._queue:  # closed and drained
+            if not self.depth:  # closed and drained
                 return None
             self._busy_mark = time.perf_counter()  # work is waiting: the worker is busy from now
-            self._fill()
+            lane = self._choose()
+            if lane == BATCH or not self._queues[BATCH]:
+                # interactive work on its own fills as before; batch work stops waiting
+                # the moment an interactive sentence arrives
+                self._fill(stop_on_interactive=lane == BATCH)
+                lane = self._choose()
             taken: list[_Item] = []
-            budget = self.take_tokens
-            while self._queue and (not taken or self._queue[0].cost <= budget):
-                it = self._queue.popleft()
-                budget -= it.cost
-                taken.append(it)
-            self._queued_cost -= sum(it.cost for it in taken)
+            if lane == INTERACTIVE:
+                mixed = bool(self._queues[BATCH])
+                # beside waiting batch work, one batch at a time: the share is checked per batch
+                self._pop(INTERACTIVE, self.budget.tokens if mixed else self.take_tokens, taken)
+                if mixed and sum(it.cost for it in taken) < self.topup_tokens:
+                    self._top_up(taken)
+                budget, preemptible = self.budget, False
+            else:
+                live = time.perf_counter() - self._last_interactive < self.interactive_window
+                budget = self.slice if live else self.budget
+                # a few slices' worth, sorted together: they pack with little padding, and
+                # what is left when interactive work arrives goes back (see _worker)
+                self._pop(BATCH, budget.tokens * self.take_batches, taken)
+                preemptible = True
             self._gauge()
-            return taken
+            return taken, budget, preemptible
 
-    def _fill(self) -> None:
+    def _choose(self) -> Lane:
+        """Under the lock: the lane the next take serves (see LaneShare)."""
+        interactive, batch = self._queues[INTERACTIVE], self._queues[BATCH]
+        if interactive and (not batch or not self.share.batch_due()):
+            return INTERACTIVE
+        return BATCH if batch else INTERACTIVE
+
+    def _fill(self, stop_on_interactive: bool = False) -> None:
         """Wait (bounded, under the lock) for announced or returning requests while the batch has room."""
         self._last_fill = (self._incoming + self._returning, 0.0)
         if not (self._incoming or self._returning):
@@ -487,15 +512,16 @@ class Batcher:
         t0 = time.perf_counter()
         deadline = t0 + wait
         try:
-            self._fill_wait(deadline)
+            self._fill_wait(deadline, stop_on_interactive)
         finally:
             self._last_fill = (self._last_fill[0], time.perf_counter() - t0)
 
-    def _fill_wait(self, deadline: float) -> None:
+    def _fill_wait(self, deadline: float, stop_on_interactive: bool) -> None:
         while (self._incoming > 0 or self._returning > 0) and not self._closed:
-            if (
-                sum(it.cost for it in self._queue) >= self.budget.tokens
-                or len(self._queue) >= self.budget.sentences
+            if stop_on_interactive and self._queues[INTERACTIVE]:
+                return
+            if sum(self._queued_cost.values()) >= self.budget.tokens or (
+                self.depth >= self.budget.sentences
             ):
                 return
             left = deadline - time.perf_counter()
@@ -506,7 +532,16 @@ class Batcher:
     def _finished(self, items: list[_Item]) -> None:
         """``items`` left the pending work (answered, failed or dropped)."""
         with self._cond:
-            self._pending_cost -= sum(it.cost for it in items)
+            for it in items:
+                self._pending_cost[it.lane] -= it.cost
+
+    def _requeue(self, items: list[_Item]) -> None:
+        """Batch-lane sentences taken but not run go back to the front of their queue."""
+        with self._cond:
+            self._queues[BATCH].extendleft(reversed(items))
+            self._queued_cost[BATCH] += sum(it.cost for it in items)
+            self._gauge()
+            self._cond.notify()
 
     def _drop_cancelled(self, items: list[_Item]) -> list[_Item]:
         live = [it for it in items if not it.future.done()]
@@ -518,9 +553,10 @@ class Batcher:
                 self.metrics.dropped.labels("cancelled").inc(n)
         return live
 
-    def plan(self, items: list[_Item]) -> list[list[_Item]]:
+    def plan(self, items: list[_Item], budget: BatchBudget | None = None) -> list[list[_Item]]:
         """Sort by length (longest first) and cut under the padded-token budget."""
-        return [[items[i] for i in b] for b in plan_batches([it.cost for it in items], self.budget)]
+        cut = plan_batches([it.cost for it in items], budget or self.budget)
+        return [[items[i] for i in b] for b in cut]
 
     def _complete(
         self, items: list[_Item], values: list | None = None, error: BaseException | None = None
@@ -536,34 +572,53 @@ class Batcher:
 
     def _worker(self) -> None:
         while True:
-            taken = self._take()
-            if taken is None:
+            got = self._take()
+            if got is None:
                 return
-            for batch in self.plan(self._drop_cancelled(taken)):
+            taken, budget, preemptible = got
+            batches = self.plan(self._drop_cancelled(taken), budget)
+            for k, batch in enumerate(batches):
                 batch = self._drop_cancelled(batch)  # cancelled while earlier batches ran
-                if not batch:
-                    continue
-                self._run(batch)
+                if batch:
+                    self._run(batch)
+                rest = batches[k + 1 :]
+                if preemptible and rest and self._queues[INTERACTIVE]:
+                    # interactive work arrived: it goes next, the rest of this take after it
+                    self._requeue([it for b in rest for it in b])
+                    break
 
     def _run(self, batch: list[_Item]) -> None:
         start = time.perf_counter()
+        self._running_batch = sum(it.cost for it in batch if it.lane == BATCH)
         if self.metrics:
             for it in batch:
                 self.metrics.queue_seconds.observe(start - it.enqueued)
         try:
-            out = self.embed_fn([it.tokens for it in batch])
+            with tracing.model_call(batch):
+                out = self.embed_fn([it.tokens for it in batch])
         except Exception as e:  # a model failure fails this batch's requests, not the worker
             log.exception("batch of %d sentences failed", len(batch))
+            self._running_batch = 0
             self._finished(batch)
             self._complete(batch, error=e)
             return
-        took = time.perf_counter() - start
+        end = time.perf_counter()
+        took = end - start
+        self._running_batch = 0
         self._finished(batch)
+        per_lane = {lane: 0 for lane in LANES}
+        for it in batch:
+            per_lane[it.lane] += it.cost
+            if it.timing is not None:
+                it.timing.add_batch(self.batches_run, took, end)
+        self.share.ran(per_lane)
         self._batch_seconds = (
             took if not self.batches_run else 0.8 * self._batch_seconds + 0.2 * took
         )
         self.batches_run += 1
         self.sentences_run += len(batch)
+        n_interactive = sum(it.lane == INTERACTIVE for it in batch)
+        self.lanes_run.append((n_interactive, len(batch) - n_interactive))
         with self._cond:
             self._returning = len(batch)
         self.recent.append((len(batch), *self._last_fill))
@@ -582,107 +637,3 @@ class Batcher:
         if self.metrics:
             self.metrics.seconds_per_token.set(self.estimate.seconds_per_token)
         self._complete(batch, out)
-
-
-class DirectRunner:
-    """No batching: each request's sentences are one ``embed_fn`` call on the model thread.
-
-    The naive baseline the benchmark compares against (``ELMO_BATCHING=false``);
-    requests still queue (on the embedder's lock), bounded by ``max_queue``. One
-    persistent thread runs every call, as the batcher's does: on the event loop's
-    default executor each of its threads would keep a thread pool of its own for the
-    model's parallel ops (see ``elmo_service.runtime.in_transient_thread``).
-
-    # Parameters
-
-    embed_fn : `EmbedFn`
-        Runs one request's sentences (``Embedder.embed_tokens``, which plans them).
-    max_queue : `int`, optional
-        Sentences pending at most; beyond, :class:`QueueFull` (a 429).
-    metrics : `Metrics`, optional
-        Prometheus metrics to update.
-    estimate : `WorkEstimate`, optional
-        Seconds per token for admission control.
-    """
-
-    def __init__(
-        self,
-        embed_fn: EmbedFn,
-        *,
-        max_queue: int = DEFAULT_MAX_QUEUE,
-        metrics: Metrics | None = None,
-        estimate: WorkEstimate | None = None,
-    ) -> None:
-        self.embed_fn = embed_fn
-        self.max_queue = max_queue
-        self.metrics = metrics
-        self.estimate = estimate or WorkEstimate()
-        self._pending = 0
-        self._pending_cost = 0
-        self._lock = threading.Lock()
-        self._closed = False
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="elmo-model")
-
-    quiet_for = 0.5
-
-    @property
-    def depth(self) -> int:
-        return self._pending
-
-    @property
-    def idle(self) -> bool:
-        return self._pending == 0
-
-    def announce(self) -> Ticket:
-        return Ticket(None)
-
-    @property
-    def alive(self) -> bool:
-        return not self._closed
-
-    def _call(self, token_lists: Sequence[Sequence[str]]) -> list[np.ndarray]:
-        with self._lock:
-            start = time.perf_counter()
-            out = self.embed_fn(token_lists)
-            self.estimate.observe(time.perf_counter() - start, sum(map(token_cost, token_lists)))
-        if self.metrics:
-            m = self.metrics
-            m.batch_seconds.observe(time.perf_counter() - start)
-            m.batch_sentences.observe(len(token_lists))
-            m.tokens.inc(sum(len(t) for t in token_lists))
-        return out
-
-    async def embed(
-        self,
-        token_lists: Sequence[Sequence[str]],
-        timeout: float | None = None,
-        ticket: Ticket | None = None,
-    ) -> list[np.ndarray]:
-        if not token_lists:
-            return []
-        if self._closed:
-            raise BatcherClosed("the model is shutting down")
-        cost = sum(token_cost(t) for t in token_lists)
-        admit(
-            waiting=self._pending, sentences=len(token_lists), max_queue=self.max_queue,
-            estimate=self.estimate, pending_cost=self._pending_cost, cost=cost,
-            timeout=timeout, metrics=self.metrics,
-        )  # fmt: skip
-        self._pending += len(token_lists)
-        self._pending_cost += cost
-        try:
-            async with asyncio.timeout(timeout):
-                try:
-                    call = asyncio.get_running_loop().run_in_executor(
-                        self._executor, self._call, token_lists
-                    )
-                except RuntimeError as e:  # closed from another thread since the check
-                    raise BatcherClosed("the model is shutting down") from e
-                return await call
-        finally:
-            self._pending -= len(token_lists)
-            self._pending_cost -= cost
-
-    def close(self, timeout: float = 10.0) -> None:
-        self._closed = True
-        self._executor.shutdown(wait=False)  # a call under way finishes; nothing new starts

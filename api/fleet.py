@@ -38,6 +38,7 @@ from typing import Any
 from api.artifacts import resolve_artifact
 from api.fleet_store import Desired, FleetStore, Members, new_op
 from api.holder import ModelHolder
+from api.selftest import summary as selftest_summary
 from api.served import ServedModel
 from api.settings import Settings
 from elmo_service.artifact import MANIFEST, WEIGHTS, read_manifest
@@ -444,6 +445,7 @@ class FleetAgent:
             "host": self.host,
             "pid": os.getpid(),
             "served": None if cur is None else {"id": cur.name, "version": cur.version},
+            "selftest": selftest_summary(cur),  # a replica whose vectors are wrong says so
             "state": self.state,
             "error": self.error,
             "generation": None if self.desired is None else self.desired.generation,
@@ -525,6 +527,7 @@ def standalone_view(holder: ModelHolder, replica_id: str) -> dict[str, Any]:
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "served": None if cur is None else {"id": cur.name, "version": cur.version},
+        "selftest": selftest_summary(cur),
         "state": "serving",
         "error": None,
         "generation": None,

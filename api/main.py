@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -29,8 +30,13 @@ from api.fleet import FleetAgent, fleet_store, load_startup_model
 from api.holder import ModelHolder
 from api.loading import on_load_thread
 from api.metrics import Metrics, MetricsMiddleware
-from api.middleware import AnnounceMiddleware, ModelVersionMiddleware, RequestGuardMiddleware
-from api.routers import embed, health, jobs, limits, models, openai, tasks
+from api.middleware import (
+    AnnounceMiddleware,
+    ModelVersionMiddleware,
+    RequestGuardMiddleware,
+    TimingMiddleware,
+)
+from api.routers import embed, health, jobs, limits, models, openai, selftest, tasks
 from api.settings import Settings, load_settings
 from elmo_service.errors import ElmoServiceError
 from jobs import JobService
@@ -45,6 +51,7 @@ Contextual token embeddings from an ELMo-style biLM.
 * `GET /v1/models`, `/v1/tasks`: what is served; tasks are named mixes (writes need an admin key).
 * `POST /v1/models/{name}/activate`: serve another artifact of the models folder (admin).
 * `/v1/jobs`: pretraining jobs, run by `elmo-service worker` (admin).
+* `GET /v1/selftest`: the served model on the sentences stored with its artifact (admin).
 * Errors are always `{"code", "message", "field"}` with a 4xx status for client mistakes.
 """
 
@@ -184,6 +191,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         limits.router,
         tasks.router,
         jobs.router,
+        selftest.router,
         health.router,
     ):
         app.include_router(r)
@@ -199,10 +207,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(ModelVersionMiddleware)
     app.add_middleware(AnnounceMiddleware, holder=lambda: app.state.holder)
     app.add_middleware(RequestGuardMiddleware, max_body_bytes=max_body)
+    # the X-*-Time headers: outside the body guard, so the total counts reading the body
+    app.add_middleware(TimingMiddleware, metrics=lambda: app.state.metrics)
     app.add_middleware(
         MetricsMiddleware, metrics=lambda: app.state.metrics, routes=lambda: app.routes
     )
+    # opt-in traces (ELMO_OTEL): before the app starts, so its middleware is in the stack
+    otel = settings.otel if settings is not None else _env_flag("ELMO_OTEL")
+    if otel:
+        from api import tracing
+
+        tracing.enable(app)
     return app
+
+
+def _env_flag(name: str) -> bool:
+    """A boolean setting read before the settings are (``uvicorn api.main:app``)."""
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 app = create_app()

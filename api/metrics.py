@@ -1,8 +1,10 @@
 """Prometheus metrics, one registry per app (tests build many apps).
 
 Names follow TEI's where they overlap: requests and latencies by route and
-status, queue depth, batch sizes in sentences and tokens, tokens embedded
-(``rate(elmo_tokens_total[1m])`` is tokens/s), cache hits/misses/errors.
+status, queue depth (also per priority lane), batch sizes in sentences and tokens,
+tokens embedded (``rate(elmo_tokens_total[1m])`` is tokens/s), cache
+hits/misses/errors, and each embedding answer's phases per lane
+(``elmo_request_phase_seconds{lane, phase}``: the ``X-*-Time`` headers' figures).
 """
 
 from __future__ import annotations
@@ -79,6 +81,23 @@ class Metrics:
         )
         self.rejected = Counter(
             "elmo_rejected_requests", "Requests refused by the batcher", ["reason"], registry=r
+        )
+        # priority lanes (api/batcher.py) and where each embedding answer's time went
+        self.lane_queue_depth = Gauge(
+            "elmo_lane_queue_depth", "Sentences waiting for the model, per lane", ["lane"],
+            registry=r,
+        )  # fmt: skip
+        self.lane_rejected = Counter(
+            "elmo_lane_rejected_requests", "Requests refused by the batcher, per lane and reason",
+            ["lane", "reason"], registry=r,
+        )  # fmt: skip
+        self.phase_seconds = Histogram(
+            "elmo_request_phase_seconds",
+            "Embedding answers' time per lane and phase (total, tokenization, queue, "
+            "inference): the X-*-Time headers' figures",
+            ["lane", "phase"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.seconds_per_token = Gauge(
             "elmo_model_seconds_per_token",

@@ -1,5 +1,6 @@
 """Pure-ASGI middleware: body size (413), JSON content type (415), batch announcements,
-the model version that answered (``X-Model-Version``).
+the model version that answered (``X-Model-Version``), where an embedding answer's time
+went (``X-Total-Time`` and its parts).
 
 The body is read here, bounded by ``ELMO_MAX_BODY_BYTES`` (declared
 Content-Length or counted while streaming), then replayed to the app; later
@@ -13,7 +14,8 @@ from typing import Any
 
 from api.encoding import dumps
 from api.errors import error_body
-from api.metrics import ASGIApp, Message, Receive, Scope, Send
+from api.lanes import TIMING_KEY, RequestTiming
+from api.metrics import ASGIApp, Message, Metrics, Receive, Scope, Send
 from api.served import SERVED_KEY
 
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
@@ -203,3 +205,46 @@ class ModelVersionMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_version)
+
+
+class TimingMiddleware:
+    """``X-Total-Time``, ``X-Tokenization-Time``, ``X-Queue-Time``, ``X-Inference-Time``
+    (milliseconds, TEI's names) on every answer that ran an embedding path.
+
+    Every ``POST /v1/...`` gets an :class:`api.lanes.RequestTiming` in its scope as it
+    arrives (before its body is read: the total counts reading it); the embedding path
+    (``api.routers.common.embed_request`` -> ``ServedModel.embed``) fills in the lane and
+    the parts, and marks it used. The total is taken when the status line goes out (a
+    streamed answer's body is sent after it). Successful answers' figures also feed
+    ``elmo_request_phase_seconds{lane, phase}``.
+    """
+
+    def __init__(self, app: ASGIApp, metrics: Callable[[], Metrics | None]) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope.get("method") != "POST"
+            or not scope.get("path", "").startswith("/v1/")
+        ):
+            await self.app(scope, receive, send)
+            return
+        timing = RequestTiming()
+        scope[TIMING_KEY] = timing
+
+        async def send_with_timing(message: Message) -> None:
+            if message["type"] == "http.response.start" and timing.used:
+                total = timing.total()
+                message = {
+                    **message,
+                    "headers": [*message.get("headers", ()), *timing.headers(total)],
+                }
+                m = self.metrics()
+                if m is not None and 200 <= message["status"] < 300:
+                    for phase, seconds in timing.phases(total).items():
+                        m.phase_seconds.labels(timing.lane, phase).observe(seconds)
+            await send(message)
+
+        await self.app(scope, receive, send_with_timing)

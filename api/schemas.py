@@ -133,6 +133,11 @@ class EmbedRequest(BaseModel):
         "json", description="'base64': little-endian C-order bytes of the array, base64-encoded."
     )
     dtype: Literal["float32", "float16"] = "float32"
+    priority: Literal["interactive", "batch"] = Field(
+        "interactive",
+        description="The batcher's lane: interactive (served first) or batch (bulk work; "
+        "a bounded share of the model while interactive work waits). docs/serving.md.",
+    )
 
 
 class TokenOut(BaseModel):
@@ -206,6 +211,11 @@ class EmbeddingsRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, description="Only the model's own width is supported.")
     user: str | None = None
+    priority: Literal["interactive", "batch"] = Field(
+        "interactive",
+        description="The batcher's lane: interactive (served first) or batch (bulk work; "
+        "a bounded share of the model while interactive work waits). docs/serving.md.",
+    )
 
 
 class EmbeddingOut(BaseModel):
@@ -346,11 +356,48 @@ class DesiredOut(BaseModel):
     by: str = Field(..., description="The replica that recorded it.")
 
 
+class SelfTestSummary(BaseModel):
+    status: Literal["passed", "failed", "unchecked", "absent", "error"]
+    ok: bool | None = Field(..., description="null: not held to the bound (not fp32, or absent).")
+    max_rel_diff: float | None = None
+    checked_at: float
+
+
+class SelfTestComparison(BaseModel):
+    max_abs_diff: float | None = Field(..., description="null: not finite")
+    max_rel_diff: float | None = Field(
+        ..., description="max |d| / max(1, |stored|); null: not finite"
+    )
+    worst_sentence: int | None
+    within_bound: bool
+    error: str | None = None
+
+
+class SelfTestResult(BaseModel):
+    model: ModelRef
+    status: Literal["passed", "failed", "unchecked", "error"]
+    ok: bool | None = Field(..., description="Every value within the bound; null: not fp32.")
+    bound: dict[str, Any]
+    checked_at: float
+    sentences: int | None = None
+    max_abs_diff: float | None = None
+    max_rel_diff: float | None = None
+    alone: SelfTestComparison | None = Field(None, description="Each sentence alone.")
+    batched: SelfTestComparison | None = Field(None, description="All in one request.")
+    stored_for_version: str | None = None
+    exact: bool | None = None
+    seconds: float | None = None
+    error: str | None = None
+
+
 class ReplicaOut(BaseModel):
     id: str
     host: str
     pid: int
     served: ModelRef | None
+    selftest: SelfTestSummary | None = Field(
+        None, description="Its served model's last self-test (GET /v1/selftest); null: not run."
+    )
     state: Literal["serving", "loading", "failed"] = Field(
         ..., description="failed: cannot load the desired model; it serves what it had."
     )
@@ -458,6 +505,9 @@ class Ready(BaseModel):
     cache: CacheState
     tasks_store: Literal["file", "redis"]
     fleet: FleetHealth | None = Field(None, description="With Redis: this replica's view of it.")
+    selftest: SelfTestSummary | None = Field(
+        None, description="With ELMO_READY_REQUIRES_SELFTEST: the served model's self-test."
+    )
 
 
 class ErrorOut(BaseModel):
@@ -467,8 +517,9 @@ class ErrorOut(BaseModel):
 
 
 class NotReady(ErrorOut):
-    status: Literal["starting", "stale", "unjoined"] = "starting"
+    status: Literal["starting", "stale", "unjoined", "selftest_failed"] = "starting"
     fleet: FleetHealth | None = None
+    selftest: SelfTestSummary | None = None
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {

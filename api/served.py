@@ -119,6 +119,7 @@ class ServedModel:
     created: int | None = None  # the manifest's mtime when it was loaded
     loaded_at: float = field(default_factory=time.time)
     warmed: bool = False
+    selftest: dict[str, Any] | None = None  # the last self-test's result (api/selftest.py)
     _default_mix: tuple | None = field(default=None, repr=False)
 
     @property
@@ -162,12 +163,19 @@ class ServedModel:
         ticket: Ticket | None = None,
         spec: OutputSpec | None = None,
         max_floats: int | None = None,
+        lane: str = "interactive",
+        timing: Any = None,
     ) -> Embedded:
         """What a route asks of the model: tokenize (errors name ``field[i]``), bound the
         answer ``spec`` would make by ``max_floats`` before any work (ResponseTooLarge
-        naming ``field``), then the layers (:meth:`layers`). A sentence with no tokens
-        (``""``, ``[]``) gets ``[L+1, 0, D]``, as from the library (#51)."""
+        naming ``field``), then the layers (:meth:`layers`) in priority ``lane``. A sentence
+        with no tokens (``""``, ``[]``) gets ``[L+1, 0, D]``, as from the library (#51).
+        ``timing`` (``api.lanes.RequestTiming``) gets the tokenization, queue and model time."""
+        t0 = time.perf_counter()
         token_lists = self.tokenize(sentences, field)
+        if timing is not None:
+            timing.lane, timing.used = lane, True
+            timing.tokenization = time.perf_counter() - t0
         floats = 0
         if spec is not None:
             floats, detail = answer_floats(token_lists, spec, self.dim)
@@ -175,7 +183,7 @@ class ServedModel:
                 check_response_floats(floats, max_floats, field, detail)
         texts = [[t.text for t in toks] for toks in token_lists]
         try:
-            layers, hits, misses = await self.layers(texts, ticket)
+            layers, hits, misses = await self.layers(texts, ticket, lane, timing)
         except TimeoutError as e:
             raise ModelTimeout(
                 f"timed out after {self.request_timeout:g}s waiting for the model; retry later"
@@ -204,7 +212,11 @@ class ServedModel:
         return await asyncio.get_running_loop().run_in_executor(self.io, self.default_mix)
 
     async def layers(
-        self, token_lists: list[list[str]], ticket: Ticket | None = None
+        self,
+        token_lists: list[list[str]],
+        ticket: Ticket | None = None,
+        lane: str = "interactive",
+        timing: Any = None,
     ) -> tuple[list[np.ndarray], int, int]:
         """``[L+1, T, D]`` float32 per sentence: cache first, the batcher for the rest.
 
@@ -220,7 +232,9 @@ class ServedModel:
                 if ticket is not None:
                     ticket.retire()
                 return out, 0, 0
-            got, hits, misses = await self.layers([token_lists[i] for i in full], ticket)
+            got, hits, misses = await self.layers(
+                [token_lists[i] for i in full], ticket, lane, timing
+            )
             for i, a in zip(full, got, strict=True):
                 out[i] = a
             return out, hits, misses
@@ -248,7 +262,11 @@ class ServedModel:
             computed: list[np.ndarray] = []
             if miss:
                 computed = await self.runner.embed(
-                    [u_tokens[j] for j in miss], timeout=self.request_timeout, ticket=ticket
+                    [u_tokens[j] for j in miss],
+                    timeout=self.request_timeout,
+                    ticket=ticket,
+                    lane=lane,  # type: ignore[arg-type]
+                    timing=timing,
                 )
         finally:
             ticket.retire()

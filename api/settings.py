@@ -33,7 +33,13 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from api.batcher import DEFAULT_FILL_WAIT_MS, DEFAULT_MAX_QUEUE
+from api.batcher import (
+    DEFAULT_BATCH_SHARE,
+    DEFAULT_BATCH_SLICE_TOKENS,
+    DEFAULT_FILL_WAIT_MS,
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_TOPUP_TOKENS,
+)
 from elmo_service.batching import DEFAULT_BATCH_TOKENS, DEFAULT_MAX_BATCH_SENTENCES
 from elmo_service.config import DEFAULT_TOKEN_CACHE_SIZE
 from elmo_service.errors import ConfigError
@@ -138,6 +144,46 @@ class Settings(BaseSettings):
     )
     request_timeout: float = Field(
         30.0, gt=0, description="Seconds a request may wait for the model -> 503."
+    )
+
+    # -- priority lanes (api/batcher.py; docs/serving.md) ----------------------------
+    batch_max_queue: int | None = Field(
+        None,
+        ge=1,
+        description="Batch-lane sentences waiting for the model (priority=batch); more -> 429. "
+        "Default: ELMO_MAX_QUEUE (which bounds the interactive lane).",
+    )
+    batch_slice_tokens: int = Field(
+        DEFAULT_BATCH_SLICE_TOKENS,
+        ge=16,
+        description="While interactive traffic is live, batch-lane work runs in batches of at "
+        "most this many padded tokens: what an interactive request may wait behind.",
+    )
+    interactive_topup_tokens: int = Field(
+        DEFAULT_TOPUP_TOKENS,
+        ge=1,
+        description="Padded tokens of waiting batch work an interactive batch takes along (at "
+        "most ELMO_BATCH_SLICE_TOKENS). Small: the interactive batch stays short (latency); up "
+        "to a slice: it rides in a slice the batch lane runs anyway (batch throughput).",
+    )
+    batch_share: float = Field(
+        DEFAULT_BATCH_SHARE,
+        ge=0,
+        le=1,
+        description="The batch lane's least share of the model (in tokens, over recent "
+        "batches) while both lanes have work waiting: batch work is never starved.",
+    )
+
+    # -- observability -------------------------------------------------------------
+    otel: bool = Field(
+        False,
+        description="OpenTelemetry traces (the otel extra): a caller's traceparent is "
+        "continued through the batcher to the model call. Off: nothing of it is imported.",
+    )
+    ready_requires_selftest: bool = Field(
+        False,
+        description="/readyz answers 503 until the served model has passed its self-test "
+        "(run once at startup and on every model swap; GET /v1/selftest runs it again).",
     )
 
     # -- HTTP connections (uvicorn) ---------------------------------------------------

@@ -39,6 +39,7 @@ from elmo_service.atomic import atomic_path, write_json
 from elmo_service.config import BiLMConfig
 from elmo_service.errors import ArtifactError, ConfigError
 from elmo_service.model import N_CHAR_IDS, BiLM
+from elmo_service.selftest import write_selftest
 from elmo_service.tokenizers import WordTokenizer
 
 SOURCE_FORMAT = "bilm-tf"
@@ -361,13 +362,15 @@ def convert_bilm(
         },
         "char_embed_rows": facts["char_embed_rows"],
     }
-    return save_artifact(
+    version = save_artifact(
         model,
         WordTokenizer(lowercase=lowercase),
         out_dir,
         provenance=provenance,
         overwrite=overwrite,
     )
+    write_selftest(out_dir)  # fixed sentences and their vectors: GET /v1/selftest checks a server
+    return version
 
 
 def export_bilm(

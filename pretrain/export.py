@@ -23,6 +23,7 @@ from safetensors.torch import save_file
 from elmo_service.artifact import atomic_dir, save_artifact
 from elmo_service.errors import InputError
 from elmo_service.runtime import set_threads
+from elmo_service.selftest import write_selftest
 from pretrain.checkpoint import describe_nonfinite, nonfinite_tensors
 from pretrain.evaluate import load_run, perplexity
 from pretrain.run_dir import LM_WEIGHTS, RUN_FILE
@@ -110,6 +111,7 @@ def export(
     version = save_artifact(
         model.bilm, corpus.load_tokenizer(), out, provenance=provenance, overwrite=overwrite
     )
+    write_selftest(out)  # fixed sentences and their vectors: GET /v1/selftest checks a server
     return {
         "out": str(out),
         "version": version,

@@ -10,6 +10,7 @@ from typing import TypeVar
 from starlette.requests import Request
 
 from api.errors import ApiError
+from api.lanes import TIMING_KEY
 from api.middleware import TICKET_KEY
 from api.served import Embedded, ServedModel
 from api.settings import Settings
@@ -81,10 +82,21 @@ async def embed_request(
     field: str,
     spec: OutputSpec | None = None,
     max_floats: int | None = None,
+    priority: str = "interactive",
 ) -> Embedded:
     """:meth:`ServedModel.embed` with the request's ticket, cancelled when the client goes
-    (ClientGone). Its refusals (queue full, timeout, too large) are answered by
-    ``api/errors.py``'s table."""
+    (ClientGone). ``priority``: the batcher's lane; the request's timing (``X-*-Time``, left
+    in the scope by the TimingMiddleware) is filled in on the way. Its refusals (queue full,
+    timeout, too large) are answered by ``api/errors.py``'s table."""
     ticket = request.scope.get(TICKET_KEY)
-    work = served.embed(sentences, field=field, ticket=ticket, spec=spec, max_floats=max_floats)
+    timing = request.scope.get(TIMING_KEY)
+    work = served.embed(
+        sentences,
+        field=field,
+        ticket=ticket,
+        spec=spec,
+        max_floats=max_floats,
+        lane=priority,
+        timing=timing,
+    )
     return await run_guarded(request, work)

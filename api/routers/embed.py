@@ -153,7 +153,13 @@ async def embed(
     spec = await served.output_spec(**output_options(req))
     try:
         embedded = await embed_request(
-            request, served, req.sentences, "sentences", spec, settings.max_response_floats
+            request,
+            served,
+            req.sentences,
+            "sentences",
+            spec,
+            settings.max_response_floats,
+            priority=req.priority,
         )
     except ClientGone:
         return Response(status_code=499)

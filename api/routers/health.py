@@ -13,6 +13,7 @@ from api.deps import HolderDep, MetricsDep
 from api.encoding import JSONBytesResponse
 from api.errors import error_body
 from api.schemas import Health, NotReady, Ready
+from api.selftest import ensure_selftest, summarize
 
 router = APIRouter(tags=["health"])
 
@@ -30,7 +31,8 @@ async def healthz() -> dict[str, Any]:
             "model": NotReady,
             "description": "Loading or warming up; or, with Redis, the fleet's state never "
             "read since start (unjoined); or (ELMO_FLEET_STALE_READY=unready) unread for "
-            "over ELMO_FLEET_TTL",
+            "over ELMO_FLEET_TTL; or (ELMO_READY_REQUIRES_SELFTEST=true) the served model's "
+            "self-test did not pass",
         }
     },
     summary="Readiness: model loaded and warmed; cache backend state",
@@ -66,6 +68,22 @@ async def readyz(request: Request, holder: HolderDep) -> Response:
                 status_code=503,
                 headers={"Retry-After": "5"},
             )
+    selftest = None
+    if request.app.state.settings.ready_requires_selftest:
+        result = await ensure_selftest(served)
+        selftest = summarize(result)
+        if result["ok"] is not True:
+            body = error_body(
+                "selftest_failed",
+                f"the served model's self-test did not pass ({result['status']}"
+                + (f": {result['error']}" if result.get("error") else "")
+                + "): out of rotation (ELMO_READY_REQUIRES_SELFTEST)",
+            )
+            return JSONBytesResponse(
+                {**body, "status": "selftest_failed", "selftest": selftest},
+                status_code=503,
+                headers={"Retry-After": "30"},
+            )
     cache = served.cache.state()
     backend = served.cache.backend
     if isinstance(backend, RedisCache):
@@ -80,6 +98,7 @@ async def readyz(request: Request, holder: HolderDep) -> Response:
             "cache": cache,
             "tasks_store": served.tasks.store.kind,
             "fleet": health,
+            "selftest": selftest,
         }
     )
 

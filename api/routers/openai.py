@@ -60,7 +60,13 @@ async def embeddings(
     spec = await served.output_spec(output="mix", pooling="mean")  # the default mix, pooled
     try:
         embedded = await embed_request(
-            request, served, inputs, "input", spec, settings.max_response_floats
+            request,
+            served,
+            inputs,
+            "input",
+            spec,
+            settings.max_response_floats,
+            priority=req.priority,
         )
     except ClientGone:
         return Response(status_code=499)

@@ -153,6 +153,9 @@ def test_every_route_returns_what_the_document_says(api):
     ok("POST", retry, c.post(f"/v1/jobs/{job_id}/retry", headers=ADMIN))  # 409: not failed yet
     ok("POST", retry, c.post("/v1/jobs/jnosuch/retry", headers=ADMIN))  # 404
 
+    selftest = ok("GET", "/v1/selftest", c.get("/v1/selftest", headers=ADMIN))
+    assert selftest["ok"] is True  # the bundled model's stored vectors, served
+    ok("GET", "/v1/selftest", c.get("/v1/selftest"))  # 401
     ok("GET", "/healthz", c.get("/healthz"))
     assert ok("GET", "/readyz", c.get("/readyz"))["status"] == "ready"
     assert "elmo_requests_total" in ok("GET", "/metrics", c.get("/metrics"))

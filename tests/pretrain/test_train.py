@@ -124,6 +124,12 @@ def test_prepare_train_export_embed(corpus_dir, tmp_path):
     # committed provenance carries no machine-specific path prefixes
     blob = json.dumps(prov)
     assert str(tmp_path) not in blob and str(Path.cwd()) not in blob
+    # the export stores its self-test, and this model reproduces it (GET /v1/selftest's check)
+    from elmo_service.selftest import compare, load_selftest
+
+    st = load_selftest(tmp_path / "model")
+    assert st is not None and st.meta["model_version"] == out["version"]
+    assert compare(st.vectors, emb.run_batch(st.tokens))["within_bound"]
 
 
 @pytest.mark.slow

@@ -1,0 +1,189 @@
+"""Admission control, shared by both runners: the queue bound and the work estimate.
+
+A request is refused at the door (:class:`QueueFull`, a 429) when its lane's queue
+is full, or (:class:`Overloaded`, 429 with ``Retry-After``) when the work ahead of
+it -- in tokens x the measured seconds per token -- plus its own would not finish
+inside its timeout (see :mod:`api.batcher`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from api.metrics import Metrics
+
+TokenLists = Sequence[Sequence[str]]  # sentences as token texts
+EmbedFn = Callable[[TokenLists], list[np.ndarray]]
+
+
+class QueueFull(Exception):
+    """The batcher's queue cannot take the request; retry after ``retry_after`` seconds."""
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Overloaded(QueueFull):
+    """The work already queued would not let the request finish inside its timeout."""
+
+
+class WorkEstimate:
+    """Seconds per token: a token-weighted moving average over real batches.
+
+    ``seconds_per_token`` is ``prior`` until a batch has been measured, then
+    ``sum(decayed seconds) / sum(decayed tokens)`` -- big batches weigh more than
+    the small ones whose fixed overhead makes them look slow per token. The
+    seconds are the batcher's busy time, not only the model's.
+    """
+
+    def __init__(self, prior: float = 5e-3, decay: float = 0.8, headroom: float = 0.8) -> None:
+        self.prior = prior
+        self.decay = decay
+        # admit only what the estimate finishes within this share of the timeout: the rate
+        # moves with load on the machine, and the estimate follows it a few batches late
+        self.headroom = headroom
+        self._seconds = 0.0
+        self._tokens = 0.0
+
+    def observe(self, seconds: float, tokens: int) -> None:
+        if tokens <= 0 or seconds < 0:
+            return
+        self._seconds = self.decay * self._seconds + seconds
+        self._tokens = self.decay * self._tokens + tokens
+
+    @property
+    def seconds_per_token(self) -> float:
+        return self._seconds / self._tokens if self._tokens else self.prior
+
+    def check(
+        self, pending: int, cost: int, timeout: float | None, protect: float | None = None
+    ) -> None:
+        """Raise Overloaded unless ``pending`` tokens (queued or running) + ``cost`` finish
+        within ``headroom`` x ``timeout`` and, when given, within ``protect`` seconds (what
+        is left of the earliest deadline among queued requests this one could delay)."""
+        if timeout is None or pending <= 0:
+            return
+        spt = self.seconds_per_token
+        ahead, total = pending * spt, (pending + cost) * spt
+        budget = timeout * self.headroom
+        if protect is not None:
+            budget = min(budget, protect)
+        if total <= budget:
+            return
+        # when enough of the queue has drained (all of it, if this request alone is too big)
+        retry = max(1, math.ceil(min(ahead, total - budget)))
+        raise Overloaded(
+            f"about {ahead:.1f}s of work is queued ({pending} tokens at "
+            f"{spt * 1e3:.3g} ms/token); with this request's {cost} tokens it "
+            + (
+                f"could not finish within its {timeout:g}s timeout"
+                if budget >= timeout * self.headroom
+                else "would delay queued requests past their timeout"
+            ),
+            retry_after=retry,
+        )
+
+
+def token_cost(tokens: Sequence[str]) -> int:
+    """What admission counts for a sentence: its tokens and the model's <S> and </S>."""
+    return len(tokens) + 2
+
+
+def admit(
+    *,
+    waiting: int,
+    sentences: int,
+    max_queue: int,
+    estimate: WorkEstimate,
+    pending_cost: int,
+    cost: int,
+    timeout: float | None,
+    metrics: Metrics | None,
+    protect: Callable[[int], float | None] | None = None,
+    lane: str = "interactive",
+) -> None:
+    """Both runners' admission: raise QueueFull when ``sentences`` more would pass
+    ``max_queue`` waiting, Overloaded when the queued work (``pending_cost`` tokens) and
+    this request's ``cost`` would not finish in time (:meth:`WorkEstimate.check`; ``protect``
+    gives the earliest deadline this request could push back). Each refusal is counted,
+    also per ``lane``."""
+    if waiting + sentences > max_queue:
+        if metrics:
+            metrics.rejected.labels("queue_full").inc()
+            metrics.lane_rejected.labels(lane, "queue_full").inc()
+        raise QueueFull(
+            f"{lane} queue full: {waiting} sentences waiting, limit {max_queue}"
+            + (" (ELMO_BATCH_MAX_QUEUE)" if lane == "batch" else "")
+        )
+    try:
+        estimate.check(pending_cost, cost, timeout, protect(cost) if protect else None)
+    except Overloaded:
+        if metrics:
+            metrics.rejected.labels("overloaded").inc()
+            metrics.lane_rejected.labels(lane, "overloaded").inc()
+        raise
+
+
+class Runner(Protocol):
+    """How a served model's calls reach it: :class:`Batcher`, or :class:`DirectRunner`."""
+
+    # how long a runner must stay idle before a drain may close it (a DirectRunner sees
+    # a request only once it calls the model, so it needs a longer quiet spell)
+    quiet_for: float
+
+    @property
+    def depth(self) -> int:
+        """Requests queued or running."""
+
+    @property
+    def idle(self) -> bool:
+        """No request on its way: none announced, queued or running."""
+
+    @property
+    def alive(self) -> bool:
+        """Still taking work."""
+
+    def announce(self) -> Ticket:
+        """A request is on its way (the AnnounceMiddleware calls this on arrival)."""
+
+    async def embed(
+        self,
+        token_lists: TokenLists,
+        timeout: float | None = None,
+        ticket: Ticket | None = None,
+        lane: str = "interactive",
+        timing: Any = None,
+    ) -> list[np.ndarray]:
+        """``[L+1, T, D]`` float32 per sentence, in order; ``lane`` its priority,
+        ``timing`` (an ``api.lanes.RequestTiming``) filled with its queue and model time."""
+
+    def close(self, timeout: float = ...) -> None:
+        """Stop taking work and wait for what runs."""
+
+
+# the server's defaults (api/settings.py reads these; the budget's are elmo_service's)
+DEFAULT_FILL_WAIT_MS = 10.0
+DEFAULT_MAX_QUEUE = 4096
+
+
+class Ticket:
+    """An announced request; ``retire`` is idempotent."""
+
+    __slots__ = ("_batcher", "live")
+
+    def __init__(self, batcher: Any) -> None:  # the Batcher it was announced to, or None
+        self._batcher = batcher
+        self.live = batcher is not None
+
+    def retire(self) -> None:
+        if self.live and self._batcher is not None:
+            self._batcher._retire(self)
+
+
+class BatcherClosed(Exception):
+    """The batcher was stopped (shutdown or model swap) before the work ran."""

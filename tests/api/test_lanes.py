@@ -1,0 +1,299 @@
+"""Priority lanes in the batcher: ordering, no starvation, slices, per-lane limits, and
+where a request's time went -- unit tests with a fake model, then one live server."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from api.batcher import Batcher, QueueFull
+from api.lanes import BATCH, INTERACTIVE, LaneShare, RequestTiming
+from api.main import create_app
+from api.metrics import Metrics
+from api.settings import load_settings
+from tests.support.live_server import LiveServer
+
+
+class GatedModel:
+    """Records every batch as (tokens...) tuples; the first call waits for ``gate``."""
+
+    def __init__(self, gate: threading.Event | None = None, delay: float = 0.0) -> None:
+        self.batches: list[list[tuple[str, ...]]] = []
+        self.gate = gate
+        self.delay = delay
+        self.started = threading.Event()
+        self.lock = threading.Lock()
+
+    def __call__(self, sentences):
+        self.started.set()
+        if self.gate is not None:
+            assert self.gate.wait(10)
+        if self.delay:
+            time.sleep(self.delay)
+        with self.lock:
+            self.batches.append([tuple(s) for s in sentences])
+        return [np.full((1, len(s), 1), float(len(s)), np.float32) for s in sentences]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def _first_batch_with(batches, token: str) -> int:
+    return next(i for i, b in enumerate(batches) if any(token in s for s in b))
+
+
+def test_interactive_work_runs_before_batch_work_queued_earlier():
+    gate = threading.Event()
+    model = GatedModel(gate)
+    # slices of 64 padded tokens; an interactive batch takes batch work along up to 16
+    b = Batcher(model, batch_tokens=4096, slice_tokens=64, topup_tokens=16, max_fill_wait=0)
+
+    async def main():
+        warm = asyncio.ensure_future(b.embed([["warm"]]))
+        await asyncio.to_thread(model.started.wait, 5)
+        bulk = [asyncio.ensure_future(b.embed([[f"b{i}", "x"]], lane=BATCH)) for i in range(20)]
+        await asyncio.sleep(0.02)  # all batch work queued first
+        urgent = [asyncio.ensure_future(b.embed([[f"i{i}"]])) for i in range(3)]
+        await asyncio.sleep(0.02)
+        gate.set()
+        await warm
+        await asyncio.gather(*urgent, *bulk)
+
+    run(main())
+    b.close()
+    after = model.batches[1:]
+    # every interactive sentence is in the first batch after the one that was running
+    assert {s for s in after[0] if s[0].startswith("i")} == {("i0",), ("i1",), ("i2",)}
+    # ... topped up with the oldest batch work up to 16 padded tokens: 4 sentences x 4 tokens
+    assert sorted(after[0]) == [("b0", "x"), ("i0",), ("i1",), ("i2",)]  # (planned by length)
+    assert len(after) > 2  # the rest of the batch lane ran after, in slices
+    for batch in after[1:]:
+        assert all(s[0].startswith("b") for s in batch)
+        assert len(batch) * max(len(s) + 2 for s in batch) <= 64
+    assert sum(len(batch) for batch in after) == 23
+
+
+def test_interactive_work_preempts_the_rest_of_a_batch_take():
+    """Batch work alone runs in full batches (no interactive traffic yet); an interactive
+    request arriving meanwhile waits for the batch running now, not for the whole take."""
+    gate = threading.Event()
+    model = GatedModel(gate)
+    # budget of 12 padded tokens: 4 sentences of 1 token (+2 markers) per batch
+    b = Batcher(model, batch_tokens=12, take_batches=8, max_fill_wait=0)
+
+    async def main():
+        bulk = asyncio.ensure_future(b.embed([[f"b{i}"] for i in range(16)], lane=BATCH))
+        await asyncio.to_thread(model.started.wait, 5)  # the first of 4 batches computes
+        urgent = asyncio.ensure_future(b.embed([["now"]]))
+        await asyncio.sleep(0.02)
+        gate.set()
+        await asyncio.gather(bulk, urgent)
+
+    run(main())
+    b.close()
+    assert len(model.batches[0]) == 4  # the take's first batch, already computing
+    assert ("now",) in model.batches[1]  # next, not after the other 12 batch sentences
+    assert sum(len(x) for x in model.batches) == 17
+
+
+def test_flooded_interactive_lane_does_not_starve_batch_work():
+    """Interactive requests keep their lane full; the batch lane still gets its share.
+    With a share of 0 (the control) the same batch work waits for the flood to end."""
+
+    def flood(share: float) -> tuple[float, float, list[tuple[int, int]]]:
+        model = GatedModel(delay=0.002)
+        # interactive sentences of 20 tokens fill a slice alone: no top-up, only the share
+        b = Batcher(model, batch_tokens=64, slice_tokens=16, batch_share=share, max_fill_wait=0)
+        long = [f"w{k}" for k in range(20)]
+
+        async def main():
+            stop = time.perf_counter() + 1.0
+            done_at: list[float] = []
+
+            async def producer(i: int):
+                while time.perf_counter() < stop:
+                    await b.embed([long, long])
+
+            async def bulk():
+                await asyncio.sleep(0.05)  # the interactive lane is busy first
+                await b.embed([[f"b{i}", "y"] for i in range(8)], lane=BATCH)
+                done_at.append(time.perf_counter())
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(producer(i) for i in range(6)), bulk())
+            return done_at[0] - t0, time.perf_counter() - t0
+
+        bulk_done, flood_done = run(main())
+        b.close()
+        return bulk_done, flood_done, list(b.lanes_run)
+
+    bulk_done, flood_done, lanes = flood(0.2)
+    assert bulk_done < 0.5 * flood_done, (bulk_done, flood_done)
+    # while it waited, the batch lane got roughly its share of batches, not one at the end
+    batch_runs = [i for i, (_, nb) in enumerate(lanes) if nb]
+    assert batch_runs and batch_runs[0] < len(lanes) // 2
+    control_done, control_flood, _ = flood(0.0)
+    assert control_done > 0.9 * control_flood, (control_done, control_flood)
+
+
+def test_lane_share_is_a_bounded_share_of_tokens():
+    share = LaneShare(batch_share=0.25, decay=0.9)
+    runs = []
+    for _ in range(200):  # both lanes always waiting: the rule alone decides
+        lane = BATCH if share.batch_due() else INTERACTIVE
+        runs.append(lane)
+        share.ran({lane: 100})
+    tail = runs[100:]
+    assert 0.2 <= tail.count(BATCH) / len(tail) <= 0.35
+    with pytest.raises(ValueError):
+        LaneShare(batch_share=1.5)
+
+
+def test_per_lane_queue_limits_and_refusals_are_counted_per_lane():
+    gate = threading.Event()
+    model = GatedModel(gate)
+    metrics = Metrics()
+    b = Batcher(model, max_queue=6, batch_max_queue=3, metrics=metrics, max_fill_wait=0)
+
+    async def main():
+        warm = asyncio.ensure_future(b.embed([["warm"]]))
+        await asyncio.to_thread(model.started.wait, 5)
+        held = b.submit_nowait([["a"], ["b"], ["c"]], lane=BATCH)
+        with pytest.raises(QueueFull, match="batch queue full.*ELMO_BATCH_MAX_QUEUE"):
+            b.submit_nowait([["d"]], lane=BATCH)
+        # the interactive lane has its own room
+        urgent = b.submit_nowait([["e"], ["f"], ["g"], ["h"], ["i"], ["j"]])
+        with pytest.raises(QueueFull, match="interactive queue full"):
+            b.submit_nowait([["k"]])
+        assert b.lane_depth(BATCH) == 3 and b.lane_depth(INTERACTIVE) == 6 and b.depth == 9
+        with pytest.raises(ValueError, match="unknown lane"):
+            b.submit_nowait([["z"]], lane="urgent")  # type: ignore[arg-type]
+        gate.set()
+        await warm
+        await asyncio.gather(*held, *urgent)
+
+    run(main())
+    b.close()
+    assert metrics.lane_rejected.labels("batch", "queue_full")._value.get() == 1
+    assert metrics.lane_rejected.labels("interactive", "queue_full")._value.get() == 1
+    assert metrics.lane_queue_depth.labels("batch")._value.get() == 0
+
+
+def test_interactive_admission_does_not_count_queued_batch_work():
+    """Interactive work waits only for its lane and the batch running now: a big batch-lane
+    backlog does not get it refused as overloaded, while batch work behind it is."""
+    gate = threading.Event()
+    model = GatedModel(gate)
+    b = Batcher(model, max_fill_wait=0)
+    b.estimate.observe(1.0, 100)  # 10 ms per token
+
+    async def main():
+        warm = asyncio.ensure_future(b.embed([["warm"]]))
+        await asyncio.to_thread(model.started.wait, 5)
+        backlog = b.submit_nowait([[f"b{i}"] * 30 for i in range(20)], lane=BATCH)  # ~6.4 s
+        ok = b.submit_nowait([["fast"]], timeout=1.0)
+        with pytest.raises(QueueFull):
+            b.submit_nowait([["late"]], timeout=1.0, lane=BATCH)
+        gate.set()
+        await warm
+        await asyncio.gather(*ok, *backlog)
+
+    run(main())
+    b.close()
+
+
+def test_timing_parts_add_up_within_the_wall_time():
+    model = GatedModel(delay=0.02)
+    b = Batcher(model, max_fill_wait=0)
+
+    async def main():
+        timing = RequestTiming()
+        t0 = time.perf_counter()
+        await b.embed([["a", "b"], ["c"]], timing=timing)
+        wall = time.perf_counter() - t0
+        return timing, wall
+
+    timing, wall = run(main())
+    b.close()
+    assert timing.inference >= 0.02  # the model call
+    assert timing.queue >= 0
+    assert timing.queue + timing.inference <= wall + 1e-6
+    total = timing.total()
+    assert total >= timing.queue + timing.inference
+    headers = dict(timing.headers(total))
+    assert set(headers) == {
+        b"x-total-time",
+        b"x-tokenization-time",
+        b"x-queue-time",
+        b"x-inference-time",
+    }
+    assert math.isclose(float(headers[b"x-inference-time"]), timing.inference * 1e3, rel_tol=1e-3)
+
+
+# -- one live server ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def live(tiny_model_dir, tmp_path_factory):
+    s = load_settings(
+        model_path=tiny_model_dir, threads=1, data_dir=tmp_path_factory.mktemp("d"), cache=False
+    )
+    app = create_app(s)
+    with LiveServer(app) as srv:
+        yield srv
+
+
+TIMES = ("x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time")
+
+
+def _times(r: httpx.Response) -> dict[str, float]:
+    out = {h: float(r.headers[h]) for h in TIMES}
+    for h, v in out.items():
+        assert math.isfinite(v) and v >= 0, (h, v)
+    parts = out["x-tokenization-time"] + out["x-queue-time"] + out["x-inference-time"]
+    assert parts <= out["x-total-time"] + 1e-3, out
+    return out
+
+
+@pytest.mark.slow
+def test_live_lanes_headers_and_metrics(live):
+    with httpx.Client(base_url=live.url, timeout=30) as c:
+        r = c.post("/v1/embed", json={"sentences": ["the bank ."], "priority": "interactive"})
+        assert r.status_code == 200, r.text
+        assert _times(r)["x-inference-time"] > 0  # no cache: the model ran
+        r = c.post(
+            "/v1/embeddings",
+            json={"input": ["a river bank ."] * 3, "model": "tiny", "priority": "batch"},
+        )
+        assert r.status_code == 200, r.text
+        _times(r)
+        # both lanes at once from many clients: every answer right and timed
+        with httpx.Client(base_url=live.url, timeout=30) as c2:
+            import concurrent.futures as cf
+
+            def one(i: int) -> httpx.Response:
+                lane = "batch" if i % 2 else "interactive"
+                return c2.post(
+                    "/v1/embed",
+                    json={"sentences": [f"word{i} x ."] * (1 + i % 4), "priority": lane},
+                )
+
+            with cf.ThreadPoolExecutor(8) as pool:
+                for r in pool.map(one, range(24)):
+                    assert r.status_code == 200, r.text
+                    _times(r)
+        bad = c.post("/v1/embed", json={"sentences": ["x"], "priority": "urgent"})
+        assert bad.status_code == 422 and bad.json()["field"].endswith("priority"), bad.text
+        assert "x-total-time" not in c.get("/v1/models").headers
+        text = c.get("/metrics").text
+        for lane in ("interactive", "batch"):
+            for phase in ("total", "tokenization", "queue", "inference"):
+                assert f'elmo_request_phase_seconds_count{{lane="{lane}",phase="{phase}"}}' in text
+        assert 'elmo_lane_queue_depth{lane="batch"}' in text
