@@ -53,7 +53,7 @@ MAX_WORD_CHARS = 1000
 # characters per tokenizer call (cut at whitespace); bounds the transient Token objects
 SEGMENT_CHARS = 1 << 16
 # a spill up to this size stays in memory
-SPILL_IN_MEMORY_BYTES = 32 << 20
+SPILL_IN_MEMORY_BYTES = 8 << 20
 
 _LONG_WORD = re.compile(r"\S{%d}" % (MAX_WORD_CHARS + 1))
 
@@ -77,11 +77,9 @@ class DocTokens:
 
     def tokens(self, lo: int, hi: int) -> list[Token]:
         t = self.texts
+        cols = (self.ids[lo:hi], self.start[lo:hi], self.end[lo:hi], self.word[lo:hi])
         return [
-            Token(t[i], int(s), int(e), int(w))
-            for i, s, e, w in zip(
-                self.ids[lo:hi], self.start[lo:hi], self.end[lo:hi], self.word[lo:hi], strict=True
-            )
+            Token(t[i], s, e, w) for i, s, e, w in zip(*(c.tolist() for c in cols), strict=True)
         ]
 
     def keys(self, lo: int, hi: int) -> list[str]:
@@ -336,22 +334,27 @@ def _contextualize(embedder, doc: DocTokens, chunk: int, spills, stats) -> None:
     pool = direction_pool() if native else None
     fwd_spill, bwd_spill = spills
 
-    def vectors(lo: int, hi: int) -> Tensor:
-        """Token vectors of sequence positions ``[lo, hi)`` (markers at 0 and n_seq - 1)."""
+    def vectors(lo: int, hi: int) -> tuple[Tensor, Tensor]:
+        """Token vectors of sequence positions ``[lo, hi)`` (markers at 0 and n_seq - 1),
+        in reading order and reversed: rows of a small table (the markers, then the
+        chunk's distinct tokens), picked without torch's threads on the CPU."""
         t_lo, t_hi = max(lo - 1, 0), min(hi - 1, len(doc))
-        keys = doc.keys(t_lo, t_hi)
-        distinct = list(dict.fromkeys(keys))
-        table = embedder._token_vectors(distinct)
-        where = {k: i for i, k in enumerate(distinct)}
-        x = table[torch.tensor([where[k] for k in keys], dtype=torch.long, device=table.device)]
+        ids = doc.ids[t_lo:t_hi]
+        uniq, inverse = np.unique(ids, return_inverse=True)
+        table = embedder._token_vectors([doc.texts[i] for i in uniq.tolist()])
         markers = embedder._marker_vectors()
-        parts = []
+        idx = inverse.reshape(-1).astype(np.int64) + 2
         if lo == 0:
-            parts.append(markers[:1])
-        parts.append(x)
+            idx = np.concatenate([[0], idx])
         if hi == n_seq:
-            parts.append(markers[1:])
-        return torch.cat(parts).contiguous()
+            idx = np.concatenate([idx, [1]])
+        if table.device.type == "cpu" and table.dtype == torch.float32:
+            # numpy: a torch op here would wake torch's thread team between chunks
+            t = np.concatenate([markers.numpy(), table.numpy()])
+            return torch.from_numpy(t[idx]), torch.from_numpy(t[idx[::-1]].copy())
+        table = torch.cat([markers, table])
+        i = torch.from_numpy(idx).to(table.device)
+        return table[i], table[i.flip(0)]
 
     def token_rows(lo: int, hi: int) -> slice:
         """The rows of a chunk ``[lo, hi)`` that are tokens (not the markers)."""
@@ -366,8 +369,8 @@ def _contextualize(embedder, doc: DocTokens, chunk: int, spills, stats) -> None:
             from elmo_service.runtime import autocast
 
             with autocast(embedder.device, embedder.precision):
-                xf = vectors(f_lo, f_hi)
-                xb = vectors(b_lo, b_hi).flip(0)
+                xf = vectors(f_lo, f_hi)[0]
+                xb = vectors(b_lo, b_hi)[1]
                 out: list[list[Tensor] | None] = [None, None]
 
                 def run(d: int) -> None:
