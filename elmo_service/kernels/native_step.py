@@ -198,9 +198,11 @@ def compile_now() -> None:
     """Compile (or load from numba's cache) :func:`lstmp_row`, :func:`lstmp_row_from`, :func:`lstm_cell`."""
     z = np.zeros
     args = (z((1, 8), np.float32), z((2, 8), np.float32), z((2, 2), np.float32), 0.0, 0.0)
-    compile_checked(lstmp_row, *args, z((1, 2), np.float32))
+    # lstmp_row calls lstmp_row_from: the callee first, so a damaged cache file of its own
+    # is met (and recompiled) by its own check
     state = (z(2, np.float32), z(2, np.float32))
     compile_checked(lstmp_row_from, *args, *state, z((1, 2), np.float32))
+    compile_checked(lstmp_row, *args, z((1, 2), np.float32))
     compile_checked(
         lstm_cell, z((1, 8), np.float32), z((1, 2), np.float32), 0.0, z((1, 2), np.float32)
     )
