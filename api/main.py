@@ -30,7 +30,7 @@ from api.holder import ModelHolder
 from api.loading import on_load_thread
 from api.metrics import Metrics, MetricsMiddleware
 from api.middleware import AnnounceMiddleware, ModelVersionMiddleware, RequestGuardMiddleware
-from api.routers import embed, health, jobs, limits, models, openai, tasks
+from api.routers import document, embed, health, jobs, limits, models, openai, tasks
 from api.settings import Settings, load_settings
 from elmo_service.errors import ElmoServiceError
 from jobs import JobService
@@ -179,6 +179,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.fleet = None
     for r in (
         embed.router,
+        document.router,
         openai.router,
         models.router,
         limits.router,

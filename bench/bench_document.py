@@ -114,7 +114,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default=str(ROOT / "models" / "default"))
     ap.add_argument("--tokens", type=int, default=1_000_000)
     ap.add_argument("--chunk", type=int, default=None, help="chunk_tokens (default: the library's)")
-    ap.add_argument("--batch", type=int, default=256, help="sentence mode: sentences read at a time")
+    ap.add_argument(
+        "--batch", type=int, default=256, help="sentence mode: sentences read at a time"
+    )
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds of both modes")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--spill-dir", default=None)
@@ -124,40 +126,54 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     configure_process("cli")
     torch.set_num_threads(args.threads)
-    cpu = next(
-        (ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
-        platform.processor(),
-    )
-    flags = open("/proc/cpuinfo").read()
+    flags = Path("/proc/cpuinfo").read_text()
+    names = [
+        ln.split(":", 1)[1].strip() for ln in flags.splitlines() if ln.startswith("model name")
+    ]
+    cpu = names[0] if names else platform.processor()
     isa = [f for f in ("avx512f", "avx512_bf16", "amx_tile") if f" {f}" in flags]
-    print(f"- CPU: {cpu} ({os.cpu_count()} cores; {', '.join(isa)}); torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"- CPU: {cpu} ({os.cpu_count()} cores; {', '.join(isa)}); torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads; load average {os.getloadavg()[0]:.2f}"
+    )
     embedder = Embedder.load(args.model)
     embedder.warm_up()
     text, sents, total = build_text(embedder, args.tokens)
-    print(f"- model {args.model} (kernel {embedder.kernel_name}); document: {total:,} tokens, "
-          f"{len(text):,} characters, {len(sents):,} sentences")
+    print(
+        f"- model {args.model} (kernel {embedder.kernel_name}); document: {total:,} tokens, "
+        f"{len(text):,} characters, {len(sents):,} sentences"
+    )
     docs, sens = [], []
     for r in range(args.rounds):
         if not args.skip_sentences:
             sens.append(run_sentences(embedder, sents, args.batch))
-            print(f"  round {r}: sentence mode {sens[-1]['tps']:,.0f} tokens/s "
-                  f"({sens[-1]['seconds']:.1f} s)", flush=True)
+            print(
+                f"  round {r}: sentence mode {sens[-1]['tps']:,.0f} tokens/s "
+                f"({sens[-1]['seconds']:.1f} s)",
+                flush=True,
+            )
         docs.append(run_document(embedder, text, args.chunk, args.spill_dir))
         d = docs[-1]
-        print(f"  round {r}: document mode {d['tps']:,.0f} tokens/s ({d['seconds']:.1f} s, "
-              f"{d['chunks']} chunks); RSS {d['rss_before'] / 2**20:,.0f} MB before, peak "
-              f"{d['peak'] / 2**20:,.0f} MB: growth {d['growth'] / 2**20:,.1f} MB", flush=True)
+        print(
+            f"  round {r}: document mode {d['tps']:,.0f} tokens/s ({d['seconds']:.1f} s, "
+            f"{d['chunks']} chunks); RSS {d['rss_before'] / 2**20:,.0f} MB before, peak "
+            f"{d['peak'] / 2**20:,.0f} MB: growth {d['growth'] / 2**20:,.1f} MB",
+            flush=True,
+        )
     doc_tps = statistics.median(d["tps"] for d in docs)
     growth = max(d["growth"] for d in docs)
     p, n_out = embedder.cfg.projection_dim, embedder.n_layers
     spill = (total + 2) * (2 * n_out - 1) * p * 4
-    print(f"- document mode: {doc_tps:,.0f} tokens/s (median of {len(docs)}); "
-          f"RSS growth at most {growth / 2**20:,.1f} MB; spill file {spill / 2**30:,.2f} GiB")
+    print(
+        f"- document mode: {doc_tps:,.0f} tokens/s (median of {len(docs)}); "
+        f"RSS growth at most {growth / 2**20:,.1f} MB; spill file {spill / 2**30:,.2f} GiB"
+    )
     if sens:
         sen_tps = statistics.median(s["tps"] for s in sens)
-        print(f"- sentence mode: {sen_tps:,.0f} tokens/s; document / sentence = "
-              f"{doc_tps / sen_tps:.2f}x")
+        print(
+            f"- sentence mode: {sen_tps:,.0f} tokens/s; document / sentence = "
+            f"{doc_tps / sen_tps:.2f}x"
+        )
     print(f"- load average at end {os.getloadavg()[0]:.2f}")
 
 

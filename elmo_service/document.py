@@ -55,7 +55,7 @@ SEGMENT_CHARS = 1 << 16
 # a spill up to this size stays in memory
 SPILL_IN_MEMORY_BYTES = 8 << 20
 
-_LONG_WORD = re.compile(r"\S{%d}" % (MAX_WORD_CHARS + 1))
+_LONG_WORD = re.compile(rf"\S{{{MAX_WORD_CHARS + 1}}}")
 
 
 # ------------------------------------------------------------------ tokens
@@ -217,7 +217,7 @@ class _Spill:
         if rows * self.row_bytes <= SPILL_IN_MEMORY_BYTES:
             self.mem = np.empty((rows, width), np.float32)
         else:
-            f = tempfile.TemporaryFile(prefix="elmo-document-", dir=directory)
+            f = tempfile.TemporaryFile(prefix="elmo-document-", dir=directory)  # noqa: SIM115 - closed in close()
             self._file = f  # unlinked already; closed (and its space freed) in close()
             self.fd = f.fileno()
 
@@ -373,8 +373,8 @@ def _contextualize(embedder, doc: DocTokens, chunk: int, spills, stats) -> None:
                 xb = vectors(b_lo, b_hi)[1]
                 out: list[list[Tensor] | None] = [None, None]
 
-                def run(d: int) -> None:
-                    out[d] = (fwd, bwd)[d].run((xf, xb)[d])
+                def run(d: int, out=out, x=(xf, xb)) -> None:
+                    out[d] = (fwd, bwd)[d].run(x[d])
 
                 if pool is not None:
                     on_both_workers(pool, run)
@@ -469,9 +469,7 @@ def embed_document_chunks(
                 n_pos += len(pos)
             lo = hi
         if pooled:
-            out = [
-                None if a is None else _pool_done(a, spec.pooling, n_pos) for a in acc
-            ]
+            out = [None if a is None else _pool_done(a, spec.pooling, n_pos) for a in acc]
             yield DocumentChunk(0, [], out[0], out[1])
     finally:
         for s in spills:
