@@ -326,7 +326,7 @@ class _Stats:
 def _contextualize(embedder, doc: DocTokens, chunk: int, spills, stats) -> None:
     """Pass 1: both directions over the whole document, chunk by chunk, into the spills
     (forward rows ``[e, f_1 .. f_L]``, backward rows ``[b_1 .. b_L]``, by sequence position)."""
-    from elmo_service.kernels.bilstm import direction_pool, on_both_workers
+    from elmo_service.kernels.bilstm import direction_pool
 
     n_seq = len(doc) + 2  # <S> tokens </S>
     starts = list(range(0, n_seq, chunk))
@@ -360,30 +360,28 @@ def _contextualize(embedder, doc: DocTokens, chunk: int, spills, stats) -> None:
         """The rows of a chunk ``[lo, hi)`` that are tokens (not the markers)."""
         return slice(1 if lo == 0 else 0, (hi - lo) - (1 if hi == n_seq else 0))
 
-    for k in range(len(starts)):
-        f_lo = starts[k]
-        f_hi = min(f_lo + chunk, n_seq)
-        b_lo = starts[len(starts) - 1 - k]
-        b_hi = min(b_lo + chunk, n_seq)
-        with embedder._lock, torch.inference_mode():
-            from elmo_service.runtime import autocast
+    streams = (fwd, bwd)
+    rounds = [  # (forward chunk, backward chunk): the backward direction walks from the end
+        ((lo, min(lo + chunk, n_seq)), (b, min(b + chunk, n_seq)))
+        for lo, b in zip(starts, reversed(starts), strict=True)
+    ]
 
-            with autocast(embedder.device, embedder.precision):
-                xf = vectors(f_lo, f_hi)[0]
-                xb = vectors(b_lo, b_hi)[1]
-                out: list[list[Tensor] | None] = [None, None]
+    def prepare(k: int):
+        if k >= len(rounds):
+            return None
+        (f_lo, f_hi), (b_lo, b_hi) = rounds[k]
+        return vectors(f_lo, f_hi)[0], vectors(b_lo, b_hi)[1]
 
-                def run(d: int, out=out, x=(xf, xb)) -> None:
-                    out[d] = (fwd, bwd)[d].run(x[d])
+    def run(d: int, x, out: list) -> None:
+        with torch.inference_mode(), torch.no_grad():  # both thread-local: set on the worker
+            out[d] = streams[d].run(x[d])
 
-                if pool is not None:
-                    on_both_workers(pool, run)
-                else:
-                    run(0)
-                    run(1)
-            ef = xf.float().cpu().numpy()
-            fo = [y.float().cpu().numpy() for y in out[0]]
-            bo = [y.float().cpu().numpy()[::-1] for y in out[1]]
+    def finish(k: int, x, out: list) -> None:
+        """A round's outputs into the spills (and the layer norm's sums)."""
+        (f_lo, f_hi), (b_lo, b_hi) = rounds[k]
+        ef = x[0].float().cpu().numpy()
+        fo = [y.float().cpu().numpy() for y in out[0]]
+        bo = [y.float().cpu().numpy()[::-1] for y in out[1]]
         fwd_spill.write(f_lo, np.concatenate([ef, *fo], axis=1))
         bwd_spill.write(b_lo, np.concatenate(bo, axis=1))
         if stats is not None:
@@ -392,6 +390,35 @@ def _contextualize(embedder, doc: DocTokens, chunk: int, spills, stats) -> None:
             for i, (f, b) in enumerate(zip(fo, bo, strict=True), start=1):
                 stats.add(i, f[rf])
                 stats.add(i, b[rb])
+
+    from elmo_service.runtime import autocast
+
+    with torch.inference_mode(), autocast(embedder.device, embedder.precision):
+        with embedder._lock:
+            x = prepare(0)
+        pending = None
+        for k in range(len(rounds)):
+            out: list = [None, None]
+            # under the embedder's lock, as a batch is (a server's sentence requests run
+            # between two rounds); while the two workers run round k, this thread gets
+            # round k + 1's vectors and writes round k - 1's rows
+            with embedder._lock:
+                if pool is not None:
+                    futures = [pool.submit(run, d, x, out) for d in (0, 1)]
+                    nxt = prepare(k + 1)
+                    if pending is not None:
+                        finish(*pending)
+                    for f in futures:
+                        f.result()
+                else:
+                    run(0, x, out)
+                    run(1, x, out)
+                    nxt = prepare(k + 1)
+                    if pending is not None:
+                        finish(*pending)
+            pending = (k, x, out)
+            x = nxt
+        finish(*pending)
 
 
 def _normalized(layers: np.ndarray, stats: _Stats, count: int, eps: float = 1e-12) -> np.ndarray:

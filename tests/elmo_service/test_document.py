@@ -87,6 +87,20 @@ def test_chunks_are_not_independent_sentences(embedder: Embedder) -> None:
     assert_close(parts[1].layers[0], alone[0])
 
 
+@pytest.mark.parametrize("chunk", (7, 64))
+def test_two_threads_run_the_directions_on_the_two_workers(
+    embedder: Embedder, one_pass: Embedder, torch_threads, chunk: int
+) -> None:
+    """With 2 torch threads the directions run on the direction workers, a round ahead of
+    the rows written: the same vectors."""
+    torch_threads(2)
+    ref = one_pass.embed([TEXT], mix="norm")[0]
+    tokens, layers, mix = joined(list(embedder.embed_document(TEXT, chunk, mix="norm")))
+    assert tokens == ref.tokens
+    assert_close(layers, ref.layers)
+    assert_close(mix, ref.mix)
+
+
 @pytest.mark.parametrize("chunk", (1, 7, 64))
 def test_word_granularity_and_a_layer_normed_mix(
     embedder: Embedder, one_pass: Embedder, chunk: int

@@ -390,7 +390,7 @@ def test_issue_36_layer_normed_task_at_word_granularity_agrees(tmp_path):
         assert np.abs(other - want).max() > 0.1
 
 
-# ----------------------------------------------------------------- documents (#48)
+# ----------------------------------------------------------------- documents
 
 # the sentences as one document: one sequence, context across them (docs/documents.md)
 DOCUMENT = " ".join(SENTENCES * 2)
