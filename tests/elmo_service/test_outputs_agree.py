@@ -491,6 +491,42 @@ def test_api_document_errors(client):
         assert "Traceback" not in r.text
 
 
+def test_api_document_error_mid_stream(client, monkeypatch):
+    """An error met once the stream has begun (here the encoding of chunk 2 refuses its
+    values, as a float16 overflow does) is a last line naming the field, after the chunks
+    already sent; no "done" line follows. Anything else is an "internal" line."""
+    from api.routers import document as route
+    from elmo_service.errors import InputError
+
+    line = route._line
+
+    def failing(chunk, *args):
+        if chunk.index == 2:
+            raise InputError("values beyond float16's range", field="dtype")
+        return line(chunk, *args)
+
+    monkeypatch.setattr(route, "_line", failing)
+    r = client.post("/v1/embed/document", json={"document": DOCUMENT, "chunk_tokens": 7})
+    assert r.status_code == 200, r.text
+    lines = [json.loads(x) for x in r.text.splitlines()]
+    assert [d.get("chunk") for d in lines[:-1]] == [0, 1]
+    assert lines[-1] == {
+        "error": {
+            "code": "invalid_input",
+            "message": "values beyond float16's range",
+            "field": "dtype",
+        }
+    }
+
+    def broken(chunk, *args):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(route, "_line", broken)
+    r = client.post("/v1/embed/document", json={"document": DOCUMENT})
+    (only,) = [json.loads(x) for x in r.text.splitlines()]
+    assert only["error"]["code"] == "internal" and "a bug" not in r.text
+
+
 def test_embed_file_documents(tmp_path, model, emb, doc_raw):
     """``embed-file --documents``: a line per document, one dataset each, chunk by chunk."""
     toks, layers = doc_raw
