@@ -491,6 +491,26 @@ def test_api_document_errors(client):
         assert "Traceback" not in r.text
 
 
+def test_api_document_size_limits(model, tmp_path):
+    """A document's own limits (ELMO_MAX_DOCUMENT_TOKENS, ELMO_MAX_DOCUMENT_CHARS): 413
+    naming the field, before the stream starts."""
+    settings = load_settings(
+        model_path=model,
+        threads=1,
+        data_dir=tmp_path,
+        cache=False,
+        max_document_tokens=20,
+        max_document_chars=200,
+    )
+    with TestClient(create_app(settings)) as c:
+        for doc, what in ((DOCUMENT[:150], "tokens"), (DOCUMENT, "characters")):
+            r = c.post("/v1/embed/document", json={"document": doc})
+            assert r.status_code == 413, r.text
+            assert r.json()["field"] == "document" and what in r.json()["message"], r.text
+        r = c.post("/v1/embed/document", json={"document": SENTENCES[1]})
+        assert r.status_code == 200 and json.loads(r.text.splitlines()[-1])["done"], r.text
+
+
 def test_api_document_error_mid_stream(client, monkeypatch):
     """An error met once the stream has begun (here the encoding of chunk 2 refuses its
     values, as a float16 overflow does) is a last line naming the field, after the chunks
