@@ -5,7 +5,9 @@ behind HTTP. The body is ``/v1/embed``'s output options with ``document`` (a str
 list of words) and ``chunk_tokens`` instead of ``sentences``. The answer is
 ``application/x-ndjson``: one line per chunk, shaped as one element of ``/v1/embed``'s
 ``data`` (``index`` 0: the one document) plus ``"chunk": k``; then
-``{"done": true, "chunks": n, "tokens": T}``. Errors found before the first line (the
+``{"done": true, "chunks": n, "tokens": T}`` (T: the positions the lines listed: the
+document's tokens, or its words at word granularity; 0 when pooled, whose one line lists
+none). Errors found before the first line (the
 options, the document's size, an empty document, a word over the limit) are ordinary 4xx
 JSON; one met later is a last line ``{"error": {code, message, field}}``.
 
@@ -86,6 +88,11 @@ class DocumentRequest(BaseModel):
     )
     encoding: Literal["json", "base64"] = "json"
     dtype: Literal["float32", "float16"] = "float32"
+    priority: Literal["interactive", "batch"] = Field(
+        "interactive",
+        description="Accepted as /v1/embed's; a document runs on a thread of its own, a chunk "
+        "at a time between the batcher's batches, whatever its lane.",
+    )
 
 
 def _chunk_size(req: DocumentRequest, spec, served, settings) -> int:
@@ -176,7 +183,7 @@ async def embed_document(req: DocumentRequest, request: Request, ctx: ServingDep
         return False
 
     def work() -> None:
-        n = 0
+        n = positions = 0
         try:
             gen = embed_document_chunks(embedder, doc, spec, chunk)
             try:
@@ -184,9 +191,12 @@ async def embed_document(req: DocumentRequest, request: Request, ctx: ServingDep
                     if not put(_line(c, req, spec, cause, doc.text)):
                         return  # the client left
                     n += 1
+                    positions += len(c.tokens)
             finally:
                 gen.close()  # the spill file goes now
-            put(dumps({"done": True, "chunks": n, "tokens": len(doc)}) + b"\n")
+            # "tokens": the positions the chunk lines listed (a reader checks it against
+            # what came): the document's tokens, its words at word granularity, 0 pooled
+            put(dumps({"done": True, "chunks": n, "tokens": positions}) + b"\n")
         except ElmoServiceError as e:
             put(dumps({"error": error_body(e.code, e.message, e.field)}) + b"\n")
         except Exception:  # noqa: BLE001 - the stream has begun: an error line, then the end

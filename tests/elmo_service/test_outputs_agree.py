@@ -430,6 +430,10 @@ def _post_document(client, body) -> list[dict]:
     return lines
 
 
+def what_listed(*args) -> str:
+    return "done's tokens count the positions the lines listed " + " ".join(map(str, args))
+
+
 def test_api_document_sweep(client, doc_raw):
     toks, layers = doc_raw
     bodies = [("layers", {"output": "layers"}, None)]
@@ -443,8 +447,11 @@ def test_api_document_sweep(client, doc_raw):
         req = {**body, "document": DOCUMENT, "granularity": gran, "pooling": pooling}
         req["chunk_tokens"] = chunk
         lines = _post_document(client, req)
-        assert lines[-1]["tokens"] == len(toks)
         data = lines[:-1]
+        listed = sum(len(d["words" if gran == "word" else "tokens"]) for d in data)
+        assert lines[-1]["tokens"] == listed, what_listed(label, gran, pooling)
+        if pooling == "none":
+            assert listed == (len(toks) if gran == "token" else len({t.word for t in toks}))
         x, m = ref_answer(
             layers,
             toks,
@@ -526,7 +533,8 @@ def test_api_document_error_mid_stream(client, monkeypatch):
         return line(chunk, *args)
 
     monkeypatch.setattr(route, "_line", failing)
-    r = client.post("/v1/embed/document", json={"document": DOCUMENT, "chunk_tokens": 7})
+    body = {"document": DOCUMENT, "chunk_tokens": 7, "priority": "batch"}
+    r = client.post("/v1/embed/document", json=body)
     assert r.status_code == 200, r.text
     lines = [json.loads(x) for x in r.text.splitlines()]
     assert [d.get("chunk") for d in lines[:-1]] == [0, 1]
