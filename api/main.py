@@ -36,7 +36,7 @@ from api.middleware import (
     RequestGuardMiddleware,
     TimingMiddleware,
 )
-from api.routers import embed, health, jobs, limits, models, openai, selftest, tasks
+from api.routers import document, embed, health, jobs, limits, models, openai, selftest, tasks
 from api.settings import Settings, load_settings
 from elmo_service.errors import ElmoServiceError
 from jobs import JobService
@@ -186,6 +186,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.fleet = None
     for r in (
         embed.router,
+        document.router,
         openai.router,
         models.router,
         limits.router,

@@ -307,6 +307,14 @@ class Settings(BaseSettings):
         200_000, ge=1, description="Characters per request, all sentences together."
     )
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    # POST /v1/embed/document (docs/documents.md): a document's own size limits; each
+    # chunk of its answer is held to the per-sentence token limit and the answer-size bound
+    max_document_tokens: int = Field(
+        1_000_000, ge=1, description="Tokens of one document (POST /v1/embed/document)."
+    )
+    max_document_chars: int = Field(
+        4 * 1024 * 1024, ge=1, description="Characters of one document (POST /v1/embed/document)."
+    )
 
     # -- auth ------------------------------------------------------------------------
     api_keys: Annotated[list[str], NoDecode] = Field(

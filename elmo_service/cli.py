@@ -52,6 +52,8 @@ def cmd_embed_file(args: argparse.Namespace) -> int:
         chunk_lines=args.chunk_lines,
         progress=not args.quiet,
         lines=total,
+        documents=args.documents,
+        chunk_tokens=args.chunk_tokens,
     )
     pieces = granularity == "token" and emb.tokenizer.kind == "sentencepiece"
     note = "; one vector per sub-word piece, --granularity word gives one per word" * pieces
@@ -74,6 +76,7 @@ def cmd_embed_bulk(args: argparse.Namespace) -> int:
         pooling=args.pooling,
         granularity=_granularity(args),
         whitespace=args.whitespace,
+        documents=args.documents,
         shard_rows=args.shard_rows,
         batch_tokens=args.batch_tokens,
     )
@@ -231,6 +234,19 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument(
         "--chunk-lines", type=int, default=1024, help="lines read per step (bounds memory)"
     )
+    e.add_argument(
+        "--documents",
+        action="store_true",
+        help="each line is a document, embedded as one sequence of any length (context "
+        "across its sentences; docs/documents.md): dataset 'i' holds line i's vectors",
+    )
+    e.add_argument(
+        "--chunk-tokens",
+        type=int,
+        default=None,
+        help="with --documents: tokens computed per step (bounds memory; the vectors do not "
+        "depend on it)",
+    )
     e.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     e.add_argument("--device", default="auto", help="cpu | cuda | auto (CUDA when available)")
     e.add_argument(
@@ -275,6 +291,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="none: a vector per token (or word); mean/max: one vector per sentence",
     )
     _add_tokenization(b)
+    b.add_argument(
+        "--documents",
+        action="store_true",
+        help="each line is a document, embedded as one sequence of any length (a row per "
+        "document; docs/documents.md)",
+    )
     b.add_argument(
         "--actors", type=int, default=None, help="model actors (default: one per cluster CPU)"
     )

@@ -86,11 +86,15 @@ def write_hdf5(
     chunk_lines: int = 1024,
     progress: bool = False,
     lines: int | None = None,
+    documents: bool = False,
+    chunk_tokens: int | None = None,
 ) -> int:
     """Embed ``input_file`` with ``emb`` into ``output_file`` (written whole or not at all);
     returns the sentences written. ``whitespace``: lines are pre-tokenized words (then
     ``granularity`` defaults to ``"word"``); ``lines``: the count :func:`check_lines`
-    already gave (the file is checked here otherwise)."""
+    already gave (the file is checked here otherwise). ``documents``: each line is a
+    document, embedded as one sequence (``Embedder.embed_document``, any length) and
+    written chunk by chunk (``chunk_tokens``) into its dataset, at constant memory."""
     import h5py
     import numpy as np
     from tqdm import tqdm
@@ -108,7 +112,16 @@ def write_hdf5(
         h5py.File(tmp, "w") as fout,
         tqdm(total=lines, unit="sent", disable=not progress) as bar,
     ):
+        if documents:
+            chunk_lines = 1  # one document at a time
         for chunk in chunks((line.rstrip("\n") for line in fin), chunk_lines):
+            if documents:
+                (line,) = chunk
+                _write_document(emb, fout, index, line, input_file, spec, whitespace, chunk_tokens)
+                sentence_to_index[line] = str(index)
+                index += 1
+                bar.update(1)
+                continue
             inputs = [line.split() for line in chunk] if whitespace else chunk
             token_lists = emb.tokenize(
                 inputs, field="input", where=at_line(input_file, 1), offset=index
@@ -143,3 +156,43 @@ def _dataset(x: Any, toks: list, spec: OutputSpec) -> Any:
     if mix is not None:
         return mix
     return layers if spec.all_layers else layers[0]  # "top": [T, D]
+
+
+def _write_document(
+    emb: Any,
+    fout: Any,
+    index: int,
+    line: str,
+    input_file: Path,
+    spec: OutputSpec,
+    whitespace: bool,
+    chunk_tokens: int | None,
+) -> None:
+    """Line ``index`` as one document: its dataset sized from its tokens, then filled a
+    chunk at a time (``elmo_service/document.py``), so no document is ever held whole."""
+    import numpy as np
+
+    from elmo_service.document import embed_document_chunks, tokenize_document
+
+    where = f"line {index + 1} of {input_file}"
+    try:
+        doc = tokenize_document(
+            emb.tokenizer, line.split() if whitespace else line, field="input", max_tokens=None
+        )
+    except InputError as e:
+        raise InputError(f"{where}: {e.message}", field="input", index=index) from e
+    n = len(doc) if spec.granularity == "token" else int(doc.word[-1] - doc.word[0]) + 1
+    shape = (len(spec.layers), n, emb.dim) if spec.all_layers else (n, emb.dim)
+    ds = fout.create_dataset(str(index), shape=shape, dtype="float32")
+    at = 0
+    for c in embed_document_chunks(emb, doc, spec, chunk_tokens):
+        data = c.mix if c.mix is not None else (c.layers if spec.all_layers else c.layers[0])
+        if not np.isfinite(data).all():  # never write a NaN a reader would trust
+            raise ElmoServiceError(f"{where}: the model produced non-finite values", field="input")
+        k = data.shape[-2]
+        if spec.all_layers:
+            ds[:, at : at + k] = data
+        else:
+            ds[at : at + k] = data
+        at += k
+    assert at == n, (at, n)

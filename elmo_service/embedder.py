@@ -359,6 +359,43 @@ class Embedder:
 
         return write_hdf5(self, Path(input_file), Path(output_file), **options)
 
+    def embed_document(
+        self,
+        document: Sentence,
+        chunk_tokens: int | None = None,
+        *,
+        granularity: str = "token",
+        mix: MixSpec | str | None = None,
+        max_tokens: int | None = None,
+        spill_dir: str | Path | None = None,
+    ) -> Iterator[EmbeddedSentence]:
+        """A whole document (text, or its words) as one sequence, chunk by chunk in order.
+
+        The forward LSTMs read the whole document from a zero state at its start, the
+        backward ones from a zero state at its end (one ``<S>`` and one ``</S>``); each
+        value's tokens carry offsets into the document, and the chunks' ``layers``
+        concatenated along the tokens are one pass over the whole text (what ``embed``
+        gives with ``max_sentence_tokens`` large enough), at any ``chunk_tokens``
+        (default ``document.DEFAULT_CHUNK_TOKENS``; word granularity never splits a word).
+        Memory does not grow with the document; a long one spills to a temporary file
+        in ``spill_dir`` (see ``elmo_service/document.py``, ``docs/documents.md``).
+        ``granularity``, ``mix``: as :meth:`embed` (a layer norm uses the whole
+        document's statistics). ``max_tokens``: refuse longer documents (LimitError).
+        Bad input is refused here, before the first chunk.
+        """
+        from elmo_service.document import embed_document_chunks, tokenize_document
+
+        if chunk_tokens is not None and (
+            isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1
+        ):
+            raise InputError("chunk_tokens must be an integer >= 1", field="chunk_tokens")
+        spec = self.output_spec(mix, granularity)
+        doc = tokenize_document(self.tokenizer, document, max_tokens=max_tokens)
+        chunks_ = embed_document_chunks(
+            self, doc, spec, chunk_tokens, spill_dir=None if spill_dir is None else str(spill_dir)
+        )
+        return (EmbeddedSentence(c.tokens, c.layers, c.mix) for c in chunks_)
+
     def embed_tokens(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """Token texts -> ``[L+1, T, D]`` float32 per sentence, in input order.
 

@@ -290,7 +290,7 @@ def test_no_lstm_math_outside_the_core():
 
 # the native loops read the pre-scaled layout of kernels/bilstm.py's ScaledLayer (doubled
 # g rows, doubled cell, doubled projection): only that class may call them
-_SCALED_LOOPS = {"lstm_cell", "lstmp_row", "_cell_row"}
+_SCALED_LOOPS = {"lstm_cell", "lstmp_row", "lstmp_row_from", "_cell_row"}
 _SCALED_HOME = {"elmo_service.kernels.bilstm", "elmo_service.kernels.native_step"}
 
 

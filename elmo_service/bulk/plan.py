@@ -41,6 +41,7 @@ class BulkOptions:
     pooling: str = "none"
     granularity: str = "token"
     whitespace: bool = False  # lines are pre-tokenized words
+    documents: bool = False  # each line is a document: one sequence (docs/documents.md)
     shard_rows: int = DEFAULT_SHARD_ROWS
     batch_tokens: int = DEFAULT_BATCH_TOKENS
 

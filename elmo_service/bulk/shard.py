@@ -178,7 +178,10 @@ def embed_shard(
             continue
         sent = text.split() if opts.whitespace else text
         try:
-            (t,) = emb.tokenize([sent], field="input", where=at_line(file, line))
+            if opts.documents:  # any length: the document's own checks, not a sentence's
+                t = _document_tokens(emb, sent, file, line)
+            else:
+                (t,) = emb.tokenize([sent], field="input", where=at_line(file, line))
             if not t:
                 raise InputError(
                     f"line {line} of {file} has no tokens for this model's tokenizer", field="input"
@@ -230,7 +233,7 @@ def embed_shard(
         with atomic_path(parquet) as tmp:
             writer = _Writer(pq, tmp, schema)
             try:
-                for lo, layers in _chunks(emb, toks):
+                for lo, layers in _chunks(emb, toks, documents=opts.documents):
                     hi = lo + len(layers)
                     try:
                         batch = _record_batch(
@@ -338,12 +341,42 @@ def _record_batch(
 
 
 def _chunks(
-    emb: Any, toks: list[list[Any]], chunk: int = 1024
+    emb: Any, toks: list[list[Any]], chunk: int = 1024, documents: bool = False
 ) -> Iterator[tuple[int, list[np.ndarray]]]:
     """(first index, ``[L+1, T, D]`` per sentence) ``chunk`` sentences at a time (each
-    chunk batched under the token budget): a shard's layers are never all in memory."""
+    chunk batched under the token budget): a shard's layers are never all in memory.
+    ``documents``: one document at a time, in document mode (a row holds a document)."""
+    if documents:
+        for i, ts in enumerate(toks):
+            yield i, [_document_layers(emb, ts)]
+        return
     for i in range(0, len(toks), chunk):
         yield i, emb.embed_tokens([[t.text for t in ts] for ts in toks[i : i + chunk]])
+
+
+def _document_tokens(emb: Any, sent: Any, file: str, line: int) -> list[Any]:
+    """A document line's tokens (``elmo_service/document.py``'s checks; errors name the line)."""
+    from elmo_service.document import tokenize_document
+
+    try:
+        doc = tokenize_document(emb.tokenizer, sent, field="input", max_tokens=None)
+    except InputError as e:
+        raise InputError(f"line {line} of {file}: {e.message}", field="input") from e
+    return doc.tokens(0, len(doc))
+
+
+def _document_layers(emb: Any, toks: list[Any]) -> np.ndarray:
+    """One document's ``[L+1, T, D]`` by document mode (its words given back as tokens)."""
+    from elmo_service.document import DocTokens, embed_document_chunks
+    from elmo_service.outputs import plan_output
+
+    texts = list(dict.fromkeys(t.text for t in toks))
+    where = {k: i for i, k in enumerate(texts)}
+    cols = np.array([(t.start, t.end, t.word) for t in toks], dtype=np.int64)
+    ids = np.array([where[t.text] for t in toks], dtype=np.int32)
+    doc = DocTokens(texts, ids, cols[:, 0], cols[:, 1], cols[:, 2], "")
+    spec = plan_output(emb.n_layers, output="layers")
+    return np.concatenate([c.layers for c in embed_document_chunks(emb, doc, spec)], axis=1)
 
 
 def os_reason(e: OSError) -> str:

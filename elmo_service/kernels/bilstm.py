@@ -52,7 +52,7 @@ import torch
 from torch import Tensor
 
 from elmo_service.kernels import tuning
-from elmo_service.kernels.native_step import lstm_cell, lstmp_row
+from elmo_service.kernels.native_step import lstm_cell, lstmp_row, lstmp_row_from
 from elmo_service.kernels.packed import PackedLinear
 from elmo_service.lstm import LstmLayer
 
@@ -110,6 +110,22 @@ class ScaledLayer:
         assert self.row is not None, "the single-sentence loop is fp32 only"
         w_hh_t, w_proj_t = self.row
         lstmp_row(x_gates.numpy(), w_hh_t, w_proj_t, self.cell_clip2, self.proj_clip, out.numpy())
+
+    def run_row_from(self, x_gates: Tensor, out: Tensor, h: Tensor, c2: Tensor) -> None:
+        """:meth:`run_row` from the state ``h [P]``, ``c2 [C]`` (the doubled cell, this
+        layout's), updated in place to the state after the last step (document mode)."""
+        assert self.row is not None, "the single-sentence loop is fp32 only"
+        w_hh_t, w_proj_t = self.row
+        lstmp_row_from(
+            x_gates.numpy(),
+            w_hh_t,
+            w_proj_t,
+            self.cell_clip2,
+            self.proj_clip,
+            h.numpy(),
+            c2.numpy(),
+            out.numpy(),
+        )
 
     def step(self, x_gates: Tensor, h: Tensor, c2: Tensor) -> Tensor:
         """One batched step: input gates ``[n, 4C]``, ``h [n, P]``, the doubled cell

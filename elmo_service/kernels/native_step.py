@@ -121,19 +121,38 @@ def lstmp_row(
     proj_clip: float,
     out: np.ndarray,
 ) -> None:  # pragma: no cover (compiled; tests call it through BiLstmKernel)
-    """One direction of one layer for one sentence, in place.
+    """One direction of one layer for one sentence, in place, from a zero state.
 
     ``xg [T, 4C]``: the input gates ``x W_ih^T + b`` (g rows doubled);
     ``w_hh_t [P, 4C]``: ``W_hh^T`` (g columns doubled); ``w_proj_t [C, P]``:
     ``2 W_proj^T``; ``cell_clip2``: twice the cell clip (0: none);
     ``proj_clip`` (0: none); ``out [T, P]`` receives ``h`` of every step.
     """
+    p = w_hh_t.shape[0]
+    c = xg.shape[1] // 4
+    h = np.zeros(p, np.float32)
+    c2 = np.zeros(c, np.float32)  # 2 * cell state
+    lstmp_row_from(xg, w_hh_t, w_proj_t, cell_clip2, proj_clip, h, c2, out)
+
+
+@numba.njit(**JIT_OPTIONS)
+def lstmp_row_from(
+    xg: np.ndarray,
+    w_hh_t: np.ndarray,
+    w_proj_t: np.ndarray,
+    cell_clip2: float,
+    proj_clip: float,
+    h: np.ndarray,
+    c2: np.ndarray,
+    out: np.ndarray,
+) -> None:  # pragma: no cover (compiled; tests call it through BiLstmKernel)
+    """:func:`lstmp_row` from the state ``h [P]``, ``c2 [C]`` (the doubled cell), which
+    are updated in place to the state after the last step (document mode,
+    ``elmo_service/document.py``, hands it from chunk to chunk)."""
     steps, gates = xg.shape
     p = w_hh_t.shape[0]
     c = gates // 4
     clip2, pclip = _F(cell_clip2), _F(proj_clip)
-    h = np.zeros(p, np.float32)
-    c2 = np.zeros(c, np.float32)  # 2 * cell state
     g = np.empty(gates, np.float32)
     m = np.empty(c, np.float32)
     bits = np.empty(gates, np.int32)
@@ -171,13 +190,18 @@ def lstm_cell(
 
 
 enable_caching(lstmp_row)
+enable_caching(lstmp_row_from)
 enable_caching(lstm_cell)
 
 
 def compile_now() -> None:
-    """Compile (or load from numba's cache) :func:`lstmp_row` and :func:`lstm_cell`."""
+    """Compile (or load from numba's cache) :func:`lstmp_row`, :func:`lstmp_row_from`, :func:`lstm_cell`."""
     z = np.zeros
     args = (z((1, 8), np.float32), z((2, 8), np.float32), z((2, 2), np.float32), 0.0, 0.0)
+    # lstmp_row calls lstmp_row_from: the callee first, so a damaged cache file of its own
+    # is met (and recompiled) by its own check
+    state = (z(2, np.float32), z(2, np.float32))
+    compile_checked(lstmp_row_from, *args, *state, z((1, 2), np.float32))
     compile_checked(lstmp_row, *args, z((1, 2), np.float32))
     compile_checked(
         lstm_cell, z((1, 8), np.float32), z((1, 2), np.float32), 0.0, z((1, 2), np.float32)

@@ -19,6 +19,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.main import create_app
+from api.routers.document import DocumentRequest
 from api.schemas import EmbeddingsRequest, EmbedRequest, TaskIn
 from api.settings import load_settings
 from tests.jobs.test_jobs import write_corpus
@@ -109,6 +110,12 @@ def test_every_route_returns_what_the_document_says(api):
         {"sentences": ["a"] * 10_000},  # 413
     ):
         ok("POST", "/v1/embed", c.post("/v1/embed", json=body))
+    for example in _examples(DocumentRequest):
+        r = c.post("/v1/embed/document", json=example)
+        assert r.status_code == 200, (example, r.text)
+        ok("POST", "/v1/embed/document", r)
+    for body in ({"document": ""}, {"document": "a", "chunk_tokens": 10**6}):  # 422, 413
+        ok("POST", "/v1/embed/document", c.post("/v1/embed/document", json=body))
     for example in _examples(EmbeddingsRequest):
         r = c.post("/v1/embeddings", json=example)
         assert r.status_code == 200, (example, r.text)

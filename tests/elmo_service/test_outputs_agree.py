@@ -388,3 +388,221 @@ def test_issue_36_layer_normed_task_at_word_granularity_agrees(tmp_path):
         # the other order (pieces averaged, then mixed) is really another answer here
         other = ref_mix(ref_words(layers, toks, 1), MixSpec(**task))
         assert np.abs(other - want).max() > 0.1
+
+
+# ----------------------------------------------------------------- documents
+
+# the sentences as one document: one sequence, context across them (docs/documents.md)
+DOCUMENT = " ".join(SENTENCES * 2)
+DOC_CHUNKS = (1, 7, 64, 512)
+
+
+@pytest.fixture(scope="module")
+def doc_raw(emb):
+    """The document's tokens and its layers by one unchunked pass over the whole text."""
+    toks = emb.tokenizer(DOCUMENT)
+    assert len(toks) > 64, "the sweep needs a document longer than the middle chunk size"
+    return toks, emb.embed_tokens([[t.text for t in toks]])[0]
+
+
+def test_document_library_sweep(emb, doc_raw):
+    toks, layers = doc_raw
+    for (label, mix, spec), gran, chunk in itertools.product(
+        [("layers only", None, None), *mixes()], GRANULARITIES, DOC_CHUNKS
+    ):
+        parts = list(emb.embed_document(DOCUMENT, chunk, granularity=gran, mix=mix))
+        x, m = ref_answer(
+            layers, toks, idx=range(N_LAYERS), mix=spec, granularity=gran, pooling="none"
+        )
+        what = f"library document {label} {gran} chunk {chunk}"
+        close(np.concatenate([p.layers for p in parts], axis=1), x, what)
+        close(None if mix is None else np.concatenate([p.mix for p in parts]), m, what)
+
+
+def _post_document(client, body) -> list[dict]:
+    r = client.post("/v1/embed/document", json={**body, "encoding": "base64"})
+    assert r.status_code == 200, (body, r.text)
+    assert r.headers["content-type"].startswith("application/x-ndjson")
+    lines = [json.loads(line) for line in r.text.splitlines()]
+    assert lines[-1].get("done") is True, lines[-1]
+    assert lines[-1]["chunks"] == len(lines) - 1
+    assert [d["chunk"] for d in lines[:-1]] == list(range(len(lines) - 1))
+    return lines
+
+
+def what_listed(*args) -> str:
+    return "done's tokens count the positions the lines listed " + " ".join(map(str, args))
+
+
+def test_api_document_sweep(client, doc_raw):
+    toks, layers = doc_raw
+    bodies = [("layers", {"output": "layers"}, None)]
+    bodies += [(f"task {n}", {"task": n}, s) for n, s in TASKS.items()]
+    norm = TASKS["dirs_norm"]
+    inline = {"mix": norm.weights, "gamma": norm.gamma, "per_direction": True, "layer_norm": True}
+    bodies.append(("inline dirs_norm", inline, norm))
+    # 512 is over this model's per-sentence limit (64), which holds each chunk of an answer
+    combos = itertools.product(bodies, GRANULARITIES, POOLINGS, (1, 7, 64))
+    for (label, body, spec), gran, pooling, chunk in combos:
+        req = {**body, "document": DOCUMENT, "granularity": gran, "pooling": pooling}
+        req["chunk_tokens"] = chunk
+        lines = _post_document(client, req)
+        data = lines[:-1]
+        listed = sum(len(d["words" if gran == "word" else "tokens"]) for d in data)
+        assert lines[-1]["tokens"] == listed, what_listed(label, gran, pooling)
+        if pooling == "none":
+            assert listed == (len(toks) if gran == "token" else len({t.word for t in toks}))
+        x, m = ref_answer(
+            layers,
+            toks,
+            idx=None if spec is not None else range(N_LAYERS),
+            mix=spec,
+            granularity=gran,
+            pooling=pooling,
+        )
+        what = f"api document {label} {gran} {pooling} chunk {chunk}"
+        axis = 1 if pooling == "none" else None
+        got_x = [decode_array(d["layers"]) for d in data if "layers" in d]
+        got_m = [decode_array(d["mix"]) for d in data if "mix" in d]
+        if pooling != "none":
+            assert len(data) == 1, what
+            close(got_x[0] if got_x else None, x, what)
+            close(got_m[0] if got_m else None, m, what)
+            continue
+        close(np.concatenate(got_x, axis=axis) if got_x else None, x, what)
+        close(np.concatenate(got_m, axis=0) if got_m else None, m, what)
+        key = "words" if gran == "word" else "tokens"
+        spans = [(p["start"], p["end"]) for d in data for p in d[key]]
+        if gran == "token":
+            assert spans == [(t.start, t.end) for t in toks], what
+        else:
+            assert len(spans) == len({t.word for t in toks}), what
+
+
+def test_api_document_errors(client):
+    """Refused before the stream starts: ordinary 4xx JSON naming the field."""
+    cases = [
+        ({"document": ""}, 422, "document"),
+        ({"document": "x" * (1 << 20)}, 422, "document"),
+        ({"document": DOCUMENT, "chunk_tokens": 0}, 422, "chunk_tokens"),
+        ({"document": DOCUMENT, "chunk_tokens": 10**6}, 413, "chunk_tokens"),
+        ({"document": DOCUMENT, "task": "nope"}, 422, "task"),
+        ({"document": ["a", " "]}, 422, "document[1]"),
+        ({"sentences": ["a"]}, 422, "sentences"),
+    ]
+    for body, status, field in cases:
+        r = client.post("/v1/embed/document", json=body)
+        assert r.status_code == status, (body, r.status_code, r.text[:300])
+        err = r.json()
+        assert err["field"] == field, (body, err)
+        assert "Traceback" not in r.text
+
+
+def test_api_document_size_limits(model, tmp_path):
+    """A document's own limits (ELMO_MAX_DOCUMENT_TOKENS, ELMO_MAX_DOCUMENT_CHARS): 413
+    naming the field, before the stream starts."""
+    settings = load_settings(
+        model_path=model,
+        threads=1,
+        data_dir=tmp_path,
+        cache=False,
+        max_document_tokens=20,
+        max_document_chars=200,
+    )
+    with TestClient(create_app(settings)) as c:
+        for doc, what in ((DOCUMENT[:150], "tokens"), (DOCUMENT, "characters")):
+            r = c.post("/v1/embed/document", json={"document": doc})
+            assert r.status_code == 413, r.text
+            assert r.json()["field"] == "document" and what in r.json()["message"], r.text
+        r = c.post("/v1/embed/document", json={"document": SENTENCES[1]})
+        assert r.status_code == 200 and json.loads(r.text.splitlines()[-1])["done"], r.text
+
+
+def test_api_document_error_mid_stream(client, monkeypatch):
+    """An error met once the stream has begun (here the encoding of chunk 2 refuses its
+    values, as a float16 overflow does) is a last line naming the field, after the chunks
+    already sent; no "done" line follows. Anything else is an "internal" line."""
+    from api.routers import document as route
+    from elmo_service.errors import InputError
+
+    line = route._line
+
+    def failing(chunk, *args):
+        if chunk.index == 2:
+            raise InputError("values beyond float16's range", field="dtype")
+        return line(chunk, *args)
+
+    monkeypatch.setattr(route, "_line", failing)
+    body = {"document": DOCUMENT, "chunk_tokens": 7, "priority": "batch"}
+    r = client.post("/v1/embed/document", json=body)
+    assert r.status_code == 200, r.text
+    lines = [json.loads(x) for x in r.text.splitlines()]
+    assert [d.get("chunk") for d in lines[:-1]] == [0, 1]
+    assert lines[-1] == {
+        "error": {
+            "code": "invalid_input",
+            "message": "values beyond float16's range",
+            "field": "dtype",
+        }
+    }
+
+    def broken(chunk, *args):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(route, "_line", broken)
+    r = client.post("/v1/embed/document", json={"document": DOCUMENT})
+    (only,) = [json.loads(x) for x in r.text.splitlines()]
+    assert only["error"]["code"] == "internal" and "a bug" not in r.text
+
+
+def test_embed_file_documents(tmp_path, model, emb, doc_raw):
+    """``embed-file --documents``: a line per document, one dataset each, chunk by chunk."""
+    toks, layers = doc_raw
+    other = SENTENCES[1]
+    other_toks = emb.tokenizer(other)
+    other_layers = emb.embed_tokens([[t.text for t in other_toks]])[0]
+    for (flag, idx, spec), gran, chunk in itertools.product(
+        [("--all", range(N_LAYERS), None), ("--task=norm", None, TASKS["norm"])],
+        GRANULARITIES,
+        (1, 7, 64),
+    ):
+        flags = [flag, "--granularity", gran, "--documents", "--chunk-tokens", str(chunk)]
+        got = _embed_file(tmp_path, model, [DOCUMENT, other], *flags)
+        for g, (t, x) in zip(got, [(toks, layers), (other_toks, other_layers)], strict=True):
+            want_x, want_m = ref_answer(x, t, idx=idx, mix=spec, granularity=gran, pooling="none")
+            close(g, want_m if spec is not None else want_x, f"embed-file {flag} {gran} {chunk}")
+
+
+def test_bulk_shard_documents(tmp_path, model, emb, doc_raw):
+    """``embed-bulk --documents``: a row per document line, its vectors by document mode."""
+    import pyarrow.parquet as pq
+
+    from elmo_service.bulk import MANIFESTS, BulkOptions, embed_shard, resolve_mix, scan_inputs
+
+    toks, layers = doc_raw
+    inp = tmp_path / "in.txt"
+    inp.write_text(DOCUMENT + "\n" + DOCUMENT + "\n")
+    (shard,) = scan_inputs([inp], shard_rows=100).shards
+    for n, (task, spec) in enumerate([(None, None), ("norm", TASKS["norm"])]):
+        for gran, pooling in itertools.product(GRANULARITIES, POOLINGS):
+            out = tmp_path / f"out{n}{gran}{pooling}"
+            (out / MANIFESTS).mkdir(parents=True)
+            kw = {"output": "mix" if task else "layers", "task": task, "granularity": gran}
+            opts = BulkOptions(**kw, pooling=pooling, documents=True)
+            mix = resolve_mix(model, opts)[3]
+            assert embed_shard(emb, shard, opts, out, mix, skip_bad=False).rows == 2
+            rows = pq.read_table(out / "part-00000.parquet").to_pylist()
+            x, m = ref_answer(
+                layers,
+                toks,
+                idx=None if spec else range(N_LAYERS),
+                mix=spec,
+                granularity=gran,
+                pooling=pooling,
+            )
+            want = m if spec is not None else x
+            if spec is None:
+                want = want.reshape(-1) if pooling != "none" else want.transpose(1, 0, 2)
+            want = want.reshape(-1) if pooling != "none" else want.reshape(len(want), -1)
+            for row in rows:
+                close(np.array(row["embedding"], np.float32), want, f"bulk {kw} {pooling}")

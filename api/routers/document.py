@@ -1,0 +1,226 @@
+"""``POST /v1/embed/document``: a whole document as one sequence, streamed chunk by chunk.
+
+The library's ``Embedder.embed_document`` (``elmo_service/document.py``, docs/documents.md)
+behind HTTP. The body is ``/v1/embed``'s output options with ``document`` (a string, or a
+list of words) and ``chunk_tokens`` instead of ``sentences``. The answer is
+``application/x-ndjson``: one line per chunk, shaped as one element of ``/v1/embed``'s
+``data`` (``index`` 0: the one document) plus ``"chunk": k``; then
+``{"done": true, "chunks": n, "tokens": T}`` (T: the positions the lines listed: the
+document's tokens, or its words at word granularity; 0 when pooled, whose one line lists
+none). Errors found before the first line (the
+options, the document's size, an empty document, a word over the limit) are ordinary 4xx
+JSON; one met later is a last line ``{"error": {code, message, field}}``.
+
+Limits: the document's own (``ELMO_MAX_DOCUMENT_TOKENS``, ``ELMO_MAX_DOCUMENT_CHARS``;
+the body guard's ``ELMO_MAX_BODY_BYTES`` first); each chunk is held to ``/v1/embed``'s
+per-sentence token limit and answer-size bound (``chunk_tokens`` is what a 413 names).
+
+The work runs on a thread of its own that ends with the document (``runtime``'s reason:
+no OpenMP pool outlives it), chunk by chunk under the embedder's lock, so sentence
+requests interleave with a long document; a bounded queue holds at most two chunks'
+lines ahead of the client, and a client that leaves stops the work at the next chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import StreamingResponse
+
+from api import outputs
+from api.deps import ServingDep
+from api.encoding import dumps
+from api.errors import ApiError, error_body
+from api.responses import check_response_floats
+from api.routers.embed import mix_cause, output_options
+from api.schemas import ERROR_RESPONSES, REQUEST_CONFIG, Number
+from elmo_service.document import DEFAULT_CHUNK_TOKENS, embed_document_chunks, tokenize_document
+from elmo_service.errors import ElmoServiceError
+from elmo_service.outputs import positions as answer_positions
+
+router = APIRouter(prefix="/v1", tags=["embed"])
+log = logging.getLogger("api")
+
+NDJSON = "application/x-ndjson"
+_AHEAD = 2  # chunks' lines encoded ahead of the client
+
+
+class DocumentRequest(BaseModel):
+    """``/v1/embed``'s output options, a ``document`` and its ``chunk_tokens``."""
+
+    model_config = ConfigDict(
+        **REQUEST_CONFIG,
+        json_schema_extra={
+            "examples": [
+                {"document": "A long text. Its second sentence sees the first.", "output": "mix"},
+                {"document": ["Pre", "tokenized", "words"], "chunk_tokens": 256},
+            ]
+        },
+    )
+
+    document: str | list[str] = Field(
+        ..., description="The document: text (tokenized by the model) or a list of words."
+    )
+    chunk_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Tokens per answer chunk (default: the per-sentence token limit, at most "
+        f"{DEFAULT_CHUNK_TOKENS}); the vectors do not depend on it.",
+    )
+    output: Literal["layers", "mix", "both"] | None = None
+    layers: list[int] | None = None
+    task: str | None = None
+    mix: list[Number] | None = None
+    gamma: Number | None = None
+    per_direction: bool | None = None
+    layer_norm: bool | None = Field(
+        None, description="Normalise each layer over the whole document before mixing."
+    )
+    granularity: Literal["token", "word"] = "token"
+    pooling: Literal["none", "mean", "max"] = Field(
+        "none", description="Pool over the whole document: one line with one vector."
+    )
+    encoding: Literal["json", "base64"] = "json"
+    dtype: Literal["float32", "float16"] = "float32"
+    priority: Literal["interactive", "batch"] = Field(
+        "interactive",
+        description="Accepted as /v1/embed's; a document runs on a thread of its own, a chunk "
+        "at a time between the batcher's batches, whatever its lane.",
+    )
+
+
+def _chunk_size(req: DocumentRequest, spec, served, settings) -> int:
+    """The chunk size, held to /v1/embed's per-sentence limits (413 naming chunk_tokens)."""
+    limit = served.max_tokens_per_sentence
+    chunk = req.chunk_tokens or min(DEFAULT_CHUNK_TOKENS, limit)
+    if chunk > limit:
+        raise ApiError(
+            413,
+            "limit_exceeded",
+            f"chunk_tokens {chunk} is over the per-sentence limit of {limit} tokens",
+            "chunk_tokens",
+        )
+    per_position = (len(spec.layers) if spec.layers is not None else 0) + (spec.mix is not None)
+    positions = 1 if spec.pooling != "none" else chunk
+    detail = f"a chunk of {positions:,} positions x {per_position} outputs x {served.dim} dims"
+    check_response_floats(
+        positions * per_position * served.dim, settings.max_response_floats, "chunk_tokens", detail
+    )
+    return chunk
+
+
+def _line(chunk, req: DocumentRequest, spec, cause: str | None, text: str) -> bytes:
+    """One chunk as one element of /v1/embed's ``data``, plus ``chunk``."""
+    out: dict[str, Any] = {"index": 0, "chunk": chunk.index}
+    what = f"document, chunk {chunk.index}"
+    if spec.granularity == "word":
+        out["words"] = [
+            {"start": w.start, "end": w.end, "text": w.text}
+            for w in answer_positions(chunk.tokens, spec, text)
+        ]
+    else:
+        out["tokens"] = [
+            {"text": t.text, "start": t.start, "end": t.end, "word": t.word} for t in chunk.tokens
+        ]
+    if chunk.layers is not None:
+        enc = outputs.encode_checked(chunk.layers, req.encoding, req.dtype, what=what, cause=None)
+        out["layers"] = {**enc, "indices": list(spec.layers)}
+    if chunk.mix is not None:
+        out["mix"] = outputs.encode_checked(
+            chunk.mix, req.encoding, req.dtype, what=what, cause=cause
+        )
+    return dumps(out) + b"\n"
+
+
+@router.post(
+    "/embed/document",
+    responses={**ERROR_RESPONSES, 200: {"content": {NDJSON: {}}}},
+    summary="Contextual embeddings of a whole document, streamed chunk by chunk",
+    description=(
+        "One sequence over the whole document (the forward LSTMs from its start, the backward "
+        "ones from its end), the same vectors as one pass at any chunk size; NDJSON lines of "
+        "/v1/embed's data entries plus 'chunk', then a 'done' line (docs/documents.md)."
+    ),
+)
+async def embed_document(req: DocumentRequest, request: Request, ctx: ServingDep):
+    served, settings = ctx.served, ctx.settings
+    doc_in = req.document
+    chars = len(doc_in) if isinstance(doc_in, str) else sum(map(len, doc_in)) + len(doc_in) - 1
+    if chars > settings.max_document_chars:
+        raise ApiError(
+            413,
+            "limit_exceeded",
+            f"the document has {chars:,} characters; the limit is "
+            f"{settings.max_document_chars:,} (ELMO_MAX_DOCUMENT_CHARS)",
+            "document",
+        )
+    spec = await served.output_spec(**output_options(req))  # type: ignore[arg-type]
+    chunk = _chunk_size(req, spec, served, settings)
+    embedder = served.embedder
+    # tokenizing a long document takes a while: off the event loop; errors are 4xx here
+    doc = await asyncio.to_thread(
+        tokenize_document,
+        embedder.tokenizer,
+        doc_in,
+        field="document",
+        max_tokens=settings.max_document_tokens,
+    )
+    cause = mix_cause(req, spec.task)
+    loop = asyncio.get_running_loop()
+    lines: asyncio.Queue[bytes | None] = asyncio.Queue(_AHEAD)
+    stop = threading.Event()
+
+    def put(item: bytes | None) -> bool:
+        """Hand a line to the event loop, waiting while the client is behind."""
+        while not stop.is_set():
+            fut = asyncio.run_coroutine_threadsafe(lines.put(item), loop)
+            try:
+                fut.result(timeout=1.0)
+                return True
+            except TimeoutError:
+                fut.cancel()
+        return False
+
+    def work() -> None:
+        n = positions = 0
+        try:
+            gen = embed_document_chunks(embedder, doc, spec, chunk)
+            try:
+                for c in gen:
+                    if not put(_line(c, req, spec, cause, doc.text)):
+                        return  # the client left
+                    n += 1
+                    positions += len(c.tokens)
+            finally:
+                gen.close()  # the spill file goes now
+            # "tokens": the positions the chunk lines listed (a reader checks it against
+            # what came): the document's tokens, its words at word granularity, 0 pooled
+            put(dumps({"done": True, "chunks": n, "tokens": positions}) + b"\n")
+        except ElmoServiceError as e:
+            put(dumps({"error": error_body(e.code, e.message, e.field)}) + b"\n")
+        except Exception:  # noqa: BLE001 - the stream has begun: an error line, then the end
+            log.exception("document stream failed after %d chunks", n)
+            put(dumps({"error": error_body("internal", "internal error", None)}) + b"\n")
+        finally:
+            put(None)
+
+    async def body() -> AsyncIterator[bytes]:
+        thread = threading.Thread(target=work, name="elmo-document", daemon=True)
+        thread.start()
+        try:
+            while (line := await lines.get()) is not None:
+                yield line
+        finally:
+            stop.set()
+            with contextlib.suppress(asyncio.QueueEmpty):
+                while True:
+                    lines.get_nowait()
+
+    return StreamingResponse(body(), media_type=NDJSON)
