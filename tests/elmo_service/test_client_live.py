@@ -359,3 +359,34 @@ def test_a_job_submitted_and_waited_on_through_the_client(server, capsys):
         assert e.value.record["state"] == "cancelled"
         assert c.jobs.retry(long)["state"] == "queued"
         c.jobs.cancel(long)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+def test_a_document_through_the_client_equals_the_library(server, lib, chunk):
+    """#48 on the client's surface, against the real route: the chunks' layers joined are the
+    library's document, whatever the chunk size."""
+    text = " ".join(s for s in _sentences(8) if isinstance(s, str))
+    with Client(server.url) as c:
+        got = list(c.embed_document(text, chunk_tokens=chunk, mix="plain"))
+    want = list(lib.embed_document(text, chunk_tokens=64, mix=MIXES["plain"]))
+    g = np.concatenate([x.layers for x in got], axis=1)
+    w = np.concatenate([x.layers for x in want], axis=1)
+    assert g.shape == w.shape
+    assert np.abs(g - w).max() <= TOL * max(1.0, float(np.abs(w).max()))
+    assert [t.start for x in got for t in x.tokens] == [t.start for x in want for t in x.tokens]
+
+
+def test_priority_and_the_servers_timings_reach_the_results(server, lib):
+    """#49 on the client's surface: both lanes answer the same vectors; every result carries
+    the server's four timings (ms), each part within the total."""
+    sentences = _sentences(10)
+    with Client(server.url, batch_size=4) as c:
+        fast = c.embed(sentences, priority="interactive")
+        slow = c.embed(sentences, priority="batch")
+    assert largest_difference(fast, list(slow)) <= TOL
+    for res in (fast, slow):
+        assert res.requests == 3 and len(res.chunk_timings) == 3
+        for t in res.chunk_timings:
+            assert set(t) == {"total", "tokenization", "queue", "inference"}, t
+            assert all(np.isfinite(v) and v >= 0 for v in t.values()), t
+            assert t["tokenization"] + t["queue"] + t["inference"] <= t["total"] * 1.05 + 1, t
