@@ -23,6 +23,7 @@ from api.metrics import Metrics
 from api.tasks_store import TaskRegistry
 from elmo_service.errors import InputError
 from elmo_service.outputs import DEFAULT_TASK, default_mix
+from elmo_service.runtime import in_transient_thread_async
 from elmo_service.scalar_mix import MixSpec
 from elmo_service.tokenizers import Token
 
@@ -219,6 +220,8 @@ class ServedModel:
         await self.runner.embed(WARMUP_SENTENCES, timeout=timeout)
         # one sentence alone takes another path of the CPU kernel
         await self.runner.embed(WARMUP_SENTENCES[:1], timeout=timeout)
+        # a rounded-weights path measures its error against fp32 now, off the event loop
+        await in_transient_thread_async(lambda: self.embedder.certificate)
         self.warmed = True
 
     def info(self, full: bool = True) -> dict[str, Any]:
@@ -241,6 +244,9 @@ class ServedModel:
             "provenance": prov if full else provenance_summary(prov),
             "tasks_shipped": sorted(self.tasks.shipped),
             "cache_key_prefix": self.embedder.cache_key_prefix,
+            # the kernel path and, for rounded weights, its error against fp32 (measured at warm-up)
+            "speed_path": self.embedder.speed_path,
+            "certificate": self.embedder.certificate if self.warmed else None,
             "loaded_at": self.loaded_at,
             "warmed": self.warmed,
         }
