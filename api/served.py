@@ -220,8 +220,9 @@ class ServedModel:
         await self.runner.embed(WARMUP_SENTENCES, timeout=timeout)
         # one sentence alone takes another path of the CPU kernel
         await self.runner.embed(WARMUP_SENTENCES[:1], timeout=timeout)
-        # a rounded-weights path measures its error against fp32 now, off the event loop
-        await in_transient_thread_async(lambda: self.embedder.certificate)
+        # off the event loop: the kernel's per-machine route (fp32) and a rounded-weights
+        # path's error against fp32 are measured now, not on a request
+        await in_transient_thread_async(self.embedder.prepare)
         self.warmed = True
 
     def info(self, full: bool = True) -> dict[str, Any]:

@@ -40,13 +40,19 @@ PAUSE_S = 0.3  # between sides: libgomp's default spin (~300k turns) is long ove
 
 # -- the header ---------------------------------------------------------------------
 def cpu_model() -> str:
+    """The model name, with its family and model numbers (a name like "AMD EPYC" alone
+    does not tell one generation from another)."""
+    fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in fields:
+        name += f" (family {fields['cpu family']}, model {fields.get('model', '?')})"
+    return name
 
 
 def cpu_flags() -> set[str]:
@@ -113,9 +119,11 @@ class Side:
         self.role, self.factory = role, factory
         spec = json.dumps({"role": role, "factory": factory, "threads": threads, "kwargs": kwargs})
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--worker", spec],
+            [sys.executable, str(Path(__file__).resolve()), "--worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=clean_env(), text=True,
         )  # fmt: skip
+        assert self.proc.stdin
+        self.proc.stdin.write(spec + "\n")  # the first line: what to build (may be long)
         self.call("_ready")
 
     def call(self, op: str, **kwargs: Any) -> Any:
@@ -160,8 +168,8 @@ def alternate(sides: dict[str, Side], op: str, rounds: int, **kwargs: Any) -> di
 
 
 # -- the worker ---------------------------------------------------------------------
-def _worker(spec_text: str) -> None:
-    spec = json.loads(spec_text)
+def _worker() -> None:
+    spec = json.loads(sys.stdin.readline())
     proto = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # whatever a library prints goes to stderr, not into the protocol
     sys.stdout = sys.stderr
@@ -192,6 +200,6 @@ def _worker(spec_text: str) -> None:
         proto.flush()
 
 
-if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--worker":
+if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:
     sys.path.insert(0, str(ROOT))
-    _worker(sys.argv[2])
+    _worker()

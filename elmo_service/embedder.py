@@ -205,10 +205,15 @@ class Embedder:
     def warm_up(self) -> None:
         """Compile what the chosen kernel compiles ahead of time, and run a batch and a
         sentence alone through it, so that no request pays for a first call."""
-        self.kernel.warm_up()
+        self.prepare()
         self.embed_tokens(WARMUP_SENTENCES)
         self.embed_tokens(WARMUP_SENTENCES[:1])
-        self.certificate  # noqa: B018 - a fast path measures its error at load, not on a request
+
+    def prepare(self) -> None:
+        """What a load measures once, not on a request: the kernel's warm-up (compile; for
+        fp32 the per-machine route, ``kernels/calibrate.py``) and a fast path's certificate."""
+        self.kernel.warm_up()
+        self.certificate  # noqa: B018 - measured and kept
 
     @property
     def speed_path(self) -> str:
@@ -229,9 +234,13 @@ class Embedder:
             # the reference: the same model in exact fp32, built for this measure only
             ref = Embedder(self.artifact, device="cpu", weights="fp32", token_cache_size=0)
             texts = [[t.text for t in toks] for toks in self.tokenize(SENTENCES)]
-            cert = certify(self.speed_path, self.weights, self.embed_tokens, ref.embed_tokens, texts)
+            cert = certify(
+                self.speed_path, self.weights, self.embed_tokens, ref.embed_tokens, texts
+            )
             self._certificate = cert.to_dict()
-            log.info("certificate of %s: max relative diff %.2e", self.speed_path, cert.max_rel_diff)
+            log.info(
+                "certificate of %s: max relative diff %.2e", self.speed_path, cert.max_rel_diff
+            )
         return self._certificate
 
     # -- properties the service reports ---------------------------------

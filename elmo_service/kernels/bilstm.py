@@ -157,9 +157,7 @@ class BiLstmKernel:
         self, layers: list[tuple[LstmLayer, LstmLayer]], residual: bool, weights: str = "fp32"
     ) -> None:
         self.residual = residual
-        self.layers = [
-            tuple(ScaledLayer(m, weights=weights) for m in pair) for pair in layers
-        ]
+        self.layers = [tuple(ScaledLayer(m, weights=weights) for m in pair) for pair in layers]
         # one sentence runs in the native loop (fp32, or the compact rounded weights)
         self.has_row_loop = True
 

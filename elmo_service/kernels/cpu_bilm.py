@@ -80,10 +80,24 @@ class CpuBiLM:
         self.weights = weights
         self.name = f"cpu-native {weights}"
         self._cache = KernelCache()
+        # regime ("one", "batch") -> "torch" where the model's own code measured faster on
+        # this machine (kernels/calibrate.py; fp32 only: the rounded paths have no torch
+        # twin); None until the warm-up or the first call decides it
+        self.route: dict[str, str] | None = None if weights == "fp32" else {}
 
     def warm_up(self) -> None:
-        """Compile the native kernels (see :func:`compile_kernels`)."""
+        """Compile the native kernels (see :func:`compile_kernels`), then, for fp32, route
+        each regime to whichever of the native and torch biLSTM is faster here
+        (``kernels/calibrate.py``: measured once per machine and shape, cached)."""
         compile_kernels()
+        self._routed()
+
+    def _routed(self) -> dict[str, str]:
+        if self.route is None:
+            from elmo_service.kernels.calibrate import calibrated_route
+
+            self.route = calibrated_route(self)
+        return self.route
 
     # -- the character CNN ------------------------------------------------------
     @torch.no_grad()
@@ -160,6 +174,15 @@ class CpuBiLM:
         table[index]`` at the real positions (the embedder's distinct tokens): the
         first layer's input matmul then runs once per distinct token.
         """
+        regime = "one" if tokens.shape[0] == 1 else "batch"
+        if self._routed().get(regime) == "torch":
+            return self.bilm.contextualize(tokens, lengths)
+        return self.native_contextualize(tokens, lengths, distinct)
+
+    def native_contextualize(
+        self, tokens: Tensor, lengths: Tensor, distinct: tuple[Tensor, Tensor] | None = None
+    ) -> Tensor:
+        """:meth:`contextualize` in the native kernels, whatever the route."""
         compile_kernels()
         kernel = self._bilstm()
         b, t = tokens.shape[:2]

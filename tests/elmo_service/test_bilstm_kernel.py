@@ -422,7 +422,7 @@ def test_embedder_weights_option(tmp_path):
         assert 1e-6 < cert["max_rel_diff"] < 2e-2, cert
         # the certificate bounds what a caller gets on its sentences, alone or together
         got = [emb.embed([s])[0] for s in SENTENCES[:4]] + emb.embed(list(SENTENCES[4:]))
-        worst = max(float(np.abs(g.layers - r.layers).max()) for g, r in zip(got, ref))
+        worst = max(float(np.abs(g.layers - r.layers).max()) for g, r in zip(got, ref, strict=True))
         assert 0 < worst <= cert["max_rel_diff"] * scale * (1 + 1e-3) + 1e-7
     prefixes.add(Embedder.load(art, threads=1, precision="bf16").cache_key_prefix)
     assert len(prefixes) == 4  # fp32, int8, bf16 weights, bf16 autocast: never shared

@@ -40,7 +40,8 @@ def check_path(fp32: Embedder, fast: Embedder, mode: str) -> None:
     ref = fp32.embed(list(SENTENCES))
     scale = max(float(np.abs(r.layers).max()) for r in ref)
     worst = max(
-        float(np.abs(fast.embed([s])[0].layers - r.layers).max()) for s, r in zip(SENTENCES, ref)
+        float(np.abs(fast.embed([s])[0].layers - r.layers).max())
+        for s, r in zip(SENTENCES, ref, strict=True)
     )
     assert np.isfinite(worst) and 0 < worst / scale <= BOUND[mode]
     assert worst / scale <= cert["max_rel_diff"] * (1 + 1e-3) + 1e-9
