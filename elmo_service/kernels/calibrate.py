@@ -29,14 +29,11 @@ import statistics
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from elmo_service.atomic import write_text
-
-if TYPE_CHECKING:
-    from elmo_service.kernels.cpu_bilm import CpuBiLM
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +83,8 @@ def _read() -> dict:
         return {}
 
 
-def calibrated_route(kernel: CpuBiLM) -> dict[str, str]:
+def calibrated_route(kernel: Any) -> dict[str, str]:
+    # kernel: a CpuBiLM (not imported: cpu_bilm imports this module)
     """The regime -> kernel route for ``kernel``'s model on this machine (measured once)."""
     bilm = kernel.bilm
     if not enabled() or bilm.cfg.lstm_dim * bilm.cfg.projection_dim < MIN_CELL_ELEMENTS:
@@ -113,7 +111,7 @@ def calibrated_route(kernel: CpuBiLM) -> dict[str, str]:
         return route
 
 
-def _measure(kernel: CpuBiLM) -> dict[str, str]:
+def _measure(kernel: Any) -> dict[str, str]:
     """Median seconds of the native and torch biLSTM per regime, interleaved."""
     bilm = kernel.bilm
     p = bilm.cfg.projection_dim
