@@ -114,13 +114,18 @@ class Side:
     factory : ``"module:callable"``, imported in the worker after the role's setup.
     """
 
-    def __init__(self, role: str, factory: str, threads: int, **kwargs: Any) -> None:
+    def __init__(
+        self, role: str, factory: str, threads: int, env: dict | None = None, **kwargs: Any
+    ) -> None:
+        """``env``: variables added to the side's clean environment (a rival run off its
+        defaults on purpose, e.g. ``OMP_WAIT_POLICY=PASSIVE``, labelled as such)."""
         assert role in ("rival", "ours")
         self.role, self.factory = role, factory
         spec = json.dumps({"role": role, "factory": factory, "threads": threads, "kwargs": kwargs})
         self.proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), "--worker"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=clean_env(), text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**clean_env(), **(env or {})},
+            text=True,
         )  # fmt: skip
         assert self.proc.stdin
         self.proc.stdin.write(spec + "\n")  # the first line: what to build (may be long)

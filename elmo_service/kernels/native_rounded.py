@@ -28,7 +28,6 @@ from __future__ import annotations
 import numba
 import numpy as np
 import torch
-from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
@@ -105,8 +104,9 @@ def _widen_bf16(typingctx, bits):  # pragma: no cover (compiled)
     sig = types.float32(types.uint16)
 
     def codegen(context, builder, signature, args):
-        wide = builder.shl(builder.zext(args[0], ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
-        return builder.bitcast(wide, ir.FloatType())
+        i32 = context.get_value_type(types.uint32)
+        wide = builder.shl(builder.zext(args[0], i32), i32(16))
+        return builder.bitcast(wide, context.get_value_type(types.float32))
 
     return sig, codegen
 
