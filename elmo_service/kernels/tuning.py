@@ -31,8 +31,9 @@ DISTINCT_AT_MOST = 0.75
 NATIVE_SPLIT_MIN_TOKENS = 32
 
 # -- packed matmuls (kernels/packed.py) -------------------------------------
-# int8 only where it pays: smaller weights stay cache-resident, and at one row
-# the quantized kernel's fixed cost outweighs the bytes it saves
+# weights="int8": the character CNN's highway matmuls run int8 (fbgemm) only where it pays:
+# smaller weights stay cache-resident, and the quantized kernel has a fixed cost per call
+# (the biLSTM's matrices are all rounded: kernels/native_rounded.py)
 INT8_MIN_ELEMENTS = 1 << 20
 # below this, and for tall matrices, MKL's per-call packing is cheap and its kernel faster
 ONEDNN_MIN_ELEMENTS = 1 << 20
