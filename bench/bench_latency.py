@@ -316,7 +316,7 @@ def latency_table(args, emit) -> None:
         f"sentences of 16-24 words (mean 20); token cache warmed on the {WARM} sentences "
         "before the measured ones"
     )
-    rows, certs, lim = [], {}, None
+    certs, lim = {}, None
     offset = 0
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -335,6 +335,7 @@ def latency_table(args, emit) -> None:
                                    env={"OMP_WAIT_POLICY": "PASSIVE"})  # fmt: skip
                 if lim is None:
                     lim = ours.call("limits")
+                    table_head(args, emit, lim)
                 from elmo_service.config import BiLMConfig
 
                 cfg = BiLMConfig(**ours.call("config"))
@@ -360,7 +361,16 @@ def latency_table(args, emit) -> None:
                     rates["allennlp"] = [r["allennlp"] for r in per_round["allennlp"]]
                     if passive is not None:
                         rates["passive"] = [r["allennlp"] for r in per_round["passive"]]
-                    rows.append(cell_row(shape, batch, cfg, requests, rates, hits, diff, lim))
+                    emit(cell_row(shape, batch, cfg, requests, rates, hits, diff, lim))
+    emit()
+    for shape, cs in certs.items():
+        for mode, c in cs.items():
+            emit(f"certificate, {shape} shape, {mode}: max |{mode} - fp32| / max |fp32| = "
+                 f"{c['max_rel_diff']:.2e} over {c['sentences']} sentences ({c['tokens']} "
+                 "tokens); held-out perplexity: none (random weights, no held-out text)")  # fmt: skip
+
+
+def table_head(args, emit, lim) -> None:
     emit(
         f"measured limits (our process): fp32 matmul peak {lim['peak'] / 1e9:.0f} GFLOP/s "
         f"(1024^3), memory bandwidth {lim['bw'] / 1e9:.1f} GB/s (512 MB stream), last-level "
@@ -376,14 +386,6 @@ def latency_table(args, emit) -> None:
            "fastest certified vs its better run |" if args.rival_passive else "")
     )  # fmt: skip
     emit("|" + "---|" * (19 if args.rival_passive else 16))
-    for row in rows:
-        emit(row)
-    emit()
-    for shape, cs in certs.items():
-        for mode, c in cs.items():
-            emit(f"certificate, {shape} shape, {mode}: max |{mode} - fp32| / max |fp32| = "
-                 f"{c['max_rel_diff']:.2e} over {c['sentences']} sentences ({c['tokens']} "
-                 "tokens); held-out perplexity: none (random weights, no held-out text)")  # fmt: skip
 
 
 def cell_row(shape, batch, cfg, requests, rates, hits, diff, lim) -> str:
