@@ -7,7 +7,7 @@ The native kernels' constants (``tuning.py``) were measured on one CPU (an AMD E
 with AVX-512). On another the step loops may lose to the model's own torch code
 (``TorchBiLM``) for some batch sizes. At warm-up (``CpuBiLM.warm_up``), an fp32 model
 big enough for it to matter (:data:`MIN_CELL_ELEMENTS`) times both on a sentence alone
-("one") and on a batch of 16 ("batch"), interleaved, median of :data:`REPS`, and
+("one") and on a batch of 8 ("batch"), interleaved, median of :data:`REPS`, and
 routes each regime to the faster. Both compute the same function (held to one
 reference, ``tests/elmo_service/test_every_path.py``), so the route changes speed,
 not answers beyond float32 summation order.
@@ -15,7 +15,7 @@ not answers beyond float32 summation order.
 The choice is cached per machine and model shape (CPU model, ISA flags, torch
 version, threads, the biLSTM's shape) in ``$ELMO_KERNEL_CACHE`` or
 ``$XDG_CACHE_HOME/elmo-service/kernel-route.json`` (``~/.cache/...``), so only a
-machine's first load of a shape pays (~1-3 s for the original ELMo). Unwritable: kept
+machine's first load of a shape pays (a few seconds for the original ELMo on a quiet machine). Unwritable: kept
 in memory for the process. ``ELMO_KERNEL_CALIBRATION=off`` turns it off (native always;
 the test suite does, for repeatable kernel paths).
 """
@@ -40,8 +40,8 @@ log = logging.getLogger(__name__)
 # models smaller than this (lstm_dim x projection_dim) run native without measuring:
 # test-sized models, where a few ms of noise would decide
 MIN_CELL_ELEMENTS = 1 << 17
-REPS = 5
-ONE_TOKENS, BATCH_ROWS = 20, 16
+REPS = 3
+ONE_TOKENS, BATCH_ROWS = 12, 8
 _lock = threading.Lock()
 _memory: dict[str, dict[str, str]] = {}
 
