@@ -172,6 +172,17 @@ def alternate(sides: dict[str, Side], op: str, rounds: int, **kwargs: Any) -> di
     return out
 
 
+class EnvProbe:
+    """A side that reports what its process sees (the bench's fairness, checked by
+    ``tests/test_bench_fair.py``): its OpenMP / MKL variables and torch's thread count."""
+
+    def report(self) -> dict:
+        import torch
+
+        tuning = {k: v for k, v in os.environ.items() if k.startswith(TUNING_PREFIXES)}
+        return {"tuning_env": tuning, "threads": torch.get_num_threads()}
+
+
 # -- the worker ---------------------------------------------------------------------
 def _worker() -> None:
     spec = json.loads(sys.stdin.readline())

@@ -9,7 +9,7 @@ direction and layer, with fewer, larger operations per step:
   element-wise cell in one native call (``native_step.lstm_cell``, numba), and
   the projection matmul;
 * weights are packed once (:class:`PackedLinear`: oneDNN reordered for several
-  rows, ``W^T`` for a single row, int8 when asked) and pre-scaled
+  rows, ``W^T`` for a single row; int8 / bf16 weights rounded once when asked) and pre-scaled
   (:class:`ScaledLayer`) so that no step multiplies by a constant: the g-gate rows of
   ``W_ih``, ``b`` and ``W_hh`` are doubled, so one sigmoid gives
   ``sigmoid(2g)``, and ``tanh(g) = 2 sigmoid(2g) - 1``; the cell is kept
