@@ -318,6 +318,13 @@ class ModelInfo(BaseModel):
     provenance: dict[str, Any]
     tasks_shipped: list[str]
     cache_key_prefix: str
+    speed_path: str = Field("", description="The kernel and weights the model runs in: "
+                            "'cpu-native fp32' (exact), 'cpu-native int8' / 'cpu-native bf16' "
+                            "(opt-in, ELMO_WEIGHTS), 'torch'...")  # fmt: skip
+    certificate: dict[str, Any] | None = Field(None, description="For int8 / bf16 weights: "
+        "the largest difference from fp32 relative to the largest |value| over a fixed "
+        "sentence set (max_rel_diff), measured on this model at warm-up; held-out "
+        "perplexity where the artifact ships held-out text. null for fp32 (exact).")  # fmt: skip
     loaded_at: float
     warmed: bool
 

@@ -22,6 +22,7 @@ from api.metrics import Metrics
 from api.responses import check_response_floats
 from api.tasks_store import TaskRegistry
 from elmo_service.outputs import DEFAULT_TASK, OutputSpec, default_mix, plan_output
+from elmo_service.runtime import in_transient_thread_async
 from elmo_service.scalar_mix import MixSpec
 from elmo_service.tokenizers import Token
 
@@ -294,6 +295,9 @@ class ServedModel:
         await self.runner.embed(WARMUP_SENTENCES, timeout=timeout)
         # one sentence alone takes another path of the CPU kernel
         await self.runner.embed(WARMUP_SENTENCES[:1], timeout=timeout)
+        # off the event loop: the kernel's per-machine route (fp32) and a rounded-weights
+        # path's error against fp32 are measured now, not on a request
+        await in_transient_thread_async(self.embedder.prepare)
         self.warmed = True
 
     def info(self, full: bool = True) -> dict[str, Any]:
@@ -316,6 +320,9 @@ class ServedModel:
             "provenance": prov if full else provenance_summary(prov),
             "tasks_shipped": sorted(self.tasks.shipped),
             "cache_key_prefix": self.embedder.cache_key_prefix,
+            # the kernel path and, for rounded weights, its error against fp32 (measured at warm-up)
+            "speed_path": self.embedder.speed_path,
+            "certificate": self.embedder.certificate if self.warmed else None,
             "loaded_at": self.loaded_at,
             "warmed": self.warmed,
         }

@@ -106,12 +106,13 @@ class Settings(BaseSettings):
     threads: int | None = Field(
         None, ge=1, description="torch intra-op threads (default: all cores)."
     )
-    weights: Literal["fp32", "int8"] = Field(
+    weights: Literal["fp32", "int8", "bf16"] = Field(
         "fp32",
         description=(
-            "int8: the biLSTM's and projection's big matmuls with int8 weights (CPU, fp32 "
-            "precision only); less memory traffic for big models, its error against fp32 is in "
-            "docs/bench-embedder.md. Cached vectors of the two modes never mix."
+            "int8 / bf16: the model's matrices rounded once, streamed compact where a step is "
+            "bound by reading them (CPU, fp32 precision only); faster for one sentence, its "
+            "error against fp32 measured at load (GET /v1/models: speed_path, certificate; "
+            "docs/bench-embedder.md). Cached vectors of the modes never mix."
         ),
     )
     token_cache_size: int = Field(

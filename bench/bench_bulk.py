@@ -47,6 +47,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning collapses on sha
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import fair  # noqa: E402
 from elmo_service.artifact import BUNDLED_MODELS_DIR  # noqa: E402
 from elmo_service.bulk import BulkOptions, run_bulk  # noqa: E402
 
@@ -193,6 +194,7 @@ def main() -> int:
     p.add_argument("--cores", type=int, default=2, help="W: the cores each pair uses")
     p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
     args = p.parse_args()
+    print("\n".join(fair.header(int(os.environ.get("OMP_NUM_THREADS", 1)))))
 
     import ray
 

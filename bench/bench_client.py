@@ -51,6 +51,8 @@ sys.path.insert(0, str(REPO / "clients" / "python"))  # the client's own distrib
 
 from elmo_client import Client  # noqa: E402
 from elmo_client.wire import embed_body  # noqa: E402
+
+from bench import fair  # noqa: E402
 from tests.support.core_fixtures import generated_text  # noqa: E402
 from tests.support.replicas import Replica  # noqa: E402
 
@@ -143,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the figures here")
     ap.add_argument("--parity", action="store_true", help="also the largest difference")
     a = ap.parse_args(argv)
+    print("\n".join(fair.header(os.cpu_count() or 1)))
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed: apt-get install -y wrk")
     tmp = Path(tempfile.mkdtemp(prefix="bench-client-"))

@@ -24,6 +24,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench import fair  # noqa: E402
 from pretrain.sources.synthetic import sentence  # noqa: E402
 
 HARD = [
@@ -51,6 +52,7 @@ def main() -> int:
     ap.add_argument("--mixes", type=int, default=40, help="random batches per sentence set")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
+    print("\n".join(fair.header(args.threads)))
 
     import torch
 

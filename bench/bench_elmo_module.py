@@ -17,20 +17,22 @@ Shapes: AllenNLP's "small" (2048 filters, 1 highway, LSTM 1024 -> 128, 2 layers)
 the original ELMo (2048 filters, 2 highways, LSTM 4096 -> 512, 2 layers). Reports the
 median step time of each side and the ratio. Needs AllenNLP
 (``tests/install_parity_deps.sh``). The machine may be shared: compare the two sides
-of one run, and note ``uptime``'s load beside the figures.
+of one run; the first lines name the CPU, its ISA, torch and the load.
+
+Fair by construction (``bench/fair.py``): AllenNLP's tagger runs in a process of its own
+with its defaults (no OpenMP / MKL variable of ours, ``torch.set_num_threads(n)``), ours
+in another as the README says (``configure_process("library", n)``); both build the
+same batches from the same seeds, and take turns step by step.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np
 import torch
@@ -38,9 +40,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import fair  # noqa: E402
 from elmo_service.config import ELMO_FILTERS  # noqa: E402
-from elmo_service.elmo import Elmo, batch_to_ids  # noqa: E402
-from tests.support.allennlp_shim import import_allennlp_elmo  # noqa: E402
 from tests.support.bilm_fixtures import write_bilm  # noqa: E402
 
 SHAPES = {
@@ -83,21 +84,38 @@ def step(model: Tagger, opt: torch.optim.Optimizer, ids: torch.Tensor, tags: tor
     return time.perf_counter() - t0
 
 
-def build(
-    side: str, options: Path, weights: Path, fine_tune: bool
-) -> tuple[Tagger, torch.optim.Optimizer]:
-    torch.manual_seed(0)
-    if side == "ours":
-        elmo = Elmo(options, weights, 1, requires_grad=fine_tune)
-    else:
-        elmo = import_allennlp_elmo().Elmo(str(options), str(weights), 1, requires_grad=fine_tune)
-    model = Tagger(elmo).train()
-    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-    return model, opt
+class ModuleSide:
+    """One side's tagger in its own process (``bench/fair.py``): ``side`` "ours" (our
+    ``Elmo``) or "allennlp" (AllenNLP's, imported only in its process)."""
+
+    def __init__(self, side: str, options: str, weights: str, fine_tune: bool) -> None:
+        torch.manual_seed(0)
+        if side == "ours":
+            from elmo_service.elmo import Elmo, batch_to_ids
+
+            elmo = Elmo(options, weights, 1, requires_grad=fine_tune)
+        else:
+            from tests.support.allennlp_shim import import_allennlp_elmo
+
+            module = import_allennlp_elmo()
+            elmo, batch_to_ids = (
+                module.Elmo(options, weights, 1, requires_grad=fine_tune),
+                (module.batch_to_ids),
+            )
+        self.batch_to_ids = batch_to_ids
+        self.model = Tagger(elmo).train()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.opt = torch.optim.Adam(params, lr=1e-4)
+
+    def step(self, r: int) -> float:
+        """One training step on batch ``r`` (the same sentences and tags on both sides)."""
+        rng = np.random.default_rng(1000 + r)
+        ids = self.batch_to_ids(sentences(rng, BATCH))
+        tags = torch.from_numpy(rng.integers(0, N_TAGS, size=tuple(ids.shape[:2])))
+        return step(self.model, self.opt, ids, tags)
 
 
-def run_shape(name: str, rounds: int, warmup: int) -> list[tuple[str, float, float]]:
-    rng = np.random.default_rng(0)
+def run_shape(name: str, rounds: int, warmup: int, threads: int) -> list[tuple[str, float, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         options, weights = write_bilm(
             tmp,
@@ -106,24 +124,28 @@ def run_shape(name: str, rounds: int, warmup: int) -> list[tuple[str, float, flo
             char_dim=16,
             **SHAPES[name],
         )
+        files = dict(options=str(options), weights=str(weights))
         rows = []
         for fine_tune in (False, True):
-            sides = {s: build(s, options, weights, fine_tune) for s in ("ours", "allennlp")}
-            times: dict[str, list[float]] = {s: [] for s in sides}
-            for r in range(warmup + rounds):
-                batch = sentences(rng, BATCH)
-                ids = batch_to_ids(batch)
-                tags = torch.from_numpy(rng.integers(0, N_TAGS, size=ids.shape[:2]))
-                for s, (model, opt) in sides.items():
-                    t = step(model, opt, ids, tags)
-                    if r >= warmup:
-                        times[s].append(t)
-            ours, theirs = (statistics.median(times[s]) for s in ("ours", "allennlp"))
+            factory = "bench.bench_elmo_module:ModuleSide"
+            with fair.Side("ours", factory, threads, side="ours", fine_tune=fine_tune,
+                           **files) as ours, \
+                    fair.Side("rival", factory, threads, side="allennlp", fine_tune=fine_tune,
+                              **files) as theirs:  # fmt: skip
+                sides = {"ours": ours, "allennlp": theirs}
+                times: dict[str, list[float]] = {s: [] for s in sides}
+                for r in range(warmup + rounds):
+                    for s in list(sides) if r % 2 == 0 else list(sides)[::-1]:
+                        time.sleep(fair.PAUSE_S)
+                        t = sides[s].call("step", r=r)
+                        if r >= warmup:
+                            times[s].append(t)
+            ours_t, theirs_t = (statistics.median(times[s]) for s in ("ours", "allennlp"))
             kind = "fine-tuned" if fine_tune else "frozen"
-            rows.append((f"{name} {kind}", ours, theirs))
+            rows.append((f"{name} {kind}", ours_t, theirs_t))
             print(
-                f"{name:8s} {kind:10s} ours {ours * 1e3:8.1f} ms  allennlp {theirs * 1e3:8.1f} ms  "
-                f"ratio {theirs / ours:5.2f}x",
+                f"{name:8s} {kind:10s} ours {ours_t * 1e3:8.1f} ms  allennlp "
+                f"{theirs_t * 1e3:8.1f} ms  ratio {theirs_t / ours_t:5.2f}x",
                 flush=True,
             )
     return rows
@@ -136,12 +158,12 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    print(
-        f"torch {torch.__version__}, {args.threads} threads, batch {BATCH}, load {os.getloadavg()}"
-    )
+    for line in fair.header(args.threads):
+        print(line)
+    print(f"batch {BATCH}; each side in its own process, taking turns step by step")
     for name in args.shape:
-        run_shape(name, args.rounds, args.warmup)
+        run_shape(name, args.rounds, args.warmup, args.threads)
+    print(fair.footer())
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ import torch.nn.functional as F  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import fair  # noqa: E402
 from elmo_service.artifact import Artifact  # noqa: E402
 from elmo_service.char_ids import batch_ids  # noqa: E402
 from elmo_service.config import ELMO_FILTERS, BiLMConfig  # noqa: E402
@@ -245,6 +246,7 @@ def main() -> None:
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
     ap.add_argument("--out", help="also write the markdown to this file")
     args = ap.parse_args()
+    print("\n".join(fair.header(args.threads)))
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     n_windows, per_window, warm_sents = (1, 32, 5_000) if args.quick else (3, 96, 20_000)

@@ -31,6 +31,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import fair  # noqa: E402
 from elmo_service.artifact import read_manifest  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
 from tests.support.replicas import REPO, Replica  # noqa: E402
@@ -52,6 +53,7 @@ def main() -> int:
     p.add_argument("--tiny", action="store_true", help="tiny random models, not the bundled one")
     p.add_argument("--interval", type=float, default=2.0, help="ELMO_FLEET_INTERVAL")
     args = p.parse_args()
+    print("\n".join(fair.header(os.cpu_count() or 1)))
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
     if args.tiny:

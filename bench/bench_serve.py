@@ -44,6 +44,7 @@ import orjson
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench import fair  # noqa: E402
 from elmo_service.process import openmp_environment  # noqa: E402
 from tests.support.ports import free_port  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
@@ -681,6 +682,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args(argv)
+    print("\n".join(fair.header(args.threads or os.cpu_count() or 1)))
     SERVER_ENV.update(kv.split("=", 1) for kv in args.server_env)
     inproc_threads = args.in_process_threads or args.threads
 

@@ -42,6 +42,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import fair  # noqa: E402
 from elmo_service.char_ids import bos_ids, eos_ids, token_ids  # noqa: E402
 from elmo_service.model import length_mask, reverse_padded  # noqa: E402
 from elmo_service.runtime import autocast, resolve_precision, set_threads  # noqa: E402
@@ -201,6 +202,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
+    print("\n".join(fair.header(a.threads)))
     set_threads(a.threads)
     cfg = load_config(a.config, a.overrides)
     device = torch.device("cpu")

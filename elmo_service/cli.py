@@ -259,8 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--weights",
         choices=WEIGHT_MODES,
         default="fp32",
-        help="int8: int8 weights for the big matmuls (CPU, fp32 precision); "
-        "see docs/bench-embedder.md for speed and error",
+        help="int8 / bf16: the weights rounded once and streamed compact (CPU, fp32 "
+        "precision; opt-in, faster for one sentence of a big model); its error against fp32 "
+        "is measured at load (the certificate, logged); docs/bench-embedder.md",
     )
     e.add_argument("--quiet", action="store_true", help="no progress bar")
     e.set_defaults(func=cmd_embed_file)

@@ -16,8 +16,9 @@ from elmo_service.settings_base import StrictModel, Tuple, need
 # compute precisions of the embedder and the trainer; "auto" resolves per device
 # (elmo_service.runtime.resolve_precision). Here, not there, so CLIs list them without torch.
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-# inference weight modes (elmo_service.kernels.packed): int8 quantizes the big matmuls' weights
-WEIGHT_MODES: tuple[str, ...] = ("fp32", "int8")
+# inference weight modes (elmo_service.kernels): int8 / bf16 round the weights once and stream
+# them compact where a step is bound by reading them (opt-in; the error: kernels/certificate.py)
+WEIGHT_MODES: tuple[str, ...] = ("fp32", "int8", "bf16")
 # the embedder's token-vector cache: distinct tokens whose CNN vectors are kept
 DEFAULT_TOKEN_CACHE_SIZE = 100_000
 

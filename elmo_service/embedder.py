@@ -14,8 +14,9 @@
 
 Both halves run in the kernel chosen once at construction and logged
 (``elmo_service/kernels``): on the CPU in fp32, ``CpuBiLM`` (native kernels;
-``weights="int8"``, opt-in, quantizes the big matmuls' weights: speed and
-error in ``docs/bench-embedder.md``); otherwise the model's own torch code.
+``weights="int8"`` / ``"bf16"``, opt-in, round the weights: speed in
+``docs/bench-embedder.md``, error as :attr:`Embedder.certificate`); otherwise
+the model's own torch code.
 
 Outputs are float32 numpy arrays ``[L+1, T, D]`` per sentence, markers removed; words,
 mixes and the rest of what a caller asks are ``elmo_service/outputs.py``'s, the same for the
@@ -128,10 +129,12 @@ class Embedder:
         Longer sentences are refused with a ``LimitError`` naming them.
     compile : `bool`, optional (default = `False`)
         ``torch.compile`` the biLSTM (then the torch kernel runs, on any device).
-    weights : `str`, optional (default = `"fp32"`)
-        ``"int8"`` (CPU, fp32 precision, no compile): int8 weights in the big
-        matmuls; its replicas never share cached vectors with fp32 ones
-        (``cache_key_prefix``).
+    weights : `str`, optional (default = `"fp32"`, exact)
+        ``"int8"`` / ``"bf16"`` (CPU, fp32 precision, no compile; opt-in): the
+        weights rounded once and streamed compact where a step is bound by reading
+        them (about 2x fp32 for one sentence of a big model); :attr:`certificate`
+        is the error against fp32 measured on this model. Its replicas never share
+        cached vectors with fp32 ones (``cache_key_prefix``).
 
     The kernel (``elmo_service/kernels``) is chosen here, once, from the device,
     precision, weights and compile, and logged; :attr:`kernel_name` says which.
@@ -182,6 +185,7 @@ class Embedder:
         self._compiled = compile  # padded lengths go in steps of 8 then (see _forward)
         self.kernel = choose_kernel(self.model, self.device, self.precision, weights, compile)
         self._markers = KernelCache()  # the sentence markers' vectors, per weight version
+        self._certificate: dict | None = None
         log.info("kernel: %s", self.kernel.name)
 
     @classmethod
@@ -197,9 +201,43 @@ class Embedder:
     def warm_up(self) -> None:
         """Compile what the chosen kernel compiles ahead of time, and run a batch and a
         sentence alone through it, so that no request pays for a first call."""
-        self.kernel.warm_up()
+        self.prepare()
         self.embed_tokens(WARMUP_SENTENCES)
         self.embed_tokens(WARMUP_SENTENCES[:1])
+
+    def prepare(self) -> None:
+        """What a load measures once, not on a request: the kernel's warm-up (compile; for
+        fp32 the per-machine route, ``kernels/calibrate.py``) and a fast path's certificate."""
+        self.kernel.warm_up()
+        self.certificate  # noqa: B018 - measured and kept
+
+    @property
+    def speed_path(self) -> str:
+        """The path the model runs: the kernel and its weights (``"cpu-native fp32"``, exact;
+        ``"cpu-native int8"`` / ``"cpu-native bf16"``, certified; ``"torch"``...)."""
+        return self.kernel.name
+
+    @property
+    def certificate(self) -> dict | None:
+        """A rounded-weights path's error against exact fp32, measured once on this model
+        (``elmo_service/kernels/certificate.py``): ``max_rel_diff``, the sentences and
+        tokens it covers, ``heldout``. None for fp32 (exact: the reference itself)."""
+        if self.weights == "fp32":
+            return None
+        if self._certificate is None:
+            from elmo_service.kernels.certificate import SENTENCES, certify
+
+            # the reference: the same model in exact fp32, built for this measure only
+            ref = Embedder(self.artifact, device="cpu", weights="fp32", token_cache_size=0)
+            texts = [[t.text for t in toks] for toks in self.tokenize(SENTENCES)]
+            cert = certify(
+                self.speed_path, self.weights, self.embed_tokens, ref.embed_tokens, texts
+            )
+            self._certificate = cert.to_dict()
+            log.info(
+                "certificate of %s: max relative diff %.2e", self.speed_path, cert.max_rel_diff
+            )
+        return self._certificate
 
     # -- properties the service reports ---------------------------------
     @property

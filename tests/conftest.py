@@ -27,6 +27,9 @@ import pytest
 # the tests see. Set here, at import, so every server and worker the tests start inherits it; a
 # test of the dotenv file itself sets ELMO_ENV_FILE back (tests/api/test_settings_env.py).
 os.environ["ELMO_ENV_FILE"] = ""
+# the kernels' per-machine route (elmo_service/kernels/calibrate.py) would make a test's
+# kernel path depend on timing: native always, except in the test that turns it on
+os.environ.setdefault("ELMO_KERNEL_CALIBRATION", "off")
 
 from tests.support.redis_server import RedisMissing, RedisServer
 

@@ -290,8 +290,19 @@ def test_no_lstm_math_outside_the_core():
 
 # the native loops read the pre-scaled layout of kernels/bilstm.py's ScaledLayer (doubled
 # g rows, doubled cell, doubled projection): only that class may call them
-_SCALED_LOOPS = {"lstm_cell", "lstmp_row", "lstmp_row_from", "_cell_row"}
-_SCALED_HOME = {"elmo_service.kernels.bilstm", "elmo_service.kernels.native_step"}
+_SCALED_LOOPS = {
+    "lstm_cell",
+    "lstmp_row",
+    "lstmp_row_from",
+    "_cell_row",
+    "lstmp_row_i8",
+    "lstmp_row_bf16",
+}
+_SCALED_HOME = {
+    "elmo_service.kernels.bilstm",
+    "elmo_service.kernels.native_step",
+    "elmo_service.kernels.native_rounded",  # the same loop on compact weights
+}
 
 
 def test_the_pre_scaled_native_loops_are_called_only_through_scaled_layer():

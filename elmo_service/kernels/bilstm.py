@@ -9,7 +9,7 @@ direction and layer, with fewer, larger operations per step:
   element-wise cell in one native call (``native_step.lstm_cell``, numba), and
   the projection matmul;
 * weights are packed once (:class:`PackedLinear`: oneDNN reordered for several
-  rows, ``W^T`` for a single row, int8 when asked) and pre-scaled
+  rows, ``W^T`` for a single row; int8 / bf16 weights rounded once when asked) and pre-scaled
   (:class:`ScaledLayer`) so that no step multiplies by a constant: the g-gate rows of
   ``W_ih``, ``b`` and ``W_hh`` are doubled, so one sigmoid gives
   ``sigmoid(2g)``, and ``tanh(g) = 2 sigmoid(2g) - 1``; the cell is kept
@@ -52,6 +52,7 @@ import torch
 from torch import Tensor
 
 from elmo_service.kernels import tuning
+from elmo_service.kernels.native_rounded import lstmp_row_bf16, lstmp_row_i8, round_weight
 from elmo_service.kernels.native_step import lstm_cell, lstmp_row, lstmp_row_from
 from elmo_service.kernels.packed import PackedLinear
 from elmo_service.lstm import LstmLayer
@@ -76,40 +77,56 @@ class ScaledLayer:
 
     layer : `LstmLayer`
         The layer whose weights are copied (later changes to it are not seen).
-    int8 : `bool`, optional (default = `False`)
-        int8 weights for the matrices big enough to gain (``tuning.INT8_MIN_ELEMENTS``).
+    weights : `str`, optional (default = `"fp32"`)
+        ``"int8"`` or ``"bf16"``: every matrix rounded once (``native_rounded.round_weight``);
+        the batched steps run fp32 matmuls on the rounded weights, a sentence alone
+        streams their compact form (``native_rounded``): the same numbers either way,
+        up to summation order, so a sentence's vectors do not depend on its batch.
     """
 
-    def __init__(self, layer: LstmLayer, *, int8: bool = False) -> None:
+    def __init__(self, layer: LstmLayer, *, weights: str = "fp32") -> None:
         c = layer.cell_dim
         scale = layer.w_ih.weight.new_ones(4 * c)
         scale[3 * c :] = 2.0
         self.cell_clip2 = 2.0 * float(layer.cell_clip or 0.0)  # 0: no clip
         self.proj_clip = float(layer.proj_clip or 0.0)
-        # the input matmul always has several rows (all steps): oneDNN only
-        self.w_ih = PackedLinear(
-            layer.w_ih.weight * scale[:, None], layer.w_ih.bias * scale, int8=int8
-        ).pack_now()
+        w_ih = layer.w_ih.weight * scale[:, None]
         w_hh = layer.w_hh.weight * scale[:, None]  # [4C, P]
-        self.w_hh = PackedLinear(w_hh, int8=int8)
-        self.w_proj = PackedLinear(2.0 * layer.w_proj.weight, int8=int8)
-        # the single-sentence loop's (W_hh^T [P, 4C], 2 W_proj^T [C, P]); fp32 only, so
-        # that a sentence gets the same numbers alone as with int8 batch mates
+        w_proj = 2.0 * layer.w_proj.weight
+        # the single-sentence loop's compact weights: (mode, W_hh^T, its scales, W_proj^T, ...)
+        self.compact: tuple | None = None
+        if weights != "fp32":  # the scaling by powers of 2 commutes with the rounding
+            w_ih = round_weight(w_ih, weights)[0]
+            w_hh, hh_q, hh_s = round_weight(w_hh, weights)
+            w_proj, proj_q, proj_s = round_weight(w_proj, weights)
+            self.compact = (weights, hh_q, hh_s, proj_q, proj_s)
+        # the input matmul always has several rows (all steps): oneDNN only
+        self.w_ih = PackedLinear(w_ih, layer.w_ih.bias * scale).pack_now()
+        self.w_hh = PackedLinear(w_hh)
+        self.w_proj = PackedLinear(w_proj)
+        # W^T for one row of a batch (its last steps), oneDNN for several
+        w_hh_t = w_hh.t().contiguous()
+        self.w_hh.use_transposed(w_hh_t)
+        self.w_hh.pack_now()
+        # the fp32 single-sentence loop's (W_hh^T [P, 4C], 2 W_proj^T [C, P])
         self.row: tuple[np.ndarray, np.ndarray] | None = None
-        if not self.w_hh.is_int8:
-            w_hh_t = w_hh.t().contiguous()
-            self.w_hh.use_transposed(w_hh_t)  # W^T for one row, oneDNN for several
-            self.w_hh.pack_now()
-            if not self.w_proj.is_int8:
-                w_proj_t = (2.0 * layer.w_proj.weight).t().contiguous()
-                self.row = (w_hh_t.detach().numpy(), w_proj_t.detach().numpy())
+        if self.compact is None:
+            self.row = (w_hh_t.detach().numpy(), w_proj.t().contiguous().detach().numpy())
 
     def run_row(self, x_gates: Tensor, out: Tensor) -> None:
         """One sentence's whole step loop in native code: the input gates ``[T, 4C]``
         (from :attr:`w_ih`) -> ``out [T, P]``, written in place."""
-        assert self.row is not None, "the single-sentence loop is fp32 only"
-        w_hh_t, w_proj_t = self.row
-        lstmp_row(x_gates.numpy(), w_hh_t, w_proj_t, self.cell_clip2, self.proj_clip, out.numpy())
+        xg, y = x_gates.numpy(), out.numpy()
+        if self.compact is None:
+            assert self.row is not None
+            w_hh_t, w_proj_t = self.row
+            lstmp_row(xg, w_hh_t, w_proj_t, self.cell_clip2, self.proj_clip, y)
+            return
+        mode, hh_q, hh_s, proj_q, proj_s = self.compact
+        if mode == "int8":
+            lstmp_row_i8(xg, hh_q, hh_s, proj_q, proj_s, self.cell_clip2, self.proj_clip, y)
+        else:
+            lstmp_row_bf16(xg, hh_q, proj_q, self.cell_clip2, self.proj_clip, y)
 
     def run_row_from(self, x_gates: Tensor, out: Tensor, h: Tensor, c2: Tensor) -> None:
         """:meth:`run_row` from the state ``h [P]``, ``c2 [C]`` (the doubled cell, this
@@ -149,19 +166,16 @@ class BiLstmKernel:
     residual : `bool`
         Residual connections from the second layer on (``BiLMConfig.residual``).
     weights : `str`, optional (default = `"fp32"`)
-        ``"int8"`` for int8 weights in the matrices big enough to gain (see
-        :class:`~elmo_service.kernels.packed.PackedLinear`).
+        ``"int8"`` or ``"bf16"``: the weights rounded (see :class:`ScaledLayer`).
     """
 
     def __init__(
         self, layers: list[tuple[LstmLayer, LstmLayer]], residual: bool, weights: str = "fp32"
     ) -> None:
         self.residual = residual
-        self.layers = [
-            tuple(ScaledLayer(m, int8=weights == "int8") for m in pair) for pair in layers
-        ]
-        # one sentence runs in the native loop where every layer has its fp32 row weights
-        self.has_row_loop = all(d.row is not None for pair in self.layers for d in pair)
+        self.layers = [tuple(ScaledLayer(m, weights=weights) for m in pair) for pair in layers]
+        # one sentence runs in the native loop (fp32, or the compact rounded weights)
+        self.has_row_loop = True
 
     def __call__(
         self, x: Tensor, active: list[int], distinct: tuple[Tensor, Tensor] | None = None

@@ -1,4 +1,4 @@
-"""A whole BiLM's inference on the CPU in fp32 (or int8 weights), through the native kernels.
+"""A whole BiLM's inference on the CPU in fp32 (or int8 / bf16 weights), through the native kernels.
 
     CpuBiLM(bilm, weights="fp32").encode(char ids [N, W])                 -> tokens [N, P]
     CpuBiLM(bilm, weights="fp32").contextualize(tokens [B, T, P], lengths) -> layers [L+1, B, T, 2P]
@@ -27,8 +27,9 @@ import torch
 from torch import Tensor
 
 from elmo_service.errors import ConfigError
-from elmo_service.kernels import native_filters, native_step, tuning
+from elmo_service.kernels import native_filters, native_rounded, native_step, tuning
 from elmo_service.kernels.bilstm import BiLstmKernel, direction_pool, on_both_workers
+from elmo_service.kernels.native_rounded import round_weight
 from elmo_service.kernels.packed import KernelCache, PackedLinear, check_weights_mode
 from elmo_service.model import N_CHAR_IDS, BiLM, SortedBatch
 
@@ -46,6 +47,7 @@ def compile_kernels() -> None:
     with _compile_lock:
         if not _compiled:
             native_step.compile_now()
+            native_rounded.compile_now()
             native_filters.compile_now()
             _compiled = True
 
@@ -59,9 +61,11 @@ class CpuBiLM:
         The model, fp32 on the CPU. Its weights are read, never changed; the
         kernels' copies follow when they change.
     weights : `str`, optional (default = `"fp32"`)
-        ``"int8"`` quantizes the big matmuls' weights (per output row; each input
-        row scaled by its own maximum, so a sentence's vectors do not depend on
-        its batch mates). One sentence alone always runs in fp32.
+        ``"int8"`` / ``"bf16"``: the biLSTM's matrices rounded once (int8 per output
+        row, or bf16), a sentence alone streaming them compact (``native_rounded``);
+        the highway layers in int8 through fbgemm (each input row scaled by its own
+        maximum) or rounded to bf16. A sentence's vectors never depend on its batch
+        mates. The error against fp32: :mod:`~elmo_service.kernels.certificate`.
     """
 
     def __init__(self, bilm: BiLM, *, weights: str = "fp32") -> None:
@@ -76,10 +80,24 @@ class CpuBiLM:
         self.weights = weights
         self.name = f"cpu-native {weights}"
         self._cache = KernelCache()
+        # regime ("one", "batch") -> "torch" where the model's own code measured faster on
+        # this machine (kernels/calibrate.py; fp32 only: the rounded paths have no torch
+        # twin); None until the warm-up or the first call decides it
+        self.route: dict[str, str] | None = None if weights == "fp32" else {}
 
     def warm_up(self) -> None:
-        """Compile the native kernels (see :func:`compile_kernels`)."""
+        """Compile the native kernels (see :func:`compile_kernels`), then, for fp32, route
+        each regime to whichever of the native and torch biLSTM is faster here
+        (``kernels/calibrate.py``: measured once per machine and shape, cached)."""
         compile_kernels()
+        self._routed()
+
+    def _routed(self) -> dict[str, str]:
+        if self.route is None:
+            from elmo_service.kernels.calibrate import calibrated_route
+
+            self.route = calibrated_route(self)
+        return self.route
 
     # -- the character CNN ------------------------------------------------------
     @torch.no_grad()
@@ -139,7 +157,10 @@ class CpuBiLM:
 
         def build() -> list[PackedLinear]:
             int8 = self.weights == "int8"
-            hw = [PackedLinear(m.weight, m.bias, int8=int8) for m in cnn.highways]
+            if self.weights == "bf16":
+                hw = [PackedLinear(round_weight(m.weight, "bf16")[0], m.bias) for m in cnn.highways]
+            else:
+                hw = [PackedLinear(m.weight, m.bias, int8=int8) for m in cnn.highways]
             return [*hw, PackedLinear(cnn.projection.weight, cnn.projection.bias)]
 
         return self._cache.get_or_build("linears", params, build)
@@ -155,6 +176,15 @@ class CpuBiLM:
         table[index]`` at the real positions (the embedder's distinct tokens): the
         first layer's input matmul then runs once per distinct token.
         """
+        regime = "one" if tokens.shape[0] == 1 else "batch"
+        if self._routed().get(regime) == "torch":
+            return self.bilm.contextualize(tokens, lengths)
+        return self.native_contextualize(tokens, lengths, distinct)
+
+    def native_contextualize(
+        self, tokens: Tensor, lengths: Tensor, distinct: tuple[Tensor, Tensor] | None = None
+    ) -> Tensor:
+        """:meth:`contextualize` in the native kernels, whatever the route."""
         compile_kernels()
         kernel = self._bilstm()
         b, t = tokens.shape[:2]

@@ -34,7 +34,7 @@ class ProbeConfig(StrictModel):
         "fp32", description="embedding precision (the probe embeds on the CPU)"
     )
     weights: Literal[WEIGHT_MODES] = Field(  # type: ignore[valid-type]
-        "fp32", description="embed with these weights (int8: quantized matmuls)"
+        "fp32", description="embed with these weights (int8 / bf16: rounded, certified)"
     )
 
 

@@ -2,7 +2,7 @@
 
 The server's batcher plans batches with ``elmo_service.batching.plan_batches`` and hands
 each one to ``Embedder.run_batch``; the embedder must not plan again. ``ELMO_WEIGHTS``
-picks the int8 kernels, whose vectors never share cache entries with fp32 ones.
+picks the int8 / bf16 paths, whose vectors never share cache entries with fp32 ones.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from api.cache import cache_key
 from api.encoding import decode_array
 from api.main import create_app
 from api.settings import load_settings
@@ -86,30 +87,43 @@ def test_served_batches_are_planned_once(tiny_model_dir, tmp_path, monkeypatch):
         assert np.abs(a - b).max() <= 1e-5
 
 
-def test_int8_weights_setting_serves_int8_vectors_under_their_own_cache_key(
-    tiny_model_dir, tmp_path, monkeypatch
+@pytest.mark.parametrize("mode", ["int8", "bf16"])
+def test_rounded_weights_setting_serves_its_vectors_under_their_own_cache_key(
+    tiny_model_dir, tmp_path, mode
 ):
-    import elmo_service.kernels.tuning as tuning
-
-    # the tiny model's matrices are below the size where int8 pays; quantize them anyway
-    monkeypatch.setattr(tuning, "INT8_MIN_ELEMENTS", 0)
+    """ELMO_WEIGHTS=int8|bf16: the vectors of that path, its own cache keys, and
+    GET /v1/models names the path and its certificate."""
     fp32 = Embedder.load(tiny_model_dir, threads=1)
     expected = [e.layers for e in fp32.embed(SENTENCES[:3])]
-    settings = load_settings(
-        model_path=tiny_model_dir, threads=1, data_dir=tmp_path, weights="int8"
-    )
+    settings = load_settings(model_path=tiny_model_dir, threads=1, data_dir=tmp_path, weights=mode)
     with TestClient(create_app(settings)) as client:
         r = client.post("/v1/embed", json={"sentences": SENTENCES[:3], "output": "layers"})
         assert r.status_code == 200, r.text
         got = [decode_array(d["layers"]) for d in r.json()["data"]]
         served = client.app.state.holder.current
-        assert served.embedder.weights == "int8"
+        assert served.embedder.weights == mode
         assert served.embedder.cache_key_prefix != fp32.cache_key_prefix
+        key = served.cache.key(b"\0" * 32)  # the same sentence's key under fp32: another
+        fp32_key = cache_key(settings.redis_prefix, fp32.cache_key_prefix, served.cache.dtype,
+                             b"\0" * 32)  # fmt: skip
+        assert f":w-{mode}:" in key and key != fp32_key
+        info = client.get("/v1/models").json()["data"][0]
+        assert info["speed_path"] == f"cpu-native {mode}"
+        cert = info["certificate"]
+        assert cert["weights"] == mode and 0 < cert["max_rel_diff"] <= 2e-2
     errors = [float(np.abs(a - b).max()) for a, b in zip(expected, got, strict=True)]
     assert all(np.isfinite(b).all() for b in got)
-    # int8 weights: close to fp32 (8-bit weights), and really not the fp32 computation
+    # rounded weights: close to fp32, and really not the fp32 computation
     assert max(errors) <= 0.05 * max(float(np.abs(a).max()) for a in expected)
     assert max(errors) > 0
+
+
+def test_fp32_serves_exact_path_without_certificate(tiny_model_dir, tmp_path):
+    settings = load_settings(model_path=tiny_model_dir, threads=1, data_dir=tmp_path)
+    with TestClient(create_app(settings)) as client:
+        info = client.get("/v1/models").json()["data"][0]
+        assert info["speed_path"] == "cpu-native fp32" and info["certificate"] is None
+        assert ":w-" not in client.app.state.holder.current.cache.key(b"\0" * 32)
 
 
 def test_bad_weights_setting_fails_at_startup_naming_it(monkeypatch):

@@ -13,7 +13,9 @@ import elmo_service.kernels.bilstm as bilstm
 import elmo_service.kernels.tuning as tuning
 from elmo_service.embedder import Embedder
 from elmo_service.errors import ConfigError
+from elmo_service.kernels.certificate import SENTENCES
 from elmo_service.kernels.cpu_bilm import CpuBiLM
+from elmo_service.kernels.native_rounded import round_weight
 from elmo_service.kernels.packed import PackedLinear
 from elmo_service.model import BiLM, length_mask
 from tests.support.configs import small_test_config
@@ -193,7 +195,7 @@ def test_native_loop_on_an_empty_sentence_and_without_residual_or_clips():
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("weights", ["fp32", "int8"])
+@pytest.mark.parametrize("weights", ["fp32", "int8", "bf16"])
 def test_a_sentence_gets_the_same_vectors_alone_and_in_any_batch(
     monkeypatch, torch_threads, weights, threads
 ):
@@ -230,7 +232,7 @@ def spy_gathers(monkeypatch) -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize("threads", [1, 2])  # the directions on the caller / on the workers
-@pytest.mark.parametrize("weights", ["fp32", "int8"])
+@pytest.mark.parametrize("weights", ["fp32", "int8", "bf16"])
 def test_first_layer_gates_from_the_distinct_tokens(monkeypatch, torch_threads, threads, weights):
     """A batch that repeats its tokens: the first layer's input matmul runs on the table,
     and every layer gets the numbers of the tokens written out row by row."""
@@ -275,19 +277,53 @@ def test_the_embedder_passes_its_distinct_tokens(monkeypatch, tmp_path):
         assert np.abs(alone - got).max() <= TOL
 
 
-def test_int8_error_is_bounded_and_int8_really_ran(monkeypatch):
-    monkeypatch.setattr(tuning, "INT8_MIN_ELEMENTS", 0)
+def rounded_model(model: BiLM, mode: str) -> BiLM:
+    """The model with its LSTM matrices rounded as ``mode`` rounds them, in fp32."""
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for layer in [*out.forward_layers, *out.backward_layers]:
+            for lin in (layer.w_ih, layer.w_hh, layer.w_proj):
+                lin.weight.copy_(round_weight(lin.weight, mode)[0])
+    return out
+
+
+@pytest.mark.parametrize("b", [1, 5])  # the compact single-sentence loop; batched matmuls
+@pytest.mark.parametrize("mode", ["int8", "bf16"])
+def test_rounded_weights_error_is_the_rounding_alone(monkeypatch, mode, b):
+    """int8 / bf16: the compact loop really runs (one sentence), the vectors are those of
+    exact fp32 on the rounded weights (so the error is the rounding, nothing else), and
+    they differ from fp32's by a bounded, non-zero amount."""
+    calls = []
+    real = bilstm.lstmp_row_i8 if mode == "int8" else bilstm.lstmp_row_bf16
+    name = "lstmp_row_i8" if mode == "int8" else "lstmp_row_bf16"
+    monkeypatch.setattr(bilstm, name, lambda *a: calls.append(1) or real(*a))
     model = random_bilm()
-    tokens, lengths = batch(5, 10, model.cfg.projection_dim)
-    ref, q = fast(model, tokens, lengths), fast(model, tokens, lengths, "int8")
-    kernel = CpuBiLM(model, weights="int8")._bilstm()
-    assert all(w.is_int8 for pair in kernel.layers for d in pair for w in (d.w_hh, d.w_proj))
-    lstm_ref, lstm_q = ref[1:], q[1:]
-    rel = float((lstm_q - lstm_ref).norm() / lstm_ref.norm())
-    assert 1e-4 < rel < 0.03, rel  # quantized, and close
-    cos = F.cosine_similarity(lstm_q.flatten(), lstm_ref.flatten(), dim=0)
-    assert cos > 0.9995, cos
-    assert torch.equal(q[0], ref[0])  # layer 0 (token vectors) is untouched
+    tokens, lengths = batch(b, 10, model.cfg.projection_dim)
+    if b == 1:
+        lengths[:] = 10
+    ref, got = fast(model, tokens, lengths), fast(model, tokens, lengths, mode)
+    assert (len(calls) > 0) == (b == 1)
+    exact_on_rounded = fast(rounded_model(model, mode), tokens, lengths)
+    assert (got - exact_on_rounded).abs().max() <= TOL
+    rel = float((got - ref).abs().max() / ref.abs().max())
+    assert 1e-5 < rel < (2e-2 if mode == "int8" else 5e-3), rel
+    assert torch.equal(got[0], ref[0])  # layer 0 (token vectors) is untouched
+
+
+def test_compact_forms_hold_the_rounded_numbers():
+    """The blocked int8 / bf16 ``W^T`` widened back equals the rounded fp32 ``W``."""
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(300, 70, generator=g)  # 300 outputs: a partial last block
+    for mode in ("int8", "bf16"):
+        rounded, compact, scale = round_weight(w, mode)
+        n_b, k, jb = compact.shape
+        wt = compact.transpose(1, 0, 2).reshape(k, n_b * jb)[:, :300]
+        if mode == "bf16":
+            wt = (wt.astype(np.uint32) << 16).view(np.float32)
+        back = torch.from_numpy(wt.astype(np.float32) * scale[None, :]).t()
+        assert torch.equal(back, rounded), mode
+        rel = float((rounded - w).abs().max() / w.abs().max())
+        assert 0 < rel < (1 / 127 if mode == "int8" else 1 / 128), (mode, rel)
 
 
 def test_int8_linear_error_is_the_weights_alone(monkeypatch):
@@ -304,12 +340,6 @@ def test_int8_linear_error_is_the_weights_alone(monkeypatch):
     assert (got - exact).abs().max() > 1e-4  # the weights really are int8
     # rows do not see each other
     assert (PackedLinear(w, b, int8=True)(x[2:3]) - got[2:3]).abs().max() <= TOL
-
-
-def test_int8_leaves_small_matrices_in_fp32():
-    model = random_bilm()
-    tokens, lengths = batch(3, 5, model.cfg.projection_dim)
-    assert torch.equal(fast(model, tokens, lengths, "int8"), fast(model, tokens, lengths))
 
 
 def test_weight_updates_and_loads_invalidate_the_packed_weights():
@@ -377,10 +407,25 @@ def test_packed_linear_equals_f_linear(n, k, m):
 def test_embedder_weights_option(tmp_path):
     art = tiny_artifact(tmp_path / "m")
     fp32 = Embedder.load(art, threads=1)
-    int8 = Embedder.load(art, threads=1, weights="int8")
-    assert int8.cache_key_prefix == fp32.cache_key_prefix + ":w-int8"
-    a, b = fp32.embed(["the bank of the river"]), int8.embed(["the bank of the river"])
-    assert np.abs(a[0].layers - b[0].layers).max() <= TOL  # tiny matrices stay fp32
+    assert fp32.certificate is None and fp32.speed_path == "cpu-native fp32"  # exact
+    ref = fp32.embed(list(SENTENCES))
+    scale = max(float(np.abs(r.layers).max()) for r in ref)
+    prefixes = {fp32.cache_key_prefix}
+    for mode in ("int8", "bf16"):
+        emb = Embedder.load(art, threads=1, weights=mode)
+        assert emb.cache_key_prefix == fp32.cache_key_prefix + f":w-{mode}"
+        prefixes.add(emb.cache_key_prefix)
+        assert emb.speed_path == f"cpu-native {mode}"
+        cert = emb.certificate
+        assert cert["weights"] == mode and cert["sentences"] == len(SENTENCES)
+        assert cert["heldout"] is None  # the tiny artifact ships no held-out text
+        assert 1e-6 < cert["max_rel_diff"] < 2e-2, cert
+        # the certificate bounds what a caller gets on its sentences, alone or together
+        got = [emb.embed([s])[0] for s in SENTENCES[:4]] + emb.embed(list(SENTENCES[4:]))
+        worst = max(float(np.abs(g.layers - r.layers).max()) for g, r in zip(got, ref, strict=True))
+        assert 0 < worst <= cert["max_rel_diff"] * scale * (1 + 1e-3) + 1e-7
+    prefixes.add(Embedder.load(art, threads=1, precision="bf16").cache_key_prefix)
+    assert len(prefixes) == 4  # fp32, int8, bf16 weights, bf16 autocast: never shared
     for kwargs in ({"weights": "int4"}, {"weights": "int8", "precision": "bf16"}):
         with pytest.raises(ConfigError) as e:
             Embedder.load(art, threads=1, **kwargs)

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 
 from elmo_client import ops
-from elmo_client.document import document_call
 from elmo_client.deadline import deadline, transport
+from elmo_client.document import document_call
 from elmo_client.errors import ServiceError, ServiceUnreachable, redact
 from elmo_client.shared import EmbeddedSentence, InputError
 from elmo_client.wire import (

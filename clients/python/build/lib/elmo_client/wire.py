@@ -309,9 +309,7 @@ def output_of(mix: Any, output: str | None) -> str:
     return output or ("layers" if mix is None else "both")
 
 
-def output_body(
-    *, mix: Any, output: str | None, granularity: str, pooling: str
-) -> dict[str, Any]:
+def output_body(*, mix: Any, output: str | None, granularity: str, pooling: str) -> dict[str, Any]:
     """The output options of ``/v1/embed`` (and ``/v1/embed/document``): base64 float32
     arrays (bit-exact, never float lists).
 

@@ -1,0 +1,140 @@
+"""Never slower than plain torch: the native biLSTM or the model's own torch code, chosen per
+machine by measuring both, once.
+
+    route = calibrated_route(cpu_bilm)   # {"one": "native" | "torch", "batch": ...}
+
+The native kernels' constants (``tuning.py``) were measured on one CPU (an AMD EPYC
+with AVX-512). On another the step loops may lose to the model's own torch code
+(``TorchBiLM``) for some batch sizes. At warm-up (``CpuBiLM.warm_up``), an fp32 model
+big enough for it to matter (:data:`MIN_CELL_ELEMENTS`) times both on a sentence alone
+("one") and on a batch of 8 ("batch"), interleaved, median of :data:`REPS`, and
+routes each regime to the faster. Both compute the same function (held to one
+reference, ``tests/elmo_service/test_every_path.py``), so the route changes speed,
+not answers beyond float32 summation order.
+
+The choice is cached per machine and model shape (CPU model, ISA flags, torch
+version, threads, the biLSTM's shape) in ``$ELMO_KERNEL_CACHE`` or
+``$XDG_CACHE_HOME/elmo-service/kernel-route.json`` (``~/.cache/...``), so only a
+machine's first load of a shape pays (a few seconds for the original ELMo on a quiet machine). Unwritable: kept
+in memory for the process. ``ELMO_KERNEL_CALIBRATION=off`` turns it off (native always;
+the test suite does, for repeatable kernel paths).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from elmo_service.atomic import write_text
+
+log = logging.getLogger(__name__)
+
+# models smaller than this (lstm_dim x projection_dim) run native without measuring:
+# test-sized models, where a few ms of noise would decide
+MIN_CELL_ELEMENTS = 1 << 17
+REPS = 3
+ONE_TOKENS, BATCH_ROWS = 12, 8
+_lock = threading.Lock()
+_memory: dict[str, dict[str, str]] = {}
+
+
+def enabled() -> bool:
+    return os.environ.get("ELMO_KERNEL_CALIBRATION", "on").lower() not in ("off", "0", "false")
+
+
+def cache_file() -> Path:
+    given = os.environ.get("ELMO_KERNEL_CACHE")
+    if given:
+        return Path(given)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "elmo-service" / "kernel-route.json"
+
+
+def machine_key(bilm) -> str:
+    """CPU model + ISA flags + torch + threads + the biLSTM's shape."""
+    model, flags = "?", ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model == "?":
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                wanted = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+                flags = "+".join(f for f in wanted if f in value.split())
+    except OSError:
+        pass
+    cfg = bilm.cfg
+    shape = f"{cfg.lstm_dim}/{cfg.projection_dim}x{cfg.n_layers}"
+    return f"{model}|{flags}|torch {torch.__version__}|{torch.get_num_threads()}t|{shape}"
+
+
+def _read() -> dict:
+    try:
+        return json.loads(cache_file().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def calibrated_route(kernel: Any) -> dict[str, str]:
+    # kernel: a CpuBiLM (not imported: cpu_bilm imports this module)
+    """The regime -> kernel route for ``kernel``'s model on this machine (measured once)."""
+    bilm = kernel.bilm
+    if not enabled() or bilm.cfg.lstm_dim * bilm.cfg.projection_dim < MIN_CELL_ELEMENTS:
+        return {}
+    key = machine_key(bilm)
+    with _lock:
+        if key in _memory:
+            return _memory[key]
+        stored = _read().get(key)
+        if isinstance(stored, dict) and set(stored) == {"one", "batch"}:
+            _memory[key] = stored
+            return stored
+        route = _measure(kernel)
+        _memory[key] = route
+        try:
+            known = _read()
+            known[key] = route
+            path = cache_file()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_text(path, json.dumps(known, indent=1, sort_keys=True))
+        except OSError as e:
+            log.info("kernel route not cached (%s): measured again by the next process", e)
+        log.info("kernel route on this machine: %s (%s)", route, key)
+        return route
+
+
+def _measure(kernel: Any) -> dict[str, str]:
+    """Median seconds of the native and torch biLSTM per regime, interleaved."""
+    bilm = kernel.bilm
+    p = bilm.cfg.projection_dim
+    g = torch.Generator().manual_seed(0)
+    one = (torch.randn(1, ONE_TOKENS, p, generator=g), torch.tensor([ONE_TOKENS]))
+    lengths = torch.randint(ONE_TOKENS // 2, ONE_TOKENS + 1, (BATCH_ROWS,), generator=g)
+    lengths[0] = ONE_TOKENS
+    batch = (torch.randn(BATCH_ROWS, ONE_TOKENS, p, generator=g), lengths)
+    route = {}
+    with torch.inference_mode():
+        for regime, (x, n) in (("one", one), ("batch", batch)):
+            times: dict[str, list[float]] = {"native": [], "torch": []}
+            runs = {
+                "native": lambda x=x, n=n: kernel.native_contextualize(x, n),
+                "torch": lambda x=x, n=n: bilm.contextualize(x, n),
+            }
+            for f in runs.values():
+                f()  # first calls: packing, allocator
+            for _ in range(REPS):
+                for name, f in runs.items():
+                    t = time.perf_counter()
+                    f()
+                    times[name].append(time.perf_counter() - t)
+            med = {k: statistics.median(v) for k, v in times.items()}
+            route[regime] = "torch" if med["torch"] < med["native"] else "native"
+    return route
