@@ -180,9 +180,7 @@ class Trainer:
                 f"{self.last_good()}; {self.remedies.start_over()}",
                 field="optim.lr",
             )
-        st = self.state.checkpoint(
-            self.cfg, self.at
-        )  # collective (RNG gather): every rank calls it
+        st = self.state.checkpoint(self.cfg, self.at)  # collective: every rank calls it
         path = None
         if self.rank == 0:
             path = save_checkpoint(self.run_dir, self.state.step, st, keep=self.cfg.checkpoint.keep)
@@ -305,42 +303,38 @@ class Trainer:
 
     def _loop(self, stop_after: int | None, bar: ProgressBar, metrics) -> tuple[str, str] | None:
         """Steps until ``train.steps`` or a stop; returns (stop kind, words) or None when done."""
-        tc = self.cfg.train
+        tc, st = self.cfg.train, self.state
         window = torch.zeros(4, dtype=torch.float64)  # since the last log: NLL f, b, preds, tokens
         stop: tuple[str, str] | None = None
         self.signals.immediate = self._steps_here == 0
-        while stop is None and self.state.step < tc.steps:
-            if self.state.index >= self._epoch_len():
+        while stop is None and st.step < tc.steps:
+            if st.index >= self._epoch_len():
                 self._epoch_end(metrics)
-                self.state.epoch, self.state.index = self.state.epoch + 1, 0
-                self.state.lstm_state = None  # each epoch's stream starts from zeros
+                st.epoch, st.index = st.epoch + 1, 0
+                st.lstm_state = None  # each epoch's stream starts from zeros
                 continue
-            batch = to_device(self.batcher.batch(self.state.epoch, self.state.index), self.device)
-            lr = self._lr(self.state.step)
-            for g in self.state.optimizer.param_groups:
+            batch = to_device(self.batcher.batch(st.epoch, st.index), self.device)
+            lr = self._lr(st.step)
+            for g in st.optimizer.param_groups:
                 g["lr"] = lr
             figures, gnorm = self.train_step(batch)
             stats = self._agree(figures)  # the one all-reduce a step
             if not self._finite_step(stats, gnorm, lr):
                 continue  # optim.nonfinite=skip: this update dropped, lr cut
-            self.state.scaler.step(self.state.optimizer)  # a plain optimizer.step() in fp32/bf16
-            self.state.scaler.update()
-            self.state.optimizer.zero_grad(set_to_none=True)
-            self.state.step, self.state.index = self.state.step + 1, self.state.index + 1
+            st.scaler.step(st.optimizer)  # a plain optimizer.step() in fp32/bf16
+            st.scaler.update()
+            st.optimizer.zero_grad(set_to_none=True)
+            st.step, st.index = st.step + 1, st.index + 1
             self._steps_here += 1
             self.signals.immediate = False
             window += stats[:4]
-            self.state.tokens_seen += int(stats[3])
-            self.state.elapsed = self._clock.elapsed()
-            if self.state.step % tc.log_every == 0 or self.state.step == tc.steps:
+            st.tokens_seen += int(stats[3])
+            st.elapsed = self._clock.elapsed()
+            if st.step % tc.log_every == 0 or st.step == tc.steps:
                 self._log_window(window, self._clock.lap(), lr, float(gnorm), bar, metrics)
                 window.zero_()
-            bar.update(self.state.step)
-            if (
-                tc.eval_every
-                and self.state.step % tc.eval_every == 0
-                and self.state.step < tc.steps
-            ):
+            bar.update(st.step)
+            if tc.eval_every and st.step % tc.eval_every == 0 and st.step < tc.steps:
                 self._log_eval(metrics, tc.eval_max_sentences)
             stop = self._decide(stats, stop_after, bar)
         return stop
