@@ -50,7 +50,7 @@ from safetensors.torch import load_file, save_file
 
 from elmo_service.artifact import Artifact, load_artifact, read_header
 from elmo_service.atomic import atomic_path, write_json, write_text
-from elmo_service.errors import ElmoServiceError, InputError
+from elmo_service.errors import PATH_ERRORS, ElmoServiceError, InputError
 from elmo_service.runtime import set_threads
 from elmo_service.scalar_mix import MixSpec
 from pretrain.adapt_options import ADAPT_FILE, HELDOUT_FILE, AdaptOptions, train_config_for
@@ -346,13 +346,13 @@ def adapt(
             else None,
             "prepare_seconds": round(time.time() - t0, 1),
         }
-        with _disk("write " + str(record), None, work):
+        with _disk(f"write {record}", None, work):
             write_json(record, json_safe(before))
         log(
             _figures("before", before["heldout_before"], before["forgetting_before"])
             + _head_note(before["softmax"])
         )
-    with _disk("write a checkpoint", trainer, work):
+    with _disk(f"write in {work / 'run'}", trainer, work):
         res = trainer.fit(stop_after=stop_after)
     stopped = res["stopped"]
     kind = "finished" if stopped == "done" else "max_minutes" if stopped == "time limit" else ""
@@ -472,18 +472,22 @@ def kept_tasks(artifact: Artifact) -> dict[str, MixSpec]:
 
 @contextlib.contextmanager
 def _disk(what: str, trainer: Trainer | None, work: Path):
-    """A write that fails (a full disk, a quota, a vanished folder) as one line: what was
-    being written, why, and what survives for ``--resume``."""
+    """A write that fails (a full disk, a quota, an I/O error) as one line: what was being
+    written, why, and what survives for ``--resume``. A missing or forbidden path is the
+    CLI's one line already (``PATH_ERRORS``)."""
     try:
         yield
     except OSError as e:
+        if isinstance(e, PATH_ERRORS):
+            raise
         why = e.strerror or str(e)
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             why = f"{why}: free some space"
+        target = f" ({e.filename})" if e.filename else ""
         kept = f"; {trainer.last_good()}" if trainer is not None else ""
         raise AdaptWriteFailed(
-            f"could not {what} ({why}){kept}; run the same command with --resume to go on "
-            f"(work folder {work})",
+            f"could not {what}{target} ({why}){kept}; run the same command with --resume to "
+            f"go on (work folder {work})",
             field="out",
         ) from e
 
