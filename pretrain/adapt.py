@@ -34,6 +34,8 @@ Python API (``pretrain.finetune`` calls it)::
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
 import time
@@ -48,8 +50,9 @@ from safetensors.torch import load_file, save_file
 
 from elmo_service.artifact import Artifact, load_artifact, read_header
 from elmo_service.atomic import atomic_path, write_json, write_text
-from elmo_service.errors import InputError
+from elmo_service.errors import PATH_ERRORS, ElmoServiceError, InputError
 from elmo_service.runtime import set_threads
+from elmo_service.scalar_mix import MixSpec
 from pretrain.adapt_options import ADAPT_FILE, HELDOUT_FILE, AdaptOptions, train_config_for
 from pretrain.data import Corpus
 from pretrain.evaluate import perplexity
@@ -57,9 +60,18 @@ from pretrain.export import export
 from pretrain.lm import LanguageModel
 from pretrain.prepare import PrepareOptions, prepare
 from pretrain.tracking import json_safe
-from pretrain.train import Trainer
+from pretrain.train import Remedies, Trainer
 
 SOFTMAX_FILE = "softmax.safetensors"  # in an artifact adapt wrote: its LM head, keyed by token
+# what the trainer's refusals tell an `adapt` user to do (its flags, not train's --set keys)
+ADAPT_REMEDIES = Remedies(lower_lr="lower --lr", skip_nonfinite=None)
+
+
+class AdaptWriteFailed(ElmoServiceError):
+    """A checkpoint or NEW_MODEL could not be written (a full disk): the last good
+    checkpoint stays, and ``--resume`` continues from it."""
+
+    code = "write_failed"
 
 
 @dataclass
@@ -191,6 +203,12 @@ def initial_weights(artifact, corpus: Corpus):
         if n_from:
             rest = "; the others from token vectors" if n_from < v else ""
             described.append(f"MODEL's softmax ({n_from} of {v} rows{rest})")
+        elif scale == 0:
+            described.append(
+                f"initialised from the model's token vectors at row norm 0, i.e. {UNIGRAM} "
+                f"(log unigram bias alone: no norm in {SCALES} beat it on {SCALE_SENTENCES} "
+                "training sentences)"
+            )
         else:
             described.append(
                 f"initialised from the model's token vectors (row norm {scale:g}, the best of "
@@ -201,6 +219,7 @@ def initial_weights(artifact, corpus: Corpus):
 
 
 SCALES = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)  # row norms tried for a tied head
+UNIGRAM = "the unigram model"  # how the head is named when row norm 0 won
 SCALE_SENTENCES = 64  # training sentences the row norm is chosen on
 
 
@@ -257,8 +276,10 @@ def adapt(
     log=print,
 ) -> AdaptResult:
     """Adapt MODEL to CORPUS and write NEW_MODEL (see the module docstring). ``resume``:
-    continue the work folder's run; ``stop_after``: stop (checkpointed, not exported) after
-    N steps in this call. Bad input raises ``InputError`` before any training."""
+    continue the work folder's run; ``overwrite`` (the CLI's ``--overwrite`` / ``--force``):
+    start it over and replace NEW_MODEL; ``stop_after``: stop (checkpointed, not exported)
+    after N steps in this call. Bad input raises ``InputError`` before any training; a
+    write that fails (a full disk) raises ``AdaptWriteFailed``, and ``resume`` continues."""
     opts = options or AdaptOptions()
     model_dir, out = Path(model_dir), Path(out_dir)
     if not corpus_paths:
@@ -281,6 +302,7 @@ def adapt(
             "--overwrite to start it over",
             field="work_dir",
         )
+    saved = read_record(record) if resume else None  # before any work: a damaged one stops here
     t0 = time.time()
     corpus_dir = work / "corpus"
     prepare(
@@ -302,12 +324,13 @@ def adapt(
         force=not resume,
         hand_on_signals=hand_on_signals,
         init=init,
+        remedies=ADAPT_REMEDIES,
         log=log,
     )
     forget, extra = _forgetting_sentences(model_dir, corpus, opts)
     max_chars = cfg.model.max_chars_per_token
-    if resume:
-        before = json.loads(record.read_text())
+    if saved is not None:
+        before = saved
     else:
         heldout = trainer.evaluate()
         trainer.model.train()
@@ -323,9 +346,14 @@ def adapt(
             else None,
             "prepare_seconds": round(time.time() - t0, 1),
         }
-        write_json(record, json_safe(before))
-        log(_figures("before", before["heldout_before"], before["forgetting_before"]))
-    res = trainer.fit(stop_after=stop_after)
+        with _disk(f"write {record}", None, work):
+            write_json(record, json_safe(before))
+        log(
+            _figures("before", before["heldout_before"], before["forgetting_before"])
+            + _head_note(before["softmax"])
+        )
+    with _disk(f"write in {work / 'run'}", trainer, work):
+        res = trainer.fit(stop_after=stop_after)
     stopped = res["stopped"]
     kind = "finished" if stopped == "done" else "max_minutes" if stopped == "time limit" else ""
     result = AdaptResult(
@@ -369,19 +397,99 @@ def adapt(
             }
         )
     }
-    exported = export(
-        work / "run", out, overwrite=True, progress=opts.progress, provenance_extra=provenance
-    )
+    tasks = kept_tasks(artifact)
+    with _disk(f"write {out}", trainer, work):
+        exported = export(
+            work / "run",
+            out,
+            overwrite=True,
+            progress=opts.progress,
+            provenance_extra=provenance,
+            tasks=tasks,
+        )
+        _ship_softmax(trainer.model, corpus, out)
+        if opts.ship_heldout:
+            write_text(out / HELDOUT_FILE, (corpus_dir / "sentences.heldout.txt").read_text())
     result.version = exported["version"]
     result.heldout_after = exported["heldout"]
-    _ship_softmax(trainer.model, corpus, out)
-    if opts.ship_heldout:
-        write_text(out / HELDOUT_FILE, (corpus_dir / "sentences.heldout.txt").read_text())
+    result.extra["tasks"] = sorted(tasks)
     log(_figures("after", result.heldout_after, result.forgetting_after))
+    if tasks:
+        log(
+            f"kept MODEL's tasks {', '.join(sorted(tasks))} (mixes learned on {artifact.name}; "
+            "`elmo-pretrain probe --store` re-learns one on the adapted layers)"
+        )
     log(
         f"wrote {out} (version {result.version}); {result.step} steps in {result.seconds / 60:.1f} min"
     )
     return result
+
+
+def read_record(record: Path) -> dict[str, Any]:
+    """The work folder's ``adapt.json`` (the start and the "before" figures), or one line
+    saying it is damaged and how to start over."""
+    try:
+        rec = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # ValueError: bad JSON or bad UTF-8
+        rec, why = None, (str(e).splitlines() or [type(e).__name__])[0]
+    else:
+        missing = (
+            [k for k in ("softmax", "heldout_before") if k not in rec]
+            if isinstance(rec, dict)
+            else None
+        )
+        why = (
+            "not a JSON object"
+            if missing is None
+            else f"no {', '.join(missing)}"
+            if missing
+            else ""
+        )
+    if why:
+        raise InputError(
+            f"--resume: {record} is damaged ({why}); --force (or --overwrite) starts the "
+            "adaptation over",
+            field="resume",
+        )
+    return rec
+
+
+def kept_tasks(artifact: Artifact) -> dict[str, MixSpec]:
+    """MODEL's task mixes that still fit NEW_MODEL (the same layers: always, as adapt keeps
+    the shape), so a request's ``"task": "pos"`` goes on working; each says where it was
+    learned (``meta.learned_on``)."""
+    n_layers = artifact.config.n_output_layers
+    kept: dict[str, MixSpec] = {}
+    for name, spec in artifact.tasks.items():
+        try:
+            spec.validate(n_layers, name)
+        except ElmoServiceError:
+            continue  # cannot happen for a shape-preserving adapt; never ship a broken task
+        meta = {**spec.meta, "learned_on": {"model": artifact.name, "version": artifact.version}}
+        kept[name] = MixSpec.from_dict({**spec.to_dict(), "meta": meta})
+    return kept
+
+
+@contextlib.contextmanager
+def _disk(what: str, trainer: Trainer | None, work: Path):
+    """A write that fails (a full disk, a quota, an I/O error) as one line: what was being
+    written, why, and what survives for ``--resume``. A missing or forbidden path is the
+    CLI's one line already (``PATH_ERRORS``)."""
+    try:
+        yield
+    except OSError as e:
+        if isinstance(e, PATH_ERRORS):
+            raise
+        why = e.strerror or str(e)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            why = f"{why}: free some space"
+        target = f" ({e.filename})" if e.filename else ""
+        kept = f"; {trainer.last_good()}" if trainer is not None else ""
+        raise AdaptWriteFailed(
+            f"could not {what}{target} ({why}){kept}; run the same command with --resume to "
+            f"go on (work folder {work})",
+            field="out",
+        ) from e
 
 
 def _ship_softmax(lm: LanguageModel, corpus: Corpus, out: Path) -> None:
@@ -397,6 +505,18 @@ def _ship_softmax(lm: LanguageModel, corpus: Corpus, out: Path) -> None:
     }
     with atomic_path(out / SOFTMAX_FILE) as tmp:
         save_file(state, str(tmp), metadata={"vocab": json.dumps(corpus.vocab[:v])})
+
+
+def _head_note(softmax: str) -> str:
+    """What the "before" figure measures when MODEL ships no softmax: the head's start."""
+    if UNIGRAM in softmax:
+        return (
+            " (the unigram model: MODEL ships no softmax and its token vectors did not beat "
+            "log-frequencies, so this is not MODEL's own perplexity)"
+        )
+    if softmax.startswith("initialised"):
+        return " (with a head built from MODEL's token vectors: MODEL ships no softmax)"
+    return ""
 
 
 def _figures(when: str, heldout: dict | None, forgetting: dict | None) -> str:

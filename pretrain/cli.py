@@ -115,8 +115,11 @@ def _add_adapt(sub) -> None:
     g.add_argument("--resume", action="store_true", help="continue the work folder's adaptation")
     g.add_argument(
         "--overwrite",
+        "--force",
+        dest="overwrite",
         action="store_true",
-        help="replace an existing NEW_MODEL, starting the adaptation over",
+        help="start the adaptation over (its work folder's corpus and run) and replace an "
+        "existing NEW_MODEL (--force: the name the trainer's refusals use)",
     )
     p.add_argument(
         "--stop-after",

@@ -23,6 +23,7 @@ from safetensors.torch import save_file
 from elmo_service.artifact import atomic_dir, save_artifact
 from elmo_service.errors import InputError
 from elmo_service.runtime import set_threads
+from elmo_service.scalar_mix import MixSpec
 from elmo_service.selftest import write_selftest
 from pretrain.checkpoint import describe_nonfinite, nonfinite_tensors
 from pretrain.evaluate import load_run, perplexity
@@ -71,9 +72,11 @@ def export(
     overwrite: bool = False,
     progress: bool = False,
     provenance_extra: dict[str, Any] | None = None,
+    tasks: dict[str, MixSpec] | None = None,
 ) -> dict[str, Any]:
     """Write a serving artifact (BiLM + tokenizer; no softmax, no optimizer state) with provenance
-    (``provenance_extra``: more of it, e.g. ``adapt``'s perplexities before and after)."""
+    (``provenance_extra``: more of it, e.g. ``adapt``'s perplexities before and after) and
+    ``tasks`` (``adapt``: the base model's task mixes), all in one atomic write."""
     set_threads(threads)
     cfg, corpus, model, meta = load_run(run_dir, checkpoint, data_path)
     refuse_nonfinite(model, meta)
@@ -109,7 +112,12 @@ def export(
     if cfg.train.directions == "forward":
         provenance["warning"] = "forward-only LM: the backward LSTM layers were never trained"
     version = save_artifact(
-        model.bilm, corpus.load_tokenizer(), out, provenance=provenance, overwrite=overwrite
+        model.bilm,
+        corpus.load_tokenizer(),
+        out,
+        provenance=provenance,
+        tasks=tasks,
+        overwrite=overwrite,
     )
     write_selftest(out)  # fixed sentences and their vectors: GET /v1/selftest checks a server
     return {

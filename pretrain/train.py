@@ -1,5 +1,9 @@
 """`elmo-pretrain train`: the training loop, plain and in one place.
 
+Three parts: the set-up (``Trainer.__init__``: a page of plain statements; the longer
+steps in ``train_setup.py``), the loop (``fit``, ``_loop``, ``train_step``), and the state a
+checkpoint holds and ``--resume`` restores (``train_state.py`` ``TrainState``).
+
     for step in range(start, cfg.train.steps):
         batch = batcher.batch(epoch, index)          # [B, T] ids, deterministic in (seed, epoch, index)
         loss = model(batch)                          # mean of forward and backward LM losses
@@ -26,38 +30,36 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
-import os
-import shutil
 import signal
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch._dynamo
 import torch.distributed as dist
 
-from elmo_service.atomic import write_json, write_text
 from elmo_service.errors import ElmoServiceError, InputError
-from elmo_service.runtime import autocast, pick_device, resolve_precision, set_threads
+from elmo_service.runtime import autocast, resolve_precision
 from pretrain import ddp
-from pretrain.checkpoint import (
-    checkpoint_status,
-    describe_nonfinite,
-    list_checkpoints,
-    load_latest,
-    nonfinite_tensors,
-    save_checkpoint,
-)
-from pretrain.config import TrainConfig, config_hash, dump_config
+from pretrain.checkpoint import describe_nonfinite, nonfinite_tensors, save_checkpoint
+from pretrain.config import TrainConfig
 from pretrain.data import BucketBatcher, Corpus, StreamBatcher, to_device
 from pretrain.lm import LanguageModel
-from pretrain.optim import build_model, lr_at, make_optimizer
+from pretrain.optim import build_model, make_optimizer
 from pretrain.progress import Clock, ProgressBar
-from pretrain.run_checks import RunDirError, check_mode, check_run_dir
-from pretrain.run_dir import CONFIG_FILE, RUN_FILE, RUN_STATE
+from pretrain.run_checks import check_mode, check_run_dir
 from pretrain.signals import Interrupted, StopSignals
 from pretrain.tracking import MetricsLog, stop_record
+from pretrain.train_setup import (
+    compile_model,
+    data_summary,
+    init_run_dir,
+    open_corpus,
+    place,
+    wrap,
+)
+from pretrain.train_state import TrainState, last_good
 
 # ---------------------------------------------------------------- how a run fails
 
@@ -72,7 +74,21 @@ class CorpusMissing(InputError):
     """The prepared corpus went away while training."""
 
 
-# ---------------------------------------------------------------- the loop
+@dataclass(frozen=True)
+class Remedies:
+    """What a divergence refusal tells the user to do, in the flags of the command that
+    runs the trainer (``train``'s config keys; ``adapt`` passes its own)."""
+
+    lower_lr: str = "lower optim.lr or set optim.clip_norm"
+    start_over_flag: str = "--force"
+    skip_nonfinite: str | None = "--resume --set optim.nonfinite=skip"
+
+    def start_over(self, skip: bool = False) -> str:
+        text = f"{self.lower_lr} and start over ({self.start_over_flag})"
+        return f"{text}, or {self.skip_nonfinite}" if skip and self.skip_nonfinite else text
+
+
+# ---------------------------------------------------------------- set-up, loop
 
 
 class Trainer:
@@ -85,248 +101,89 @@ class Trainer:
         force: bool = False,
         hand_on_signals: bool = True,
         init: Callable[[LanguageModel], None] | None = None,
+        remedies: Remedies = Remedies(),
         log=print,
     ) -> None:
-        """``hand_on_signals``: after a run a signal stopped, give the signal to the handler
-        that was there before (``pretrain/signals.py``); the CLI, which owns its process,
-        passes False. ``init``: sets the built model's starting weights (``adapt``: a
-        trained biLM's); a resumed run's checkpoint replaces them."""
-        self.cfg, self.run_dir, self.log = cfg, Path(run_dir), log
-        self.rank, self.world, local_rank = ddp.dist_env()
+        """The set-up, in order. ``hand_on_signals``: after a run a signal stopped, give the
+        signal to the handler that was there before (``pretrain/signals.py``); the CLI, which
+        owns its process, passes False. ``init``: sets the built model's starting weights
+        (``adapt``: a trained biLM's); a resumed run's checkpoint replaces them."""
+        self.cfg, self.run_dir, self.log, self.remedies = cfg, Path(run_dir), log, remedies
+        self.hand_on_signals = hand_on_signals
+        # where: rank, device, threads, the process group
+        self.at = place(cfg)
+        self.rank, self.world, self.device = self.at.rank, self.at.world, self.at.device
         self.ddp = self.world > 1
-        self.device = pick_device(cfg.train.device)
-        if self.device.type == "cuda":
-            self.device = torch.device("cuda", local_rank)
-            torch.cuda.set_device(self.device)
-        self.precision = resolve_precision(self.device, cfg.train.precision)
-        threads = cfg.train.threads or max(1, (os.cpu_count() or 1) // self.world)
-        set_threads(threads)
-        ddp.init_group(self.device, self.world)
-        # every rank checks (read-only); only rank 0 writes
+        # the run folder: new, resumed or started over (every rank checks; rank 0 writes)
         if not force:
             check_mode(self.run_dir, cfg)
         self.mode = check_run_dir(self.run_dir, cfg, resume, force)
-        self.corpus = Corpus(cfg.data.path)
+        # the data: batches deterministic in (seed, epoch, index), every world-th one per rank
+        self.corpus = open_corpus(cfg)
         self._corpus_manifest = self.corpus.path / "manifest.json"
-        # open (and validate) the held-out shards now: a bad or missing one fails here, not
-        # after every step at the end-of-run evaluation
-        if "heldout" in self.corpus.manifest["shards"]:
-            self.corpus.split("heldout")
         self.stream = cfg.data.mode == "stream"
-        if self.stream:
-            self.batcher = StreamBatcher(
-                self.corpus,
-                "train",
-                rows=cfg.data.rows,
-                unroll=cfg.data.unroll,
-                seed=cfg.train.seed,
-                reset_prob=cfg.data.reset_prob,
-                shuffle=cfg.data.shuffle,
-                directions=("forward",)
-                if cfg.train.directions == "forward"
-                else ("forward", "backward"),
-                rank=self.rank,
-                world=self.world,
-            )
-        else:
-            self.batcher = BucketBatcher(
-                self.corpus,
-                "train",
-                max_tokens=cfg.data.max_tokens,
-                tokens_per_batch=cfg.data.tokens_per_batch,
-                pad_multiple=cfg.data.pad_multiple,
-                seed=cfg.train.seed,
-                rank=self.rank,
-                world=self.world,
-            )
-        self.lstm_state = None  # stream mode: the carried state (None: zeros)
-        self.lr_scale, self.best_eval = 1.0, None  # plateau decay
-        torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
+        self.batcher = make_batcher(cfg, self.corpus, self.rank, self.world)
+        # the model, identical on every rank, and what trains it
+        torch.manual_seed(cfg.train.seed)
         self.model = build_model(cfg, self.corpus)
         if init is not None:
             init(self.model)
         self.model.to(self.device)
-        self.optimizer = make_optimizer(self.model.parameters(), cfg.optim)
-        self.step = self.epoch = self.index = 0
-        self.tokens_seen = 0
-        self.elapsed = 0.0  # training seconds across resumes
+        precision = resolve_precision(self.device, cfg.train.precision)
+        self.state = TrainState(
+            model=self.model,
+            optimizer=make_optimizer(self.model.parameters(), cfg.optim),
+            # fp16 needs loss scaling; elsewhere the scaler is a no-op: the loop has no branches
+            scaler=torch.amp.GradScaler(self.device.type, enabled=precision == "fp16"),
+            precision=precision,
+        )
         self._barrier()
         if self.rank == 0:
-            self._init_run_dir()
+            init_run_dir(self.run_dir, cfg, self.corpus, self.world, self.mode)
         self._barrier()
+        # dropout and negative sampling: a stream per rank (saved per rank in checkpoints)
         torch.manual_seed(cfg.train.seed + 1000 * self.rank + 1)
-        # fp16 needs loss scaling; elsewhere the scaler is a no-op, so the loop has no branches
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         if self.mode == "resume":
-            self._restore()
-        self.net = self.model
-        if self.ddp:
-            self.net = torch.nn.parallel.DistributedDataParallel(
-                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
-            )
+            self.state.resume(self.run_dir, cfg, self.at, self.log)
+        self.net = wrap(self.model, self.at)  # DDP averages the gradients across ranks
         if cfg.train.compile:
-            torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
-            # small graphs, compiled once each; sizes that vary (U, B, N) turn dynamic on their second value
-            self.model.encode_fn = torch.compile(self.model.bilm.token_encoder.forward)
-            self.model.bilm.use_compiled_steps()  # this model only, not a process-wide swap
-            self.model.loss_fn = torch.compile(self.model.softmax.loss)
+            compile_model(self.model)
         self._trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.signals = StopSignals()
-        self.hand_on_signals = hand_on_signals
         self._steps_here = 0  # optimizer steps taken by this process (a resume starts at 0)
         self._skips = 0  # consecutive non-finite steps skipped (optim.nonfinite: skip)
 
-    # -- run folder ----------------------------------------------------
-    def _init_run_dir(self) -> None:
-        d = self.run_dir
-        if self.mode == "restart":
-            for p in (d / name for name in RUN_STATE):
-                if p.is_dir():
-                    shutil.rmtree(p)
-                else:
-                    p.unlink(missing_ok=True)
-        d.mkdir(parents=True, exist_ok=True)
-        info = {
-            "config_hash": config_hash(self.cfg),
-            "config": self.cfg.to_dict(),
-            "corpus": {
-                "path": str(Path(self.cfg.data.path).resolve()),
-                "params_hash": self.corpus.manifest.get("params_hash"),
-            },
-            "world_size": self.world,
-        }
-        write_json(d / RUN_FILE, info)
-        write_text(d / CONFIG_FILE, dump_config(self.cfg))
+    @property
+    def precision(self) -> str:
+        return self.state.precision
+
+    @property
+    def elapsed(self) -> float:
+        """Training seconds, across resumes."""
+        return self.state.elapsed
 
     def _barrier(self) -> None:
         ddp.barrier(self.world)
 
-    # -- state -----------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        rng = ddp.gather_rng_states(self.world)
-        st: dict[str, Any] = {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": {
-                "step": self.step,
-                "lr": self._lr(max(self.step - 1, 0)),
-                "lr_scale": self.lr_scale,
-                "best_eval": -1.0 if self.best_eval is None else self.best_eval,
-            },
-            "rng": {"torch": rng},
-            "data": {"epoch": self.epoch, "index": self.index, "mode": self.cfg.data.mode},
-            "step": self.step,
-            "tokens_seen": self.tokens_seen,
-            "elapsed": self.elapsed,
-            "world_size": self.world,
-            "config_hash": config_hash(self.cfg),
-            "precision": self.precision,
-        }
-        if self.device.type == "cuda":
-            st["rng"]["cuda"] = torch.cuda.get_rng_state(self.device)
-        if self.scaler.is_enabled():
-            st["scaler"] = self.scaler.state_dict()
-        if self.stream:
-            m = self.cfg.model
-            st["lstm_state"] = ddp.gather_stream_state(
-                self.lstm_state,
-                self.model.direction_names,
-                m.n_layers,
-                (m.projection_dim, m.lstm_dim),
-                self.cfg.data.rows,
-                self.device,
-                self.world,
-            )
-        return st
-
     def _lr(self, step: int) -> float:
-        return lr_at(step, self.cfg.optim, self.cfg.train.steps) * self.lr_scale
+        return self.state.lr(self.cfg, step)
 
-    def _keep_precision(self, saved: str | None) -> None:
-        """``precision: auto`` on resume: a run that trained in fp32 stays in fp32, even where
-        auto now picks bf16 (a faster machine), so its arithmetic does not change mid-run. A
-        reduced-precision run moved to a machine without it continues in fp32 (more exact,
-        and bf16 emulated on an AVX2 CPU would be many times slower)."""
-        if self.cfg.train.precision != "auto" or saved is None or saved == self.precision:
-            return
-        if saved == "fp32":
-            if self.rank == 0:
-                self.log(
-                    f"precision auto: this run trained in fp32, so it goes on in fp32 "
-                    f"(auto picks {self.precision} on this machine for new runs)"
-                )
-            self.precision = "fp32"
-            self.scaler = torch.amp.GradScaler(self.device.type, enabled=False)
-        elif self.rank == 0:
-            self.log(
-                f"precision auto: this run trained in {saved}; here it goes on in {self.precision}"
-            )
-
-    def _restore(self) -> None:
-        found = load_latest(self.run_dir, log=self.log if self.rank == 0 else lambda *_: None)
-        if found is None:
-            if self.rank == 0:
-                self.log(f"--resume: no checkpoint in {self.run_dir}; starting from step 0")
-            return
-        path, st = found
-        self._keep_precision(st.get("precision"))
-        self.model.load_state_dict(st["model"])
-        self.optimizer.load_state_dict(st["optimizer"])
-        self.step, self.tokens_seen, self.elapsed = (
-            int(st["step"]),
-            int(st["tokens_seen"]),
-            float(st["elapsed"]),
-        )
-        self.epoch, self.index = int(st["data"]["epoch"]), int(st["data"]["index"])
-        saved_mode = st["data"].get("mode", "sentences")
-        if saved_mode != self.cfg.data.mode:
-            raise RunDirError(
-                f"{path.name} was written by a data.mode={saved_mode} run; this is data.mode={self.cfg.data.mode}",
-                field="data.mode",
-            )
-        sched = st.get("scheduler", {})
-        self.lr_scale = float(sched.get("lr_scale", 1.0))
-        best = float(sched.get("best_eval", -1.0))
-        self.best_eval = None if best < 0 else best
-        if self.stream and "lstm_state" in st:
-            if int(st["world_size"]) == self.world:
-                self.lstm_state = ddp.scatter_stream_state(
-                    st["lstm_state"], self.rank, self.cfg.data.rows, self.device
-                )
-            elif self.rank == 0:
-                self.log(
-                    "warning: the world size changed; the carried LSTM state restarts from zeros"
-                )
-        rngs = st["rng"]["torch"]
-        if int(st["world_size"]) == self.world:
-            torch.set_rng_state(rngs[self.rank])
-        elif self.rank == 0:
-            self.log(
-                f"warning: checkpoint was written by {st['world_size']} processes, now {self.world}: data order and RNG differ from an uninterrupted run"
-            )
-        if "cuda" in st["rng"] and self.device.type == "cuda":
-            torch.cuda.set_rng_state(st["rng"]["cuda"], self.device)
-        if "scaler" in st:
-            self.scaler.load_state_dict(st["scaler"])  # a no-op when it is disabled
-        if self.rank == 0:
-            self.log(
-                f"resumed from {path.name}: step {self.step}, epoch {self.epoch}, batch {self.index}, {self.tokens_seen} tokens seen"
-            )
+    def last_good(self) -> str:
+        return last_good(self.run_dir)
 
     def save(self) -> Path | None:
         # every rank holds the same weights, so every rank stops here alike
         if bad := nonfinite_tensors(self.model.state_dict()):
             raise TrainingDiverged(
-                f"training diverged at step {self.step}: the update left non-finite weights "
+                f"training diverged at step {self.state.step}: the update left non-finite weights "
                 f"({describe_nonfinite(bad, len(self.model.state_dict()))}); not saved, "
-                f"{self._last_good()}; lower optim.lr or set optim.clip_norm and start over "
-                "(--force)",
+                f"{self.last_good()}; {self.remedies.start_over()}",
                 field="optim.lr",
             )
-        st = self.state_dict()  # collective (RNG gather): every rank calls it
+        st = self.state.checkpoint(self.cfg, self.at)  # collective: every rank calls it
         path = None
         if self.rank == 0:
-            path = save_checkpoint(self.run_dir, self.step, st, keep=self.cfg.checkpoint.keep)
+            path = save_checkpoint(self.run_dir, self.state.step, st, keep=self.cfg.checkpoint.keep)
         self._barrier()
         return path
 
@@ -360,16 +217,25 @@ class Trainer:
         value = float(ppl)
         if value < 0:
             return
-        decayed = self.best_eval is not None and value > self.best_eval - o.plateau_threshold
+        decayed = (
+            self.state.best_eval is not None and value > self.state.best_eval - o.plateau_threshold
+        )
         if decayed:
-            self.lr_scale *= o.plateau_factor
-        self.best_eval = value if self.best_eval is None else min(self.best_eval, value)
+            self.state.lr_scale *= o.plateau_factor
+        self.state.best_eval = (
+            value if self.state.best_eval is None else min(self.state.best_eval, value)
+        )
         if self.rank == 0:
-            rec = {"step": self.step, "epoch": self.epoch, "heldout": ev, "lr_scale": self.lr_scale}
+            rec = {
+                "step": self.state.step,
+                "epoch": self.state.epoch,
+                "heldout": ev,
+                "lr_scale": self.state.lr_scale,
+            }
             metrics.record(rec)
             self.log(
-                f"epoch {self.epoch} done (step {self.step}): held-out ppl {value:.2f}"
-                + (f"; lr x{o.plateau_factor} -> {o.lr * self.lr_scale:g}" if decayed else "")
+                f"epoch {self.state.epoch} done (step {self.state.step}): held-out ppl {value:.2f}"
+                + (f"; lr x{o.plateau_factor} -> {o.lr * self.state.lr_scale:g}" if decayed else "")
             )
 
     # -- the loop ----------------------------------------------------------
@@ -384,10 +250,11 @@ class Trainer:
             n_params = sum(p.numel() for p in self.model.parameters())
             self.log(
                 f"training {n_params / 1e6:.2f}M params on {self.world} process(es), device {self.device}, "
-                f"{self.precision}{' + compile' if tc.compile else ''}; " + self._data_summary()
+                f"{self.precision}{' + compile' if tc.compile else ''}; "
+                + data_summary(self.cfg, self.batcher, self.stream, self.state.epoch)
             )
-        bar = ProgressBar(tc.steps, self.step, tc.progress and self.rank == 0, tc.compile)
-        self._clock = Clock(elapsed0=self.elapsed)
+        bar = ProgressBar(tc.steps, self.state.step, tc.progress and self.rank == 0, tc.compile)
+        self._clock = Clock(elapsed0=self.state.elapsed)
         self.model.train()
         try:
             try:
@@ -399,8 +266,8 @@ class Trainer:
                 bar.close()
             stop_kind, stop_reason = stop or ("finished", "done")
             result: dict[str, Any] = {
-                "step": self.step,
-                "tokens_seen": self.tokens_seen,
+                "step": self.state.step,
+                "tokens_seen": self.state.tokens_seen,
                 "stopped": stop_reason,
             }
             if self.ddp:
@@ -414,17 +281,21 @@ class Trainer:
                 kind = "diverged" if isinstance(e, TrainingDiverged) else "error"
                 detail = e.message if isinstance(e, ElmoServiceError) else f"{e!r}"
                 with contextlib.suppress(OSError):  # a full disk: the error itself says so
-                    metrics.record(stop_record(kind, self.step, self.tokens_seen, detail[:500]))
+                    metrics.record(
+                        stop_record(kind, self.state.step, self.state.tokens_seen, detail[:500])
+                    )
                     metrics.close()
             raise
         finally:
             self.signals.restore()
         if metrics:
-            metrics.record(stop_record(stop_kind, self.step, self.tokens_seen, stop_reason))
+            metrics.record(
+                stop_record(stop_kind, self.state.step, self.state.tokens_seen, stop_reason)
+            )
             metrics.close()
         if self.rank == 0:
             self.log(
-                f"stopped at step {self.step} ({stop_reason}); {self.tokens_seen} tokens seen in {self.elapsed / 60:.1f} min"
+                f"stopped at step {self.state.step} ({stop_reason}); {self.state.tokens_seen} tokens seen in {self.state.elapsed / 60:.1f} min"
             )
         if self.hand_on_signals:
             self.signals.hand_on()  # e.g. KeyboardInterrupt: Ctrl-C ends the caller too
@@ -432,38 +303,38 @@ class Trainer:
 
     def _loop(self, stop_after: int | None, bar: ProgressBar, metrics) -> tuple[str, str] | None:
         """Steps until ``train.steps`` or a stop; returns (stop kind, words) or None when done."""
-        tc = self.cfg.train
+        tc, st = self.cfg.train, self.state
         window = torch.zeros(4, dtype=torch.float64)  # since the last log: NLL f, b, preds, tokens
         stop: tuple[str, str] | None = None
         self.signals.immediate = self._steps_here == 0
-        while stop is None and self.step < tc.steps:
-            if self.index >= self._epoch_len():
+        while stop is None and st.step < tc.steps:
+            if st.index >= self._epoch_len():
                 self._epoch_end(metrics)
-                self.epoch, self.index = self.epoch + 1, 0
-                self.lstm_state = None  # each epoch's stream starts from zeros
+                st.epoch, st.index = st.epoch + 1, 0
+                st.lstm_state = None  # each epoch's stream starts from zeros
                 continue
-            batch = to_device(self.batcher.batch(self.epoch, self.index), self.device)
-            lr = self._lr(self.step)
-            for g in self.optimizer.param_groups:
+            batch = to_device(self.batcher.batch(st.epoch, st.index), self.device)
+            lr = self._lr(st.step)
+            for g in st.optimizer.param_groups:
                 g["lr"] = lr
             figures, gnorm = self.train_step(batch)
             stats = self._agree(figures)  # the one all-reduce a step
             if not self._finite_step(stats, gnorm, lr):
                 continue  # optim.nonfinite=skip: this update dropped, lr cut
-            self.scaler.step(self.optimizer)  # a plain optimizer.step() in fp32/bf16
-            self.scaler.update()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.step, self.index = self.step + 1, self.index + 1
+            st.scaler.step(st.optimizer)  # a plain optimizer.step() in fp32/bf16
+            st.scaler.update()
+            st.optimizer.zero_grad(set_to_none=True)
+            st.step, st.index = st.step + 1, st.index + 1
             self._steps_here += 1
             self.signals.immediate = False
             window += stats[:4]
-            self.tokens_seen += int(stats[3])
-            self.elapsed = self._clock.elapsed()
-            if self.step % tc.log_every == 0 or self.step == tc.steps:
+            st.tokens_seen += int(stats[3])
+            st.elapsed = self._clock.elapsed()
+            if st.step % tc.log_every == 0 or st.step == tc.steps:
                 self._log_window(window, self._clock.lap(), lr, float(gnorm), bar, metrics)
                 window.zero_()
-            bar.update(self.step)
-            if tc.eval_every and self.step % tc.eval_every == 0 and self.step < tc.steps:
+            bar.update(st.step)
+            if tc.eval_every and st.step % tc.eval_every == 0 and st.step < tc.steps:
                 self._log_eval(metrics, tc.eval_max_sentences)
             stop = self._decide(stats, stop_after, bar)
         return stop
@@ -473,13 +344,15 @@ class Trainer:
         Returns this rank's ``[NLL fwd, NLL bwd, predictions, tokens]`` and the gradient norm."""
         with autocast(self.device, self.precision):
             if self.stream:
-                loss, nll_f, nll_b, self.lstm_state = self.net(batch, self.lstm_state, stream=True)
+                loss, nll_f, nll_b, self.state.lstm_state = self.net(
+                    batch, self.state.lstm_state, stream=True
+                )
                 n_pred = float(batch.windows["forward"].n_pred)
             else:
                 loss, nll_f, nll_b = self.net(batch)
                 n_pred = float((batch.lengths - 1).clamp_min(0).sum())
-        self.scaler.scale(loss).backward()  # GradScaler(enabled=False): loss.backward()
-        self.scaler.unscale_(self.optimizer)
+        self.state.scaler.scale(loss).backward()  # GradScaler(enabled=False): loss.backward()
+        self.state.scaler.unscale_(self.state.optimizer)
         clip = self.cfg.optim.clip_norm
         gnorm = torch.nn.utils.clip_grad_norm_(self._trainable, clip if clip > 0 else float("inf"))
         figures = torch.tensor(
@@ -513,30 +386,30 @@ class Trainer:
         bad = (
             [f"loss {float(stats[0] + stats[1]):g}"] if not bool(stats[:2].isfinite().all()) else []
         )
-        if not self.scaler.is_enabled() and not bool(torch.isfinite(gnorm)):
+        if not self.state.scaler.is_enabled() and not bool(torch.isfinite(gnorm)):
             bad.append(f"gradient norm {float(gnorm):g}")
         if not bad:
             self._skips = 0
             return True
         o = self.cfg.optim
-        self.optimizer.zero_grad(set_to_none=True)
+        self.state.optimizer.zero_grad(set_to_none=True)
         if o.nonfinite == "skip" and self._skips < o.nonfinite_max_skips:
             self._skips += 1
-            self.lr_scale *= o.nonfinite_factor
+            self.state.lr_scale *= o.nonfinite_factor
             if self.stream:
-                self.lstm_state = None  # the carried state came from the same broken forward
+                self.state.lstm_state = None  # the carried state came from the same broken forward
             if self.rank == 0:
                 self.log(
-                    f"step {self.step + 1}: non-finite {' and '.join(bad)}; update skipped, "
+                    f"step {self.state.step + 1}: non-finite {' and '.join(bad)}; update skipped, "
                     f"lr x{o.nonfinite_factor} -> {lr * o.nonfinite_factor:g} "
                     f"({self._skips}/{o.nonfinite_max_skips} in a row)"
                 )
-            self.index += 1  # the next batch: this one would fail the same way
+            self.state.index += 1  # the next batch: this one would fail the same way
             return False
         raise TrainingDiverged(
-            f"training diverged at step {self.step + 1}: non-finite {' and '.join(bad)} (lr {lr:g}); "
-            f"nothing from this step was saved, {self._last_good()}; lower optim.lr or set "
-            "optim.clip_norm and start over (--force), or --resume --set optim.nonfinite=skip",
+            f"training diverged at step {self.state.step + 1}: non-finite {' and '.join(bad)} (lr {lr:g}); "
+            f"nothing from this step was saved, {self.last_good()}; "
+            f"{self.remedies.start_over(skip=True)}",
             field="optim.lr",
         )
 
@@ -546,10 +419,10 @@ class Trainer:
         ck, tc = self.cfg.checkpoint, self.cfg.train
         asked, time_due, corpus_gone = (bool(x > 0) for x in stats[4:7])
         hit_limit = (
-            stop_after is not None and self._steps_here >= stop_after and self.step < tc.steps
+            stop_after is not None and self._steps_here >= stop_after and self.state.step < tc.steps
         )
-        due = bool(ck.every_steps and self.step % ck.every_steps == 0) or time_due
-        if asked or hit_limit or due or corpus_gone or self.step == tc.steps:
+        due = bool(ck.every_steps and self.state.step % ck.every_steps == 0) or time_due
+        if asked or hit_limit or due or corpus_gone or self.state.step == tc.steps:
             path = self.save()
             self._clock.checkpointed()
             if self.rank == 0 and path is not None:
@@ -557,7 +430,7 @@ class Trainer:
         if corpus_gone:
             raise CorpusMissing(
                 f"the prepared corpus {self.cfg.data.path} disappeared during training (at step "
-                f"{self.step}; checkpoint written); restore it and --resume",
+                f"{self.state.step}; checkpoint written); restore it and --resume",
                 field="data.path",
             )
         if asked:
@@ -570,43 +443,19 @@ class Trainer:
             return "stop_after", f"stop after {stop_after} steps"
         return None
 
-    def _last_good(self) -> str:
-        ckpts = [
-            p
-            for p in list_checkpoints(self.run_dir)
-            if checkpoint_status(p) in ("verified", "unhashed")
-        ]
-        return (
-            f"the last good checkpoint is {ckpts[-1].name}"
-            if ckpts
-            else "no checkpoint was written yet"
-        )
-
     def _corpus_present(self) -> bool:
         """The prepared corpus is still there (a stat a step: the shards are memory-mapped,
         so its deletion would otherwise surface only at export)."""
         return self._corpus_manifest.is_file()
 
     def _epoch_len(self) -> int:
-        return len(self.batcher) if self.stream else len(self.batcher.plan(self.epoch))
-
-    def _data_summary(self) -> str:
-        b, c = self.batcher, self.cfg.data
-        if self.stream:
-            return (
-                f"stream mode: {c.rows} rows x {b.row_len} tokens per rank, {c.unroll}-token windows, "
-                f"{b.n_windows} windows/epoch"
-            )
-        return (
-            f"{len(b.eligible)} train sentences ({b.n_skipped} longer than {c.max_tokens} tokens "
-            f"skipped), {len(b.plan(self.epoch))} batches/epoch/rank"
-        )
+        return len(self.batcher) if self.stream else len(self.batcher.plan(self.state.epoch))
 
     def _check_replicas(self, metrics) -> bool:
         """DDP sanity check: every rank holds bit-identical parameters."""
         same = ddp.params_identical(self.model, self.world, self.device)
         if self.rank == 0:
-            rec = {"step": self.step, "ddp_world": self.world, "ddp_params_identical": same}
+            rec = {"step": self.state.step, "ddp_world": self.world, "ddp_params_identical": same}
             metrics.record(rec)
             if not same:
                 self.log("warning: DDP replicas hold different parameters")
@@ -619,16 +468,16 @@ class Trainer:
         n = max(n, 1.0)
         loss = nf / n if self.cfg.train.directions == "forward" else (nf + nb) / (2 * n)
         rec = {
-            "step": self.step,
-            "epoch": self.epoch,
-            "tokens_seen": self.tokens_seen,
+            "step": self.state.step,
+            "epoch": self.state.epoch,
+            "tokens_seen": self.state.tokens_seen,
             "loss": round(loss, 5),
             "ppl": round(math.exp(min(loss, 50)), 3),
             "loss_fwd": round(nf / n, 5),
             "lr": lr,
             "grad_norm": round(gnorm, 4),
             "tok_s": round(toks / max(dt, 1e-9), 1),
-            "elapsed_s": round(self.elapsed, 1),
+            "elapsed_s": round(self.state.elapsed, 1),
         }
         if self.cfg.train.directions == "both":
             rec["loss_bwd"] = round(nb / n, 5)
@@ -647,9 +496,9 @@ class Trainer:
             ev = self.evaluate(max_sentences)
             self.model.train()
             if ev:
-                metrics.record({"step": self.step, "heldout": ev})
+                metrics.record({"step": self.state.step, "heldout": ev})
                 self.log(
-                    f"step {self.step}: held-out ppl "
+                    f"step {self.state.step}: held-out ppl "
                     + ", ".join(f"{k} {v:.2f}" for k, v in ev.items() if k.endswith("ppl"))
                 )
         # a perplexity past float range (mean NLL > 709 nats) is a diverged model, even with
@@ -663,12 +512,40 @@ class Trainer:
         if flag.item():
             nll = f" (forward mean NLL {ev['forward_nll']:.4g} nats)" if ev else ""
             raise TrainingDiverged(
-                f"training diverged by step {self.step}: the held-out perplexity is not finite"
-                f"{nll}; its checkpoints hold these weights: lower optim.lr or set "
-                "optim.clip_norm and start over (--force)",
+                f"training diverged by step {self.state.step}: the held-out perplexity is not finite"
+                f"{nll}; its checkpoints hold these weights: {self.remedies.start_over()}",
                 field="optim.lr",
             )
         return ev
+
+
+def make_batcher(cfg: TrainConfig, corpus: Corpus, rank: int, world: int):
+    """This rank's batches: sentences bucketed by length, or stream windows."""
+    c, seed = cfg.data, cfg.train.seed
+    if c.mode == "stream":
+        both = cfg.train.directions != "forward"
+        return StreamBatcher(
+            corpus,
+            "train",
+            rows=c.rows,
+            unroll=c.unroll,
+            seed=seed,
+            reset_prob=c.reset_prob,
+            shuffle=c.shuffle,
+            directions=("forward", "backward") if both else ("forward",),
+            rank=rank,
+            world=world,
+        )
+    return BucketBatcher(
+        corpus,
+        "train",
+        max_tokens=c.max_tokens,
+        tokens_per_batch=c.tokens_per_batch,
+        pad_multiple=c.pad_multiple,
+        seed=seed,
+        rank=rank,
+        world=world,
+    )
 
 
 def run_training(

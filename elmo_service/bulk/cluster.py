@@ -1,5 +1,5 @@
-"""The Ray run: a Ray Data actor pool where each actor (``ShardEmbedder``) loads the
-model once and then embeds and writes one shard per call. Shards are written by the
+"""The Ray run: a pool of Ray actors where each (``ShardEmbedder``) loads the model once
+and then embeds and writes one shard per call, handed the next shard when it is free. Shards are written by the
 actors, not the driver: on a cluster ``--out`` is shared storage and no vector travels
 through the driver. Ray is imported here only, inside the functions (the ``bulk`` extra).
 """
@@ -14,13 +14,12 @@ import subprocess
 import sys
 import threading
 import uuid
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from elmo_service.bulk.plan import SKIPPED_FILE, BulkOptions, Shard
 from elmo_service.bulk.reaper import ENV as MARKER_ENV
@@ -37,8 +36,6 @@ LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 def ray_deps(local: bool = False) -> Any:
     """The ``ray`` module (pyarrow checked too), or a ConfigError saying how to install it.
     ``local``: a local cluster will be started, bound to loopback (set before Ray loads)."""
-    # Ray Data logs each execution at INFO; our bar and summary say it (an explicit choice wins)
-    os.environ.setdefault("RAY_DATA_LOG_LEVEL", "ERROR")
     if local:
         os.environ[LOOPBACK_ONLY] = "0"
     pyarrow()
@@ -54,8 +51,8 @@ def ray_deps(local: bool = False) -> Any:
 
 
 class ShardEmbedder:
-    """A Ray Data actor: loads the ``Embedder`` once, then embeds and writes one shard
-    per call (``batch_size=1``); returns the shard's result, never its vectors."""
+    """A Ray actor: loads the ``Embedder`` once, then embeds and writes one shard per
+    ``embed`` call; returns the shard's result (JSON), never its vectors."""
 
     def __init__(
         self,
@@ -84,12 +81,26 @@ class ShardEmbedder:
         self.skip_bad = skip_bad
         self.spec = None if spec is None else MixSpec(**spec)
 
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
-        results = [
-            embed_shard(self.emb, Shard.from_json(s), self.opts, self.out, self.spec, self.skip_bad)
-            for s in batch["shard"]
-        ]
-        return {"result": [json.dumps(asdict(r)) for r in results]}
+    def ready(self) -> bool:
+        """The model is loaded (the constructor has run)."""
+        return True
+
+    def embed(self, shard: dict) -> str:
+        r = embed_shard(
+            self.emb, Shard.from_json(shard), self.opts, self.out, self.spec, self.skip_bad
+        )
+        return json.dumps(asdict(r))
+
+
+def actor_start_error(e: Exception) -> ElmoServiceError:
+    """An actor whose constructor raised (the model missing or another version on a node)
+    as one line: Ray passes only the remote traceback's text, whose last line is ours."""
+    text = getattr(e, "error_msg", None) or str(e)
+    last = next((x.strip() for x in reversed(text.splitlines()) if x.strip()), "")
+    m = re.match(r"elmo_service\.errors\.\w+: (.+)", last)
+    if m:
+        return ConfigError(m.group(1), field="model")
+    return ElmoServiceError(f"a model actor did not start: {last}", field="model")
 
 
 # Ray's driver logs one line per actor from C++ straight to fd 2: "core_worker.cc: ...
@@ -220,36 +231,40 @@ def run_on_ray(
     cpus = actors * (threads or 1) if actors else None  # at least: the pool must fit
     with harmless_lines_hidden(), ray_session(ray, address, cpus):
         actors, threads = pool_shape(int(ray.cluster_resources().get("CPU", 1)), actors, threads)
-        ctx = ray.data.DataContext.get_current()
-        ctx.enable_progress_bars = False  # ours counts sentences
-        ctx.print_on_execution_start = False
+        # plain actors, not a Ray Data pool: Ray Data's planning and helper actors cost
+        # ~2-3 CPU-seconds a run (docs/bulk.md) and its batching is not used (one shard a
+        # call). Like its pool: Ray restarts an actor that dies and retries its shard.
+        remote = ray.remote(num_cpus=threads, max_restarts=-1, max_task_retries=-1)
+        kwargs = {
+            "model": str(model),
+            "version": version,
+            "opts": asdict(opts),
+            "out": str(out),
+            "skip_bad": skip_bad,
+            "threads": threads,
+            "spec": None if spec is None else asdict(spec),
+        }
+        pool = [remote(ShardEmbedder).remote(**kwargs) for _ in range(min(actors, len(pending)))]
         # start only once every actor has loaded its model, so none takes the others' share
-        ctx.wait_for_min_actors_s = 600
-        ds = ray.data.from_items(
-            [{"shard": s.to_json()} for s in pending], override_num_blocks=len(pending)
-        ).map_batches(
-            ShardEmbedder,
-            fn_constructor_kwargs={
-                "model": str(model),
-                "version": version,
-                "opts": asdict(opts),
-                "out": str(out),
-                "skip_bad": skip_bad,
-                "threads": threads,
-                "spec": None if spec is None else asdict(spec),
-            },
-            # a shard is seconds of work: hand it to an actor only when that one is free
-            compute=ray.data.ActorPoolStrategy(
-                size=min(actors, len(pending)), max_tasks_in_flight_per_actor=1
-            ),
-            batch_size=1,
-            num_cpus=threads,
-        )
+        try:
+            ray.get([a.ready.remote() for a in pool])
+        except ray.exceptions.RayActorError as e:
+            raise actor_start_error(e) from None
+        todo, running = deque(pending), {}
+
+        def give(actor: Any) -> None:  # a shard to an actor only when it is free
+            if todo:
+                running[actor.embed.remote(todo.popleft().to_json())] = actor
+
+        for a in pool:
+            give(a)
         tokens, results = 0, []
         total = sum(s.n for s in pending)
         with tqdm(total=total, desc="embed", unit="sent", disable=not progress) as bar:
-            for row in ds.iter_rows():
-                r = ShardResult(**json.loads(row["result"]))
+            while running:
+                (done,), _ = ray.wait(list(running), num_returns=1)
+                actor = running.pop(done)
+                r = ShardResult(**json.loads(ray.get(done)))
                 if r.model_fault:
                     raise ElmoServiceError(f"{r.error}: a broken model", field="model")
                 if r.write_fault:
@@ -264,4 +279,5 @@ def run_on_ray(
                 tokens += r.tokens
                 bar.update(r.lines)
                 bar.set_postfix(tokens=tokens, refresh=False)
+                give(actor)
         return results

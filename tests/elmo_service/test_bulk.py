@@ -307,3 +307,31 @@ def test_embed_bulk_arguments_all_have_help():
     parser = sub.choices["embed-bulk"]
     missing = [a.dest for a in parser._actions if a.dest != "help" and not a.help]
     assert not missing, missing
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_an_actor_that_cannot_start_is_one_error_naming_why(ray_cluster, tmp_path, tiny_model_dir):
+    """An actor's constructor fails on a node that sees other model files: the driver's
+    error is that one line, not Ray's remote traceback, and nothing is written."""
+    from elmo_service.bulk.cluster import run_on_ray
+
+    inp = tmp_path / "in.txt"
+    inp.write_text("a short one\nanother short one\n")
+    shards = scan_inputs([inp], 1).shards
+    with pytest.raises(ConfigError, match="every node must see the same model files") as e:
+        run_on_ray(
+            shards,
+            tmp_path,
+            tiny_model_dir,
+            "another",
+            BulkOptions(),
+            None,
+            1,
+            1,
+            None,
+            False,
+            False,
+        )
+    assert len(e.value.message.splitlines()) == 1 and "Traceback" not in e.value.message
+    assert not list(tmp_path.glob("part-*.parquet"))

@@ -6,19 +6,25 @@ another seed; a random-weight word-tokenized artifact stands for a converted pub
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from elmo_service.artifact import load_artifact
+from elmo_service.artifact import load_artifact, write_task
 from elmo_service.embedder import Embedder
 from elmo_service.errors import InputError
+from elmo_service.scalar_mix import MixSpec
+from pretrain import export as export_mod
 from pretrain import train as train_mod
-from pretrain.adapt import SOFTMAX_FILE, adapt
+from pretrain.adapt import SOFTMAX_FILE, UNIGRAM, adapt
 from pretrain.adapt_options import ADAPT_FILE, AdaptOptions
+from pretrain.checkpoint import list_checkpoints
 from pretrain.cli import main
 from pretrain.config import load_config
 from pretrain.data import Corpus
@@ -117,10 +123,17 @@ def test_adapting_an_adapted_model_continues_its_softmax_exactly(base_model, dom
 
 
 def test_a_model_without_a_softmax_word_tokenized_adapts(domain, tmp_path):
-    """A converted published ELMo: word tokenizer, biLM only."""
+    """A converted published ELMo: word tokenizer, biLM only. Its random weights give token
+    vectors no row norm beats the unigram model with: the "before" line says so."""
     model = tiny_artifact(tmp_path / "published")
-    res = adapt(model, [str(domain)], tmp_path / "out", opts(tmp_path, steps=40), log=quiet)
+    lines: list[str] = []
+    res = adapt(model, [str(domain)], tmp_path / "out", opts(tmp_path, steps=40), log=lines.append)
     assert res.softmax.startswith("initialised from the model's token vectors")
+    assert UNIGRAM in res.softmax  # row norm 0 won
+    ev = res.heldout_before
+    assert ev["forward_ppl"] == ev["backward_ppl"]  # a unigram head: the biLM plays no part
+    (before,) = [x for x in lines if x.startswith("held-out perplexity before:")]
+    assert "the unigram model" in before and "not MODEL's own perplexity" in before, before
     assert all(math.isfinite(avg(e)) for e in (res.heldout_before, res.heldout_after))
     assert avg(res.heldout_after) < avg(res.heldout_before)
     assert load_artifact(tmp_path / "out").config == load_artifact(model).config
@@ -168,9 +181,146 @@ def test_stop_and_resume_then_export(base_model, domain, tmp_path):
 
 
 def test_divergence_stops_it_and_nothing_is_exported(base_model, domain, tmp_path):
-    with pytest.raises(TrainingDiverged):
+    with pytest.raises(TrainingDiverged) as e:
         adapt(base_model, [str(domain)], tmp_path / "out", opts(tmp_path, lr=1e6), log=quiet)
     assert not (tmp_path / "out").exists()
+    # the remedy is in adapt's own flags (train's are `--set optim.lr=...`)
+    assert "lower --lr and start over (--force)" in e.value.message, e.value.message
+    assert_flags_exist(e.value.message)
+
+
+def adapt_flags() -> set[str]:
+    from pretrain.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    return {f for a in sub.choices["adapt"]._actions for f in a.option_strings}
+
+
+def assert_flags_exist(message: str) -> None:
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", message))
+    assert named and named <= adapt_flags(), (named - adapt_flags(), message)
+
+
+def cli(base_model, domain, tmp_path, *extra: str) -> list[str]:
+    flags = ["--steps", "6", "--lr", "3e-3", "--warmup-steps", "1", "--tokens-per-batch", "256"]
+    flags += ["--n-samples", "64", "--threads", "1", "--split", "none", "--no-progress"]
+    flags += ["--checkpoint-every-steps", "3", "--work-dir", str(tmp_path / "w")]
+    return ["adapt", str(base_model), str(domain), "--out", str(tmp_path / "out"), *flags, *extra]
+
+
+def test_a_resume_with_other_options_names_force_and_force_starts_over(
+    base_model, domain, tmp_path, capsys
+):
+    assert main(cli(base_model, domain, tmp_path, "--stop-after", "3")) == 0
+    capsys.readouterr()
+    assert main([*cli(base_model, domain, tmp_path, "--resume"), "--lr", "1e-3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pass --force to start over" in err, err
+    assert_flags_exist(err)
+    assert main([*cli(base_model, domain, tmp_path, "--force"), "--lr", "1e-3"]) == 0
+    prov = json.loads((tmp_path / "out" / "config.json").read_text())["provenance"]
+    assert prov["adapt"]["options"]["lr"] == 1e-3 and prov["adapt"]["steps"] == 6
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not_an_object", "no_figures", "binary"])
+def test_a_damaged_adapt_json_on_resume_is_one_line(base_model, domain, tmp_path, capsys, damage):
+    assert main(cli(base_model, domain, tmp_path, "--stop-after", "3")) == 0
+    record = tmp_path / "w" / ADAPT_FILE
+    text = record.read_text()
+    record.write_bytes(
+        {
+            "truncated": text[: len(text) // 2].encode(),
+            "not_an_object": b"[1, 2]",
+            "no_figures": json.dumps({"model": "x"}).encode(),
+            "binary": b"\xff\xfe\x00garbage",
+        }[damage]
+    )
+    capsys.readouterr()
+    assert main(cli(base_model, domain, tmp_path, "--resume")) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is damaged" in err and str(record) in err, err
+    assert_flags_exist(err)
+    assert main(cli(base_model, domain, tmp_path, "--force")) == 0  # what it says works
+    assert (tmp_path / "out" / "manifest.json").is_file()
+
+
+def test_a_full_disk_during_the_export_is_one_line_and_resume_exports(
+    base_model, domain, tmp_path, capsys, monkeypatch
+):
+    real = export_mod.save_artifact
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(export_mod, "save_artifact", full)
+    assert main(cli(base_model, domain, tmp_path)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "No space left on device" in err and "--resume" in err and "step-00000006" in err, err
+    assert not (tmp_path / "out").exists()  # nothing half-written
+    monkeypatch.setattr(export_mod, "save_artifact", real)
+    lines: list[str] = []
+    res = adapt(
+        base_model,
+        [str(domain)],
+        tmp_path / "out",
+        opts(
+            tmp_path,
+            steps=6,
+            warmup_steps=1,
+            work_dir=str(tmp_path / "w"),
+            checkpoint_every_steps=3,
+        ),
+        resume=True,
+        log=lines.append,
+    )
+    assert res.exported and res.step == 6  # the last checkpoint, exported: no step retrained
+    assert any(x.startswith("resumed from step-00000006") for x in lines), lines
+    assert load_artifact(tmp_path / "out").version == res.version
+
+
+def test_a_full_disk_while_checkpointing_is_one_line(
+    base_model, domain, tmp_path, capsys, monkeypatch
+):
+    from pretrain import checkpoint as ckpt_mod
+
+    real = ckpt_mod.torch.save
+    calls = []
+
+    def save(obj, f, *a, **k):  # the second checkpoint (step 6) finds the disk full
+        calls.append(1)
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(obj, f, *a, **k)
+
+    monkeypatch.setattr(ckpt_mod.torch, "save", save)
+    assert main(cli(base_model, domain, tmp_path)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "No space left on device" in err and "already there are intact" in err, err
+    assert [p.name for p in list_checkpoints(tmp_path / "w" / "run")] == ["step-00000003.pt"]
+
+
+def test_the_base_models_tasks_are_kept(base_model, domain, tmp_path):
+    """A request's `"task": "pos"` still answers on the adapted model (same layers)."""
+    base = tmp_path / "base"
+    shutil.copytree(base_model, base)
+    mix = MixSpec(weights=[0.5, -1.0, 2.0], gamma=1.5, meta={"task": "pos", "labels": ["N"]})
+    write_task(base, "pos", mix)  # tasks/ is not part of the version
+    lines: list[str] = []
+    res = adapt(base, [str(domain)], tmp_path / "out", opts(tmp_path, steps=3), log=lines.append)
+    kept = load_artifact(tmp_path / "out").tasks
+    assert set(kept) == {"pos"} and res.extra["tasks"] == ["pos"]
+    assert kept["pos"].weights == mix.weights and kept["pos"].gamma == mix.gamma
+    assert kept["pos"].meta["learned_on"] == {
+        "model": "base",
+        "version": load_artifact(base).version,
+    }
+    assert kept["pos"].meta["labels"] == ["N"]
+    assert any(x.startswith("kept MODEL's tasks pos") for x in lines), lines
+    emb = Embedder.load(tmp_path / "out", threads=1)
+    plain = emb.embed(["the old man walked ."])[0]
+    assert plain.layers.shape[0] == 3
 
 
 @pytest.mark.parametrize("case", ["not_an_artifact", "missing", "nothing_but_unk", "out_in_use"])

@@ -3,6 +3,7 @@ and Ctrl-C under the multi-process launcher writes the checkpoint and prints one
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -110,17 +111,47 @@ def _signal_once(signum: int):
     return log
 
 
+@contextlib.contextmanager
+def interactive_ctrl_c():
+    """SIGINT as an interactive Python has it (``KeyboardInterrupt``), whatever this process
+    inherited: a suite started as a background job (``make test &``, ``nohup ... &``) starts
+    with SIGINT ignored, and then there is no caller's Ctrl-C handler to hand the signal on to."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def test_ctrl_c_with_sigint_ignored_still_checkpoints_and_returns(corpus_dir, tmp_path):
+    """Started with SIGINT ignored (a background job), an in-process run still stops at a
+    checkpoint on SIGINT (sent by ``kill -INT``), and hands nothing on: the caller ignores it."""
+    from pretrain.train import run_training
+
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        res = run_training(_tiny(corpus_dir), tmp_path / "run", log=_signal_once(signal.SIGINT))
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # given back as it was
+    finally:
+        signal.signal(signal.SIGINT, old)
+    assert res["stopped"] == "signal SIGINT"
+    assert [ckpt.checkpoint_step(p) for p in ckpt.list_checkpoints(tmp_path / "run")] == [
+        res["step"]
+    ]
+
+
 def test_ctrl_c_in_an_in_process_run_checkpoints_then_reaches_the_caller(corpus_dir, tmp_path):
     """Under pytest (or a notebook) Ctrl-C must end the program, not just the run: the
     trainer checkpoints, puts the previous handlers back and hands the signal on, here
     Python's KeyboardInterrupt (it used to be swallowed: the suite ran on)."""
     from pretrain.train import run_training
 
-    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     run = tmp_path / "run"
-    with pytest.raises(KeyboardInterrupt):
-        run_training(_tiny(corpus_dir), run, log=_signal_once(signal.SIGINT))
-    assert {s: signal.getsignal(s) for s in before} == before
+    with interactive_ctrl_c():
+        before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        with pytest.raises(KeyboardInterrupt):
+            run_training(_tiny(corpus_dir), run, log=_signal_once(signal.SIGINT))
+        assert {s: signal.getsignal(s) for s in before} == before
     rec = stop_record(run)
     assert rec["reason"] == "signal" and rec["detail"] == "signal SIGINT"
     assert [ckpt.checkpoint_step(p) for p in ckpt.list_checkpoints(run)] == [rec["step"]]
