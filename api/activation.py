@@ -2,7 +2,7 @@
 
 Without Redis, :func:`activate_model` swaps this process's model. With Redis,
 :func:`activate_in_fleet` also records the artifact as the fleet's desired state,
-which every replica's :class:`api.fleet.FleetAgent` converges to.
+which every replica's :class:`elmo_api.fleet.FleetAgent` converges to.
 """
 
 from __future__ import annotations
@@ -13,17 +13,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from api.artifacts import resolve_artifact
-from api.cache import CacheBackend
-from api.fleet import FleetAgent
-from api.holder import ModelHolder
-from api.loading import load_served_model_async
-from api.metrics import Metrics
-from api.served import ServedModel
-from api.settings import Settings
+from elmo_api.artifacts import resolve_artifact
+from elmo_api.cache import CacheBackend
+from elmo_api.fleet import FleetAgent
+from elmo_api.holder import ModelHolder
+from elmo_api.loading import load_served_model_async
+from elmo_api.metrics import Metrics
+from elmo_api.served import ServedModel
+from elmo_api.settings import Settings
 from elmo_service.artifact import read_manifest
 
-log = logging.getLogger("api.activation")
+log = logging.getLogger("elmo_api.activation")
 
 
 async def load_warm(

@@ -3,7 +3,7 @@
 A request is refused at the door (:class:`QueueFull`, a 429) when its lane's queue
 is full, or (:class:`Overloaded`, 429 with ``Retry-After``) when the work ahead of
 it -- in tokens x the measured seconds per token -- plus its own would not finish
-inside its timeout (see :mod:`api.batcher`).
+inside its timeout (see :mod:`elmo_api.batcher`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from api.metrics import Metrics
+from elmo_api.metrics import Metrics
 
 TokenLists = Sequence[Sequence[str]]  # sentences as token texts
 EmbedFn = Callable[[TokenLists], list[np.ndarray]]
@@ -160,7 +160,7 @@ class Runner(Protocol):
         timing: Any = None,
     ) -> list[np.ndarray]:
         """``[L+1, T, D]`` float32 per sentence, in order; ``lane`` its priority,
-        ``timing`` (an ``api.lanes.RequestTiming``) filled with its queue and model time."""
+        ``timing`` (an ``elmo_api.lanes.RequestTiming``) filled with its queue and model time."""
 
     def close(self, timeout: float = ...) -> None:
         """Stop taking work and wait for what runs."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from api.served import ServedModel, provenance_summary
+from elmo_api.served import ServedModel, provenance_summary
 from elmo_service.artifact import MANIFEST, read_header
 from elmo_service.errors import InputError
 from elmo_service.names import check_model_name

@@ -23,7 +23,7 @@ Priority lanes (``priority`` in a request: ``interactive``, the default, or
   oldest first: the interactive batch stays short, and batch work rides along
   on the steps the model takes for it anyway.
 * No starvation: while both lanes wait, the batch lane gets at least
-  ``batch_share`` of the model's recent tokens (``api.lanes.LaneShare``: why a
+  ``batch_share`` of the model's recent tokens (``elmo_api.lanes.LaneShare``: why a
   share and not an age rule is said there).
 * A bound on waiting behind batch work already computing: while interactive
   traffic is live (a request in the last ``interactive_window`` seconds), batch
@@ -86,8 +86,8 @@ from typing import Any
 
 import numpy as np
 
-from api import tracing
-from api.admission import (
+from elmo_api import tracing
+from elmo_api.admission import (
     DEFAULT_FILL_WAIT_MS,
     DEFAULT_MAX_QUEUE,
     BatcherClosed,
@@ -101,9 +101,9 @@ from api.admission import (
     admit,
     token_cost,
 )
-from api.direct import DirectRunner
-from api.lanes import BATCH, INTERACTIVE, LANES, Lane, LaneShare
-from api.metrics import Metrics
+from elmo_api.direct import DirectRunner
+from elmo_api.lanes import BATCH, INTERACTIVE, LANES, Lane, LaneShare
+from elmo_api.metrics import Metrics
 from elmo_service.batching import (
     DEFAULT_BATCH_TOKENS,
     DEFAULT_MAX_BATCH_SENTENCES,
@@ -111,9 +111,9 @@ from elmo_service.batching import (
     plan_batches,
 )
 
-log = logging.getLogger("api.batcher")
+log = logging.getLogger("elmo_api.batcher")
 
-# re-exported: the runners' shared vocabulary lives in api.admission
+# re-exported: the runners' shared vocabulary lives in elmo_api.admission
 __all__ = [
     "DEFAULT_BATCH_SLICE_TOKENS",
     "DEFAULT_BATCH_SHARE",
@@ -146,7 +146,7 @@ class _Item:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     lane: Lane = INTERACTIVE
-    timing: Any = None  # the request's api.lanes.RequestTiming, if it keeps one
+    timing: Any = None  # the request's elmo_api.lanes.RequestTiming, if it keeps one
     trace: Any = None  # the request's tracing context, when tracing is on
     enqueued: float = field(default_factory=time.perf_counter)
     deadline: float = math.inf  # by when admission promised it an answer (perf_counter)

@@ -43,10 +43,10 @@ from typing import Any
 import numpy as np
 from cachetools import TTLCache
 
-from api.metrics import Metrics
-from storage import REPLY_SHAPE_ERRORS, BadReply, client_errors, connect, describe
+from elmo_api.metrics import Metrics
+from elmo_storage import REPLY_SHAPE_ERRORS, BadReply, client_errors, connect, describe
 
-log = logging.getLogger("api.cache")
+log = logging.getLogger("elmo_api.cache")
 
 MAGIC = b"ELC2"
 _OLD_MAGIC = b"ELC1"  # before checksums: replaced on read, not counted as corrupt

@@ -15,11 +15,11 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.errors import ApiError
-from api.holder import ModelHolder
-from api.metrics import Metrics
-from api.served import SERVED_KEY, ServedModel
-from api.settings import Settings
+from elmo_api.errors import ApiError
+from elmo_api.holder import ModelHolder
+from elmo_api.metrics import Metrics
+from elmo_api.served import SERVED_KEY, ServedModel
+from elmo_api.settings import Settings
 
 bearer = HTTPBearer(auto_error=False, description="API key: `Authorization: Bearer <key>`")
 

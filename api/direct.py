@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from api.admission import (
+from elmo_api.admission import (
     DEFAULT_MAX_QUEUE,
     BatcherClosed,
     EmbedFn,
@@ -20,7 +20,7 @@ from api.admission import (
     admit,
     token_cost,
 )
-from api.metrics import Metrics
+from elmo_api.metrics import Metrics
 
 
 class DirectRunner:

@@ -21,14 +21,14 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from api.batcher import BatcherClosed, QueueFull
-from api.encoding import JSONBytesResponse
-from api.fleet import OutcomeUnknown
-from api.served import ModelTimeout
-from api.tasks_store import TaskUnreadable
+from elmo_api.batcher import BatcherClosed, QueueFull
+from elmo_api.encoding import JSONBytesResponse
+from elmo_api.fleet import OutcomeUnknown
+from elmo_api.served import ModelTimeout
+from elmo_api.tasks_store import TaskUnreadable
+from elmo_jobs import JobConflict, JobNotFound, Unreadable
 from elmo_service.errors import ArtifactError, ConfigError, ElmoServiceError, InputError, LimitError
-from jobs import JobConflict, JobNotFound, Unreadable
-from storage import StoreUnavailable
+from elmo_storage import StoreUnavailable
 
 log = logging.getLogger("api")
 

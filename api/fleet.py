@@ -6,12 +6,12 @@ racing activations have one order and the last recorded wins everywhere. Every r
 runs a :class:`FleetAgent` that converges on its own: woken by pub/sub, and polling
 every ``ELMO_FLEET_INTERVAL`` seconds (pub/sub drops messages to a disconnected
 replica), it loads the desired artifact from its own models folder, warms it and
-hot-swaps it in (:meth:`api.holder.ModelHolder.swap`: no request fails). A replica
+hot-swaps it in (:meth:`elmo_api.holder.ModelHolder.swap`: no request fails). A replica
 that cannot (the folder is missing, holds another version, or is broken) keeps serving
 what it has, stays ready, reports why in its heartbeat, and retries when the folder
 changes. A replica that starts reads the desired state before ``ELMO_MODEL``.
 
-The keys and the scripts are :mod:`api.fleet_store`'s. Generations never go back: an
+The keys and the scripts are :mod:`elmo_api.fleet_store`'s. Generations never go back: an
 agent that holds a newer record than Redis (a Redis restarted from an older snapshot,
 or empty) puts it back and logs it. No view claims what it cannot see: ``agree`` is
 false while the desired record cannot be read, a replica is missing (silent without
@@ -35,17 +35,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from api.artifacts import resolve_artifact
-from api.fleet_store import Desired, FleetStore, Members, new_op
-from api.holder import ModelHolder
-from api.selftest import summary as selftest_summary
-from api.served import ServedModel
-from api.settings import Settings
+from elmo_api.artifacts import resolve_artifact
+from elmo_api.fleet_store import Desired, FleetStore, Members, new_op
+from elmo_api.holder import ModelHolder
+from elmo_api.selftest import summary as selftest_summary
+from elmo_api.served import ServedModel
+from elmo_api.settings import Settings
 from elmo_service.artifact import MANIFEST, WEIGHTS, read_manifest
 from elmo_service.errors import ArtifactError, ElmoServiceError
-from storage import StoreUnavailable, never_sent
+from elmo_storage import StoreUnavailable, never_sent
 
-log = logging.getLogger("api.fleet")
+log = logging.getLogger("elmo_api.fleet")
 
 
 READBACK_SECONDS = 5.0  # how long an activation whose record stalled reads it back
@@ -128,7 +128,7 @@ def load_startup_model(
     """The model a starting replica serves (blocking): the fleet's desired one, or
     ELMO_MODEL when none was activated or it cannot be loaded here (-> the reason, which
     the replica reports while it retries). ``artifact``: one already loaded by ``serve``."""
-    from api.loading import load_served_model
+    from elmo_api.loading import load_served_model
 
     path, note = startup_model_path(settings, store)
     try:
@@ -163,7 +163,7 @@ class FleetAgent:
         settings: Settings,
         store: FleetStore,
         holder: ModelHolder,
-        load,  # async (path) -> ServedModel, loaded and warmed (api.activation.load_warm)
+        load,  # async (path) -> ServedModel, loaded and warmed (elmo_api.activation.load_warm)
         replica_id: str | None = None,
         metrics: Any = None,
     ) -> None:

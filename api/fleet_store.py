@@ -31,10 +31,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from api.schemas import ReplicaOut
-from storage import StoreUnavailable, connect, describe, unavailable
+from elmo_api.schemas import ReplicaOut
+from elmo_storage import StoreUnavailable, connect, describe, unavailable
 
-log = logging.getLogger("api.fleet")
+log = logging.getLogger("elmo_api.fleet")
 
 FORGET_TTLS = 6  # a silent replica is listed missing this many heartbeat lifetimes
 

@@ -10,13 +10,13 @@ import asyncio
 import logging
 import time
 
-from api.served import ServedModel
+from elmo_api.served import ServedModel
 
-log = logging.getLogger("api.holder")
+log = logging.getLogger("elmo_api.holder")
 
 
 class ModelHolder:
-    """Holds the served model; routes get it via ``api.deps.ModelDep``, never a global."""
+    """Holds the served model; routes get it via ``elmo_api.deps.ModelDep``, never a global."""
 
     def __init__(self) -> None:
         self._current: ServedModel | None = None
@@ -55,7 +55,7 @@ class ModelHolder:
 
     @staticmethod
     async def _drain(old: ServedModel, timeout: float) -> None:
-        quiet_for = old.runner.quiet_for  # api.batcher.Runner
+        quiet_for = old.runner.quiet_for  # elmo_api.batcher.Runner
         deadline = time.monotonic() + timeout
         quiet_since: float | None = None
         while time.monotonic() < deadline:

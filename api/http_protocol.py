@@ -48,9 +48,9 @@ try:
 except (ImportError, AttributeError):  # pragma: no cover - not Linux
     _SIOCOUTQ = None
 
-from api.encoding import dumps
-from api.errors import error_body
-from api.settings import Settings
+from elmo_api.encoding import dumps
+from elmo_api.errors import error_body
+from elmo_api.settings import Settings
 
 log = logging.getLogger("api.http")
 

@@ -1,7 +1,7 @@
 """Priority lanes and where a request's time went: the batcher's bookkeeping.
 
 Two lanes, named by a request's ``priority``: ``interactive`` (the default) and
-``batch``. The batcher (:mod:`api.batcher`) serves interactive work first and
+``batch``. The batcher (:mod:`elmo_api.batcher`) serves interactive work first and
 gives the batch lane a bounded share of the model (:class:`LaneShare`);
 :class:`RequestTiming` collects one request's tokenization, queue and inference
 time for the ``X-*-Time`` headers and the per-lane histograms.
@@ -18,7 +18,7 @@ INTERACTIVE: Lane = "interactive"
 BATCH: Lane = "batch"
 LANES: tuple[Lane, ...] = (INTERACTIVE, BATCH)
 
-# the ASGI scope key under which a request's RequestTiming is left (api.middleware)
+# the ASGI scope key under which a request's RequestTiming is left (elmo_api.middleware)
 TIMING_KEY = "elmo.timing"
 
 

@@ -1,4 +1,4 @@
-"""Building a :class:`~api.served.ServedModel` from the settings and an artifact folder:
+"""Building a :class:`~elmo_api.served.ServedModel` from the settings and an artifact folder:
 the embedder, its runner (batcher or direct), the cache view and the task stores."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from api.batcher import Batcher, DirectRunner
-from api.cache import CacheBackend, SentenceCache
-from api.metrics import Metrics
-from api.served import ServedModel
-from api.settings import Settings
-from api.tasks_store import (
+from elmo_api.batcher import Batcher, DirectRunner
+from elmo_api.cache import CacheBackend, SentenceCache
+from elmo_api.metrics import Metrics
+from elmo_api.served import ServedModel
+from elmo_api.settings import Settings
+from elmo_api.tasks_store import (
     ArtifactTasks,
     FileTaskStore,
     RedisTaskStore,

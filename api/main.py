@@ -1,8 +1,8 @@
-"""App factory and lifespan. ``uvicorn api.main:app`` serves the default settings.
+"""App factory and lifespan. ``uvicorn elmo_api.main:app`` serves the default settings.
 
-``elmo-service serve`` (``api.server.run``) also sets the connection limits
+``elmo-service serve`` (``elmo_api.server.run``) also sets the connection limits
 (``ELMO_HTTP_*``: header/body read deadlines, keep-alive, connections); under the
-plain uvicorn CLI add ``--http api.http_protocol:DeadlineHttpToolsProtocol``
+plain uvicorn CLI add ``--http elmo_api.http_protocol:DeadlineHttpToolsProtocol``
 (10 s / 30 s deadlines) and ``--limit-concurrency``.
 
 Importing this module loads no model and reads no settings: the lifespan does
@@ -22,24 +22,24 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
-from api.activation import load_warm
-from api.cache import CacheBackend, LocalCache, NullCache, RedisCache
-from api.encoding import JSONBytesResponse
-from api.errors import install_error_handlers
-from api.fleet import FleetAgent, fleet_store, load_startup_model
-from api.holder import ModelHolder
-from api.loading import on_load_thread
-from api.metrics import Metrics, MetricsMiddleware
-from api.middleware import (
+from elmo_api.activation import load_warm
+from elmo_api.cache import CacheBackend, LocalCache, NullCache, RedisCache
+from elmo_api.encoding import JSONBytesResponse
+from elmo_api.errors import install_error_handlers
+from elmo_api.fleet import FleetAgent, fleet_store, load_startup_model
+from elmo_api.holder import ModelHolder
+from elmo_api.loading import on_load_thread
+from elmo_api.metrics import Metrics, MetricsMiddleware
+from elmo_api.middleware import (
     AnnounceMiddleware,
     ModelVersionMiddleware,
     RequestGuardMiddleware,
     TimingMiddleware,
 )
-from api.routers import document, embed, health, jobs, limits, models, openai, selftest, tasks
-from api.settings import Settings, load_settings
+from elmo_api.routers import document, embed, health, jobs, limits, models, openai, selftest, tasks
+from elmo_api.settings import Settings, load_settings
+from elmo_jobs import JobService
 from elmo_service.errors import ElmoServiceError
-from jobs import JobService
 
 log = logging.getLogger("api")
 
@@ -216,14 +216,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # opt-in traces (ELMO_OTEL): before the app starts, so its middleware is in the stack
     otel = settings.otel if settings is not None else _env_flag("ELMO_OTEL")
     if otel:
-        from api import tracing
+        from elmo_api import tracing
 
         tracing.enable(app)
     return app
 
 
 def _env_flag(name: str) -> bool:
-    """A boolean setting read before the settings are (``uvicorn api.main:app``)."""
+    """A boolean setting read before the settings are (``uvicorn elmo_api.main:app``)."""
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 

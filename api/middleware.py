@@ -12,16 +12,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from api.encoding import dumps
-from api.errors import error_body
-from api.lanes import TIMING_KEY, RequestTiming
-from api.metrics import ASGIApp, Message, Metrics, Receive, Scope, Send
-from api.served import SERVED_KEY
+from elmo_api.encoding import dumps
+from elmo_api.errors import error_body
+from elmo_api.lanes import TIMING_KEY, RequestTiming
+from elmo_api.metrics import ASGIApp, Message, Metrics, Receive, Scope, Send
+from elmo_api.served import SERVED_KEY
 
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
 TICKET_KEY = "elmo.batch_ticket"
 EMBED_PATHS = frozenset({"/v1/embed", "/v1/embeddings"})
-# keys the router sets in the scope it is handed; see api.metrics.route_label
+# keys the router sets in the scope it is handed; see elmo_api.metrics.route_label
 ROUTING_KEYS = ("route", "endpoint")
 
 
@@ -152,7 +152,7 @@ class AnnounceMiddleware:
 
     The batcher then knows that work is on its way while the request is still
     being read, parsed and looked up in the cache, and can fill the next batch
-    with it instead of starting without it (see :mod:`api.batcher`). The ticket
+    with it instead of starting without it (see :mod:`elmo_api.batcher`). The ticket
     is retired when the request submits, or at the latest when it ends.
     """
 
@@ -182,7 +182,7 @@ class AnnounceMiddleware:
 
 class ModelVersionMiddleware:
     """``X-Model-Id`` / ``X-Model-Version`` on every answer computed by a model: the one
-    the route resolved (``api.deps.serving`` leaves it in the scope), so a client behind
+    the route resolved (``elmo_api.deps.serving`` leaves it in the scope), so a client behind
     a balancer can tell which version computed its vectors, across swaps and replicas."""
 
     def __init__(self, app: Any) -> None:
@@ -211,9 +211,9 @@ class TimingMiddleware:
     """``X-Total-Time``, ``X-Tokenization-Time``, ``X-Queue-Time``, ``X-Inference-Time``
     (milliseconds, TEI's names) on every answer that ran an embedding path.
 
-    Every ``POST /v1/...`` gets an :class:`api.lanes.RequestTiming` in its scope as it
+    Every ``POST /v1/...`` gets an :class:`elmo_api.lanes.RequestTiming` in its scope as it
     arrives (before its body is read: the total counts reading it); the embedding path
-    (``api.routers.common.embed_request`` -> ``ServedModel.embed``) fills in the lane and
+    (``elmo_api.routers.common.embed_request`` -> ``ServedModel.embed``) fills in the lane and
     the parts, and marks it used. The total is taken when the status line goes out (a
     streamed answer's body is sent after it). Successful answers' figures also feed
     ``elmo_request_phase_seconds{lane, phase}``.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from api.encoding import DType, Encoding, as_dtype, encode_array
+from elmo_api.encoding import DType, Encoding, as_dtype, encode_array
 from elmo_service.errors import ElmoServiceError, InputError
 from elmo_service.scalar_mix import softmax
 

@@ -7,7 +7,7 @@ from the request's own size; ``ELMO_MAX_RESPONSE_FLOATS`` sets the bound.
 finite, in range) as ``prefix, entry, entry, ..., suffix``, each entry encoded on a
 worker thread only when the client is ready for it and dropped once sent, so the
 server never holds the whole JSON text, let alone twice; a client that stops
-reading is cut off by the connection's send deadline (:mod:`api.http_protocol`).
+reading is cut off by the connection's send deadline (:mod:`elmo_api.http_protocol`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 from starlette.responses import StreamingResponse
 
-from api.encoding import dumps
+from elmo_api.encoding import dumps
 from elmo_service.errors import LimitError
 
 SETTING = "ELMO_MAX_RESPONSE_FLOATS"

@@ -15,8 +15,8 @@ import asyncio
 import time
 from typing import Any
 
-from api.admission import BatcherClosed, QueueFull
-from api.served import ModelTimeout, ServedModel
+from elmo_api.admission import BatcherClosed, QueueFull
+from elmo_api.served import ModelTimeout, ServedModel
 from elmo_service.errors import ArtifactError
 from elmo_service.selftest import REL_BOUND, compare, load_selftest
 

@@ -2,7 +2,7 @@
 
 :class:`ServedModel` bundles the embedder (touched only by its runner's worker
 thread), the runner (batcher), the sentence cache view and the task registry;
-:mod:`api.loading` builds one, :mod:`api.holder` holds the current one.
+:mod:`elmo_api.loading` builds one, :mod:`elmo_api.holder` holds the current one.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from api.batcher import Runner, Ticket
-from api.cache import SentenceCache
-from api.metrics import Metrics
-from api.responses import check_response_floats
-from api.tasks_store import TaskRegistry
+from elmo_api.batcher import Runner, Ticket
+from elmo_api.cache import SentenceCache
+from elmo_api.metrics import Metrics
+from elmo_api.responses import check_response_floats
+from elmo_api.tasks_store import TaskRegistry
 from elmo_service.outputs import DEFAULT_TASK, OutputSpec, default_mix, plan_output
 from elmo_service.runtime import in_transient_thread_async
 from elmo_service.scalar_mix import MixSpec
@@ -171,7 +171,7 @@ class ServedModel:
         answer ``spec`` would make by ``max_floats`` before any work (ResponseTooLarge
         naming ``field``), then the layers (:meth:`layers`) in priority ``lane``. A sentence
         with no tokens (``""``, ``[]``) gets ``[L+1, 0, D]``, as from the library (#51).
-        ``timing`` (``api.lanes.RequestTiming``) gets the tokenization, queue and model time."""
+        ``timing`` (``elmo_api.lanes.RequestTiming``) gets the tokenization, queue and model time."""
         t0 = time.perf_counter()
         token_lists = self.tokenize(sentences, field)
         if timing is not None:

@@ -14,7 +14,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from api.settings import Settings, load_settings
+from elmo_api.settings import Settings, load_settings
 
 
 def build(model_dir: str | Path | None = None, *, preload: bool = True, **overrides: Any):
@@ -30,8 +30,8 @@ def build(model_dir: str | Path | None = None, *, preload: bool = True, **overri
         overrides["model_path"] = Path(model_dir)
     settings = load_settings(**overrides)
     configure_process("serve", settings.threads)  # before torch loads (the imports below)
-    from api.loading import check_model_dir, preload_artifact
-    from api.main import create_app
+    from elmo_api.loading import check_model_dir, preload_artifact
+    from elmo_api.main import create_app
 
     path = check_model_dir(settings.resolved_model_path)  # fail before uvicorn, naming the fix
     check_redis_auth(settings)
@@ -54,7 +54,7 @@ def check_redis_auth(settings: Settings) -> None:
     """A Redis that refuses our password fails startup with one line (fail closed); one
     that does not answer is an outage the stores ride out."""
     from elmo_service.errors import ConfigError
-    from storage import RedisAuthError, check_auth
+    from elmo_storage import RedisAuthError, check_auth
 
     for url in dict.fromkeys(
         u for u in (settings.redis_url, settings.resolved_cache_redis_url) if u
@@ -66,7 +66,7 @@ def check_redis_auth(settings: Settings) -> None:
 
 
 def _fleet_model_path(settings: Settings) -> Path | None:
-    from api.fleet import fleet_store, startup_model_path
+    from elmo_api.fleet import fleet_store, startup_model_path
 
     store = fleet_store(settings)
     if store is None:
@@ -87,7 +87,7 @@ def run(
 ) -> None:
     import uvicorn
 
-    from api.http_protocol import uvicorn_options
+    from elmo_api.http_protocol import uvicorn_options
 
     sock = listen(host, port)  # before the model loads: a port in use is one line, at once
     try:

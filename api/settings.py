@@ -33,7 +33,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from api.batcher import (
+from elmo_api.batcher import (
     DEFAULT_BATCH_SHARE,
     DEFAULT_BATCH_SLICE_TOKENS,
     DEFAULT_FILL_WAIT_MS,
@@ -44,7 +44,7 @@ from elmo_service.batching import DEFAULT_BATCH_TOKENS, DEFAULT_MAX_BATCH_SENTEN
 from elmo_service.config import DEFAULT_TOKEN_CACHE_SIZE
 from elmo_service.errors import ConfigError
 
-log = logging.getLogger("api.settings")
+log = logging.getLogger("elmo_api.settings")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENV_PREFIX = "ELMO_"

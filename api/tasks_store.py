@@ -26,7 +26,7 @@ from elmo_service.artifact import TASKS, read_manifest, read_task
 from elmo_service.atomic import write_json
 from elmo_service.errors import ConfigError, ElmoServiceError
 from elmo_service.scalar_mix import MixSpec
-from storage import StoreUnavailable, connect, expect, file_lock, unavailable
+from elmo_storage import StoreUnavailable, connect, expect, file_lock, unavailable
 
 log = logging.getLogger("api")
 

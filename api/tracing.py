@@ -25,7 +25,7 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-log = logging.getLogger("api.tracing")
+log = logging.getLogger("elmo_api.tracing")
 
 SPAN_NAME = "elmo.model_batch"
 

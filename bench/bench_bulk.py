@@ -48,8 +48,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import fair  # noqa: E402
+from elmo_bulk import BulkOptions, run_bulk  # noqa: E402
 from elmo_service.artifact import BUNDLED_MODELS_DIR  # noqa: E402
-from elmo_service.bulk import BulkOptions, run_bulk  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -124,7 +124,7 @@ class TreeCPU:
 
 def embed_file(model: Path, corpus: Path, out: Path, threads: int, what: str) -> dict:
     """``elmo-service embed-file`` in this process; its model load timed alone first."""
-    from elmo_service.cli import main as cli
+    from elmo_cli.core import main as cli
     from elmo_service.embedder import Embedder
 
     c0, t0 = own_cpu(), time.perf_counter()

@@ -83,7 +83,7 @@ def compare(n: int, rounds: int, work: Path) -> None:
 def phases(n: int, work: Path) -> None:
     import ray
 
-    from elmo_service.bulk import BulkOptions, run_bulk
+    from elmo_bulk import BulkOptions, run_bulk
 
     corpus = work / "in.txt"
     corpus.write_text("\n".join(sentences(n)) + "\n")

@@ -49,10 +49,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "clients" / "python"))  # the client's own distribution
 
+from bench import fair  # noqa: E402
 from elmo_client import Client  # noqa: E402
 from elmo_client.wire import embed_body  # noqa: E402
-
-from bench import fair  # noqa: E402
 from tests.support.core_fixtures import generated_text  # noqa: E402
 from tests.support.replicas import Replica  # noqa: E402
 

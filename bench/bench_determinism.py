@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench import fair  # noqa: E402
-from pretrain.sources.synthetic import sentence  # noqa: E402
+from elmo_pretrain.sources.synthetic import sentence  # noqa: E402
 
 HARD = [
     "Emoji 🙂🚀🧪 and symbols ∀x∈ℝ: x² ≥ 0 ⇒ ✓",

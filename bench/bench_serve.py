@@ -391,7 +391,7 @@ SERVER_ENV: dict[str, str] = {}  # --server-env: for the server processes, not t
 
 
 class Server:
-    """``api.server.run`` in a subprocess; ``overrides`` are Settings fields."""
+    """``elmo_api.server.run`` in a subprocess; ``overrides`` are Settings fields."""
 
     def __init__(self, model_dir: Path, threads: int | None, data_dir: Path, **overrides) -> None:
         self.port = free_port()
@@ -406,7 +406,7 @@ class Server:
         env.update(SERVER_ENV)
         openmp_environment("serve", env)  # what `elmo-service serve` sets, unless given
         code = (
-            "import api.server as s; "
+            "import elmo_api.server as s; "
             f"s.run('127.0.0.1', {self.port}, {str(model_dir)!r}, **{kwargs!r})"
         )
         self.proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env)

@@ -6,7 +6,7 @@ Both sides train the same network (character CNN, highway, projection,
 2-layer biLSTM with projection and clipping, the configured softmax, Adam) on
 the same batches, alternating so that machine noise hits both alike:
 
-* ``trainer``: ``pretrain.lm.LanguageModel`` as `elmo-pretrain train` runs it
+* ``trainer``: ``elmo_pretrain.lm.LanguageModel`` as `elmo-pretrain train` runs it
   (CNN once per distinct token, input matmul hoisted out of the time loop,
   the config's precision and ``torch.compile`` setting);
 * ``plain``: a straightforward eager fp32 version: the CNN on every
@@ -43,13 +43,13 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import fair  # noqa: E402
+from elmo_pretrain.config import TrainConfig, load_config  # noqa: E402
+from elmo_pretrain.data import Batch, padded_len  # noqa: E402
+from elmo_pretrain.lm import LanguageModel  # noqa: E402
+from elmo_pretrain.optim import make_optimizer  # noqa: E402
 from elmo_service.char_ids import bos_ids, eos_ids, token_ids  # noqa: E402
 from elmo_service.model import length_mask, reverse_padded  # noqa: E402
 from elmo_service.runtime import autocast, resolve_precision, set_threads  # noqa: E402
-from pretrain.config import TrainConfig, load_config  # noqa: E402
-from pretrain.data import Batch, padded_len  # noqa: E402
-from pretrain.lm import LanguageModel  # noqa: E402
-from pretrain.optim import make_optimizer  # noqa: E402
 from tests.support import reference  # noqa: E402
 
 # ---------------------------------------------------------------- FLOPs

@@ -73,7 +73,7 @@ from bench.chaos_harness import (  # noqa: E402
     table,
     wait_ready,
 )
-from pretrain.sources.synthetic import sentence, write_corpus  # noqa: E402
+from elmo_pretrain.sources.synthetic import sentence, write_corpus  # noqa: E402
 from tests.support.ports import free_port  # noqa: E402
 from tests.support.procs import pids_of  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
@@ -358,7 +358,7 @@ async def attack_redis_nonsense(ctx: Ctx, row: Row, jobs: bool = False) -> None:
     env = {**ctx.serve_env, "REDIS_URL": fake.url, "ELMO_THREADS": "1"}
     proc = ctx.procs.start(
         f"serve-nonsense-{row.attack}",
-        [sys.executable, "-m", "api.cli", "serve", "--port", str(port)],
+        [sys.executable, "-m", "elmo_cli.main", "serve", "--port", str(port)],
         env,
     )
     try:
@@ -477,7 +477,7 @@ async def run_job_attack(ctx: Ctx, row: Row, kill) -> None:
 
 async def attack_trainer_kill(ctx: Ctx, row: Row) -> None:
     def kill(rec: dict[str, Any]) -> str:
-        pids = pids_of("pretrain.cli", "train", containing=rec["run_dir"])
+        pids = pids_of("elmo_pretrain.cli", "train", containing=rec["run_dir"])
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         return f"SIGKILL to trainer pid {pids}"
@@ -574,7 +574,7 @@ def attack_artifact(ctx: Ctx, row: Row, which: str) -> None:
     cmd = [
         sys.executable,
         "-m",
-        "api.cli",
+        "elmo_cli.main",
         "serve",
         "--port",
         str(port),
@@ -611,7 +611,7 @@ def attack_artifact(ctx: Ctx, row: Row, which: str) -> None:
 
 def pretrain(ctx: Ctx, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "pretrain.cli", *args],
+        [sys.executable, "-m", "elmo_pretrain.cli", *args],
         env=base_env(),
         capture_output=True,
         text=True,
@@ -646,7 +646,7 @@ def checkpoint_run(ctx: Ctx) -> Path:
 def attack_checkpoint(ctx: Ctx, row: Row, how: str) -> None:
     import torch
 
-    from pretrain.checkpoint import list_checkpoints, load_checkpoint
+    from elmo_pretrain.checkpoint import list_checkpoints, load_checkpoint
 
     run = ctx.root / f"ckpt-{how}"
     shutil.copytree(checkpoint_run(ctx), run)
@@ -699,7 +699,7 @@ def attack_divergence(ctx: Ctx, row: Row, lr: str) -> None:
     finite weights, held-out NLL of millions of nats). The trainer must stop with exit 2
     and one line, keep only finite checkpoints, write no bare NaN/Infinity in any JSON,
     and ``export`` must refuse the run."""
-    from pretrain.checkpoint import list_checkpoints, load_checkpoint, nonfinite_tensors
+    from elmo_pretrain.checkpoint import list_checkpoints, load_checkpoint, nonfinite_tensors
 
     prepared = ctx.root / "prepared-divergence"
     if not prepared.exists():
@@ -765,7 +765,7 @@ class Ctx:
     def start_worker(self) -> subprocess.Popen:
         n = len(self.procs.procs)
         return self.procs.start(
-            f"worker{n}", [sys.executable, "-m", "api.cli", "worker"], self.worker_env
+            f"worker{n}", [sys.executable, "-m", "elmo_cli.main", "worker"], self.worker_env
         )
 
 
@@ -841,7 +841,9 @@ async def main_async(args: argparse.Namespace, root: Path) -> list[Row]:
                          "ELMO_HTTP_SEND_TIMEOUT": str(SEND_TIMEOUT)}  # fmt: skip
             ctx.serve_env = serve_env
             server = ctx.server = procs.start(
-                "serve", [sys.executable, "-m", "api.cli", "serve", "--port", str(port)], serve_env
+                "serve",
+                [sys.executable, "-m", "elmo_cli.main", "serve", "--port", str(port)],
+                serve_env,
             )
             if not wait_ready(port, server):
                 raise SystemExit(

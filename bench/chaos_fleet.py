@@ -70,7 +70,7 @@ class Fleet:
 
     def start(self, name: str, redis_url: str | None = None) -> Replica:
         port = free_port()
-        cmd = [sys.executable, "-m", "api.cli", "serve", "--port", str(port)]
+        cmd = [sys.executable, "-m", "elmo_cli.main", "serve", "--port", str(port)]
         return Replica(name, port, self.ctx.procs.start(name, cmd, self.env(name, redis_url)))
 
     def record(self) -> dict[str, Any] | None:

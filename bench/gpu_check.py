@@ -122,7 +122,7 @@ def run(
 
 
 def pretrain_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "pretrain.cli", *args]
+    return [sys.executable, "-m", "elmo_pretrain.cli", *args]
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -303,7 +303,7 @@ def phase_ddp(config: str, data: Path, device: str, p: dict, work: Path, n_gpus:
     extra = [f"data.path={data}", *p["default_overrides"]]
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc-per-node={n_gpus}", "-m", "pretrain.cli", "train", config,
+        f"--nproc-per-node={n_gpus}", "-m", "elmo_pretrain.cli", "train", config,
         "--run-dir", str(run_dir), *train_overrides(device, p["steps"], extra),
     ]  # fmt: skip
     return {"processes": n_gpus, **summarise_run(cmd, run_dir, work / "train-ddp.log")}

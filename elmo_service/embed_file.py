@@ -1,6 +1,6 @@
 """A text file, one sentence a line -> HDF5 in AllenNLP's ``elmo`` command's layout.
 
-``embed-file`` (``elmo_service/cli.py``) and ``Embedder.embed_file`` both call
+``embed-file`` (``cli/core.py``) and ``Embedder.embed_file`` both call
 :func:`write_hdf5`: dataset ``str(i)`` holds line ``i``'s vectors (``"all"``: ``[L+1, T, D]``;
 ``"top"``, ``"average"`` or a task: ``[T, D]``), ``sentence_to_index`` maps each line to its
 dataset (a JSON string), and the file's ``granularity`` attribute says what ``T`` counts.

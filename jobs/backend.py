@@ -1,12 +1,12 @@
 """How jobs reach a worker: rq on Redis, or a local worker process without Redis.
 
-Both backends share the job-state model (:mod:`jobs.state`) and differ in
+Both backends share the job-state model (:mod:`elmo_jobs.state`) and differ in
 delivery only:
 
 * :class:`RqBackend`: records in Redis; each attempt is an rq job
   (``<id>-a<attempt>``) on queue ``ELMO_JOBS_QUEUE``, run by ``elmo-service
-  worker`` (:class:`jobs.worker.JobWorker`, an ``rq.Worker``; the job function is
-  :func:`jobs.worker.rq_entry`).
+  worker`` (:class:`elmo_jobs.worker.JobWorker`, an ``rq.Worker``; the job function is
+  :func:`elmo_jobs.worker.rq_entry`).
 * :class:`LocalBackend`: records in ``<runs_dir>/<id>/job.json``; a local
   worker process (``elmo-service worker`` without REDIS_URL, or the one the API
   starts itself) claims the oldest queued record.
@@ -16,7 +16,7 @@ job whose runner is gone (its process is dead on this host, rq failed its
 execution, or its heartbeat stopped) goes back to the queue as the next
 attempt and resumes from its checkpoint (or fails, with the reason, after
 ``ELMO_JOBS_MAX_ATTEMPTS`` losses; a trainer killed by a signal under a live
-runner counts the same way, :mod:`jobs.runner`); a queued job whose delivery vanished is
+runner counts the same way, :mod:`elmo_jobs.runner`); a queued job whose delivery vanished is
 delivered again. Workers run it at start and between jobs; the API runs it
 when jobs are listed or read.
 """
@@ -34,10 +34,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jobs.lifecycle import requeue
-from jobs.procs import runner_alive
-from jobs.settings import JobsSettings
-from jobs.state import (
+from elmo_jobs.lifecycle import requeue
+from elmo_jobs.procs import runner_alive
+from elmo_jobs.settings import JobsSettings
+from elmo_jobs.state import (
     JOB_ID,
     FileJobStore,
     JobRecord,
@@ -47,7 +47,7 @@ from jobs.state import (
     name_holder_free,
     store_errors,
 )
-from storage import connect
+from elmo_storage import connect
 
 log = logging.getLogger("jobs")
 
@@ -221,7 +221,7 @@ class RqBackend(JobBackend):
         """Refill the store from the run folders' copies of records it no longer has (a
         Redis restarted without its data). A queued one is then delivered again by the
         reconcile pass, a running one whose runner is gone re-queued; a live runner
-        re-creates its own record at its next heartbeat (:mod:`jobs.runner`)."""
+        re-creates its own record at its next heartbeat (:mod:`elmo_jobs.runner`)."""
         runs = Path(self.settings.runs_dir)
         if not runs.is_dir():
             return []
@@ -265,7 +265,7 @@ class RqBackend(JobBackend):
     def deliver(self, rec: JobRecord) -> None:
         with store_errors():  # rq parses Redis's replies: nonsense fails inside it
             self.queue.enqueue(
-                "jobs.worker.rq_entry",  # by name: rq imports it in the work-horse
+                "elmo_jobs.worker.rq_entry",  # by name: rq imports it in the work-horse
                 rec.id,
                 rec.attempt,
                 job_id=rq_job_id(rec),
@@ -381,7 +381,7 @@ class LocalBackend(JobBackend):
             runs.mkdir(parents=True, exist_ok=True)
             with open(runs / "worker.log", "ab") as out:
                 self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "api.cli", "worker"],
+                    [sys.executable, "-m", "elmo_cli.main", "worker"],
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,

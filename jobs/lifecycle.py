@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from jobs.settings import JobsSettings
-from jobs.state import JobRecord, JobStore
+from elmo_jobs.settings import JobsSettings
+from elmo_jobs.state import JobRecord, JobStore
 
 
 class Backend(Protocol):
-    """What the runner needs of a backend (:class:`jobs.backend.JobBackend`)."""
+    """What the runner needs of a backend (:class:`elmo_jobs.backend.JobBackend`)."""
 
     store: JobStore
     settings: JobsSettings

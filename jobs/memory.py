@@ -120,7 +120,7 @@ def check_memory(
     cfg: dict[str, Any], vocab: int, limit: int, vocab_field: str = "prepare.vocab_size"
 ) -> Estimate:
     """Raise ConfigError naming the dominating field when the estimate exceeds ``limit``."""
-    from pretrain.config import TrainConfig
+    from elmo_pretrain.config import TrainConfig
 
     est = estimate(cfg, vocab)
     if est.total <= limit:

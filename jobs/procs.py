@@ -10,7 +10,7 @@ import signal
 import socket
 from pathlib import Path
 
-from jobs.state import Runner
+from elmo_jobs.state import Runner
 
 _PR_SET_PDEATHSIG = 1
 

@@ -38,10 +38,10 @@ from typing import Any
 
 import yaml
 
-from jobs.lifecycle import Backend, requeue
-from jobs.procs import child_setup, runner_info
-from jobs.settings import JobsSettings
-from jobs.spec import (
+from elmo_jobs.lifecycle import Backend, requeue
+from elmo_jobs.procs import child_setup, runner_info
+from elmo_jobs.settings import JobsSettings
+from elmo_jobs.spec import (
     AdaptIn,
     PrepareIn,
     check_device,
@@ -50,7 +50,7 @@ from jobs.spec import (
     resolve_corpus,
     visible_gpus,
 )
-from jobs.state import (
+from elmo_jobs.state import (
     ArtifactInfo,
     JobRecord,
     Progress,
@@ -59,9 +59,9 @@ from jobs.state import (
     figure,
     name_holder_free,
 )
-from pretrain.checkpoint import list_checkpoints
-from pretrain.run_dir import metrics_path
-from pretrain.tracking import is_stop
+from elmo_pretrain.checkpoint import list_checkpoints
+from elmo_pretrain.run_dir import metrics_path
+from elmo_pretrain.tracking import is_stop
 
 log = logging.getLogger("jobs")
 
@@ -473,7 +473,7 @@ class JobRunner:
         """A ``base_model`` job: ``elmo-pretrain adapt`` prepares the corpus with the base
         model's tokenizer, trains (progress and checkpoints as a training job's) and writes
         the model; cancel, retry and re-queue work as for training (it resumes)."""
-        from pretrain.adapt_options import ADAPT_FILE
+        from elmo_pretrain.adapt_options import ADAPT_FILE
 
         self.phase = "train"
         spec, models = self.rec.spec, Path(self.settings.models_dir)
@@ -521,8 +521,8 @@ class JobRunner:
         """Checked at submit on the API's machine; again here, with the real vocabulary
         and this worker's memory, so a job too big for it fails with the reason instead
         of being killed (and retried) by the out-of-memory killer."""
+        from elmo_jobs.memory import check_memory, memory_limit
         from elmo_service.errors import ConfigError
-        from jobs.memory import check_memory, memory_limit
 
         s = self.settings
         try:
@@ -595,7 +595,7 @@ class JobRunner:
             proc.wait()
 
     def _run_phase(self, args: list[str]) -> tuple[int, str]:
-        """Run ``python -m pretrain.cli ARGS``, output appended to the job log.
+        """Run ``python -m elmo_pretrain.cli ARGS``, output appended to the job log.
         Returns (exit code, this phase's output)."""
         self._check_stop(None)  # a cancel or stop that came before the phase started
         self._say(f"phase {self.phase}: elmo-pretrain {' '.join(args)}")
@@ -603,7 +603,7 @@ class JobRunner:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with open(self.log_path, "ab") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "pretrain.cli", *args],
+                [sys.executable, "-m", "elmo_pretrain.cli", *args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

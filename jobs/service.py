@@ -11,11 +11,10 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from elmo_service.errors import ElmoServiceError
-from jobs.backend import JobBackend, make_backend
-from jobs.memory import check_memory, memory_limit
-from jobs.settings import JobsSettings
-from jobs.spec import (
+from elmo_jobs.backend import JobBackend, make_backend
+from elmo_jobs.memory import check_memory, memory_limit
+from elmo_jobs.settings import JobsSettings
+from elmo_jobs.spec import (
     JobIn,
     Limits,
     check_limits,
@@ -23,7 +22,8 @@ from jobs.spec import (
     resolve_train_config,
     softmax_size,
 )
-from jobs.state import JobRecord, Unreadable, name_holder_free, new_job_id
+from elmo_jobs.state import JobRecord, Unreadable, name_holder_free, new_job_id
+from elmo_service.errors import ElmoServiceError
 
 log = logging.getLogger("jobs")
 

@@ -1,6 +1,6 @@
 """The settings the jobs subsystem reads, as a protocol.
 
-The values are the service's ``ELMO_*`` environment settings (``api.settings.Settings``
+The values are the service's ``ELMO_*`` environment settings (``elmo_api.settings.Settings``
 provides every attribute below); whoever starts a worker or the API loads them and
 hands them in, so this package never imports the HTTP layer.
 """

@@ -2,14 +2,14 @@
 
 Every rejection names the field: ``corpus`` for a path that is missing or
 leaves the data folder, ``config.<section>.<key>`` for a training-config error
-(the trainer's own validation, :func:`pretrain.config.TrainConfig.from_dict`),
+(the trainer's own validation, :func:`elmo_pretrain.config.TrainConfig.from_dict`),
 ``budget.*`` / ``prepare.*`` / ``name`` through pydantic. ``prepare`` takes the fields of
-the CLI's :class:`pretrain.prepare.PrepareOptions` that a job may set.
+the CLI's :class:`elmo_pretrain.prepare.PrepareOptions` that a job may set.
 
 A job that names a ``base_model`` adapts that model to the corpus instead of training
 from random weights (``elmo-pretrain adapt``): its shape and tokenizer are the base model's,
 so ``config`` and ``prepare`` stay empty and ``adapt`` takes the fields of
-:class:`pretrain.adapt.AdaptOptions` that a job may set.
+:class:`elmo_pretrain.adapt.AdaptOptions` that a job may set.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, create_model
 
+from elmo_pretrain.adapt_options import JOB_FIELDS as ADAPT_JOB_FIELDS
+from elmo_pretrain.adapt_options import AdaptOptions, train_config_for
+from elmo_pretrain.prepare import FORMAT as PREPARED_FORMAT
+from elmo_pretrain.prepare import JOB_FIELDS, PrepareOptions
 from elmo_service.errors import ArtifactError, ConfigError, InputError
 from elmo_service.names import MODEL_NAME
 from elmo_service.settings_base import StrictModel, to_argv
-from pretrain.adapt_options import JOB_FIELDS as ADAPT_JOB_FIELDS
-from pretrain.adapt_options import AdaptOptions, train_config_for
-from pretrain.prepare import FORMAT as PREPARED_FORMAT
-from pretrain.prepare import JOB_FIELDS, PrepareOptions
 
 NAME_PATTERN = f"^{MODEL_NAME.pattern}$"  # the artifact's folder: one rule for every model name
 # directory corpora are walked to find symlinks that leave the data folder; bounded
@@ -114,7 +114,7 @@ class JobIn(StrictModel):
         default_factory=dict,
         description="Training config (as configs/*.yaml: model, data, softmax, optim, train, "
         "checkpoint) over the trainer's defaults, checked by the trainer's own model "
-        "(pretrain.config.TrainConfig). data.path is set by the job.",
+        "(elmo_pretrain.config.TrainConfig). data.path is set by the job.",
     )
     budget: BudgetIn = Field(default_factory=BudgetIn)
     prepare: PrepareIn = Field(default_factory=PrepareIn)
@@ -210,7 +210,7 @@ def resolve_train_config(job: JobIn, models_dir: Path | None = None) -> dict[str
     ConfigError names ``config.<section>.<key>`` (the trainer's dotted field, prefixed).
     A ``base_model`` job's is the adaptation's (its model read from ``models_dir``).
     """
-    from pretrain.config import TrainConfig
+    from elmo_pretrain.config import TrainConfig
 
     if job.base_model is not None:
         return _adapt_train_config(job, models_dir)

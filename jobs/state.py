@@ -3,7 +3,7 @@
 ``FileJobStore`` keeps ``<runs_dir>/<id>/job.json`` (no Redis);
 ``RedisJobStore`` keeps ``<prefix>:job:<id>`` plus a sorted index, and mirrors each
 state change into the run folder's ``job.json`` (so a Redis that comes back empty
-loses no job: :meth:`jobs.backend.RqBackend.adopt_orphans`). Every change goes
+loses no job: :meth:`elmo_jobs.backend.RqBackend.adopt_orphans`). Every change goes
 through ``update(id, fn)``, an atomic read-modify-write (a file lock, or
 WATCH/MULTI), so the API (cancel), the runner (progress) and the reconciler
 (re-queue) never overwrite each other's changes.
@@ -39,8 +39,8 @@ from typing import Annotated, Any, Literal, Protocol
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError
 
 from elmo_service.atomic import write_text
-from storage import StoreUnavailable as StoreUnavailable  # re-exported: jobs.StoreUnavailable
-from storage import expect, file_lock, unavailable
+from elmo_storage import StoreUnavailable as StoreUnavailable  # re-exported: jobs.StoreUnavailable
+from elmo_storage import expect, file_lock, unavailable
 
 log = logging.getLogger("jobs")
 

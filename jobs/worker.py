@@ -5,7 +5,7 @@ Each job runs in rq's work-horse (a fork); the horse gets SIGTERM if this
 process dies, so its trainer checkpoints and the job is re-queued. A warm
 shutdown (SIGTERM/SIGINT, e.g. ``docker stop``) does the same instead of
 waiting hours for the job to end. On start and between jobs it re-queues jobs
-whose worker is gone (:meth:`jobs.backend.JobBackend.reconcile`).
+whose worker is gone (:meth:`elmo_jobs.backend.JobBackend.reconcile`).
 
 Without Redis: a local loop over ``<runs_dir>/*/job.json`` that claims the
 oldest queued job and runs it in this process (the trainer is a subprocess).
@@ -21,14 +21,14 @@ import socket
 import time
 from pathlib import Path
 
+from elmo_jobs.backend import WORKERS_DIR, LocalBackend, RqBackend
+from elmo_jobs.procs import die_with_parent
+from elmo_jobs.runner import JobRunner
+from elmo_jobs.settings import JobsSettings
 from elmo_service.errors import ConfigError
-from jobs.backend import WORKERS_DIR, LocalBackend, RqBackend
-from jobs.procs import die_with_parent
-from jobs.runner import JobRunner
-from jobs.settings import JobsSettings
-from storage import RedisAuthError, check_auth
+from elmo_storage import RedisAuthError, check_auth
 
-log = logging.getLogger("jobs.worker")
+log = logging.getLogger("elmo_jobs.worker")
 
 WORKER_STORE_TIMEOUT = 5  # workers' Redis timeouts: this many times the API's (they can wait)
 

@@ -25,9 +25,9 @@ Forgetting: when MODEL ships ``heldout.txt`` (``adapt --ship-heldout`` writes th
 slice there) or ``--forgetting-text FILE`` is given, its perplexity is measured before and
 after too.
 
-Python API (``pretrain.finetune`` calls it)::
+Python API (``elmo_pretrain.finetune`` calls it)::
 
-    from pretrain.adapt import AdaptOptions, adapt
+    from elmo_pretrain.adapt import AdaptOptions, adapt
     res = adapt("models/default", ["notes.txt"], "models/notes", AdaptOptions(steps=200))
     res.heldout_before["avg_ppl"], res.heldout_after["avg_ppl"], res.seconds, res.version
 """
@@ -48,19 +48,19 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from elmo_pretrain.adapt_options import ADAPT_FILE, HELDOUT_FILE, AdaptOptions, train_config_for
+from elmo_pretrain.data import Corpus
+from elmo_pretrain.evaluate import perplexity
+from elmo_pretrain.export import export
+from elmo_pretrain.lm import LanguageModel
+from elmo_pretrain.prepare import PrepareOptions, prepare
+from elmo_pretrain.tracking import json_safe
+from elmo_pretrain.train import Remedies, Trainer
 from elmo_service.artifact import Artifact, load_artifact, read_header
 from elmo_service.atomic import atomic_path, write_json, write_text
 from elmo_service.errors import PATH_ERRORS, ElmoServiceError, InputError
 from elmo_service.runtime import set_threads
 from elmo_service.scalar_mix import MixSpec
-from pretrain.adapt_options import ADAPT_FILE, HELDOUT_FILE, AdaptOptions, train_config_for
-from pretrain.data import Corpus
-from pretrain.evaluate import perplexity
-from pretrain.export import export
-from pretrain.lm import LanguageModel
-from pretrain.prepare import PrepareOptions, prepare
-from pretrain.tracking import json_safe
-from pretrain.train import Remedies, Trainer
 
 SOFTMAX_FILE = "softmax.safetensors"  # in an artifact adapt wrote: its LM head, keyed by token
 # what the trainer's refusals tell an `adapt` user to do (its flags, not train's --set keys)

@@ -9,10 +9,10 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
+from elmo_pretrain.config import TrainConfig
 from elmo_service.config import BiLMConfig
 from elmo_service.errors import ElmoServiceError, InputError
 from elmo_service.settings_base import StrictModel
-from pretrain.config import TrainConfig
 
 HELDOUT_FILE = "heldout.txt"  # in an artifact: held-out text to measure forgetting on
 ADAPT_FILE = "adapt.json"  # in the work folder: the start, the options, the "before" figures

@@ -59,11 +59,11 @@ from typing import Any, BinaryIO, Literal
 
 import torch
 
+from elmo_pretrain.run_dir import CHECKPOINTS_DIR
 from elmo_service.atomic import atomic_open, sha256_file, write_text
 from elmo_service.errors import ElmoServiceError
-from pretrain.run_dir import CHECKPOINTS_DIR
 
-log = logging.getLogger("pretrain.checkpoint")
+log = logging.getLogger("elmo_pretrain.checkpoint")
 
 _NAME = re.compile(r"^step-(\d{8,})\.pt$")
 _SIDECAR = re.compile(r"^([0-9a-f]{64})  (step-\d{8,}\.pt)\n?$")

@@ -2,7 +2,7 @@
 
     elmo-pretrain prepare corpus/*.txt --out data/prepared --vocab-size 16000
     elmo-pretrain train configs/default.yaml --run-dir runs/default [--set optim.lr=3e-4] [--resume | --force]
-    torchrun --nproc-per-node 2 -m pretrain.cli train configs/tiny.yaml --run-dir runs/ddp
+    torchrun --nproc-per-node 2 -m elmo_pretrain.cli train configs/tiny.yaml --run-dir runs/ddp
     elmo-pretrain adapt models/default notes/*.txt --out models/notes [--steps 300] [--resume]
     elmo-pretrain eval runs/default [--split heldout | --file test.txt]
     elmo-pretrain export runs/default models/elmo-en
@@ -25,12 +25,12 @@ from elmo_service.process import configure_process
 # setup, elmo_service/process.py, says why); the commands set their thread counts
 configure_process("train", set_threads=False)
 
+from elmo_pretrain.finetune import add_finetune_commands  # noqa: E402
+from elmo_pretrain.prepare import CLI_FIELDS, PrepareOptions  # noqa: E402
+from elmo_pretrain.probe import add_probe_commands  # noqa: E402
+from elmo_pretrain.sources.cli import add_source_commands  # noqa: E402
 from elmo_service.errors import PATH_ERRORS, ElmoServiceError  # noqa: E402
 from elmo_service.settings_base import add_arguments, from_args  # noqa: E402
-from pretrain.finetune import add_finetune_commands  # noqa: E402
-from pretrain.prepare import CLI_FIELDS, PrepareOptions  # noqa: E402
-from pretrain.probe import add_probe_commands  # noqa: E402
-from pretrain.sources.cli import add_source_commands  # noqa: E402
 
 
 def _add_prepare(sub) -> None:
@@ -98,7 +98,7 @@ def _add_train(sub) -> None:
 
 
 def _add_adapt(sub) -> None:
-    from pretrain.adapt_options import AdaptOptions
+    from elmo_pretrain.adapt_options import AdaptOptions
 
     p = sub.add_parser(
         "adapt",
@@ -215,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_prepare(a) -> int:
-    from pretrain.prepare import prepare
+    from elmo_pretrain.prepare import prepare
 
     opts = from_args(PrepareOptions, a)
     prepare(a.inputs, a.out, opts, force=a.force, progress=not a.no_progress)
@@ -229,11 +229,11 @@ def _say_error(command: str, e: ElmoServiceError) -> None:
 def cmd_train(a) -> int:
     from pathlib import Path
 
-    from pretrain.config import dump_config
-    from pretrain.ddp import dist_env
-    from pretrain.launch import read_launch, write_launch
-    from pretrain.run_checks import check_run_dir, resolve_config
-    from pretrain.train import run_training
+    from elmo_pretrain.config import dump_config
+    from elmo_pretrain.ddp import dist_env
+    from elmo_pretrain.launch import read_launch, write_launch
+    from elmo_pretrain.run_checks import check_run_dir, resolve_config
+    from elmo_pretrain.train import run_training
 
     run_dir = Path(a.run_dir)
     cfg = resolve_config(a.config, a.overrides, run_dir, a.resume)  # all config errors surface here
@@ -246,7 +246,7 @@ def cmd_train(a) -> int:
     rank = dist_env()[0]
     mode = check_run_dir(run_dir, cfg, a.resume, a.force) if rank == 0 else None
     if a.nproc_per_node and a.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
-        from pretrain.launch import launch_local
+        from elmo_pretrain.launch import launch_local
 
         return launch_local(a.nproc_per_node, _without_option(a.argv[1:], "--nproc-per-node"))
     if rank == 0:
@@ -268,8 +268,8 @@ def cmd_train(a) -> int:
 
 
 def cmd_adapt(a) -> int:
-    from pretrain.adapt import adapt
-    from pretrain.adapt_options import AdaptOptions
+    from elmo_pretrain.adapt import adapt
+    from elmo_pretrain.adapt_options import AdaptOptions
 
     adapt(
         a.model,
@@ -298,8 +298,8 @@ def _without_option(argv: list[str], flag: str) -> list[str]:
 
 
 def cmd_eval(a) -> int:
-    from pretrain.evaluate import evaluate
-    from pretrain.tracking import dumps
+    from elmo_pretrain.evaluate import evaluate
+    from elmo_pretrain.tracking import dumps
 
     res = evaluate(
         a.run_dir,
@@ -326,7 +326,7 @@ def cmd_eval(a) -> int:
 
 
 def cmd_export(a) -> int:
-    from pretrain.export import export, export_lm
+    from elmo_pretrain.export import export, export_lm
 
     if a.lm:
         from elmo_service.runtime import set_threads
@@ -367,7 +367,7 @@ def cmd_export(a) -> int:
 def cmd_plot(a) -> int:
     from pathlib import Path
 
-    from pretrain.plot import plot_metrics
+    from elmo_pretrain.plot import plot_metrics
 
     src = Path(a.run_dir)
     out = a.out or (src / "learning-curve.png" if src.is_dir() else src.with_suffix(".png"))
@@ -378,7 +378,7 @@ def cmd_plot(a) -> int:
 def cmd_synthetic(a) -> int:
     from pathlib import Path
 
-    from pretrain.sources.synthetic import write_corpus
+    from elmo_pretrain.sources.synthetic import write_corpus
 
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -399,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         "plot": cmd_plot,
         "synthetic": cmd_synthetic,
     }.get(args.command)
-    if handler is None:  # a command added by pretrain.sources carries its own handler
+    if handler is None:  # a command added by elmo_pretrain.sources carries its own handler
         func = getattr(args, "func", None)
         if func is None:
             print(f"elmo-pretrain: no handler for {args.command!r}", file=sys.stderr)

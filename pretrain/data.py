@@ -33,10 +33,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from elmo_pretrain.prepare import BOS, EOS, FORMAT, UNK
 from elmo_service.atomic import sha256_file
 from elmo_service.char_ids import bos_ids, eos_ids, token_ids
 from elmo_service.errors import InputError
-from pretrain.prepare import BOS, EOS, FORMAT, UNK
 
 
 def _load_array(path: Path, expected_sha256: str | None, mmap: bool) -> np.ndarray:
@@ -195,8 +195,8 @@ class Corpus:
         still reads them; their target is ``<unk>``); they are returned so the
         caller can extend the character table.
         """
-        from pretrain.prepare import PrepareOptions, _word_split
-        from pretrain.text import clean
+        from elmo_pretrain.prepare import PrepareOptions, _word_split
+        from elmo_pretrain.text import clean
 
         opts = self.manifest.get("options", {})
         lower = bool(opts.get("lowercase"))

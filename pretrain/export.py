@@ -20,15 +20,15 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from elmo_pretrain.checkpoint import describe_nonfinite, nonfinite_tensors
+from elmo_pretrain.evaluate import load_run, perplexity
+from elmo_pretrain.run_dir import LM_WEIGHTS, RUN_FILE
+from elmo_pretrain.tracking import json_safe
 from elmo_service.artifact import atomic_dir, save_artifact
 from elmo_service.errors import InputError
 from elmo_service.runtime import set_threads
 from elmo_service.scalar_mix import MixSpec
 from elmo_service.selftest import write_selftest
-from pretrain.checkpoint import describe_nonfinite, nonfinite_tensors
-from pretrain.evaluate import load_run, perplexity
-from pretrain.run_dir import LM_WEIGHTS, RUN_FILE
-from pretrain.tracking import json_safe
 
 
 def _portable(path: str | Path) -> str:

@@ -23,9 +23,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from elmo_pretrain.config import parse_override
+from elmo_pretrain.run_dir import LAUNCH_FILE
 from elmo_service.atomic import write_json
-from pretrain.config import parse_override
-from pretrain.run_dir import LAUNCH_FILE
 
 
 def read_launch(run_dir: Path) -> dict[str, Any] | None:
@@ -67,7 +67,14 @@ def launch_local(nproc: int, train_argv: list[str]) -> int:
         if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")):
             logging.getLogger(name).setLevel(logging.CRITICAL)
     args = parse_args(
-        ["--standalone", f"--nproc-per-node={nproc}", "-m", "pretrain.cli", "train", *train_argv]
+        [
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "-m",
+            "elmo_pretrain.cli",
+            "train",
+            *train_argv,
+        ]
     )
     try:
         run(args)

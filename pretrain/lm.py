@@ -33,10 +33,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from elmo_pretrain.softmax import make_softmax
 from elmo_service.config import BiLMConfig
 from elmo_service.lstm import LstmState
 from elmo_service.model import BiLM, length_mask, reverse_padded
-from pretrain.softmax import make_softmax
 
 # carried stream state: per direction, per layer (h [B, P], c [B, C])
 StreamState = dict[str, list[LstmState]]

@@ -7,9 +7,9 @@ import math
 
 import torch
 
-from pretrain.config import OptimConfig, TrainConfig
-from pretrain.data import Corpus
-from pretrain.lm import LanguageModel
+from elmo_pretrain.config import OptimConfig, TrainConfig
+from elmo_pretrain.data import Corpus
+from elmo_pretrain.lm import LanguageModel
 
 
 def lr_at(step: int, o: OptimConfig, total: int) -> float:

@@ -12,8 +12,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from elmo_pretrain.run_dir import METRICS_FILE
 from elmo_service.errors import ConfigError, InputError
-from pretrain.run_dir import METRICS_FILE
 
 
 def _finite(v: Any) -> bool:

@@ -38,10 +38,10 @@ import numpy as np
 from pydantic import Field
 from tqdm import tqdm
 
+from elmo_pretrain import text as T
 from elmo_service.atomic import atomic_dir, sha256_file
 from elmo_service.errors import ElmoServiceError, InputError
 from elmo_service.settings_base import Cli, StrictModel
-from pretrain import text as T
 
 FORMAT = "elmo-pretrain-corpus"
 FORMAT_VERSION = 1

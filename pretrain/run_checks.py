@@ -8,10 +8,10 @@ import json
 import os
 from pathlib import Path
 
+from elmo_pretrain.checkpoint import list_checkpoints
+from elmo_pretrain.config import RESUMABLE_KEYS, TrainConfig, config_hash, diff_configs, load_config
+from elmo_pretrain.run_dir import LAUNCH_FILE, RUN_FILE
 from elmo_service.errors import ConfigError
-from pretrain.checkpoint import list_checkpoints
-from pretrain.config import RESUMABLE_KEYS, TrainConfig, config_hash, diff_configs, load_config
-from pretrain.run_dir import LAUNCH_FILE, RUN_FILE
 
 
 class RunDirError(ConfigError):
@@ -99,8 +99,8 @@ def resolve_config(
     each field with both values. Runs without a launch record (older ones)
     keep their saved values for fields the file disagrees on, and say so.
     """
-    from pretrain.config import apply_overrides
-    from pretrain.launch import override_keys, read_launch
+    from elmo_pretrain.config import apply_overrides
+    from elmo_pretrain.launch import override_keys, read_launch
 
     info = run_dir / RUN_FILE
     if not (resume and info.is_file()):

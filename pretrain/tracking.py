@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from pretrain.run_dir import METRICS_FILE, TB_DIR
+from elmo_pretrain.run_dir import METRICS_FILE, TB_DIR
 
 STOP_EVENT = "stop"
 # why a training segment ended: train.steps reached; the caller's stop_after steps;

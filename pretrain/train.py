@@ -39,19 +39,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from elmo_service.errors import ElmoServiceError, InputError
-from elmo_service.runtime import autocast, resolve_precision
-from pretrain import ddp
-from pretrain.checkpoint import describe_nonfinite, nonfinite_tensors, save_checkpoint
-from pretrain.config import TrainConfig
-from pretrain.data import BucketBatcher, Corpus, StreamBatcher, to_device
-from pretrain.lm import LanguageModel
-from pretrain.optim import build_model, make_optimizer
-from pretrain.progress import Clock, ProgressBar
-from pretrain.run_checks import check_mode, check_run_dir
-from pretrain.signals import Interrupted, StopSignals
-from pretrain.tracking import MetricsLog, stop_record
-from pretrain.train_setup import (
+from elmo_pretrain import ddp
+from elmo_pretrain.checkpoint import describe_nonfinite, nonfinite_tensors, save_checkpoint
+from elmo_pretrain.config import TrainConfig
+from elmo_pretrain.data import BucketBatcher, Corpus, StreamBatcher, to_device
+from elmo_pretrain.lm import LanguageModel
+from elmo_pretrain.optim import build_model, make_optimizer
+from elmo_pretrain.progress import Clock, ProgressBar
+from elmo_pretrain.run_checks import check_mode, check_run_dir
+from elmo_pretrain.signals import Interrupted, StopSignals
+from elmo_pretrain.tracking import MetricsLog, stop_record
+from elmo_pretrain.train_setup import (
     compile_model,
     data_summary,
     init_run_dir,
@@ -59,7 +57,9 @@ from pretrain.train_setup import (
     place,
     wrap,
 )
-from pretrain.train_state import TrainState, last_good
+from elmo_pretrain.train_state import TrainState, last_good
+from elmo_service.errors import ElmoServiceError, InputError
+from elmo_service.runtime import autocast, resolve_precision
 
 # ---------------------------------------------------------------- how a run fails
 
@@ -190,7 +190,7 @@ class Trainer:
     # -- evaluation --------------------------------------------------------
     def evaluate(self, max_sentences: int | None = None) -> dict[str, float] | None:
         """Held-out perplexity, in the training regime's protocol (sentences or one stream)."""
-        from pretrain.evaluate import perplexity, stream_perplexity
+        from elmo_pretrain.evaluate import perplexity, stream_perplexity
 
         split = self.corpus.split("heldout")
         if len(split) == 0:

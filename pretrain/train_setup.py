@@ -10,14 +10,14 @@ from pathlib import Path
 import torch
 import torch._dynamo
 
+from elmo_pretrain import ddp
+from elmo_pretrain.config import TrainConfig, config_hash, dump_config
+from elmo_pretrain.data import Corpus
+from elmo_pretrain.lm import LanguageModel
+from elmo_pretrain.run_dir import CONFIG_FILE, RUN_FILE, RUN_STATE
+from elmo_pretrain.train_state import Placement
 from elmo_service.atomic import write_json, write_text
 from elmo_service.runtime import pick_device, set_threads
-from pretrain import ddp
-from pretrain.config import TrainConfig, config_hash, dump_config
-from pretrain.data import Corpus
-from pretrain.lm import LanguageModel
-from pretrain.run_dir import CONFIG_FILE, RUN_FILE, RUN_STATE
-from pretrain.train_state import Placement
 
 
 def place(cfg: TrainConfig) -> Placement:

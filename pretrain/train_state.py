@@ -17,12 +17,12 @@ from typing import Any
 
 import torch
 
-from pretrain import ddp
-from pretrain.checkpoint import checkpoint_status, list_checkpoints, load_latest
-from pretrain.config import TrainConfig, config_hash
-from pretrain.lm import LanguageModel
-from pretrain.optim import lr_at
-from pretrain.run_checks import RunDirError
+from elmo_pretrain import ddp
+from elmo_pretrain.checkpoint import checkpoint_status, list_checkpoints, load_latest
+from elmo_pretrain.config import TrainConfig, config_hash
+from elmo_pretrain.lm import LanguageModel
+from elmo_pretrain.optim import lr_at
+from elmo_pretrain.run_checks import RunDirError
 
 
 @dataclass(frozen=True)

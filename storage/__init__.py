@@ -1,14 +1,14 @@
 """The plumbing every store shares, below ``api/`` and ``jobs/`` (neither imports the other
-for it): Redis clients built one way (:mod:`storage.redis_client`: timeouts, no retries,
-the password), Redis replies checked one way (:mod:`storage.replies`: :class:`BadReply`,
+for it): Redis clients built one way (:mod:`elmo_storage.redis_client`: timeouts, no retries,
+the password), Redis replies checked one way (:mod:`elmo_storage.replies`: :class:`BadReply`,
 :func:`describe`, the one :class:`StoreUnavailable`), and file locks one way
-(:mod:`storage.locks`). The stores themselves (the vector cache, tasks, the fleet, jobs)
+(:mod:`elmo_storage.locks`). The stores themselves (the vector cache, tasks, the fleet, jobs)
 keep their schemas in their own packages.
 """
 
-from storage.locks import file_lock
-from storage.redis_client import RedisAuthError, check_auth, connect, redact
-from storage.replies import (
+from elmo_storage.locks import file_lock
+from elmo_storage.redis_client import RedisAuthError, check_auth, connect, redact
+from elmo_storage.replies import (
     REPLY_SHAPE_ERRORS,
     BadReply,
     StoreUnavailable,

@@ -153,11 +153,16 @@ def package_of(module: str) -> str:
 def test_the_scan_sees_the_code():
     """Guards the other tests against passing on nothing."""
     mods = modules()
-    assert {"elmo_service.model", "api.main", "jobs.runner", "pretrain.train"} <= set(mods)
-    assert "jobs.runner" in edges("jobs.worker")
-    assert "pretrain.lm" in edges("pretrain.train")
+    assert {
+        "elmo_service.model",
+        "elmo_api.main",
+        "elmo_jobs.runner",
+        "elmo_pretrain.train",
+    } <= set(mods)
+    assert "elmo_jobs.runner" in edges("elmo_jobs.worker")
+    assert "elmo_pretrain.lm" in edges("elmo_pretrain.train")
     # a lazy import inside a function is seen
-    assert any(i.target == "pretrain.evaluate" for i in imports_of("pretrain.train"))
+    assert any(i.target == "elmo_pretrain.evaluate" for i in imports_of("elmo_pretrain.train"))
 
 
 @pytest.mark.parametrize("package", PACKAGES)
@@ -175,7 +180,7 @@ def test_package_imports_only_what_the_picture_allows(package):
 
 
 def test_api_uses_only_the_public_interface_of_jobs():
-    import jobs
+    import elmo_jobs as jobs
 
     public = set(jobs.__all__)
     bad = []
@@ -257,7 +262,7 @@ def test_packages_form_no_loop():
 # LSTM math: the gate nonlinearities and the fused LSTM ops
 _LSTM_CALLS = {"sigmoid", "tanh", "lstm", "lstm_cell", "LSTM", "LSTMCell", "hardsigmoid"}
 # a downstream task network's own biLSTM (torch's nn.LSTM), not the biLM's math
-_LSTM_EXEMPT = {"pretrain.finetune.network"}
+_LSTM_EXEMPT = {"elmo_pretrain.finetune.network"}
 
 
 def _bench_modules() -> dict[str, Path]:
@@ -400,17 +405,17 @@ def test_files_are_renamed_into_place_only_by_the_atomic_helper():
 
 
 # optional heavy dependencies -> the only modules that may import them
-_CONFINED = {"ray": {"elmo_service.bulk.cluster"}, "pyarrow": {"elmo_service.bulk.shard"}}
+_CONFINED = {"ray": {"elmo_bulk.cluster"}, "pyarrow": {"elmo_bulk.shard"}}
 
 
 def test_ray_and_pyarrow_stay_inside_the_bulk_package():
     """``import elmo_service`` (and the service) never pulls in Ray: the bulk package's
     cluster module alone imports it, and its shard module alone imports pyarrow."""
-    assert {"elmo_service.bulk.plan", "elmo_service.bulk.run"} <= set(modules())
+    assert {"elmo_bulk.plan", "elmo_bulk.run"} <= set(modules())
     bad = [
         f"{m}:{i.line} imports {i.target}"
         for m in modules()
         for i in imports_of(m)
         if i.target.split(".")[0] in _CONFINED and m not in _CONFINED[i.target.split(".")[0]]
     ]
-    assert not bad, "Ray and pyarrow are imported only in elmo_service/bulk/: " + "; ".join(bad)
+    assert not bad, "Ray and pyarrow are imported only in bulk/: " + "; ".join(bad)

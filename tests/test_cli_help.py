@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from api.cli import parser as service_parser
-from pretrain.cli import build_parser as pretrain_parser
+from elmo_cli.main import parser as service_parser
+from elmo_pretrain.cli import build_parser as pretrain_parser
 
 
 def _options():

@@ -15,14 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from elmo_service.config import BiLMConfig
-from elmo_service.errors import ConfigError, InputError
-from elmo_service.settings_base import to_argv
-from jobs.spec import JobIn, PrepareIn, resolve_train_config
-from pretrain.cli import build_parser, main
-from pretrain.config import TrainConfig, config_hash, load_config
-from pretrain.prepare import CLI_FIELDS, JOB_FIELDS, PrepareOptions, _params_hash
-from pretrain.probe.options import (
+from elmo_jobs.spec import JobIn, PrepareIn, resolve_train_config
+from elmo_pretrain.cli import build_parser, main
+from elmo_pretrain.config import TrainConfig, config_hash, load_config
+from elmo_pretrain.prepare import CLI_FIELDS, JOB_FIELDS, PrepareOptions, _params_hash
+from elmo_pretrain.probe.options import (
     CLI_CONFIG_FIELDS,
     PER_KIND,
     TASK_DEFAULTS,
@@ -30,6 +27,9 @@ from pretrain.probe.options import (
     ProbeOptions,
     probe_config,
 )
+from elmo_service.config import BiLMConfig
+from elmo_service.errors import ConfigError, InputError
+from elmo_service.settings_base import to_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -270,7 +270,7 @@ def test_probe_flags_default_to_the_models_defaults():
 
 def test_probe_service_names_a_service_it_cannot_use():
     """`elmo-pretrain probe --service` (through elmo_client): one line naming it."""
-    from pretrain.probe.service import check_service
+    from elmo_pretrain.probe.service import check_service
 
     with pytest.raises(InputError) as e:
         check_service("http://127.0.0.1:9", None)

@@ -9,11 +9,11 @@ from typing import TypeVar
 
 from starlette.requests import Request
 
-from api.errors import ApiError
-from api.lanes import TIMING_KEY
-from api.middleware import TICKET_KEY
-from api.served import Embedded, ServedModel
-from api.settings import Settings
+from elmo_api.errors import ApiError
+from elmo_api.lanes import TIMING_KEY
+from elmo_api.middleware import TICKET_KEY
+from elmo_api.served import Embedded, ServedModel
+from elmo_api.settings import Settings
 from elmo_service.outputs import OutputSpec
 
 T = TypeVar("T")

@@ -34,13 +34,13 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import StreamingResponse
 
-from api import outputs
-from api.deps import ServingDep
-from api.encoding import dumps
-from api.errors import ApiError, error_body
-from api.responses import check_response_floats
-from api.routers.embed import mix_cause, output_options
-from api.schemas import ERROR_RESPONSES, REQUEST_CONFIG, Number
+from elmo_api import outputs
+from elmo_api.deps import ServingDep
+from elmo_api.encoding import dumps
+from elmo_api.errors import ApiError, error_body
+from elmo_api.responses import check_response_floats
+from elmo_api.routers.embed import mix_cause, output_options
+from elmo_api.schemas import ERROR_RESPONSES, REQUEST_CONFIG, Number
 from elmo_service.document import DEFAULT_CHUNK_TOKENS, embed_document_chunks, tokenize_document
 from elmo_service.errors import ElmoServiceError
 from elmo_service.outputs import positions as answer_positions

@@ -9,14 +9,14 @@ import numpy as np
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from api import outputs
-from api.deps import ServingDep
-from api.encoding import JSONBytesResponse, dumps
-from api.errors import ApiError
-from api.responses import streamed_json
-from api.routers.common import ClientGone, check_request_limits, embed_request
-from api.schemas import ERROR_RESPONSES, EmbedRequest, EmbedResponse
-from api.served import ServedModel
+from elmo_api import outputs
+from elmo_api.deps import ServingDep
+from elmo_api.encoding import JSONBytesResponse, dumps
+from elmo_api.errors import ApiError
+from elmo_api.responses import streamed_json
+from elmo_api.routers.common import ClientGone, check_request_limits, embed_request
+from elmo_api.schemas import ERROR_RESPONSES, EmbedRequest, EmbedResponse
+from elmo_api.served import ServedModel
 from elmo_service.outputs import OutputSpec, positions, render
 from elmo_service.scalar_mix import MixSpec
 

@@ -8,12 +8,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import PlainTextResponse, Response
 
-from api.cache import RedisCache
-from api.deps import HolderDep, MetricsDep
-from api.encoding import JSONBytesResponse
-from api.errors import error_body
-from api.schemas import Health, NotReady, Ready
-from api.selftest import ensure_selftest, summarize
+from elmo_api.cache import RedisCache
+from elmo_api.deps import HolderDep, MetricsDep
+from elmo_api.encoding import JSONBytesResponse
+from elmo_api.errors import error_body
+from elmo_api.schemas import Health, NotReady, Ready
+from elmo_api.selftest import ensure_selftest, summarize
 
 router = APIRouter(tags=["health"])
 

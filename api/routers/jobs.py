@@ -17,11 +17,11 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, Field
 from starlette.responses import Response
 
-from api.deps import require_admin
-from api.encoding import JSONBytesResponse
-from api.errors import ApiError
-from api.schemas import ERROR_RESPONSES
-from jobs import (
+from elmo_api.deps import require_admin
+from elmo_api.encoding import JSONBytesResponse
+from elmo_api.errors import ApiError
+from elmo_api.schemas import ERROR_RESPONSES
+from elmo_jobs import (
     JobIn,
     JobRecord,
     JobService,

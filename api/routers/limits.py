@@ -11,8 +11,8 @@ from typing import Any
 
 from fastapi import APIRouter, Depends
 
-from api.deps import ModelDep, SettingsDep, require_key
-from api.schemas import ERROR_RESPONSES, Limits
+from elmo_api.deps import ModelDep, SettingsDep, require_key
+from elmo_api.schemas import ERROR_RESPONSES, Limits
 
 router = APIRouter(prefix="/v1", tags=["models"], dependencies=[Depends(require_key)])
 

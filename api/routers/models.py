@@ -15,12 +15,12 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 
-from api.activation import activate_in_fleet, activate_model
-from api.artifacts import list_artifacts
-from api.deps import HolderDep, ModelDep, SettingsDep, require_admin, require_key
-from api.errors import ApiError, activation_error
-from api.fleet import FleetAgent, default_replica_id, standalone_view
-from api.schemas import ERROR_RESPONSES, Activated, ModelInfo, ModelList
+from elmo_api.activation import activate_in_fleet, activate_model
+from elmo_api.artifacts import list_artifacts
+from elmo_api.deps import HolderDep, ModelDep, SettingsDep, require_admin, require_key
+from elmo_api.errors import ApiError, activation_error
+from elmo_api.fleet import FleetAgent, default_replica_id, standalone_view
+from elmo_api.schemas import ERROR_RESPONSES, Activated, ModelInfo, ModelList
 
 router = APIRouter(prefix="/v1", tags=["models"], dependencies=[Depends(require_key)])
 

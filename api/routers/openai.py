@@ -12,13 +12,13 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from api import outputs
-from api.deps import ServingDep
-from api.encoding import JSONBytesResponse, dumps
-from api.errors import ApiError
-from api.routers.common import ClientGone, check_request_limits, embed_request
-from api.schemas import ERROR_RESPONSES, EmbeddingsRequest, EmbeddingsResponse
-from api.served import ServedModel
+from elmo_api import outputs
+from elmo_api.deps import ServingDep
+from elmo_api.encoding import JSONBytesResponse, dumps
+from elmo_api.errors import ApiError
+from elmo_api.routers.common import ClientGone, check_request_limits, embed_request
+from elmo_api.schemas import ERROR_RESPONSES, EmbeddingsRequest, EmbeddingsResponse
+from elmo_api.served import ServedModel
 from elmo_service.outputs import render
 
 router = APIRouter(prefix="/v1", tags=["openai"])

@@ -6,10 +6,10 @@ from typing import Any
 
 from fastapi import APIRouter, Depends
 
-from api.deps import ModelDep, require_admin
-from api.errors import ApiError
-from api.schemas import ERROR_RESPONSES, SelfTestResult
-from api.selftest import run_selftest
+from elmo_api.deps import ModelDep, require_admin
+from elmo_api.errors import ApiError
+from elmo_api.schemas import ERROR_RESPONSES, SelfTestResult
+from elmo_api.selftest import run_selftest
 
 router = APIRouter(prefix="/v1", tags=["selftest"], dependencies=[Depends(require_admin)])
 

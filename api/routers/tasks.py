@@ -15,12 +15,12 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Depends, Path
 from starlette.responses import Response
 
-from api.deps import ModelDep, require_admin, require_key
-from api.encoding import JSONBytesResponse
-from api.errors import ApiError
-from api.schemas import ERROR_RESPONSES, TaskDeleted, TaskIn, TaskList, TaskOut
-from api.served import ServedModel
-from api.tasks_store import json_problem
+from elmo_api.deps import ModelDep, require_admin, require_key
+from elmo_api.encoding import JSONBytesResponse
+from elmo_api.errors import ApiError
+from elmo_api.schemas import ERROR_RESPONSES, TaskDeleted, TaskIn, TaskList, TaskOut
+from elmo_api.served import ServedModel
+from elmo_api.tasks_store import json_problem
 from elmo_service.scalar_mix import MixSpec, check_task_name
 
 router = APIRouter(prefix="/v1", tags=["tasks"], dependencies=[Depends(require_key)])

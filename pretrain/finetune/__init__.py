@@ -7,26 +7,26 @@ sentence labels) is trained over context-free token representations alone
 jointly, over several seeds; the report gives both, and the increase. The
 learned mix is stored as a task, as ``probe`` stores its own.
 
-* :mod:`~pretrain.finetune.options`: the network and training options (one set
+* :mod:`~elmo_pretrain.finetune.options`: the network and training options (one set
   for every task) and the command's;
-* :mod:`~pretrain.finetune.data`: ids, cached biLM layers, batches;
-* :mod:`~pretrain.finetune.crf`: a linear-chain CRF;
-* :mod:`~pretrain.finetune.network`: the task networks (baseline, ELMo + baseline, probe);
-* :mod:`~pretrain.finetune.train`: training with early stopping, metrics, seeds;
-* :mod:`~pretrain.finetune.run`: one finetune from checked data to results;
-* :mod:`~pretrain.finetune.report`: the table (markdown + JSON);
-* :mod:`~pretrain.finetune.cli`: ``elmo-pretrain finetune``.
+* :mod:`~elmo_pretrain.finetune.data`: ids, cached biLM layers, batches;
+* :mod:`~elmo_pretrain.finetune.crf`: a linear-chain CRF;
+* :mod:`~elmo_pretrain.finetune.network`: the task networks (baseline, ELMo + baseline, probe);
+* :mod:`~elmo_pretrain.finetune.train`: training with early stopping, metrics, seeds;
+* :mod:`~elmo_pretrain.finetune.run`: one finetune from checked data to results;
+* :mod:`~elmo_pretrain.finetune.report`: the table (markdown + JSON);
+* :mod:`~elmo_pretrain.finetune.cli`: ``elmo-pretrain finetune``.
 
 Data plumbing (built-in tasks, a user's JSONL, line-by-line checks) is the
-probe's: :mod:`pretrain.probe.tasks`.
+probe's: :mod:`elmo_pretrain.probe.tasks`.
 """
 
-from pretrain.finetune.cli import add_finetune_commands
-from pretrain.finetune.crf import CRF
-from pretrain.finetune.network import TaskNetwork
-from pretrain.finetune.options import FinetuneConfig, FinetuneOptions
-from pretrain.finetune.run import Finetuned, build_task, finetune
-from pretrain.finetune.train import span_f1, spans
+from elmo_pretrain.finetune.cli import add_finetune_commands
+from elmo_pretrain.finetune.crf import CRF
+from elmo_pretrain.finetune.network import TaskNetwork
+from elmo_pretrain.finetune.options import FinetuneConfig, FinetuneOptions
+from elmo_pretrain.finetune.run import Finetuned, build_task, finetune
+from elmo_pretrain.finetune.train import span_f1, spans
 
 __all__ = [
     "CRF",

@@ -1,7 +1,7 @@
 """``finetune --adapt`` (the ELMo paper's §3.4): continue the biLM on the task's own text first.
 
 The task's training and dev text, never its test text, is written one sentence a
-line and handed to :mod:`pretrain.adapt`; the adapted model is kept under the
+line and handed to :mod:`elmo_pretrain.adapt`; the adapted model is kept under the
 finetune cache, keyed by the model's version, that text and the adaptation's
 options, so the processes a benchmark splits its seeds over share one adaptation
 (and a rerun reuses it) instead of each training its own.
@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from elmo_pretrain.probe.features import fingerprint
 from elmo_service import atomic
-from pretrain.probe.features import fingerprint
 
 Log = Callable[[str], None]
 RECORD = "adaptation.json"  # what the adaptation measured, beside the adapted model
@@ -71,10 +71,10 @@ def adapted_model(
 def run_adaptation(
     model_dir: Path, corpus: Path, folder: Path, options: dict, threads: int | None, log: Log
 ) -> dict:
-    """``pretrain.adapt.adapt`` on ``corpus`` (one sentence a line) into ``folder/model``;
+    """``elmo_pretrain.adapt.adapt`` on ``corpus`` (one sentence a line) into ``folder/model``;
     its work folder (prepared corpus, checkpoints) is dropped once the model is written."""
-    from pretrain.adapt import AdaptOptions, adapt
-    from pretrain.data import Corpus
+    from elmo_pretrain.adapt import AdaptOptions, adapt
+    from elmo_pretrain.data import Corpus
 
     work = folder / "work"
     opts = AdaptOptions(

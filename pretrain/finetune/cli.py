@@ -14,10 +14,10 @@ import sys
 import time
 from pathlib import Path
 
+from elmo_pretrain.finetune.options import CLI_CONFIG_FIELDS, FinetuneConfig, FinetuneOptions
+from elmo_pretrain.probe.tasks import BUILT_IN, task_kind
 from elmo_service.errors import InputError
 from elmo_service.settings_base import add_arguments, from_args
-from pretrain.finetune.options import CLI_CONFIG_FIELDS, FinetuneConfig, FinetuneOptions
-from pretrain.probe.tasks import BUILT_IN, task_kind
 
 
 def task_name_of(o: FinetuneOptions) -> str:
@@ -51,20 +51,25 @@ def arms_of(o: FinetuneOptions) -> list[str]:
 
 
 def adapt_options(o: FinetuneOptions) -> dict:
-    """The ``--adapt-*`` flags given, as :class:`pretrain.adapt.AdaptOptions` fields."""
+    """The ``--adapt-*`` flags given, as :class:`elmo_pretrain.adapt.AdaptOptions` fields."""
     given = {"steps": o.adapt_steps, "max_minutes": o.adapt_minutes, "lr": o.adapt_lr}
     return {k: v for k, v in given.items() if v is not None}
 
 
 def cmd_finetune(args: argparse.Namespace) -> int:
+    from elmo_pretrain.finetune.adapted import adapted_model
+    from elmo_pretrain.finetune.report import (
+        adaptation_line,
+        results_table,
+        unseen_line,
+        write_report,
+    )
+    from elmo_pretrain.finetune.run import build_task, choose_metric, finetune
+    from elmo_pretrain.probe.service import check_destinations, write_and_store
+    from elmo_pretrain.probe.tasks import load_for_command
     from elmo_service.artifact import default_model_dir, load_artifact
     from elmo_service.atomic import write_json
     from elmo_service.runtime import set_threads
-    from pretrain.finetune.adapted import adapted_model
-    from pretrain.finetune.report import adaptation_line, results_table, unseen_line, write_report
-    from pretrain.finetune.run import build_task, choose_metric, finetune
-    from pretrain.probe.service import check_destinations, write_and_store
-    from pretrain.probe.tasks import load_for_command
 
     o = from_args(FinetuneOptions, args)
     cfg = FinetuneConfig(

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from elmo_pretrain.probe.features import cached, fingerprint, word_features
 from elmo_service.artifact import Artifact
 from elmo_service.embedder import Embedder
-from pretrain.probe.features import cached, fingerprint, word_features
 
 PAD, UNK = 0, 1
 

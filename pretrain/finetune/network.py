@@ -20,10 +20,10 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from elmo_pretrain.finetune.crf import CRF
+from elmo_pretrain.finetune.data import PAD, Batch
+from elmo_pretrain.finetune.options import FinetuneConfig
 from elmo_service.scalar_mix import ScalarMix
-from pretrain.finetune.crf import CRF
-from pretrain.finetune.data import PAD, Batch
-from pretrain.finetune.options import FinetuneConfig
 
 ARMS = ("baseline", "elmo+baseline", "probe")
 

@@ -9,8 +9,8 @@ from typing import Literal
 
 from pydantic import Field
 
+from elmo_pretrain.probe.options import PROBE_PRECISIONS, TaskCommandOptions
 from elmo_service.settings_base import StrictModel
-from pretrain.probe.options import PROBE_PRECISIONS, TaskCommandOptions
 
 ELMO_AT = ("input", "output", "both")
 

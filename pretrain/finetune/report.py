@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from elmo_pretrain.finetune.run import Finetuned
+from elmo_pretrain.finetune.train import METRIC_NAMES, Task, pct
 from elmo_service import atomic
-from pretrain.finetune.run import Finetuned
-from pretrain.finetune.train import METRIC_NAMES, Task, pct
 
 TITLES = {
     "baseline": "baseline (word embedding + character CNN)",

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from elmo_pretrain.finetune.data import Vocab, elmo_layers, encode
+from elmo_pretrain.finetune.options import FinetuneConfig
+from elmo_pretrain.finetune.train import ArmResult, Log, Task, increase, is_bio, run_arms, task_spec
+from elmo_pretrain.probe.tasks import SPLITS, labels_of
 from elmo_service.artifact import Artifact
 from elmo_service.scalar_mix import MixSpec
-from pretrain.finetune.data import Vocab, elmo_layers, encode
-from pretrain.finetune.options import FinetuneConfig
-from pretrain.finetune.train import ArmResult, Log, Task, increase, is_bio, run_arms, task_spec
-from pretrain.probe.tasks import SPLITS, labels_of
 
 
 @dataclass

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from elmo_pretrain.finetune.data import Split, Vocab, batches, make_batch
+from elmo_pretrain.finetune.network import TaskNetwork
+from elmo_pretrain.finetune.options import FinetuneConfig
 from elmo_service.scalar_mix import MixSpec
-from pretrain.finetune.data import Split, Vocab, batches, make_batch
-from pretrain.finetune.network import TaskNetwork
-from pretrain.finetune.options import FinetuneConfig
 
 Log = Callable[[str], None]
 

@@ -12,19 +12,19 @@ probe of what each layer encodes (Liu et al. 2019):
 
 One module per concern:
 
-* :mod:`~pretrain.probe.options`: :class:`ProbeConfig` (training) and the command's options;
-* :mod:`~pretrain.probe.tasks`: built-in and user task data, checked line by line;
-* :mod:`~pretrain.probe.features`: the frozen model's features, cached per model version;
-* :mod:`~pretrain.probe.learn`: the mix + linear probe and the per-layer runs;
-* :mod:`~pretrain.probe.report`: the results table;
-* :mod:`~pretrain.probe.service`: storing the task with the model or in a running service;
-* :mod:`~pretrain.probe.cli`: ``elmo-pretrain probe``.
+* :mod:`~elmo_pretrain.probe.options`: :class:`ProbeConfig` (training) and the command's options;
+* :mod:`~elmo_pretrain.probe.tasks`: built-in and user task data, checked line by line;
+* :mod:`~elmo_pretrain.probe.features`: the frozen model's features, cached per model version;
+* :mod:`~elmo_pretrain.probe.learn`: the mix + linear probe and the per-layer runs;
+* :mod:`~elmo_pretrain.probe.report`: the results table;
+* :mod:`~elmo_pretrain.probe.service`: storing the task with the model or in a running service;
+* :mod:`~elmo_pretrain.probe.cli`: ``elmo-pretrain probe``.
 
 """
 
-from pretrain.probe.cli import add_probe_commands
-from pretrain.probe.features import pooled_features, word_features
-from pretrain.probe.learn import (
+from elmo_pretrain.probe.cli import add_probe_commands
+from elmo_pretrain.probe.features import pooled_features, word_features
+from elmo_pretrain.probe.learn import (
     MixProbe,
     ProbeResult,
     best_mix,
@@ -34,9 +34,9 @@ from pretrain.probe.learn import (
     run_probe,
     train_probe,
 )
-from pretrain.probe.options import TASK_DEFAULTS, ProbeConfig, ProbeOptions
-from pretrain.probe.report import results_table, write_report
-from pretrain.probe.service import check_service, save_task
+from elmo_pretrain.probe.options import TASK_DEFAULTS, ProbeConfig, ProbeOptions
+from elmo_pretrain.probe.report import results_table, write_report
+from elmo_pretrain.probe.service import check_service, save_task
 
 __all__ = [
     "TASK_DEFAULTS",

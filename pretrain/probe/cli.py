@@ -7,9 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from elmo_service.errors import InputError
-from elmo_service.settings_base import add_arguments, from_args
-from pretrain.probe.options import (
+from elmo_pretrain.probe.options import (
     CLI_CONFIG_FIELDS,
     PER_KIND,
     TASK_DEFAULTS,
@@ -17,17 +15,19 @@ from pretrain.probe.options import (
     ProbeOptions,
     probe_config,
 )
-from pretrain.probe.tasks import BUILT_IN, task_kind
+from elmo_pretrain.probe.tasks import BUILT_IN, task_kind
+from elmo_service.errors import InputError
+from elmo_service.settings_base import add_arguments, from_args
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
+    from elmo_pretrain.probe.learn import polarity_probe, pos_probe
+    from elmo_pretrain.probe.report import results_table, write_report
+    from elmo_pretrain.probe.service import check_destinations, write_and_store
+    from elmo_pretrain.probe.tasks import load_for_command
     from elmo_service.artifact import default_model_dir, read_header
     from elmo_service.runtime import set_threads
     from elmo_service.scalar_mix import check_task_name
-    from pretrain.probe.learn import polarity_probe, pos_probe
-    from pretrain.probe.report import results_table, write_report
-    from pretrain.probe.service import check_destinations, write_and_store
-    from pretrain.probe.tasks import load_for_command
 
     o = from_args(ProbeOptions, args)
     task, kind = o.task, task_kind(o.task)

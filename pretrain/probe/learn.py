@@ -20,18 +20,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from elmo_service.artifact import Artifact, load_artifact
-from elmo_service.embedder import Embedder
-from elmo_service.model import BiLM
-from elmo_service.scalar_mix import MixSpec, ScalarMix
-from pretrain.probe.features import (
+from elmo_pretrain.probe.features import (
     cached,
     fingerprint,
     pooled_features,
     weights_tag,
     word_features,
 )
-from pretrain.probe.options import ProbeConfig
+from elmo_pretrain.probe.options import ProbeConfig
+from elmo_service.artifact import Artifact, load_artifact
+from elmo_service.embedder import Embedder
+from elmo_service.model import BiLM
+from elmo_service.scalar_mix import MixSpec, ScalarMix
 
 Log = Callable[[str], None]
 

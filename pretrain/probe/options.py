@@ -13,9 +13,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from elmo_pretrain.probe.tasks import TASKS
 from elmo_service.config import PRECISIONS, WEIGHT_MODES
 from elmo_service.settings_base import Cli, StrictModel
-from pretrain.probe.tasks import TASKS
 
 # the probe embeds on the CPU: no fp16
 PROBE_PRECISIONS = tuple(p for p in PRECISIONS if p != "fp16")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from elmo_pretrain.probe.learn import ProbeResult
 from elmo_service import atomic
-from pretrain.probe.learn import ProbeResult
 
 
 def results_table(results: Sequence[ProbeResult]) -> str:

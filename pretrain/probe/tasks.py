@@ -98,15 +98,15 @@ def load_task_data(task: str, data_dir: Path, fetch: bool) -> dict[str, list[tup
                 f"{data_dir} lacks {task} data; add --fetch to download it", field="data"
             )
         if task == "pos":
-            from pretrain.sources.brown import write_brown
+            from elmo_pretrain.sources.brown import write_brown
 
             write_brown(data_dir)
         elif task == "ner":
-            from pretrain.sources.wnut import write_wnut
+            from elmo_pretrain.sources.wnut import write_wnut
 
             write_wnut(data_dir)
         else:
-            from pretrain.sources.polarity import write_polarity
+            from elmo_pretrain.sources.polarity import write_polarity
 
             write_polarity(data_dir)
     elif missing:
@@ -163,7 +163,7 @@ def label_set(
     """
     kind = task_kind(task)
     if task == "pos":
-        from pretrain.sources.brown import UNIVERSAL_TAGS
+        from elmo_pretrain.sources.brown import UNIVERSAL_TAGS
 
         classes: list = list(UNIVERSAL_TAGS)
     elif task == "polarity":

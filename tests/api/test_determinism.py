@@ -11,9 +11,9 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from api.encoding import decode_array
-from api.main import create_app
-from api.settings import load_settings
+from elmo_api.encoding import decode_array
+from elmo_api.main import create_app
+from elmo_api.settings import load_settings
 from elmo_service.embedder import Embedder
 from tests.support.determinism import same_vectors
 

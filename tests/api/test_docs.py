@@ -7,8 +7,8 @@ import re
 import pytest
 from fastapi.testclient import TestClient
 
-from api.main import create_app
-from api.settings import load_settings
+from elmo_api.main import create_app
+from elmo_api.settings import load_settings
 
 
 @pytest.fixture(scope="module")

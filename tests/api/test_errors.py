@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from api.main import create_app
-from api.settings import load_settings
+from elmo_api.main import create_app
+from elmo_api.settings import load_settings
 from elmo_service.errors import ConfigError
 
 LIMITS = dict(max_sentences=4, max_tokens_per_sentence=8, max_chars=120, max_body_bytes=2048)
@@ -265,7 +265,7 @@ def test_bad_settings_fail_with_a_clear_message(monkeypatch, env, name):
 
 
 def test_bad_settings_fail_startup(monkeypatch, tmp_path):
-    from api.main import create_app as factory
+    from elmo_api.main import create_app as factory
 
     monkeypatch.setenv("ELMO_CACHE_TTL", "0")
     with pytest.raises(ConfigError, match="ELMO_CACHE_TTL"), TestClient(factory()):

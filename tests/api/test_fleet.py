@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
-from api.encoding import decode_array
+from elmo_api.encoding import decode_array
 from elmo_service.artifact import read_manifest, save_artifact
 from elmo_service.tokenizers import WordTokenizer
 from tests.support.core_fixtures import tiny_model

@@ -15,12 +15,12 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from api.fleet import Desired, FleetStore
-from api.main import create_app
-from api.settings import load_settings
+from elmo_api.fleet import Desired, FleetStore
+from elmo_api.main import create_app
+from elmo_api.settings import load_settings
 from elmo_service.artifact import read_manifest, save_artifact
 from elmo_service.tokenizers import WordTokenizer
-from storage import StoreUnavailable
+from elmo_storage import StoreUnavailable
 from tests.support.core_fixtures import tiny_model
 
 torch.set_num_threads(1)

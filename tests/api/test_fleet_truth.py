@@ -14,9 +14,9 @@ from contextlib import ExitStack
 import pytest
 from fastapi.testclient import TestClient
 
-from api.fleet_store import FleetStore
-from api.main import create_app
-from api.settings import load_settings
+from elmo_api.fleet_store import FleetStore
+from elmo_api.main import create_app
+from elmo_api.settings import load_settings
 from elmo_service.artifact import read_manifest, save_artifact
 from elmo_service.tokenizers import WordTokenizer
 from tests.support.core_fixtures import tiny_model
@@ -73,7 +73,7 @@ def test_a_redis_restarted_from_an_older_snapshot_never_rolls_the_fleet_back(
         beta_gen = r.json()["fleet"]["recorded"]["generation"]
         _until(lambda: all(_served(c) == "beta" for c in reps), what="both on beta")
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="api.fleet"):
+        with caplog.at_level(logging.WARNING, logger="elmo_api.fleet"):
             redis.kill()  # kill -9: the last SAVE holds gamma
             redis.start()
             rc = redis.client()

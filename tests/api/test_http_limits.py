@@ -1,7 +1,7 @@
 """Connection-level limits: header and body read deadlines (slowloris), keep-alive, concurrency.
 
 A live uvicorn server with the options ``elmo-service serve`` uses
-(:func:`api.http_protocol.uvicorn_options`), short deadlines so each case takes
+(:func:`elmo_api.http_protocol.uvicorn_options`), short deadlines so each case takes
 about a second.
 """
 
@@ -14,9 +14,9 @@ import time
 import httpx
 import pytest
 
-from api.http_protocol import uvicorn_options
-from api.main import create_app
-from api.settings import load_settings
+from elmo_api.http_protocol import uvicorn_options
+from elmo_api.main import create_app
+from elmo_api.settings import load_settings
 from tests.support.live_server import LiveServer
 
 pytestmark = pytest.mark.slow  # a live uvicorn server and socket read deadlines
@@ -198,8 +198,8 @@ def test_idle_sockets_lock_no_one_out_of_a_real_server(tiny_model_dir, tmp_path)
 
 
 def test_plain_uvicorn_limit_concurrency_gets_the_same_exemptions(tiny_model_dir, tmp_path):
-    """``uvicorn --http api.http_protocol:DeadlineHttpToolsProtocol --limit-concurrency N``."""
-    from api.http_protocol import DeadlineHttpToolsProtocol
+    """``uvicorn --http elmo_api.http_protocol:DeadlineHttpToolsProtocol --limit-concurrency N``."""
+    from elmo_api.http_protocol import DeadlineHttpToolsProtocol
 
     s = load_settings(model_path=tiny_model_dir, threads=1, data_dir=tmp_path)
     app = create_app(s)

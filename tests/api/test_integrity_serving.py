@@ -18,13 +18,13 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from api import outputs
-from api.cache import LocalCache, SentenceCache, pack, token_digest
-from api.encoding import decode_array
-from api.main import create_app
-from api.settings import load_settings
+from elmo_api import outputs
+from elmo_api.cache import LocalCache, SentenceCache, pack, token_digest
+from elmo_api.encoding import decode_array
+from elmo_api.main import create_app
+from elmo_api.settings import load_settings
+from elmo_cli.core import main as cli_main
 from elmo_service.artifact import load_artifact, save_artifact
-from elmo_service.cli import main as cli_main
 from elmo_service.embedder import Embedder
 from elmo_service.errors import ArtifactError, ConfigError, InputError
 from elmo_service.names import check_model_name
@@ -283,7 +283,7 @@ def _serve(model_dir: Path, tmp_path: Path) -> subprocess.CompletedProcess:
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "ELMO_DATA_DIR": str(tmp_path)}
     env.pop("REDIS_URL", None)
-    cmd = [sys.executable, "-m", "api.cli", "serve", "--model", str(model_dir)]
+    cmd = [sys.executable, "-m", "elmo_cli.main", "serve", "--model", str(model_dir)]
     cmd += ["--port", str(free_port()), "--threads", "1"]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
 

@@ -12,11 +12,11 @@ import httpx
 import numpy as np
 import pytest
 
-from api.batcher import Batcher, QueueFull
-from api.lanes import BATCH, INTERACTIVE, LaneShare, RequestTiming
-from api.main import create_app
-from api.metrics import Metrics
-from api.settings import load_settings
+from elmo_api.batcher import Batcher, QueueFull
+from elmo_api.lanes import BATCH, INTERACTIVE, LaneShare, RequestTiming
+from elmo_api.main import create_app
+from elmo_api.metrics import Metrics
+from elmo_api.settings import load_settings
 from tests.support.live_server import LiveServer
 
 

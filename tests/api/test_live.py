@@ -1,5 +1,5 @@
 """A live uvicorn server on 127.0.0.1: many concurrent clients, the official
-``openai`` client, ``api.server``, /docs, and import safety of ``api.main``."""
+``openai`` client, ``elmo_api.server``, /docs, and import safety of ``elmo_api.main``."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import httpx
 import numpy as np
 import pytest
 
-from api.encoding import decode_array
-from api.main import create_app
-from api.settings import load_settings
+from elmo_api.encoding import decode_array
+from elmo_api.main import create_app
+from elmo_api.settings import load_settings
 from elmo_service.embedder import Embedder, apply_mix
 from elmo_service.scalar_mix import MixSpec
 from tests.support.determinism import same_vectors
@@ -215,7 +215,7 @@ def test_readyz_before_ready_is_503(tiny_model_dir, tmp_path):
 
 def test_importing_api_main_loads_no_model_and_reads_no_settings(tmp_path):
     code = (
-        "import sys, api.main as m; "
+        "import sys, elmo_api.main as m; "
         "assert m.app.state.settings is None; "
         "assert m.app.state.holder.current is None; "
         "assert 'elmo_service.embedder' not in sys.modules; print('ok')"
@@ -233,12 +233,12 @@ def test_importing_api_main_loads_no_model_and_reads_no_settings(tmp_path):
 
 
 def test_server_run_serves_the_model(tiny_model_dir, tmp_path):
-    """``api.server.run`` (what ``elmo-service serve`` calls) in a subprocess on a free port."""
+    """``elmo_api.server.run`` (what ``elmo-service serve`` calls) in a subprocess on a free port."""
     from tests.support.ports import free_port
 
     port = free_port()
     code = (
-        "import api.server as s; "
+        "import elmo_api.server as s; "
         f"s.run('127.0.0.1', {port}, {str(tiny_model_dir)!r}, threads=1, data_dir={str(tmp_path)!r}, log_level='warning')"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path)
@@ -264,7 +264,7 @@ def test_server_run_serves_the_model(tiny_model_dir, tmp_path):
 
 
 def test_server_run_rejects_bad_settings(tiny_model_dir):
-    from api.server import run
+    from elmo_api.server import run
     from elmo_service.errors import ArtifactError, ConfigError
 
     with pytest.raises(ConfigError, match="ELMO_MAX_QUEUE"):

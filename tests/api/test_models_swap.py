@@ -12,8 +12,8 @@ import httpx
 import numpy as np
 import pytest
 
-from api.main import create_app
-from api.settings import load_settings
+from elmo_api.main import create_app
+from elmo_api.settings import load_settings
 from elmo_service.artifact import save_artifact
 from elmo_service.embedder import Embedder
 from elmo_service.tokenizers import WordTokenizer
@@ -171,8 +171,8 @@ def test_models_load_on_threads_that_end(models_dir, tmp_path, monkeypatch):
     stop spin-waiting in the model's thread (batch-1 calls ~20 % slower, measured)."""
     from fastapi.testclient import TestClient
 
-    import api.loading
-    import api.server
+    import elmo_api.loading
+    import elmo_api.server
     import elmo_service.artifact
 
     loaded_on: list[str] = []
@@ -184,7 +184,9 @@ def test_models_load_on_threads_that_end(models_dir, tmp_path, monkeypatch):
 
         return wrapper
 
-    monkeypatch.setattr(api.loading, "load_served_model", spy(api.loading.load_served_model))
+    monkeypatch.setattr(
+        elmo_api.loading, "load_served_model", spy(elmo_api.loading.load_served_model)
+    )
     settings = dict(
         models_dir=models_dir, model="alpha", threads=1, data_dir=tmp_path / "data",
         runs_dir=tmp_path / "runs", admin_keys="admin",
@@ -197,6 +199,6 @@ def test_models_load_on_threads_that_end(models_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(
         elmo_service.artifact, "load_artifact", spy(elmo_service.artifact.load_artifact)
     )
-    app, _ = api.server.build(**settings)
+    app, _ = elmo_api.server.build(**settings)
     assert app.state.preloaded_artifact.path == models_dir / "alpha"
     assert loaded_on[-1] == "elmo-load"

@@ -18,10 +18,10 @@ import jsonschema
 import pytest
 from fastapi.testclient import TestClient
 
-from api.main import create_app
-from api.routers.document import DocumentRequest
-from api.schemas import EmbeddingsRequest, EmbedRequest, TaskIn
-from api.settings import load_settings
+from elmo_api.main import create_app
+from elmo_api.routers.document import DocumentRequest
+from elmo_api.schemas import EmbeddingsRequest, EmbedRequest, TaskIn
+from elmo_api.settings import load_settings
 from tests.jobs.test_jobs import write_corpus
 from tests.support.core_fixtures import tiny_artifact
 
@@ -177,7 +177,7 @@ def test_every_route_returns_what_the_document_says(api):
 
 
 def _examples_job() -> list[dict[str, Any]]:
-    from jobs import JobIn
+    from elmo_jobs import JobIn
 
     return _examples(JobIn)
 

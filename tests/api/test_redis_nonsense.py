@@ -17,10 +17,10 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from api.cache import BadReply, RedisCache, check_mget
-from api.encoding import decode_array
-from api.main import create_app
-from api.settings import load_settings
+from elmo_api.cache import BadReply, RedisCache, check_mget
+from elmo_api.encoding import decode_array
+from elmo_api.main import create_app
+from elmo_api.settings import load_settings
 from elmo_service.embedder import Embedder
 from tests.support.fake_redis import MODES, FakeRedis, fake_redis  # noqa: F401 - a fixture
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from api.main import create_app
-from api.settings import load_settings
+from elmo_api.main import create_app
+from elmo_api.settings import load_settings
 from elmo_service.artifact import read_manifest, save_artifact
 from elmo_service.embedder import Embedder, apply_mix
 from elmo_service.scalar_mix import MixSpec

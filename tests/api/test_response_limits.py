@@ -20,10 +20,10 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from api.encoding import decode_array
-from api.http_protocol import uvicorn_options
-from api.main import create_app
-from api.settings import load_settings
+from elmo_api.encoding import decode_array
+from elmo_api.http_protocol import uvicorn_options
+from elmo_api.main import create_app
+from elmo_api.settings import load_settings
 from elmo_service.embedder import Embedder
 from tests.support.live_server import LiveServer
 

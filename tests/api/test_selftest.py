@@ -13,8 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 from safetensors.torch import load_file, save_file
 
-from api.main import create_app
-from api.settings import load_settings
+from elmo_api.main import create_app
+from elmo_api.settings import load_settings
 from elmo_service.artifact import (
     FORMAT,
     MANIFEST,
@@ -166,8 +166,8 @@ def test_a_run_the_model_cannot_take_now_is_not_kept(with_selftest):
     from concurrent.futures import ThreadPoolExecutor
     from types import SimpleNamespace
 
-    from api.batcher import QueueFull
-    from api.selftest import ensure_selftest
+    from elmo_api.batcher import QueueFull
+    from elmo_api.selftest import ensure_selftest
 
     class Refusing:
         calls = 0

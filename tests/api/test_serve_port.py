@@ -22,7 +22,7 @@ def test_a_port_in_use_is_one_line_before_the_model_loads(tiny_model_dir):
         port = busy.getsockname()[1]
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
         p = subprocess.run(
-            [sys.executable, "-m", "api.cli", "serve", "--port", str(port),
+            [sys.executable, "-m", "elmo_cli.main", "serve", "--port", str(port),
              "--model", str(tiny_model_dir), "--threads", "1"],
             capture_output=True, text=True, env=env, timeout=120,
         )  # fmt: skip

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from api.settings import OTHER_VARIABLES, load_settings, unknown_variables
+from elmo_api.settings import OTHER_VARIABLES, load_settings, unknown_variables
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,10 +23,10 @@ def test_a_misspelt_variable_is_warned_with_a_did_you_mean(monkeypatch, tmp_path
     monkeypatch.setenv("ELMO_THREADS", "1")  # right: no warning
     monkeypatch.setenv("ELMO_JOBS_PARENT_PID", "1")  # read by the jobs worker: no warning
     (tmp_path / ".env").write_text("# a comment\nexport ELMO_REDIS_TIMEOT=1\nELMO_DEVICE=cpu\n")
-    with caplog.at_level(logging.WARNING, logger="api.settings"):
+    with caplog.at_level(logging.WARNING, logger="elmo_api.settings"):
         s = load_settings(data_dir=tmp_path)
     assert s.max_sentences == 256  # the typo changed nothing: hence the warning
-    lines = [r.getMessage() for r in caplog.records if r.name == "api.settings"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "elmo_api.settings"]
     assert lines == [
         "ELMO_MAX_SENTENCE is not a setting and is ignored (did you mean ELMO_MAX_SENTENCES?)",
         "ELMO_REDIS_TIMEOT is not a setting and is ignored (did you mean ELMO_REDIS_TIMEOUT?)",
@@ -61,10 +61,10 @@ def test_keys_from_a_dotenv_file_are_said_and_compose_names_are_known(
     monkeypatch.setenv("ELMO_ENV_FILE", ".env")
     monkeypatch.delenv("ELMO_ADMIN_KEYS", raising=False)
     (tmp_path / ".env").write_text(STACK_ENV)
-    with caplog.at_level(logging.WARNING, logger="api.settings"):
+    with caplog.at_level(logging.WARNING, logger="elmo_api.settings"):
         s = load_settings(data_dir=tmp_path)
     assert s.admin_keys == ["stack-admin"]
-    lines = [r.getMessage() for r in caplog.records if r.name == "api.settings"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "elmo_api.settings"]
     assert lines == [
         f"ELMO_ADMIN_KEYS taken from {tmp_path / '.env'} (the compose stack reads that file "
         "too); ELMO_ENV_FILE= reads no file"
@@ -72,9 +72,9 @@ def test_keys_from_a_dotenv_file_are_said_and_compose_names_are_known(
     # ELMO_ENV_FILE= (empty): no file at all
     monkeypatch.setenv("ELMO_ENV_FILE", "")
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="api.settings"):
+    with caplog.at_level(logging.WARNING, logger="elmo_api.settings"):
         assert load_settings(data_dir=tmp_path).admin_keys == []
-    assert not [r for r in caplog.records if r.name == "api.settings"]
+    assert not [r for r in caplog.records if r.name == "elmo_api.settings"]
 
 
 @pytest.mark.slow  # a pytest subprocess

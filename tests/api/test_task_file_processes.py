@@ -15,7 +15,7 @@ import pytest
 WRITER = """
 import os, sys, time
 from pathlib import Path
-from api.tasks_store import FileTaskStore
+from elmo_api.tasks_store import FileTaskStore
 path, who, n, go = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
 store = FileTaskStore(path, "tiny")
 while not go.exists():

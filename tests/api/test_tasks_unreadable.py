@@ -12,8 +12,8 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from api.main import create_app
-from api.settings import load_settings
+from elmo_api.main import create_app
+from elmo_api.settings import load_settings
 
 ADMIN = {"authorization": "Bearer admin"}
 GOOD = {"weights": [0, 1, 0]}

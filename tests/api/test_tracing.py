@@ -9,9 +9,9 @@ import sys
 import pytest
 from fastapi.testclient import TestClient
 
-from api import tracing
-from api.main import create_app
-from api.settings import load_settings
+from elmo_api import tracing
+from elmo_api.main import create_app
+from elmo_api.settings import load_settings
 
 otel_sdk = pytest.importorskip("opentelemetry.sdk.trace", reason="the otel extra")
 
@@ -74,8 +74,8 @@ def test_off_by_default_imports_no_tracing(tiny_model_dir, tmp_path):
     code = f"""
 import sys
 from fastapi.testclient import TestClient
-from api.main import create_app
-from api.settings import load_settings
+from elmo_api.main import create_app
+from elmo_api.settings import load_settings
 s = load_settings(model_path={str(tiny_model_dir)!r}, threads=1, data_dir={str(tmp_path)!r})
 with TestClient(create_app(s)) as c:
     assert c.post("/v1/embed", json={{"sentences": ["a b"]}}).status_code == 200
@@ -84,7 +84,7 @@ with TestClient(create_app(s)) as c:
 ours = ("opentelemetry.sdk", "opentelemetry.instrumentation")
 bad = sorted(m for m in sys.modules if m.startswith(ours))
 assert not bad, bad
-from api import tracing
+from elmo_api import tracing
 assert not tracing.active() and tracing.capture() is None
 print("clean")
 """

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from api.errors import STATUS
-from api.main import create_app
-from api.settings import load_settings
-from elmo_service.bulk.plan import BulkOptions, resolve_mix
+from elmo_api.errors import STATUS
+from elmo_api.main import create_app
+from elmo_api.settings import load_settings
+from elmo_bulk.plan import BulkOptions, resolve_mix
 from elmo_service.embed_file import file_spec
 from elmo_service.embedder import Embedder
 from elmo_service.errors import InputError, UnknownTask

@@ -667,7 +667,7 @@ def test_dockerignore():
     for path in (
         "pyproject.toml",
         "README.md",
-        "elmo_service/cli.py",
+        "cli/core.py",
         "api/main.py",
         "pretrain/train.py",
         "models/default/config.json",
@@ -696,8 +696,8 @@ def test_e2e_script():
 def _fleet(desired: str, served: list[str], started: list[float] | None = None) -> dict:
     """A `fleet` view as GET /v1/models gives it: built and validated by the api's own code.
     Replica i runs on host h<i>, started at started[i]."""
-    from api.fleet import Desired, fleet_summary
-    from api.schemas import FleetOut
+    from elmo_api.fleet import Desired, fleet_summary
+    from elmo_api.schemas import FleetOut
 
     started = started or [0.0] * len(served)
     beats = [

@@ -103,7 +103,7 @@ class Stack:
             "ELMO_THREADS": "1",
         }
         env.pop("REDIS_URL", None)
-        cmd = [sys.executable, "-m", "api.cli", "serve", "--port", str(self.ports[name])]
+        cmd = [sys.executable, "-m", "elmo_cli.main", "serve", "--port", str(self.ports[name])]
         self.api[name] = self.spawn(cmd, f"{name}.log", env)
 
     def start(self) -> None:

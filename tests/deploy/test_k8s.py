@@ -138,7 +138,7 @@ def test_queue_depth_component(tmp_path):
     assert metrics["Resource"]["resource"]["name"] == "cpu"
     assert metrics["Pods"]["pods"]["metric"]["name"] == "elmo_queue_depth"
     # the gauge the adapter must serve exists under that name in /metrics
-    from api.metrics import Metrics
+    from elmo_api.metrics import Metrics
 
     assert b"elmo_queue_depth " in Metrics().render()[0]
 
@@ -149,7 +149,7 @@ def test_queue_depth_component(tmp_path):
 @pytest.fixture(scope="module")
 def routes() -> set[str]:
     """Paths the FastAPI app answers with GET (from its OpenAPI schema)."""
-    from api.main import create_app
+    from elmo_api.main import create_app
 
     paths = create_app().openapi()["paths"]
     return {path for path, ops in paths.items() if "get" in ops}
@@ -185,7 +185,7 @@ def test_api_probes_ports_and_command(objects, routes):
 
 def test_environment_names_are_settings(objects):
     """Every ELMO_* given to a pod is a field of api/settings.py (a misspelt one is ignored)."""
-    from api.settings import ENV_PREFIX, Settings
+    from elmo_api.settings import ENV_PREFIX, Settings
 
     known = {ENV_PREFIX + name.upper() for name in Settings.model_fields}
     known |= {"REDIS_URL", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NPROC"}
@@ -474,8 +474,8 @@ def test_pytorchjob_command(job):
     assert flags["rdzv-backend"] == "c10d"
     host, port = flags["rdzv-endpoint"].rsplit(":", 1)
     assert host == "$MASTER_ADDR" and int(port) in {p["containerPort"] for p in c["ports"]}
-    assert words[module + 1] == "pretrain.cli"
-    from pretrain.cli import build_parser
+    assert words[module + 1] == "elmo_pretrain.cli"
+    from elmo_pretrain.cli import build_parser
 
     args = build_parser().parse_args(words[module + 2 :])
     mounts = [m["mountPath"] for m in c["volumeMounts"]]

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from api.encoding import decode_array
-from api.main import create_app
-from api.settings import load_settings
+from elmo_api.encoding import decode_array
+from elmo_api.main import create_app
+from elmo_api.settings import load_settings
+from elmo_pretrain.config import RESUMABLE_KEYS, TrainConfig, flatten, load_config
 from elmo_service.artifact import load_artifact
 from elmo_service.embedder import Embedder, apply_mix
-from pretrain.config import RESUMABLE_KEYS, TrainConfig, flatten, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "default"
@@ -122,7 +122,7 @@ def test_bundled_ptb_lm_is_the_finished_committed_config():
 
 
 def test_bundled_ptb_lm_evaluates_exactly(tmp_path):
-    from pretrain.evaluate import evaluate
+    from elmo_pretrain.evaluate import evaluate
 
     # Mikolov-style text (lower case, N for numbers, <unk>): in-domain, so a
     # trained LM is far below the 10k-word uniform perplexity

@@ -55,7 +55,9 @@ def test_bf16_training_on_cuda_lowers_the_loss(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
     def cli(*args: str) -> None:
-        subprocess.run([sys.executable, "-m", "pretrain.cli", *args], env=env, cwd=ROOT, check=True)
+        subprocess.run(
+            [sys.executable, "-m", "elmo_pretrain.cli", *args], env=env, cwd=ROOT, check=True
+        )
 
     cli("synthetic", "--out", str(tmp_path / "c.txt"), "--sentences", "800")
     cli("prepare", str(tmp_path / "c.txt"), "--out", str(tmp_path / "data"), "--vocab-size",

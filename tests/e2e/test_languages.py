@@ -17,16 +17,16 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
-from api.main import create_app
-from api.settings import load_settings
+from elmo_api.main import create_app
+from elmo_api.settings import load_settings
+from elmo_pretrain.config import TrainConfig, apply_overrides
+from elmo_pretrain.export import export
+from elmo_pretrain.prepare import PrepareOptions, coverage_for, prepare
+from elmo_pretrain.sources.synthetic_lang import write_corpus
+from elmo_pretrain.train import run_training
 from elmo_service.char_ids import token_ids
 from elmo_service.embedder import Embedder
 from elmo_service.tokenizers import SP_SPACE
-from pretrain.config import TrainConfig, apply_overrides
-from pretrain.export import export
-from pretrain.prepare import PrepareOptions, coverage_for, prepare
-from pretrain.sources.synthetic_lang import write_corpus
-from pretrain.train import run_training
 
 pytestmark = pytest.mark.slow  # two tiny trainings
 

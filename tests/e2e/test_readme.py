@@ -70,7 +70,7 @@ def cli_calls(text: str) -> list[tuple[str, list[str]]]:
             if name in ("elmo-pretrain", "elmo-service"):
                 calls.append((name, until_operator(words[i + 1 :])))
                 break
-            if w == "pretrain.cli" and i > 0 and words[i - 1] == "-m":
+            if w == "elmo_pretrain.cli" and i > 0 and words[i - 1] == "-m":
                 calls.append(("elmo-pretrain", until_operator(words[i + 1 :])))
                 break
     return calls
@@ -87,8 +87,8 @@ DOC_CALLS = [
     "prog,args", DOC_CALLS, ids=lambda v: v if isinstance(v, str) else " ".join(v)[:60]
 )
 def test_documented_commands_parse(prog, args):
-    from api.cli import parser as service_parser
-    from pretrain.cli import build_parser as pretrain_parser
+    from elmo_cli.main import parser as service_parser
+    from elmo_pretrain.cli import build_parser as pretrain_parser
 
     parser = service_parser() if prog == "elmo-service" else pretrain_parser()
     try:
@@ -129,8 +129,8 @@ def curl_posts(text: str) -> list[tuple[str, dict]]:
 
 @pytest.mark.slow
 def test_readme_curl_examples_answer_200():
-    from api.main import create_app
-    from api.settings import load_settings
+    from elmo_api.main import create_app
+    from elmo_api.settings import load_settings
 
     posts = curl_posts(README)
     assert posts
@@ -156,7 +156,7 @@ def test_relative_links_exist(doc):
 
 
 def test_every_setting_is_documented():
-    from api.settings import Settings
+    from elmo_api.settings import Settings
 
     text = (ROOT / "docs" / "serving.md").read_text()
     names = [

@@ -16,9 +16,7 @@ import pyarrow as pa  # the bulk extra (in the test extra)
 import pyarrow.parquet as pq
 import pytest
 
-from api.cli import main
-from elmo_service.artifact import read_header
-from elmo_service.bulk import (
+from elmo_bulk import (
     MANIFESTS,
     SKIPPED_FILE,
     BulkOptions,
@@ -26,6 +24,8 @@ from elmo_service.bulk import (
     scan_inputs,
     verify_shard,
 )
+from elmo_cli.main import main
+from elmo_service.artifact import read_header
 from elmo_service.errors import ConfigError, InputError
 from tests.support.bulk_run import one_shard_of_six, start_bulk, wait_for_shards
 from tests.support.core_fixtures import generated_text
@@ -101,9 +101,9 @@ def test_bad_input_is_named_before_any_work_starts(tmp_path, tiny_model_dir, cap
 def test_vectors_equal_embed_file_and_the_api(ray_cluster, tmp_path, tiny_model_dir):
     from fastapi.testclient import TestClient
 
-    from api.encoding import decode_array
-    from api.main import create_app
-    from api.settings import load_settings
+    from elmo_api.encoding import decode_array
+    from elmo_api.main import create_app
+    from elmo_api.settings import load_settings
 
     inputs = _inputs(tmp_path)
     lines = [x for p in inputs for x in p.read_text().splitlines()]
@@ -277,8 +277,8 @@ def test_without_the_extra_the_command_says_how_to_install_it(tmp_path, monkeypa
 def test_a_broken_model_writes_nothing(tmp_path):
     import torch
 
+    from elmo_bulk import embed_shard
     from elmo_service.artifact import save_artifact
-    from elmo_service.bulk import embed_shard
     from elmo_service.embedder import Embedder
     from elmo_service.tokenizers import WordTokenizer
     from tests.support.core_fixtures import tiny_model
@@ -301,7 +301,7 @@ def test_a_broken_model_writes_nothing(tmp_path):
 def test_embed_bulk_arguments_all_have_help():
     import argparse
 
-    from elmo_service.cli import build_parser
+    from elmo_cli.core import build_parser
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     parser = sub.choices["embed-bulk"]
@@ -314,7 +314,7 @@ def test_embed_bulk_arguments_all_have_help():
 def test_an_actor_that_cannot_start_is_one_error_naming_why(ray_cluster, tmp_path, tiny_model_dir):
     """An actor's constructor fails on a node that sees other model files: the driver's
     error is that one line, not Ray's remote traceback, and nothing is written."""
-    from elmo_service.bulk.cluster import run_on_ray
+    from elmo_bulk.cluster import run_on_ray
 
     inp = tmp_path / "in.txt"
     inp.write_text("a short one\nanother short one\n")

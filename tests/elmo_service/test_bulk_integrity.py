@@ -18,8 +18,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from elmo_service.bulk import MANIFESTS, BulkOptions, embed_shard, scan_inputs, verify_shard
-from elmo_service.bulk.plan import shard_size
+from elmo_bulk import MANIFESTS, BulkOptions, embed_shard, scan_inputs, verify_shard
+from elmo_bulk.plan import shard_size
 from tests.support.bulk_run import bulk_cmd, one_shard_of_six, start_bulk, wait_for_shards
 from tests.support.core_fixtures import generated_text
 
@@ -229,7 +229,7 @@ def test_a_byte_order_mark_stays_out_of_the_first_rows_text(tmp_path, tiny_model
 
 
 def test_actors_and_threads_fill_the_cluster_without_sharing_a_core():
-    from elmo_service.bulk.cluster import pool_shape
+    from elmo_bulk.cluster import pool_shape
 
     assert pool_shape(2, None, None) == (2, 1)  # the default: an actor per CPU
     assert pool_shape(2, 1, None) == (1, 2)  # --actors 1: its threads take the CPUs left
@@ -237,7 +237,7 @@ def test_actors_and_threads_fill_the_cluster_without_sharing_a_core():
 
 
 def test_the_stderr_filter_drops_only_rays_harmless_line(capfd):
-    from elmo_service.bulk.cluster import harmless_lines_hidden
+    from elmo_bulk.cluster import harmless_lines_hidden
 
     line = (
         b"[2026-11-26 23:23:11,851 E 6849 6849] core_worker.cc:2465: Actor with class name: "
@@ -270,7 +270,7 @@ def test_a_small_corpus_is_cut_so_that_every_actor_works(tmp_path):
 def test_the_default_shard_size_gives_every_actor_a_shard(tmp_path, tiny_model_dir):
     """3 actors, 30 lines, the default --shard-rows (10,000): three shards, each done by
     its own actor; a re-run with other --actors keeps the first plan."""
-    from elmo_service.bulk import run_bulk
+    from elmo_bulk import run_bulk
 
     inp = tmp_path / "in.txt"
     inp.write_text(generated_text(30, seed=6))

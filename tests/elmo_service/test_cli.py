@@ -6,8 +6,8 @@ import h5py
 import numpy as np
 import pytest
 
+from elmo_cli.core import build_parser, main
 from elmo_service.artifact import default_model_dir
-from elmo_service.cli import build_parser, main
 from elmo_service.embedder import Embedder
 from tests.support.core_fixtures import tiny_artifact
 

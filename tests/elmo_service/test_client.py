@@ -9,6 +9,7 @@ import random
 import numpy as np
 import orjson
 import pytest
+
 from elmo_client import Client, ServiceError
 from elmo_client.shared import decode_array
 from elmo_client.wire import (
@@ -20,7 +21,6 @@ from elmo_client.wire import (
     plan_chunks,
     shift_error,
 )
-
 from elmo_service.errors import InputError
 
 LIMITS = Limits(

@@ -12,8 +12,8 @@ import time
 
 import numpy as np
 import pytest
-from elmo_client import AsyncClient, Client, InputError, ServiceError, ServiceUnreachable
 
+from elmo_client import AsyncClient, Client, InputError, ServiceError, ServiceUnreachable
 from tests.support.misbehaving import Answer, Drip, Drop, Garbage, Scripted, Stream
 from tests.support.ports import free_port
 

@@ -18,8 +18,8 @@ import sys
 import httpx
 import numpy as np
 import pytest
-from elmo_client import AsyncClient, Client, ServiceError
 
+from elmo_client import AsyncClient, Client, ServiceError
 from tests.support.core_fixtures import generated_text, tiny_artifact
 from tests.support.ports import free_port
 from tests.support.procs import terminate

@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from elmo_client import JobFailed, ServiceError, ServiceUnreachable
 
+from elmo_client import JobFailed, ServiceError, ServiceUnreachable
 from elmo_service import AsyncClient, Client, Embedder
 from elmo_service.artifact import write_task
 from elmo_service.embedder import EmbeddedSentence

@@ -18,8 +18,8 @@ import time
 
 import httpx
 import pytest
-from elmo_client import Client, ServiceError
 
+from elmo_client import Client, ServiceError
 from elmo_service.artifact import read_manifest, save_artifact
 from elmo_service.embedder import Embedder
 from elmo_service.tokenizers import WordTokenizer

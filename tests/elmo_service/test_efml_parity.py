@@ -115,7 +115,7 @@ def test_the_artifact_carries_its_lexicons_and_provenance(model) -> None:
 
 
 def test_convert_cli_takes_a_model_folder(model, tmp_path, capsys) -> None:
-    from elmo_service.cli import main
+    from elmo_cli.core import main
 
     src, art = model
     assert is_efml_dir(src) and not is_efml_dir(art)

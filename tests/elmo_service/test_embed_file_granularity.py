@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from api.cli import main
+from elmo_cli.main import main
 from elmo_service.embedder import Embedder, words_of
 from tests.support.core_fixtures import tiny_artifact, train_sentencepiece
 

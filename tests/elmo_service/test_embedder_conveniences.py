@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from api.cli import main
+from elmo_cli.main import main
 from elmo_service.embedder import EmbeddedSentence, Embedder
 from elmo_service.errors import InputError, LimitError
 from elmo_service.scalar_mix import MixSpec

@@ -83,7 +83,7 @@ def test_language_model_runs_the_served_bilm():
     """Sentence-mode LM hidden states are the served model's top layer, trained kernel or not."""
     from types import SimpleNamespace
 
-    from pretrain.lm import LanguageModel
+    from elmo_pretrain.lm import LanguageModel
 
     torch.manual_seed(2)
     cfg = small_test_config(dropout=0.0)

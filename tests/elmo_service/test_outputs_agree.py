@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from api.cli import main
-from api.encoding import decode_array
-from api.main import create_app
-from api.settings import load_settings
+from elmo_api.encoding import decode_array
+from elmo_api.main import create_app
+from elmo_api.settings import load_settings
+from elmo_cli.main import main
 from elmo_service.artifact import save_artifact
 from elmo_service.embedder import Embedder
 from elmo_service.scalar_mix import MixSpec
@@ -316,7 +316,7 @@ def test_bulk_shard_sweep(tmp_path, model, emb, raw):
     driver resolves, over every combination, without starting Ray."""
     import pyarrow.parquet as pq
 
-    from elmo_service.bulk import MANIFESTS, BulkOptions, embed_shard, resolve_mix, scan_inputs
+    from elmo_bulk import MANIFESTS, BulkOptions, embed_shard, resolve_mix, scan_inputs
 
     inp = tmp_path / "in.txt"
     inp.write_text("\n".join(SENTENCES) + "\n")
@@ -338,7 +338,7 @@ def test_embed_bulk_on_ray_sweep(tmp_path, model, raw):
     import pyarrow.parquet as pq
     import ray
 
-    from elmo_service.bulk import BulkOptions, run_bulk
+    from elmo_bulk import BulkOptions, run_bulk
 
     inp = tmp_path / "in.txt"
     inp.write_text("\n".join(SENTENCES) + "\n")
@@ -522,7 +522,7 @@ def test_api_document_error_mid_stream(client, monkeypatch):
     """An error met once the stream has begun (here the encoding of chunk 2 refuses its
     values, as a float16 overflow does) is a last line naming the field, after the chunks
     already sent; no "done" line follows. Anything else is an "internal" line."""
-    from api.routers import document as route
+    from elmo_api.routers import document as route
     from elmo_service.errors import InputError
 
     line = route._line
@@ -577,7 +577,7 @@ def test_bulk_shard_documents(tmp_path, model, emb, doc_raw):
     """``embed-bulk --documents``: a row per document line, its vectors by document mode."""
     import pyarrow.parquet as pq
 
-    from elmo_service.bulk import MANIFESTS, BulkOptions, embed_shard, resolve_mix, scan_inputs
+    from elmo_bulk import MANIFESTS, BulkOptions, embed_shard, resolve_mix, scan_inputs
 
     toks, layers = doc_raw
     inp = tmp_path / "in.txt"

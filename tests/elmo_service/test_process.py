@@ -66,7 +66,7 @@ def test_threads_default_to_elmo_threads():
 
 
 @pytest.mark.parametrize(
-    "code", ["import elmo_service", "import api.cli", "import elmo_service.process"]
+    "code", ["import elmo_service", "import elmo_cli.main", "import elmo_service.process"]
 )
 def test_importing_changes_nothing_and_loads_no_torch(code):
     assert run(code) == {"GOMP_SPINCOUNT": None, "OMP_WAIT_POLICY": None, "torch": False}

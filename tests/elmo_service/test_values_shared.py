@@ -87,7 +87,6 @@ def test_the_client_package_imports_no_torch_and_no_library_module():
 
 def test_where_both_are_installed_the_classes_are_the_librarys():
     import elmo_client
-
     from elmo_service import Client
     from elmo_service.embedder import EmbeddedSentence
     from elmo_service.errors import InputError

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from api.main import create_app
-from api.settings import load_settings
+from elmo_api.main import create_app
+from elmo_api.settings import load_settings
 
 ADMIN = {"authorization": "Bearer admin"}
 USER = {"authorization": "Bearer user"}
@@ -151,7 +151,7 @@ class Workers:
     def start(self) -> subprocess.Popen:
         log = open(self.cwd / f"worker{len(self.procs)}.log", "ab")  # noqa: SIM115 - the process owns it
         p = subprocess.Popen(
-            [sys.executable, "-m", "api.cli", "worker"],
+            [sys.executable, "-m", "elmo_cli.main", "worker"],
             env=self.env,
             cwd=self.cwd,
             stdout=log,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from api.main import create_app
+from elmo_api.main import create_app
 from tests.jobs.test_jobs import (
     ADMIN,
     USER,

@@ -17,13 +17,13 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from api.main import create_app
-from jobs.backend import LocalBackend
-from jobs.memory import estimate
-from jobs.procs import runner_info
-from jobs.runner import JobRunner, MetricsReader
-from jobs.state import FileJobStore, JobRecord, RedisJobStore, new_job_id
-from pretrain.config import TrainConfig
+from elmo_api.main import create_app
+from elmo_jobs.backend import LocalBackend
+from elmo_jobs.memory import estimate
+from elmo_jobs.procs import runner_info
+from elmo_jobs.runner import JobRunner, MetricsReader
+from elmo_jobs.state import FileJobStore, JobRecord, RedisJobStore, new_job_id
+from elmo_pretrain.config import TrainConfig
 from tests.jobs.test_jobs import ADMIN, PREPARE, TINY_CONFIG, dirs, job_body, settings_for
 
 torch.set_num_threads(1)
@@ -225,8 +225,8 @@ def test_a_diverged_run_fails_with_its_reason_and_exports_nothing(tmp_path, monk
 def test_a_real_divergence_is_named_once(tmp_path, monkeypatch):
     """The trainer's own stop record (its detail already says "training diverged at step
     N: ...") becomes the job's error as it is, not wrapped in a second "diverged at"."""
-    from pretrain.prepare import PrepareOptions, prepare
-    from pretrain.train import TrainingDiverged, run_training
+    from elmo_pretrain.prepare import PrepareOptions, prepare
+    from elmo_pretrain.train import TrainingDiverged, run_training
     from tests.jobs.test_jobs import write_corpus
 
     text = write_corpus(tmp_path / "book.txt", 200)
@@ -417,7 +417,7 @@ def test_a_queued_job_says_why_it_does_not_start(idle):
 def test_a_live_runner_is_never_counted_lost_whatever_rq_says(tmp_path):
     """After a Redis blip rq may report an execution failed or gone while its horse still
     trains: a runner seen alive, or with a fresh heartbeat, is not lost."""
-    from jobs.backend import JobBackend
+    from elmo_jobs.backend import JobBackend
 
     class Forgetful(JobBackend):
         def execution_lost(self, rec: JobRecord) -> str | None:

@@ -14,12 +14,12 @@ import torch
 import yaml
 from fastapi.testclient import TestClient
 
-from api.main import create_app
+from elmo_api.main import create_app
+from elmo_jobs.memory import RUNTIME_BYTES, check_memory, estimate, memory_limit
+from elmo_jobs.runner import JobFailed, JobRunner
+from elmo_pretrain.config import TrainConfig, apply_overrides
+from elmo_pretrain.lm import LanguageModel
 from elmo_service.errors import ConfigError
-from jobs.memory import RUNTIME_BYTES, check_memory, estimate, memory_limit
-from jobs.runner import JobFailed, JobRunner
-from pretrain.config import TrainConfig, apply_overrides
-from pretrain.lm import LanguageModel
 from tests.jobs.test_jobs import ADMIN, TINY_CONFIG, dirs, job_body, settings_for
 
 ROOT = Path(__file__).resolve().parents[2]

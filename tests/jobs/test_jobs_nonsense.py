@@ -16,9 +16,9 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from api.main import create_app
-from jobs.backend import RqBackend
-from jobs.state import JobRecord, StoreUnavailable, Unreadable
+from elmo_api.main import create_app
+from elmo_jobs.backend import RqBackend
+from elmo_jobs.state import JobRecord, StoreUnavailable, Unreadable
 from tests.jobs.test_jobs import ADMIN, dirs, job_body, settings_for
 from tests.support.fake_redis import MODES
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from api.main import create_app
+from elmo_api.main import create_app
 from tests.jobs.test_jobs import (
     ADMIN,
     TINY_CONFIG,
@@ -195,9 +195,9 @@ def test_an_adopted_running_job_on_another_host_is_not_requeued(tmp_path, redis_
     the adoption gives it time to beat instead of re-queueing it at once."""
     from types import SimpleNamespace
 
-    from jobs.backend import RqBackend
-    from jobs.procs import runner_info
-    from jobs.state import JobRecord, RedisJobStore
+    from elmo_jobs.backend import RqBackend
+    from elmo_jobs.procs import runner_info
+    from elmo_jobs.state import JobRecord, RedisJobStore
 
     tag = uuid.uuid4().hex[:8]
     runs = tmp_path / "runs"
@@ -235,7 +235,7 @@ def test_a_worker_started_while_redis_is_away_waits_for_it(tmp_path, redis_serve
     log = tmp_path / "worker.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "api.cli", "worker", "--burst"], env=env, cwd=root,
+            [sys.executable, "-m", "elmo_cli.main", "worker", "--burst"], env=env, cwd=root,
             stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:

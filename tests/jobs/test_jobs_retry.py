@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import pytest
 from fastapi.testclient import TestClient
 
-from api.main import create_app
-from jobs.lifecycle import requeue
-from jobs.state import FileJobStore, JobRecord
+from elmo_api.main import create_app
+from elmo_jobs.lifecycle import requeue
+from elmo_jobs.state import FileJobStore, JobRecord
 from tests.jobs.test_jobs import (
     ADMIN,
     TINY_CONFIG,
@@ -31,8 +31,8 @@ from tests.support.procs import pids_of
 
 
 def trainer_pids(run_dir: str) -> list[int]:
-    """Pids of ``python -m pretrain.cli train`` processes working in ``run_dir``."""
-    return pids_of("pretrain.cli", "train", containing=run_dir)
+    """Pids of ``python -m elmo_pretrain.cli train`` processes working in ``run_dir``."""
+    return pids_of("elmo_pretrain.cli", "train", containing=run_dir)
 
 
 @pytest.mark.slow
@@ -90,7 +90,7 @@ def test_signal_retries_are_bounded_and_the_reason_is_kept(tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])
 def test_signal_names_in_the_reason(sig):
-    from jobs.runner import _signame
+    from elmo_jobs.runner import _signame
 
     name = _signame(int(sig))
     assert name.startswith(signal.Signals(sig).name)
@@ -100,8 +100,8 @@ def test_signal_names_in_the_reason(sig):
 def test_the_runner_reads_why_training_stopped_from_the_metrics_log(tmp_path):
     """The trainer's stop record (not its log line) tells the runner why it stopped;
     progress ignores it, and a record from an earlier attempt is told apart."""
-    from jobs.runner import MetricsReader
-    from pretrain.tracking import stop_record
+    from elmo_jobs.runner import MetricsReader
+    from elmo_pretrain.tracking import stop_record
 
     path = tmp_path / "metrics.jsonl"
     lines = [

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from api.main import create_app
-from jobs.state import RedisJobStore
+from elmo_api.main import create_app
+from elmo_jobs.state import RedisJobStore
 from tests.jobs.test_jobs import (
     ADMIN,
     Workers,

@@ -16,22 +16,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from elmo_pretrain import export as export_mod
+from elmo_pretrain import train as train_mod
+from elmo_pretrain.adapt import SOFTMAX_FILE, UNIGRAM, adapt
+from elmo_pretrain.adapt_options import ADAPT_FILE, AdaptOptions
+from elmo_pretrain.checkpoint import list_checkpoints
+from elmo_pretrain.cli import main
+from elmo_pretrain.config import load_config
+from elmo_pretrain.data import Corpus
+from elmo_pretrain.export import export
+from elmo_pretrain.prepare import PrepareOptions, prepare
+from elmo_pretrain.sources.synthetic import write_corpus
+from elmo_pretrain.train import TrainingDiverged, run_training
 from elmo_service.artifact import load_artifact, write_task
 from elmo_service.embedder import Embedder
 from elmo_service.errors import InputError
 from elmo_service.scalar_mix import MixSpec
-from pretrain import export as export_mod
-from pretrain import train as train_mod
-from pretrain.adapt import SOFTMAX_FILE, UNIGRAM, adapt
-from pretrain.adapt_options import ADAPT_FILE, AdaptOptions
-from pretrain.checkpoint import list_checkpoints
-from pretrain.cli import main
-from pretrain.config import load_config
-from pretrain.data import Corpus
-from pretrain.export import export
-from pretrain.prepare import PrepareOptions, prepare
-from pretrain.sources.synthetic import write_corpus
-from pretrain.train import TrainingDiverged, run_training
 from tests.support.core_fixtures import tiny_artifact
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -190,7 +190,7 @@ def test_divergence_stops_it_and_nothing_is_exported(base_model, domain, tmp_pat
 
 
 def adapt_flags() -> set[str]:
-    from pretrain.cli import build_parser
+    from elmo_pretrain.cli import build_parser
 
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     return {f for a in sub.choices["adapt"]._actions for f in a.option_strings}
@@ -282,7 +282,7 @@ def test_a_full_disk_during_the_export_is_one_line_and_resume_exports(
 def test_a_full_disk_while_checkpointing_is_one_line(
     base_model, domain, tmp_path, capsys, monkeypatch
 ):
-    from pretrain import checkpoint as ckpt_mod
+    from elmo_pretrain import checkpoint as ckpt_mod
 
     real = ckpt_mod.torch.save
     calls = []

@@ -14,12 +14,12 @@ import pytest
 import torch
 import yaml
 
-from pretrain import checkpoint as ckpt
-from pretrain.cli import main
-from pretrain.config import TrainConfig, apply_overrides
-from pretrain.prepare import PrepareOptions, prepare
-from pretrain.sources.synthetic import write_corpus
-from pretrain.train import run_training
+from elmo_pretrain import checkpoint as ckpt
+from elmo_pretrain.cli import main
+from elmo_pretrain.config import TrainConfig, apply_overrides
+from elmo_pretrain.prepare import PrepareOptions, prepare
+from elmo_pretrain.sources.synthetic import write_corpus
+from elmo_pretrain.train import run_training
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"

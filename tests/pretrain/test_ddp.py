@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pretrain import checkpoint as ckpt
-from pretrain.prepare import PrepareOptions, prepare
-from pretrain.sources.synthetic import write_corpus
+from elmo_pretrain import checkpoint as ckpt
+from elmo_pretrain.prepare import PrepareOptions, prepare
+from elmo_pretrain.sources.synthetic import write_corpus
 from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +45,7 @@ def test_two_process_gloo_ddp(tmp_path):
     ]
     cmd += [
         "-m",
-        "pretrain.cli",
+        "elmo_pretrain.cli",
         "train",
         str(ROOT / "configs" / "tiny.yaml"),
         "--run-dir",
@@ -89,7 +89,7 @@ def test_two_nodes_c10d_rendezvous(tmp_path):
         "--nnodes", "2", "--nproc-per-node", "1",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
         "--rdzv-id", f"test-{port}",
-        "-m", "pretrain.cli", "train", str(ROOT / "configs" / "tiny.yaml"), "--run-dir", str(run),
+        "-m", "elmo_pretrain.cli", "train", str(ROOT / "configs" / "tiny.yaml"), "--run-dir", str(run),
         "--set", f"data.path={tmp_path / 'prepared'}", "--set", "train.steps=6",
         "--set", "train.progress=false", "--set", "checkpoint.every_steps=3",
     ]  # fmt: skip

@@ -14,12 +14,12 @@ import pytest
 import torch
 import yaml
 
-from pretrain import checkpoint as ckpt
-from pretrain.cli import main
-from pretrain.evaluate import _ppl_record
-from pretrain.prepare import PrepareOptions, prepare
-from pretrain.sources.synthetic import write_corpus
-from pretrain.tracking import dumps
+from elmo_pretrain import checkpoint as ckpt
+from elmo_pretrain.cli import main
+from elmo_pretrain.evaluate import _ppl_record
+from elmo_pretrain.prepare import PrepareOptions, prepare
+from elmo_pretrain.sources.synthetic import write_corpus
+from elmo_pretrain.tracking import dumps
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -176,7 +176,7 @@ def test_perplexity_overflow_is_inf_and_json_null():
 
 
 def test_config_reads_exponent_floats_as_floats(tmp_path):
-    from pretrain.config import load_config
+    from elmo_pretrain.config import load_config
 
     # PyYAML alone reads these as strings, which the strict config refuses
     assert yaml.safe_load("1e-3") == "1e-3"
@@ -220,7 +220,7 @@ def test_plot_draws_a_diverged_run(tmp_path, capsys):
 @pytest.mark.ddp
 def test_ddp_ranks_stop_alike_with_one_line(corpus_dir, tmp_path):
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "pretrain.cli", "train", str(TINY), "--run-dir", str(run)]
+    cmd = [sys.executable, "-m", "elmo_pretrain.cli", "train", str(TINY), "--run-dir", str(run)]
     sets = [f"data.path={corpus_dir}", "train.progress=false", *BLOW_UP, "optim.lr=1e30"]
     sets += ["train.steps=20", "checkpoint.every_steps=1"]
     cmd += [*sum((["--set", s] for s in sets), []), "--nproc-per-node", "2"]

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
+from elmo_pretrain.finetune import CRF, FinetuneConfig, build_task, finetune, span_f1, spans
+from elmo_pretrain.finetune.data import batches, make_batch
 from elmo_service.artifact import load_artifact, write_task
 from elmo_service.embedder import Embedder
 from elmo_service.scalar_mix import MixSpec
-from pretrain.finetune import CRF, FinetuneConfig, build_task, finetune, span_f1, spans
-from pretrain.finetune.data import batches, make_batch
 from tests.support.core_fixtures import tiny_artifact
 
 torch.set_num_threads(1)
@@ -106,7 +106,7 @@ def test_spans_are_exact_bio_spans():
 
 @pytest.mark.slow
 def test_tiny_finetune_reports_both_arms_and_stores_the_mix(tmp_path, capsys):
-    from pretrain.cli import main
+    from elmo_pretrain.cli import main
 
     model = tiny_artifact(tmp_path / "m")
     data = _ner_data(tmp_path / "ner")
@@ -146,10 +146,10 @@ def test_the_served_task_mix_is_the_finetuned_networks_input(tmp_path):
     network consumed it, within 1e-5."""
     from fastapi.testclient import TestClient
 
-    from api.main import create_app
-    from api.settings import load_settings
-    from pretrain.probe.service import save_task
-    from pretrain.probe.tasks import label_set, load_task_data
+    from elmo_api.main import create_app
+    from elmo_api.settings import load_settings
+    from elmo_pretrain.probe.service import save_task
+    from elmo_pretrain.probe.tasks import label_set, load_task_data
 
     model = tiny_artifact(tmp_path / "m")
     data_dir = _ner_data(tmp_path / "ner")
@@ -183,7 +183,7 @@ def test_the_served_task_mix_is_the_finetuned_networks_input(tmp_path):
 
 @pytest.mark.slow
 def test_sentence_classification_with_elmo_at_both(tmp_path, capsys):
-    from pretrain.cli import main
+    from elmo_pretrain.cli import main
 
     model = tiny_artifact(tmp_path / "m")
     rng = random.Random(0)
@@ -214,7 +214,7 @@ def test_sentence_classification_with_elmo_at_both(tmp_path, capsys):
 
 
 def test_batches_cover_every_sentence_once():
-    from pretrain.finetune.data import Vocab, encode
+    from elmo_pretrain.finetune.data import Vocab, encode
 
     sents = [["a"] * n for n in (3, 1, 5, 2, 4, 1, 2)]
     split = encode(sents, [[0] * len(s) for s in sents], Vocab.build(sents, 1), 4, None)
@@ -229,7 +229,7 @@ def test_batches_cover_every_sentence_once():
 
 
 def _finetune(tmp_path, model, data, *extra):
-    from pretrain.cli import main
+    from elmo_pretrain.cli import main
 
     return main([
         "finetune", "tagging", "--model", str(model), "--data", str(data), "--task-name", "t",
@@ -302,8 +302,8 @@ def test_a_test_tag_never_seen_in_training_is_a_wrong_prediction_counted_in_the_
 def test_an_unseen_label_is_scored_wrong_even_for_a_perfect_network(tmp_path, metric, tags):
     """An oracle that predicts every trained label right still misses the unseen ones:
     accuracy loses exactly those tokens; span F1 misses the spans they start."""
-    from pretrain.finetune.train import evaluate
-    from pretrain.probe.tasks import label_set, load_task_data
+    from elmo_pretrain.finetune.train import evaluate
+    from elmo_pretrain.probe.tasks import label_set, load_task_data
 
     folder, total = _with_unseen_test_tags(tmp_path / "d", tags)
     data = load_task_data("tagging", folder, fetch=False)
@@ -337,8 +337,8 @@ def test_an_unseen_label_is_scored_wrong_even_for_a_perfect_network(tmp_path, me
 
 
 def test_the_probe_still_refuses_a_label_never_seen_in_training(tmp_path):
+    from elmo_pretrain.probe.tasks import load_for_command
     from elmo_service.errors import InputError
-    from pretrain.probe.tasks import load_for_command
 
     folder, _ = _with_unseen_test_tags(tmp_path / "d")
     refused = r"test.jsonl:1: tags \['LS', 'SYM'\] are not in the training"
@@ -376,11 +376,11 @@ def test_a_shipped_task_with_another_layer_count_is_named(tmp_path, capsys):
 def test_ctrl_c_leaves_no_output_files(tmp_path, monkeypatch):
     """Interrupted in training: no report, no task. Interrupted while the report is
     being committed: the previous report stays whole, and no temporary is left."""
-    import pretrain.finetune.run as run_mod
+    import elmo_pretrain.finetune.run as run_mod
+    from elmo_pretrain.finetune.report import write_report
+    from elmo_pretrain.finetune.run import Finetuned
+    from elmo_pretrain.finetune.train import ArmResult, Run
     from elmo_service import atomic
-    from pretrain.finetune.report import write_report
-    from pretrain.finetune.run import Finetuned
-    from pretrain.finetune.train import ArmResult, Run
 
     model = tiny_artifact(tmp_path / "m")
     data = _ner_data(tmp_path / "ner")
@@ -415,8 +415,8 @@ def test_ctrl_c_leaves_no_output_files(tmp_path, monkeypatch):
 def test_finetune_registers_in_a_service_that_serves_its_model_only(tmp_path, capsys):
     import httpx
 
-    from api.main import create_app
-    from api.settings import load_settings
+    from elmo_api.main import create_app
+    from elmo_api.settings import load_settings
     from tests.support.live_server import LiveServer
 
     model = tiny_artifact(tmp_path / "m")
@@ -447,8 +447,8 @@ def test_finetune_registers_in_a_service_that_serves_its_model_only(tmp_path, ca
 
 
 def test_the_adaptation_text_is_training_and_dev_never_test(tmp_path):
-    from pretrain.finetune.adapted import task_text
-    from pretrain.probe.tasks import load_task_data
+    from elmo_pretrain.finetune.adapted import task_text
+    from elmo_pretrain.probe.tasks import load_task_data
 
     data = load_task_data("tagging", _ner_data(tmp_path / "ner"), fetch=False)
     text = task_text(data, tokens=True)
@@ -480,10 +480,10 @@ def test_adapt_flags_that_make_no_sense_are_one_line_before_any_work(
 
 @pytest.mark.slow
 def test_finetune_adapt_adds_the_adapted_row_and_never_adapts_on_test(tmp_path, capsys):
-    """--adapt: the biLM is continued (pretrain.adapt) on the training and dev text only;
+    """--adapt: the biLM is continued (elmo_pretrain.adapt) on the training and dev text only;
     the report gains adapted+baseline with the adaptation's perplexities and time; a second
     run (another seed's process) reuses the same adapted model."""
-    from pretrain.finetune.report import perplexity_text as ppl
+    from elmo_pretrain.finetune.report import perplexity_text as ppl
 
     model = tiny_artifact(tmp_path / "m")
     folder = tmp_path / "ner"
@@ -535,7 +535,7 @@ def test_finetune_adapt_adds_the_adapted_row_and_never_adapts_on_test(tmp_path, 
 def test_max_train_spreads_over_a_file_sorted_by_label(tmp_path):
     """The polarity data lists every positive sentence first: the first N would be one
     class (a run that "works" and learns nothing). --max-train takes N spread evenly."""
-    from pretrain.probe.tasks import load_for_command
+    from elmo_pretrain.probe.tasks import load_for_command
 
     rows = [{"text": f"good {i}", "label": "pos"} for i in range(30)]
     rows += [{"text": f"bad {i}", "label": "neg"} for i in range(20)]

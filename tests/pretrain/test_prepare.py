@@ -8,12 +8,12 @@ import json
 import numpy as np
 import pytest
 
+from elmo_pretrain.cli import main
+from elmo_pretrain.data import Corpus
+from elmo_pretrain.prepare import PrepareOptions, prepare
+from elmo_pretrain.sources.synthetic import write_corpus
+from elmo_pretrain.text import split_sentences
 from elmo_service.errors import InputError
-from pretrain.cli import main
-from pretrain.data import Corpus
-from pretrain.prepare import PrepareOptions, prepare
-from pretrain.sources.synthetic import write_corpus
-from pretrain.text import split_sentences
 
 SP = dict(vocab_size=200, byte_fallback=False, heldout_fraction=0.05)
 

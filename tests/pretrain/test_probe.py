@@ -6,10 +6,10 @@ import random
 import numpy as np
 import pytest
 
+from elmo_pretrain.probe import ProbeConfig, polarity_probe, pos_probe, results_table, save_task
 from elmo_service.artifact import load_artifact
 from elmo_service.embedder import Embedder
 from elmo_service.scalar_mix import MixSpec
-from pretrain.probe import ProbeConfig, polarity_probe, pos_probe, results_table, save_task
 from tests.support.core_fixtures import tiny_artifact
 
 
@@ -106,7 +106,7 @@ def test_polarity_probe_runs(tmp_path):
 def test_probe_command_stores_the_task(tmp_path, capsys):
     import json
 
-    from pretrain.cli import main
+    from elmo_pretrain.cli import main
 
     model = tiny_artifact(tmp_path / "m")
     data = tmp_path / "brown"
@@ -148,7 +148,7 @@ def test_probe_command_stores_the_task(tmp_path, capsys):
 
 
 def test_probe_command_without_data_says_how_to_fetch(tmp_path, capsys):
-    from pretrain.cli import main
+    from elmo_pretrain.cli import main
 
     model = tiny_artifact(tmp_path / "m")
     rc = main(["probe", "pos", "--model", str(model), "--data", str(tmp_path / "none")])
@@ -158,8 +158,8 @@ def test_probe_command_without_data_says_how_to_fetch(tmp_path, capsys):
 
 def test_probe_command_checks_the_model_before_the_data(tmp_path, capsys, monkeypatch):
     """A wrong --model is named at once: no data is read or fetched first."""
-    import pretrain.probe.tasks as tasks
-    from pretrain.cli import main
+    import elmo_pretrain.probe.tasks as tasks
+    from elmo_pretrain.cli import main
 
     def no_fetch(*a, **k):
         raise AssertionError("data read before the model was checked")
@@ -178,7 +178,7 @@ def _write_jsonl(path, rows):
 
 @pytest.mark.slow
 def test_probe_learns_a_users_own_tagging_task(tmp_path, capsys):
-    from pretrain.cli import main
+    from elmo_pretrain.cli import main
 
     model = tiny_artifact(tmp_path / "m")
     data = tmp_path / "ner"
@@ -204,7 +204,7 @@ def test_probe_learns_a_users_own_tagging_task(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_probe_learns_a_users_own_classification_task(tmp_path, capsys):
-    from pretrain.cli import main
+    from elmo_pretrain.cli import main
 
     model = tiny_artifact(tmp_path / "m")
     data = tmp_path / "topic"
@@ -246,7 +246,7 @@ def test_probe_learns_a_users_own_classification_task(tmp_path, capsys):
 def test_bad_task_data_is_a_clear_error_before_any_embedding(
     tmp_path, capsys, task, files, message
 ):
-    from pretrain.cli import main
+    from elmo_pretrain.cli import main
 
     model = tiny_artifact(tmp_path / "m")
     good = {
@@ -270,9 +270,9 @@ def test_bad_task_data_is_a_clear_error_before_any_embedding(
 def test_probe_registers_the_task_in_a_running_service(tmp_path, capsys):
     import httpx
 
-    from api.main import create_app
-    from api.settings import load_settings
-    from pretrain.cli import main
+    from elmo_api.main import create_app
+    from elmo_api.settings import load_settings
+    from elmo_pretrain.cli import main
     from tests.support.live_server import LiveServer
     from tests.support.ports import free_port
 
@@ -316,9 +316,9 @@ def test_probe_registers_the_task_in_a_running_service(tmp_path, capsys):
 def test_probe_refuses_a_service_that_serves_another_model(tmp_path, capsys):
     """The mix is learned on --model: a service serving another version is refused
     before any embedding, naming both versions."""
-    from api.main import create_app
-    from api.settings import load_settings
-    from pretrain.cli import main
+    from elmo_api.main import create_app
+    from elmo_api.settings import load_settings
+    from elmo_pretrain.cli import main
     from tests.support.live_server import LiveServer
 
     model = tiny_artifact(tmp_path / "m")
@@ -347,7 +347,7 @@ def test_probe_refuses_a_service_that_serves_another_model(tmp_path, capsys):
 def test_probe_writes_to_a_run_folder_and_leaves_the_model_alone(tmp_path, capsys):
     """Without --store the model folder is untouched; --store over a task the model
     ships needs --overwrite."""
-    from pretrain.cli import main
+    from elmo_pretrain.cli import main
 
     model = tiny_artifact(tmp_path / "m")
     save_task(MixSpec.average(3), "pos", model_dir=model)

@@ -8,8 +8,8 @@ import time
 import numpy as np
 import torch
 
-from pretrain.evaluate import perplexity
-from pretrain.progress import WARMUP_STEPS, ProgressBar
+from elmo_pretrain.evaluate import perplexity
+from elmo_pretrain.progress import WARMUP_STEPS, ProgressBar
 
 
 def test_training_eta_is_measured_after_the_warm_up():

@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 import yaml
 
+from elmo_pretrain import checkpoint as ckpt
+from elmo_pretrain.cli import main
+from elmo_pretrain.config import TrainConfig, apply_overrides
+from elmo_pretrain.data import Corpus
+from elmo_pretrain.prepare import PrepareOptions, prepare
+from elmo_pretrain.sources.synthetic import write_corpus
+from elmo_pretrain.train import CorpusMissing, run_training
 from elmo_service.atomic import sha256_file
 from elmo_service.errors import InputError
-from pretrain import checkpoint as ckpt
-from pretrain.cli import main
-from pretrain.config import TrainConfig, apply_overrides
-from pretrain.data import Corpus
-from pretrain.prepare import PrepareOptions, prepare
-from pretrain.sources.synthetic import write_corpus
-from pretrain.train import CorpusMissing, run_training
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -166,7 +166,7 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_naming_the_file(pristine, t
         pytest.skip("needs `unshare -rm` to mount a small tmpfs (user and mount namespaces)")
     sets = [f"data.path={pristine}", "train.progress=false", "train.steps=4"]
     sets += ["checkpoint.every_steps=2"]
-    train = [sys.executable, "-m", "pretrain.cli", "train", str(TINY), "--run-dir", str(run)]
+    train = [sys.executable, "-m", "elmo_pretrain.cli", "train", str(TINY), "--run-dir", str(run)]
     train += sum((["--set", s] for s in sets), [])
     script = f"mount -t tmpfs -o size=96k tmpfs {run} && exec " + " ".join(train)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

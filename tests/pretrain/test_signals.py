@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from pretrain import checkpoint as ckpt
-from pretrain.prepare import PrepareOptions, prepare
-from pretrain.sources.synthetic import write_corpus
+from elmo_pretrain import checkpoint as ckpt
+from elmo_pretrain.prepare import PrepareOptions, prepare
+from elmo_pretrain.sources.synthetic import write_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -32,7 +32,7 @@ def corpus_dir(tmp_path_factory):
 
 
 def start(corpus_dir: Path, run: Path, *extra: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "pretrain.cli", "train", str(TINY), "--run-dir", str(run)]
+    cmd = [sys.executable, "-m", "elmo_pretrain.cli", "train", str(TINY), "--run-dir", str(run)]
     for s in (f"data.path={corpus_dir}", "train.progress=false", "train.steps=100000"):
         cmd += ["--set", s]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
@@ -93,7 +93,7 @@ def test_ctrl_c_under_the_launcher_checkpoints_and_prints_one_line(corpus_dir, t
 
 
 def _tiny(corpus_dir: Path):
-    from pretrain.config import load_config
+    from elmo_pretrain.config import load_config
 
     sets = [f"data.path={corpus_dir}", "train.progress=false", "train.threads=1"]
     return load_config(TINY, [*sets, "train.steps=1000", "checkpoint.every_steps=0"])
@@ -126,7 +126,7 @@ def interactive_ctrl_c():
 def test_ctrl_c_with_sigint_ignored_still_checkpoints_and_returns(corpus_dir, tmp_path):
     """Started with SIGINT ignored (a background job), an in-process run still stops at a
     checkpoint on SIGINT (sent by ``kill -INT``), and hands nothing on: the caller ignores it."""
-    from pretrain.train import run_training
+    from elmo_pretrain.train import run_training
 
     old = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -144,7 +144,7 @@ def test_ctrl_c_in_an_in_process_run_checkpoints_then_reaches_the_caller(corpus_
     """Under pytest (or a notebook) Ctrl-C must end the program, not just the run: the
     trainer checkpoints, puts the previous handlers back and hands the signal on, here
     Python's KeyboardInterrupt (it used to be swallowed: the suite ran on)."""
-    from pretrain.train import run_training
+    from elmo_pretrain.train import run_training
 
     run = tmp_path / "run"
     with interactive_ctrl_c():
@@ -158,7 +158,7 @@ def test_ctrl_c_in_an_in_process_run_checkpoints_then_reaches_the_caller(corpus_
 
 
 def test_a_previous_handler_gets_the_signal_after_the_checkpoint(corpus_dir, tmp_path):
-    from pretrain.train import run_training
+    from elmo_pretrain.train import run_training
 
     got: list[int] = []
     old = signal.signal(signal.SIGTERM, lambda s, _f: got.append(s))

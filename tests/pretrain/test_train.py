@@ -16,19 +16,19 @@ import pytest
 import torch
 import yaml
 
+from elmo_pretrain import checkpoint as ckpt
+from elmo_pretrain.cli import main
+from elmo_pretrain.config import TrainConfig, apply_overrides, config_hash, load_config
+from elmo_pretrain.data import BucketBatcher, Corpus
+from elmo_pretrain.evaluate import evaluate, load_run
+from elmo_pretrain.export import export
+from elmo_pretrain.optim import lr_at
+from elmo_pretrain.prepare import PrepareOptions, prepare
+from elmo_pretrain.softmax import LinearSoftmax
+from elmo_pretrain.sources.synthetic import write_corpus
+from elmo_pretrain.train import build_model, run_training
 from elmo_service.char_ids import bos_ids, eos_ids, token_ids
 from elmo_service.errors import ConfigError
-from pretrain import checkpoint as ckpt
-from pretrain.cli import main
-from pretrain.config import TrainConfig, apply_overrides, config_hash, load_config
-from pretrain.data import BucketBatcher, Corpus
-from pretrain.evaluate import evaluate, load_run
-from pretrain.export import export
-from pretrain.optim import lr_at
-from pretrain.prepare import PrepareOptions, prepare
-from pretrain.softmax import LinearSoftmax
-from pretrain.sources.synthetic import write_corpus
-from pretrain.train import build_model, run_training
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -295,7 +295,7 @@ def test_compiled_bf16_training_runs_and_its_checkpoint_evaluates_eagerly(corpus
 @pytest.mark.slow
 def test_sigterm_writes_a_checkpoint_and_exits_0(corpus_dir, tmp_path):
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "pretrain.cli", "train", str(TINY), "--run-dir", str(run)]
+    cmd = [sys.executable, "-m", "elmo_pretrain.cli", "train", str(TINY), "--run-dir", str(run)]
     cmd += [
         "--set",
         f"data.path={corpus_dir}",
@@ -620,7 +620,7 @@ def test_resume_keeps_a_fp32_run_in_fp32_where_auto_would_pick_bf16(
     """precision auto resolves per machine; a run that trained in fp32 and is resumed on a
     machine with native bf16 goes on in fp32 (its arithmetic does not change mid-run), while
     a bf16 run moved to a machine without native bf16 goes on in fp32 (not emulated bf16)."""
-    import pretrain.train as train_mod
+    import elmo_pretrain.train as train_mod
 
     run = tmp_path / "run"
     sets = ("train.steps=4", "train.precision=auto", "checkpoint.every_steps=2")

@@ -14,12 +14,12 @@ from types import SimpleNamespace
 import pytest
 from pydantic import SecretStr
 
-from api.cache import RedisCache
-from api.fleet import FleetStore
-from api.tasks_store import RedisTaskStore
-from jobs.backend import RqBackend
-from jobs.state import JobRecord, new_job_id
-from storage import StoreUnavailable, check_auth
+from elmo_api.cache import RedisCache
+from elmo_api.fleet import FleetStore
+from elmo_api.tasks_store import RedisTaskStore
+from elmo_jobs.backend import RqBackend
+from elmo_jobs.state import JobRecord, new_job_id
+from elmo_storage import StoreUnavailable, check_auth
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer
 
@@ -96,7 +96,7 @@ def test_a_wrong_or_missing_password_fails_every_store_closed(locked, password, 
 def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     full = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **env}
     return subprocess.run(
-        [sys.executable, "-m", "api.cli", *args], env=full, capture_output=True, text=True,
+        [sys.executable, "-m", "elmo_cli.main", *args], env=full, capture_output=True, text=True,
         timeout=120, cwd=ROOT,
     )  # fmt: skip
 

@@ -8,13 +8,13 @@ import sys
 import time
 from pathlib import Path
 
-from elmo_service.bulk.plan import MANIFESTS
+from elmo_bulk.plan import MANIFESTS
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def bulk_cmd(inp: Path, out: Path, model: Path, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "api.cli", "embed-bulk", str(inp), "--out", str(out),
+    return [sys.executable, "-m", "elmo_cli.main", "embed-bulk", str(inp), "--out", str(out),
             "--model", str(model), "--quiet", *flags]  # fmt: skip
 
 
@@ -42,7 +42,7 @@ def wait_for_shards(proc: subprocess.Popen, out: Path, n: int, timeout: float = 
 def one_shard_of_six(tmp_path: Path, model: Path):
     """Six generated sentences embedded as one shard in ``tmp_path/out`` (no Ray):
     ``(out, shard, embedder)``."""
-    from elmo_service.bulk import BulkOptions, embed_shard, scan_inputs
+    from elmo_bulk import BulkOptions, embed_shard, scan_inputs
     from elmo_service.embedder import Embedder
     from tests.support.core_fixtures import generated_text
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 def pids_of(*args: str, containing: str = "") -> list[int]:
     """Pids of processes whose command line has each of ``args`` as a whole argument and
-    ``containing`` inside some argument (e.g. ``pids_of("pretrain.cli", "train",
+    ``containing`` inside some argument (e.g. ``pids_of("elmo_pretrain.cli", "train",
     containing=run_dir)``: the trainers of one run, not its ``prepare``)."""
     want = [a.encode() for a in args]
     part = containing.encode()

@@ -1,6 +1,6 @@
 """Real ``elmo-service serve`` processes on loopback, for the fleet tests and bench/.
 
-``Replica(env).start()`` runs ``python -m api.cli serve`` with this checkout on
+``Replica(env).start()`` runs ``python -m elmo_cli.main serve`` with this checkout on
 PYTHONPATH, one thread, a free port; ``wait_ready()`` polls ``/readyz``; ``stop()``
 ends it gracefully (SIGTERM, then SIGKILL), ``start()`` again keeps the port.
 """
@@ -39,7 +39,7 @@ class Replica:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> Replica:
-        cmd = [sys.executable, "-m", "api.cli", "serve", "--port", str(self.port)]
+        cmd = [sys.executable, "-m", "elmo_cli.main", "serve", "--port", str(self.port)]
         cmd += ["--threads", "1"]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(

@@ -10,7 +10,7 @@ The core never imports Ray at import time: ``ray`` and ``pyarrow`` are the optio
 extra ``elmo-service[bulk]``, imported inside the functions that need them.
 """
 
-from elmo_service.bulk.plan import (
+from elmo_bulk.plan import (
     MANIFESTS,
     SKIPPED_FILE,
     BulkOptions,
@@ -18,8 +18,8 @@ from elmo_service.bulk.plan import (
     resolve_mix,
     scan_inputs,
 )
-from elmo_service.bulk.run import BulkSummary, run_bulk
-from elmo_service.bulk.shard import ShardResult, embed_shard, verify_shard
+from elmo_bulk.run import BulkSummary, run_bulk
+from elmo_bulk.shard import ShardResult, embed_shard, verify_shard
 
 __all__ = [
     "MANIFESTS",

@@ -21,9 +21,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from elmo_service.bulk.plan import SKIPPED_FILE, BulkOptions, Shard
-from elmo_service.bulk.reaper import ENV as MARKER_ENV
-from elmo_service.bulk.shard import ShardResult, embed_shard, pyarrow
+from elmo_bulk.plan import SKIPPED_FILE, BulkOptions, Shard
+from elmo_bulk.reaper import ENV as MARKER_ENV
+from elmo_bulk.shard import ShardResult, embed_shard, pyarrow
 from elmo_service.errors import ConfigError, ElmoServiceError, InputError
 
 # Ray's node IP is loopback when this is "0" (read when Ray is imported, and by each Ray
@@ -170,7 +170,7 @@ def ray_session(ray: Any, address: str | None, cpus: int | None) -> Iterator[Non
     marker = uuid.uuid4().hex
     read, write = os.pipe()
     reaper = subprocess.Popen(
-        [sys.executable, "-m", "elmo_service.bulk.reaper", marker],
+        [sys.executable, "-m", "elmo_bulk.reaper", marker],
         stdin=read,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -1,4 +1,4 @@
-"""The local Ray cluster's reaper: ``python -m elmo_service.bulk.reaper MARKER``.
+"""The local Ray cluster's reaper: ``python -m elmo_bulk.reaper MARKER``.
 
 Started by the driver, in its own session, before the local cluster; its stdin is a pipe
 from the driver. When the driver ends, however it ends (SIGKILL included), the pipe

@@ -1,6 +1,6 @@
 """``elmo-service`` core commands: convert, embed-file, info.
 
-The service commands (``serve``, ``worker``) are added by ``api.cli``, which
+The service commands (``serve``, ``worker``) are added by ``elmo_cli.main``, which
 is the console script's entry point; this module never imports ``api``.
 """
 
@@ -64,9 +64,9 @@ def cmd_embed_file(args: argparse.Namespace) -> int:
 
 
 def cmd_embed_bulk(args: argparse.Namespace) -> int:
-    """Ray Data over Parquet shards (elmo_service/bulk/; docs/bulk.md)."""
+    """Ray Data over Parquet shards (bulk/; docs/bulk.md)."""
+    from elmo_bulk import BulkOptions, run_bulk
     from elmo_service.artifact import default_model_dir
-    from elmo_service.bulk import BulkOptions, run_bulk
     from elmo_service.outputs import default_output
 
     output = args.output or default_output(task=args.task)

@@ -16,9 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from elmo_service.atomic import write_json, write_text
-from elmo_service.bulk.cluster import ray_deps, run_on_ray
-from elmo_service.bulk.plan import (
+from elmo_bulk.cluster import ray_deps, run_on_ray
+from elmo_bulk.plan import (
     LOCK_FILE,
     MANIFESTS,
     RUN_FILE,
@@ -29,7 +28,8 @@ from elmo_service.bulk.plan import (
     scan_inputs,
     shard_size,
 )
-from elmo_service.bulk.shard import ShardResult, os_reason, verify_shard
+from elmo_bulk.shard import ShardResult, os_reason, verify_shard
+from elmo_service.atomic import write_json, write_text
 from elmo_service.errors import PATH_ERRORS, ConfigError, ElmoServiceError, InputError
 
 

@@ -22,8 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from elmo_service.atomic import atomic_path, sha256_file, write_json
-from elmo_service.bulk.plan import (
+from elmo_bulk.plan import (
     MANIFESTS,
     METADATA_KEY,
     BulkOptions,
@@ -31,6 +30,7 @@ from elmo_service.bulk.plan import (
     layout,
     read_shard_lines,
 )
+from elmo_service.atomic import atomic_path, sha256_file, write_json
 from elmo_service.errors import ConfigError, InputError, at_line
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from elmo_service.cli import build_parser, run
+from elmo_cli.core import build_parser, run
 from elmo_service.process import configure_process
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from api.server import run as run_server  # the process is set up in api.server.build
+    from elmo_api.server import run as run_server  # the process is set up in elmo_api.server.build
 
     overrides = {}
     if args.threads is not None:
@@ -21,8 +21,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     configure_process("worker", set_threads=False)  # before `jobs` loads torch; jobs set theirs
-    from api.settings import load_settings
-    from jobs import run_worker
+    from elmo_api.settings import load_settings
+    from elmo_jobs import run_worker
 
     return run_worker(load_settings(), burst=args.burst) or 0
 
