@@ -6,10 +6,27 @@ import argparse
 import sys
 
 from elmo_cli.core import build_parser, run
+from elmo_service.errors import ConfigError
 from elmo_service.process import configure_process
 
 
+def _server_extra() -> None:
+    """``serve`` and ``worker`` need the server's packages (``pip install elmo-service`` is the
+    library alone): say which install gives them instead of a ModuleNotFoundError."""
+    try:
+        import fastapi  # noqa: F401
+        import redis  # noqa: F401
+        import rq  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise ConfigError(
+            f"this command needs the server's packages ({e.name} is missing): "
+            "pip install 'elmo-service[server]'"
+        ) from e
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    _server_extra()
     from elmo_api.server import run as run_server  # the process is set up in elmo_api.server.build
 
     overrides = {}
@@ -20,6 +37,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    _server_extra()
     configure_process("worker", set_threads=False)  # before `jobs` loads torch; jobs set theirs
     from elmo_api.settings import load_settings
     from elmo_jobs import run_worker

@@ -275,7 +275,9 @@ def _fmt(shape: tuple[int, ...]) -> str:
 
 def read_bilm_weights(weights_path: str | Path, cfg: BiLMConfig) -> dict[str, np.ndarray]:
     """Read and check every dataset ``cfg`` needs; raise :class:`ArtifactError` naming it."""
-    import h5py
+    from elmo_service.embed_file import h5py_module
+
+    h5py = h5py_module()
 
     weights_path = Path(weights_path)
     name = weights_path.name
@@ -388,7 +390,9 @@ def export_bilm(
     refused unless ``allow_subword`` (its users must then feed pieces).
     AllenNLP only loads models with ``use_skip_connections`` true.
     """
-    import h5py
+    from elmo_service.embed_file import h5py_module
+
+    h5py = h5py_module()
 
     art = load_artifact(artifact_dir)
     if art.config.char_vocab_size is not None:

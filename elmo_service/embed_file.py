@@ -15,11 +15,22 @@ from typing import Any
 
 from elmo_service.atomic import atomic_path
 from elmo_service.batching import chunks
-from elmo_service.errors import ElmoServiceError, InputError, at_line
+from elmo_service.errors import ConfigError, ElmoServiceError, InputError, at_line
 from elmo_service.outputs import GRANULARITIES, OutputSpec, plan_output, render
 from elmo_service.scalar_mix import MixSpec
 
 WHAT = ("all", "top", "average")
+
+
+def h5py_module():
+    """h5py, from the ``hdf5`` extra (AllenNLP's HDF5 files): a clear error where it is missing."""
+    try:
+        import h5py
+    except ImportError as e:
+        raise ConfigError(
+            "HDF5 files need h5py: pip install 'elmo-service[hdf5]'", field="output"
+        ) from e
+    return h5py
 
 
 def default_granularity(whitespace: bool) -> str:
@@ -95,9 +106,10 @@ def write_hdf5(
     already gave (the file is checked here otherwise). ``documents``: each line is a
     document, embedded as one sequence (``Embedder.embed_document``, any length) and
     written chunk by chunk (``chunk_tokens``) into its dataset, at constant memory."""
-    import h5py
     import numpy as np
     from tqdm import tqdm
+
+    h5py = h5py_module()
 
     input_file, output_file = Path(input_file), Path(output_file)
     if lines is None:

@@ -2,19 +2,28 @@
 
 The picture (``docs/architecture.md``)::
 
-    api ──> jobs ──> pretrain ──> elmo_service
-     └──────────────────────────────> elmo_service
-     api, jobs ──> storage   (Redis clients, replies, file locks; imports none of ours)
+    elmo_cli ─────> elmo_api, elmo_jobs, elmo_bulk, elmo_service   (the commands, lazily)
+    elmo_api ─────> elmo_jobs ──> elmo_pretrain ──> elmo_service
+     └────────────────────────────────────────────> elmo_service
+    elmo_bulk ────> elmo_service                                    (the Ray corpus job)
+    elmo_api, elmo_jobs ──> elmo_storage   (Redis clients, replies, file locks; imports none of ours)
+    elmo_client (clients/python) ──> its own values module (one file with elmo_service.values)
 
-* ``elmo_service`` (the core) imports none of the others;
-* ``pretrain`` imports only the core; ``jobs`` the core and ``pretrain``;
-* ``api`` imports the core and ``jobs``' public interface (``jobs/__init__.py``), never
-  ``pretrain``;
-* ``storage`` (the stores' plumbing) imports none of the others; ``api`` and ``jobs`` may
-  import it;
+* ``elmo_service`` (the core library) imports none of the others;
+* ``elmo_pretrain`` imports only the core; ``elmo_jobs`` the core and ``elmo_pretrain``;
+* ``elmo_api`` imports the core and ``elmo_jobs``' public interface (``jobs/__init__.py``),
+  never ``elmo_pretrain``;
+* ``elmo_bulk`` (the corpus job) imports only the core; ``elmo_cli`` (the applications'
+  entry point) may import every package;
+* ``elmo_storage`` (the stores' plumbing) imports none of the others; ``elmo_api`` and
+  ``elmo_jobs`` may import it;
 * no two modules import each other, directly or around a loop;
 * LSTM math (gate nonlinearities, the fused LSTM ops) lives in the core only;
-* every third-party import of a product module is a declared dependency.
+* every third-party import of a product module is a declared dependency, and the core's
+  are the library's own (``pip install elmo-service``: no server packages).
+
+Folders keep short names (``api/``, ``jobs/``...); installed, they are ``elmo_*`` packages
+(``pyproject.toml``'s package-dir).
 
 Imports under ``if TYPE_CHECKING:`` count: they are still a dependency of the code's shape.
 """
@@ -37,14 +46,26 @@ except ImportError:  # Python 3.10: pytest itself depends on tomli there
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("elmo_service", "pretrain", "jobs", "api", "storage")
+# installed package -> its folder in the repository
+FOLDERS = {
+    "elmo_service": "elmo_service",
+    "elmo_pretrain": "pretrain",
+    "elmo_jobs": "jobs",
+    "elmo_api": "api",
+    "elmo_storage": "storage",
+    "elmo_bulk": "bulk",
+    "elmo_cli": "cli",
+}
+PACKAGES = tuple(FOLDERS)
 # package -> the packages it may import (besides itself)
 ALLOWED = {
     "elmo_service": set(),
-    "pretrain": {"elmo_service"},
-    "jobs": {"elmo_service", "pretrain", "storage"},
-    "api": {"elmo_service", "jobs", "storage"},
-    "storage": set(),  # the stores' plumbing (Redis clients, replies, file locks)
+    "elmo_pretrain": {"elmo_service"},
+    "elmo_jobs": {"elmo_service", "elmo_pretrain", "elmo_storage"},
+    "elmo_api": {"elmo_service", "elmo_jobs", "elmo_storage"},
+    "elmo_storage": set(),  # the stores' plumbing (Redis clients, replies, file locks)
+    "elmo_bulk": {"elmo_service"},
+    "elmo_cli": {"elmo_service", "elmo_api", "elmo_jobs", "elmo_bulk", "elmo_pretrain"},
 }
 # import name -> distribution, where packages_distributions() cannot tell (not installed)
 DIST_OF = {
@@ -64,8 +85,8 @@ class Import:
     guarded: bool  # inside ``try: ... except ImportError``
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def _module_name(pkg: str, path: Path) -> str:
+    parts = [pkg, *path.relative_to(ROOT / FOLDERS[pkg]).with_suffix("").parts]
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -75,8 +96,8 @@ def _module_name(path: Path) -> str:
 def modules() -> dict[str, Path]:
     out = {}
     for pkg in PACKAGES:
-        for path in sorted((ROOT / pkg).rglob("*.py")):
-            out[_module_name(path)] = path
+        for path in sorted((ROOT / FOLDERS[pkg]).rglob("*.py")):
+            out[_module_name(pkg, path)] = path
     return out
 
 
@@ -185,12 +206,12 @@ def test_api_uses_only_the_public_interface_of_jobs():
     public = set(jobs.__all__)
     bad = []
     for m in modules():
-        if package_of(m) != "api":
+        if package_of(m) != "elmo_api":
             continue
         for i in imports_of(m):
-            if package_of(i.target) != "jobs":
+            if package_of(i.target) != "elmo_jobs":
                 continue
-            if i.target != "jobs" or not set(i.names) <= public:
+            if i.target != "elmo_jobs" or not set(i.names) <= public:
                 bad.append(f"{m}:{i.line} imports {i.target} {list(i.names)}")
     assert not bad, f"api may import only jobs' exports {sorted(public)}: " + "; ".join(bad)
 
@@ -345,31 +366,70 @@ def _requirement_names(reqs: list[str]) -> set[str]:
     return {_canonical(re.match(r"[A-Za-z0-9._-]+", r).group(0)) for r in reqs}
 
 
+# package -> the extras its audience installs (the core's are the library's own dependencies)
+AUDIENCE = {
+    "elmo_service": (),
+    "elmo_pretrain": (),
+    "elmo_api": ("server",),
+    "elmo_jobs": ("server",),
+    "elmo_storage": ("server",),
+    "elmo_bulk": ("bulk", "hdf5"),
+    "elmo_cli": (),  # the service commands import elmo_api lazily, under a guard
+}
+
+
 def test_every_third_party_import_is_a_declared_dependency():
+    """Each package imports the library's dependencies and its own audience's extras; any other
+    extra only under an ImportError guard (that names the extra to install)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     required = _requirement_names(project["dependencies"])
-    optional = _requirement_names(
-        [r for reqs in project.get("optional-dependencies", {}).values() for r in reqs]
-    )
+    extras = project.get("optional-dependencies", {})
+    optional = _requirement_names([r for reqs in extras.values() for r in reqs])
     dists = importlib.metadata.packages_distributions()
     stdlib = set(sys.stdlib_module_names) | {"__future__"}
     bad = []
     for m in modules():
+        own = required | _requirement_names(
+            [r for e in AUDIENCE[package_of(m)] for r in extras.get(e, [])]
+        )
         imps = imports_of(m)
         guarded = {i.target.split(".")[0] for i in imps if i.guarded}
         for i in imps:
             top = i.target.split(".")[0]
-            if not top or top in stdlib or top in PACKAGES:
+            if not top or top in stdlib or top in PACKAGES or top == "elmo_client":
                 continue
             names = {_canonical(d) for d in dists.get(top, [])} | {
                 _canonical(DIST_OF.get(top, top))
             }
-            if names & required:
+            if names & own:
                 continue
-            if names & optional and top in guarded:  # an extra, imported under a guard
+            if names & optional and top in guarded:  # another extra, imported under a guard
                 continue
             bad.append(f"{m}:{i.line} imports {top} (distribution {sorted(names)})")
     assert not bad, "undeclared (or unguarded optional) imports: " + "; ".join(sorted(set(bad)))
+
+
+def test_the_library_install_has_none_of_the_servers_packages():
+    """``pip install elmo-service`` is the library: the server's packages are an extra."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    required = _requirement_names(project["dependencies"])
+    server = {"fastapi", "uvicorn", "redis", "rq", "prometheus-client", "httpx", "starlette"}
+    assert not required & server, sorted(required & server)
+    assert server - {"httpx"} <= _requirement_names(project["optional-dependencies"]["server"])
+
+
+def test_every_package_folder_is_installed():
+    """The package-dir mapping lists packages one by one: a new sub-package must be added."""
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setup["package-dir"] == {**FOLDERS, **setup["package-dir"]} and set(
+        setup["package-dir"]
+    ) == set(FOLDERS)
+    found = {
+        ".".join([pkg, *init.parent.relative_to(ROOT / folder).parts])
+        for pkg, folder in FOLDERS.items()
+        for init in (ROOT / folder).rglob("__init__.py")
+    }
+    assert found == set(setup["packages"]), found ^ set(setup["packages"])
 
 
 def _renames(tree: ast.AST) -> list[int]:
