@@ -18,12 +18,14 @@ $(BIN)/python:
 #               already finds that wheel without an index (a local wheel folder in its config)
 #   TORCH=cuda: torch==2.13.0 from pip's index (PyPI: the CUDA build, several GB), or TORCH_CUDA_INDEX
 # A later `pip install -e .` keeps it: the project asks only for torch>=2.3.
-# EXTRAS: optional extras installed with the project (plot: matplotlib for `elmo-pretrain plot`).
+# EXTRAS: extras installed with the library (server: the HTTP service and workers, `make serve`
+# needs it; hdf5: embed-file; plot: matplotlib for `elmo-pretrain plot`). docs/architecture.md
+# lists the installs per audience.
 TORCH ?= auto
 TORCH_VERSION := 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_CUDA_INDEX ?=
-EXTRAS ?= plot
+EXTRAS ?= server,hdf5,plot
 TORCH_PLAN = $(BIN)/python deploy/torch_plan.py --torch $(TORCH) --version $(TORCH_VERSION) \
 	--pip $(BIN)/pip --cpu-index "$(TORCH_CPU_INDEX)" --cuda-index "$(TORCH_CUDA_INDEX)"
 
