@@ -95,7 +95,11 @@ def run(
         logging.basicConfig(
             level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )
-        logging.getLogger("api").info("model directory: %s", settings.resolved_model_path)
+        log = logging.getLogger("api")
+        log.info("model directory: %s", settings.resolved_model_path)
+        # uvicorn is handed a bound socket and cannot say where it is: say it here
+        shown = f"[{host}]" if ":" in host else host
+        log.info("listening on http://%s:%d (API docs at /docs)", shown, sock.getsockname()[1])
         config = uvicorn.Config(
             app,
             host=host,

@@ -257,7 +257,11 @@ def load_tasks(directory: Path, n_layers: int) -> dict[str, MixSpec]:
 def load_artifact(directory: str | Path, device: str | torch.device = "cpu") -> Artifact:
     directory = Path(directory)
     if not directory.is_dir():
-        raise ArtifactError(f"model directory {directory} does not exist", field="model")
+        hint = ""
+        if not directory.is_absolute() and (BUNDLED_MODELS_DIR.parent / directory).is_dir():
+            # a README path tried from another folder: name the one that exists
+            hint = f" here ({Path.cwd()}); did you mean {BUNDLED_MODELS_DIR.parent / directory}?"
+        raise ArtifactError(f"model directory {directory} does not exist{hint}", field="model")
     manifest = read_manifest(directory)
     version = verify_files(directory, manifest)
     header = read_header(directory)

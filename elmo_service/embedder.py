@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from cachetools import LRUCache
 
-from elmo_service.artifact import Artifact, load_artifact
+from elmo_service.artifact import Artifact, default_model_dir, load_artifact
 from elmo_service.batching import (
     DEFAULT_BATCH_TOKENS,
     DEFAULT_MAX_BATCH_SENTENCES,
@@ -190,13 +190,21 @@ class Embedder:
 
     @classmethod
     def load(
-        cls, path: str | Path, *, threads: int | None = None, device: str = "auto", **kwargs
+        cls,
+        path: str | Path | None = None,
+        *,
+        threads: int | None = None,
+        device: str = "auto",
+        **kwargs,
     ) -> Embedder:
-        """Read an artifact folder. ``threads``: set torch's thread count; left alone when
-        not given (the process's setup, ``configure_process``, or the caller decides it)."""
+        """Read an artifact folder; none given: the model ``elmo-service serve`` serves by
+        default (the bundled one, wherever the process runs). ``threads``: set torch's thread
+        count; left alone when not given (``configure_process``, or the caller, decides it)."""
         if threads is not None:
             set_threads(threads)
-        return cls(load_artifact(path, device="cpu"), device=device, **kwargs)
+        return cls(
+            load_artifact(path or default_model_dir(), device="cpu"), device=device, **kwargs
+        )
 
     def warm_up(self) -> None:
         """Compile what the chosen kernel compiles ahead of time, and run a batch and a
