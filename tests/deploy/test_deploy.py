@@ -563,8 +563,9 @@ def test_dockerfile_contract(dockerfile):
     # every product package in pyproject reaches the image, before the project install
     import tomllib
 
-    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
-    packages = {p.rstrip("*") for p in find["find"]["include"]}
+    # (the folders of the installed packages: api/ is installed as elmo_api, ...)
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = set(setup["package-dir"].values())
     copied = {
         v.split()[0].rstrip("/"): i
         for i, (k, v) in enumerate(ins)
