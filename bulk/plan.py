@@ -119,9 +119,7 @@ def _line_problem(raw: bytes) -> str | None:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         return f"is not UTF-8 (byte {e.start}: {raw[e.start : e.start + 1]!r})"
-    if not text.strip():
-        return "is blank"
-    return None
+    return None  # a blank line is an empty sentence: a row with no positions (#51)
 
 
 def _strip_newline(raw: bytes) -> bytes:
@@ -132,7 +130,7 @@ def scan_inputs(
     paths: Sequence[str | Path], shard_rows: int, progress: Callable[[int], None] | None = None
 ) -> Scan:
     """One pass over the inputs' bytes: their sha256, line counts, the lines that are no
-    sentence (non-UTF-8, blank), and the shards (a shard may span two files)."""
+    sentence (non-UTF-8; a blank one is an empty sentence), and the shards (a shard may span two files)."""
     inputs: list[dict[str, Any]] = []
     shards: list[Shard] = []
     bad: list[dict[str, Any]] = []

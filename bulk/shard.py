@@ -182,7 +182,7 @@ def embed_shard(
                 t = _document_tokens(emb, sent, file, line)
             else:
                 (t,) = emb.tokenize([sent], field="input", where=at_line(file, line))
-            if not t:
+            if not t and opts.documents:  # an empty sentence is an empty row; a document, no
                 raise InputError(
                     f"line {line} of {file} has no tokens for this model's tokenizer", field="input"
                 )

@@ -28,7 +28,7 @@ def cmd_embed_file(args: argparse.Namespace) -> int:
     from elmo_service.embedder import Embedder
 
     in_path, out = Path(args.input), Path(args.output)
-    total = check_lines(in_path)  # before loading the model: fail fast
+    total = check_lines(in_path, args.documents)  # before loading the model: fail fast
     check_output(out)
     model = Path(args.model) if args.model else default_model_dir()
     emb = Embedder.load(

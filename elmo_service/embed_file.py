@@ -38,23 +38,25 @@ def default_granularity(whitespace: bool) -> str:
     return "word" if whitespace else "token"
 
 
-def check_lines(path: Path) -> int:
-    """The file's line count; ElmoServiceError naming ``input`` when it is not a file or has
-    blank lines (refused as ``allennlp elmo`` refuses them: dataset ``i`` is line ``i``, and
-    an empty sentence has no vectors to store). One pass, before any model loads."""
+def check_lines(path: Path, documents: bool = False) -> int:
+    """The file's line count; ElmoServiceError naming ``input`` when it is not a file. One
+    pass, before any model loads. A blank line is a sentence with no tokens: its dataset is
+    empty (``[L+1, 0, D]``), as every surface answers an empty sentence (#51); AllenNLP's
+    `elmo` refuses the file instead. A blank line as a *document* (``documents``) is refused
+    here, as an empty document is everywhere (docs/documents.md)."""
     if not path.is_file():
         raise ElmoServiceError(f"{path}: not a file (missing, or a folder)", field="input")
     n, blank = 0, []
     with path.open(encoding="utf-8", errors="replace") as f:
         for n, line in enumerate(f, start=1):  # noqa: B007 - n is the count after the loop
-            if not line.strip():
+            if documents and not line.strip():
                 blank.append(n)
     if not blank:
         return n
     more = f" (and {len(blank) - 5} more)" if len(blank) > 5 else ""
     raise ElmoServiceError(
-        f"{path} has blank lines ({', '.join(map(str, blank[:5]))}{more}); give one sentence "
-        "a line, as AllenNLP's `elmo` command requires (e.g. drop them with: "
+        f"{path} has blank lines ({', '.join(map(str, blank[:5]))}{more}); with --documents "
+        "each line is a document, and an empty document has nothing to embed (drop them with: "
         "grep -v '^[[:space:]]*$')",
         field="input",
     )
@@ -113,7 +115,7 @@ def write_hdf5(
 
     input_file, output_file = Path(input_file), Path(output_file)
     if lines is None:
-        lines = check_lines(input_file)
+        lines = check_lines(input_file, documents)
     check_output(output_file)
     spec = file_spec(emb, what, task, granularity or default_granularity(whitespace))
     sentence_to_index: dict[str, str] = {}
@@ -140,13 +142,8 @@ def write_hdf5(
             )
             layers = emb.embed_tokens([[t.text for t in toks] for toks in token_lists])
             for line, toks, x in zip(chunk, token_lists, layers, strict=True):
-                if not toks:  # e.g. a line of characters the tokenizer removes (U+200B)
-                    raise InputError(
-                        f"line {index + 1} of {input_file} has no tokens for this model's "
-                        "tokenizer: nothing to store under its index",
-                        field="input",
-                        index=index,
-                    )
+                # a blank line (or one the tokenizer empties, e.g. U+200B) is a sentence with
+                # no tokens: its dataset has no positions, as the library answers it (#51)
                 data = _dataset(x, toks, spec)
                 if not np.isfinite(data).all():  # never write a NaN a reader would trust
                     raise ElmoServiceError(

@@ -224,8 +224,18 @@ def test_a_byte_order_mark_stays_out_of_the_first_rows_text(tmp_path, tiny_model
     assert [r["text"] for r in rows] == ["the river bank", "the second line"]
     assert rows[0]["positions"] == ["the", "river", "bank"]
     bom_only = tmp_path / "bom.txt"
-    bom_only.write_bytes(b"\xef\xbb\xbf\nnext\n")  # a BOM alone is a blank line
-    assert [b["line"] for b in scan_inputs([bom_only], shard_rows=10).bad] == [1]
+    bom_only.write_bytes(b"\xef\xbb\xbf\nnext\n")  # a BOM alone is a blank line: an empty row
+    scan = scan_inputs([bom_only], shard_rows=10)
+    assert not scan.bad
+    embed_shard(emb, scan.shards[0], BulkOptions(), out, None, skip_bad=False)
+    rows = pq.read_table(out / "part-00000.parquet").to_pylist()
+    assert [r["text"] for r in rows] == ["", "next"]
+    assert rows[0]["positions"] == [] and rows[0]["embedding"] == []
+    pooled, out2 = BulkOptions(pooling="mean"), tmp_path / "pooled"
+    (out2 / MANIFESTS).mkdir(parents=True)
+    embed_shard(emb, scan.shards[0], pooled, out2, None, skip_bad=False)
+    rows = pq.read_table(out2 / "part-00000.parquet").to_pylist()
+    assert rows[0]["embedding"] == [0.0] * len(rows[1]["embedding"])  # the zero vector
 
 
 def test_actors_and_threads_fill_the_cluster_without_sharing_a_core():

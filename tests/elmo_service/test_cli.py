@@ -76,15 +76,32 @@ def test_info_prints_version(tmp_path, capsys):
     assert len(info["version"]) == 16 and info["tokenizer"] == "word"
 
 
-def test_embed_file_refuses_blank_lines_like_allennlp(tmp_path, capsys):
+def test_embed_file_answers_a_blank_line_with_an_empty_dataset(tmp_path, capsys):
+    """#51: one answer for an empty sentence on every surface: a blank line's dataset has no
+    positions (AllenNLP's `elmo` refuses the whole file); the other lines are the library's."""
+    import h5py
+
+    from elmo_service import Embedder
+
     model = tiny_artifact(tmp_path / "m")
     inp = tmp_path / "in.txt"
     inp.write_text("a b\n\nc d\n   \ne f\n")
     out = tmp_path / "o.h5"
-    assert main(["embed-file", str(inp), str(out), "--model", str(model), "--quiet"]) == 2
+    assert main(["embed-file", str(inp), str(out), "--model", str(model), "--quiet"]) == 0
+    capsys.readouterr()
+    lib = Embedder.load(model, threads=1).embed(["a b", "", "c d", "   ", "e f"])
+    with h5py.File(out) as f:
+        for i, want in enumerate(lib):
+            got = f[str(i)][()]
+            assert got.shape == want.layers.shape, (i, got.shape)
+        assert f["1"].shape[1] == 0 and f["3"].shape[1] == 0
+    # as documents, a blank line is an empty document: refused, naming the lines
+    assert (
+        main(["embed-file", str(inp), str(out), "--model", str(model), "--quiet", "--documents"])
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert "blank lines (2, 4)" in err and len(err.splitlines()) == 1
-    assert not out.exists()
 
 
 def test_embed_file_names_a_bad_input_or_output_path_in_one_line(tmp_path, capsys):
@@ -106,14 +123,18 @@ def test_embed_file_names_a_bad_input_or_output_path_in_one_line(tmp_path, capsy
 
 
 def test_embed_file_names_the_line_a_sentence_fails_on(tmp_path, capsys):
-    """Errors about a sentence name its line in the file (not its index in a chunk); a line
-    the tokenizer leaves empty (only a zero-width space) is refused, not stored as [L+1, 0, D]."""
+    """Errors about a sentence name its line in the file (not its index in a chunk): a given
+    word the tokenizer leaves empty (a zero-width space) is refused; a whole line it empties
+    is an empty sentence, stored as [L+1, 0, D] like a blank line (#51)."""
     model = default_model_dir()  # sentencepiece: normalisation removes U+200B
     inp = tmp_path / "in.txt"
-    cases = [
-        ("ok here\nfine\n\u200b\n", [], "line 3 of"),
-        ("a b\nc \u200b d\n", ["--whitespace"], "line 2 of"),
-    ]
+    inp.write_text("ok here\nfine\n\u200b\n")
+    assert (
+        main(["embed-file", str(inp), str(tmp_path / "e.h5"), "--model", str(model), "--quiet"])
+        == 0
+    )
+    capsys.readouterr()
+    cases = [("a b\nc \u200b d\n", ["--whitespace"], "line 2 of")]
     for text, flags, words in cases:
         inp.write_text(text)
         out = tmp_path / "o.h5"
