@@ -31,7 +31,7 @@ TORCH_PLAN = $(BIN)/python deploy/torch_plan.py --torch $(TORCH) --version $(TOR
 
 # Each step says what it installs and about how long (measured on a fresh clone, 2 cores): the
 # installs are quiet, and a minute of silence reads like a hang.
-$(STAMP): pyproject.toml deploy/torch_plan.py | $(BIN)/python
+$(STAMP): pyproject.toml clients/python/pyproject.toml deploy/torch_plan.py | $(BIN)/python
 	@echo "setup: upgrading pip in $(VENV) (seconds)"
 	$(BIN)/pip install --quiet --upgrade pip
 	@echo "setup: installing torch $(TORCH_VERSION) (CPU build ~200 MB, CUDA build several GB: a minute or more)"
@@ -40,6 +40,8 @@ $(STAMP): pyproject.toml deploy/torch_plan.py | $(BIN)/python
 	@$(BIN)/python -W ignore -c "import torch; print('torch', torch.__version__, 'CUDA ' + torch.version.cuda if torch.version.cuda else 'CPU build')"
 	@echo "setup: installing elmo-service and its dependencies$(if $(EXTRAS), (extras: $(EXTRAS))) (about a minute)"
 	$(BIN)/pip install --quiet -e ".$(if $(EXTRAS),[$(EXTRAS)])"
+	@echo "setup: installing the Python client (clients/python: elmo-service-client, seconds)"
+	$(BIN)/pip install --quiet -e ./clients/python
 	touch $@
 
 # what the torch install would be here, without installing: `make torch-plan [TORCH=cpu|cuda]`
