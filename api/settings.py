@@ -481,6 +481,7 @@ def format_validation_error(e: ValidationError) -> str:
 OTHER_VARIABLES = frozenset({
     "ELMO_JOBS_PARENT_PID", "ELMO_SOURCES_CACHE", "ELMO_TENSORBOARD", "ELMO_IMAGE",
     "ELMO_CUDA_IMAGE", "ELMO_ENV_FILE", "ELMO_API_REPLICAS", "ELMO_LB_IMAGE",
+    "ELMO_KERNEL_CALIBRATION", "ELMO_KERNEL_CACHE",  # the core's kernel route (docs/serving.md)
 })  # fmt: skip
 
 

@@ -34,7 +34,6 @@ from safetensors.torch import load_file, save_file
 from elmo_service import atomic
 from elmo_service.artifact import read_manifest
 from elmo_service.atomic import sha256_file
-from elmo_service.embedder import Embedder
 from elmo_service.errors import ArtifactError
 
 VECTORS, META = "selftest.safetensors", "selftest.json"
@@ -73,6 +72,8 @@ def write_selftest(directory: str | Path, embedder: Any = None) -> dict[str, Any
     fp32). Returns what ``selftest.json`` holds."""
     directory = Path(directory)
     if embedder is None:
+        from elmo_service.embedder import Embedder  # here: the service imports this module
+
         embedder = Embedder.load(directory, device="cpu", token_cache_size=0)
     # the model's tokens (a small sentencepiece vocabulary splits the long sentence into
     # more pieces than a small model takes: cut to its limit; the check runs tokens anyway)
