@@ -63,7 +63,7 @@ SHAPES = {
 }
 CELLS = (("small", 1), ("small", 32), ("original", 1), ("original", 20))
 WARM = 2000  # sentences that warm the token cache
-# issue #46's targets against AllenNLP as its users run it: fp32, and the fastest certified path
+# the targets against AllenNLP as its users run it: fp32, and the fastest certified path
 TARGETS = {("small", 1): 2.5, ("small", 32): 5.0, ("original", 1): 1.8, ("original", 20): 2.8}
 FAST_TARGETS = {("small", 1): 4.0, ("original", 1): 3.5}
 FAST = ("int8", "bf16")

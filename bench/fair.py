@@ -3,7 +3,7 @@
     header(threads) -> lines: CPU model, ISA (AVX2 / AVX-512 / AVX512_BF16 / AMX), torch, load
     with Side("rival", "bench.bench_latency:AllenSide", threads=2, **kw) as a: a.call("run", ...)
 
-Fairness (issue #46): a rival (AllenNLP) runs in a process of its own, with its own
+Fairness: a rival (AllenNLP) runs in a process of its own, with its own
 defaults, as ``pip install allennlp`` gives them: no OpenMP / MKL variable of ours
 (every ``OMP_*``, ``GOMP_*``, ``KMP_*``, ``MKL_*`` is dropped from its environment), and
 the thread count set the way its users set it, ``torch.set_num_threads(n)``, the same

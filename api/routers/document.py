@@ -37,12 +37,11 @@ from starlette.responses import StreamingResponse
 from elmo_api import outputs
 from elmo_api.deps import ServingDep
 from elmo_api.encoding import dumps
-from elmo_api.errors import ApiError, error_body
+from elmo_api.errors import ApiError, answer_of, error_body
 from elmo_api.responses import check_response_floats
 from elmo_api.routers.embed import mix_cause, output_options
 from elmo_api.schemas import ERROR_RESPONSES, REQUEST_CONFIG, Number
 from elmo_service.document import DEFAULT_CHUNK_TOKENS, embed_document_chunks, tokenize_document
-from elmo_service.errors import ElmoServiceError
 from elmo_service.outputs import positions as answer_positions
 
 router = APIRouter(prefix="/v1", tags=["embed"])
@@ -203,11 +202,11 @@ async def embed_document(req: DocumentRequest, request: Request, ctx: ServingDep
             # "tokens": the positions the chunk lines listed (a reader checks it against
             # what came): the document's tokens, its words at word granularity, 0 pooled
             put(dumps({"done": True, "chunks": n, "tokens": positions}) + b"\n")
-        except ElmoServiceError as e:
-            put(dumps({"error": error_body(e.code, e.message, e.field)}) + b"\n")
-        except Exception:  # noqa: BLE001 - the stream has begun: an error line, then the end
-            log.exception("document stream failed after %d chunks", n)
-            put(dumps({"error": error_body("internal", "internal error", None)}) + b"\n")
+        except Exception as e:  # noqa: BLE001 - the stream has begun: an error line, then the end
+            status, code, message, field, _ = answer_of(e)  # api/errors.py's one table
+            if status >= 500:
+                log.exception("document stream failed after %d chunks", n)
+            put(dumps({"error": {**error_body(code, message, field), "status": status}}) + b"\n")
         finally:
             put(None)
 

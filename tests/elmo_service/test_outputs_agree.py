@@ -521,7 +521,7 @@ def test_api_document_size_limits(model, tmp_path):
 def test_api_document_error_mid_stream(client, monkeypatch):
     """An error met once the stream has begun (here the encoding of chunk 2 refuses its
     values, as a float16 overflow does) is a last line naming the field, after the chunks
-    already sent; no "done" line follows. Anything else is an "internal" line."""
+    already sent; no "done" line follows. Anything else is an "internal_error" line."""
     from elmo_api.routers import document as route
     from elmo_service.errors import InputError
 
@@ -543,6 +543,7 @@ def test_api_document_error_mid_stream(client, monkeypatch):
             "code": "invalid_input",
             "message": "values beyond float16's range",
             "field": "dtype",
+            "status": 422,  # what the same error answers before the stream (api/errors.py)
         }
     }
 
@@ -552,7 +553,8 @@ def test_api_document_error_mid_stream(client, monkeypatch):
     monkeypatch.setattr(route, "_line", broken)
     r = client.post("/v1/embed/document", json={"document": DOCUMENT})
     (only,) = [json.loads(x) for x in r.text.splitlines()]
-    assert only["error"]["code"] == "internal" and "a bug" not in r.text
+    assert only["error"]["code"] == "internal_error" and only["error"]["status"] == 500
+    assert "a bug" not in r.text
 
 
 def test_embed_file_documents(tmp_path, model, emb, doc_raw):

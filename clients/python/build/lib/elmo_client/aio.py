@@ -80,7 +80,7 @@ class AsyncClient(Connection):
                 except StopAsyncIteration:
                     break
                 except (httpx.TransportError, httpx.StreamError, TimeoutError) as e:
-                    raise unreachable(reader.url, e) from None
+                    raise reader.cut(e) from None
                 got = reader.feed(line)
                 if got is not None:
                     yield got

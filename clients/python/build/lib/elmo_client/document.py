@@ -49,6 +49,15 @@ class DocumentReader:
         self.tokens += len(got.sentence.tokens)
         return got.sentence
 
+    def cut(self, e: BaseException) -> ServiceError:
+        """The connection failed once the answer had begun (dropped, or no chunk within
+        ``timeout``): the answer is incomplete, so it is the service's error, not a retry."""
+        why = str(e) or type(e).__name__
+        return ServiceError(
+            200, "stream_cut", f"the stream was cut after {self.chunks} chunks: {why}",
+            None, self.url,
+        )  # fmt: skip
+
     def finish(self) -> None:
         if self.done is None:
             raise bad_answer(

@@ -156,7 +156,7 @@ def _one_version(session: Session, send, chunks, pinned: str | None) -> Op:
     caller names one, else the one the fleet is converging on (its ``desired`` model in
     ``GET /v1/models``), else the version most of the latest requests came back from.
     Chunks from any other version are asked again (a rollout in progress; a split fleet
-    where one replica keeps the old model) with the retry rule's backoff, until every
+    where one replica keeps the old model) after short pauses, until every
     chunk agrees or the retry deadline passes: then one ``model_changed`` error saying
     which versions answered how many chunks."""
     answers: dict[tuple[int, int], ChunkAnswer] = {}
@@ -403,7 +403,7 @@ def _wait(job_id: str, progress: bool, poll: float, timeout: float | None) -> Op
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         while True:
-            rec = yield Call("GET", f"/v1/jobs/{_path(job_id)}")
+            rec = yield Call("GET", f"/v1/jobs/{_path(job_id)}", parse=_record)
             if bar is not None:
                 _show(bar, rec)
             if rec["state"] in TERMINAL:
@@ -416,6 +416,13 @@ def _wait(job_id: str, progress: bool, poll: float, timeout: float | None) -> Op
     finally:
         if bar is not None:
             bar.close()
+
+
+def _record(body: Any, reply: Any) -> dict[str, Any]:
+    """A job's record, which must at least say its state (else one ServiceError)."""
+    if not isinstance(body, dict) or not isinstance(body.get("state"), str):
+        raise ValueError("the answer is not a job record with a state")
+    return body
 
 
 def _show(bar: Any, rec: dict[str, Any]) -> None:
