@@ -3,7 +3,7 @@
 ``python -m tests.support.lying_server --upstream URL --port P``: a request for
 ``/<mode>/v1/...`` is forwarded to ``URL/v1/...`` and the answer of ``/v1/embed`` comes
 back mangled as ``mode`` says (a client pointed at ``http://127.0.0.1:P/<mode>``), one
-way per finding of issue #50 item 2:
+way for each kind of mangled answer a client must refuse:
 
 drop      one sentence of each answer left out          extra    one sentence twice
 reverse   the sentences in reverse order                 float64  data relabelled float64
