@@ -28,6 +28,11 @@ ELMO_FILTERS: tuple[tuple[int, int], ...] = (
 )  # fmt: skip
 
 
+# ELMoForManyLangs' fields: left out of a config at their defaults, so every earlier model's
+# and run's config (and its hash) reads as it always did
+LEXICON_DEFAULTS: dict[str, Any] = {"char_vocab_size": None, "word_dim": 0, "word_vocab_size": 0}
+
+
 class BiLMConfig(StrictModel):
     """Everything needed to build a :class:`elmo_service.model.BiLM`.
 
@@ -92,6 +97,13 @@ class BiLMConfig(StrictModel):
     max_sentence_tokens: int = Field(
         512, ge=1, description="guard for the embedder: longer sentences are refused, not truncated"
     )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        for k, v in LEXICON_DEFAULTS.items():
+            if d.get(k) == v:
+                d.pop(k)
+        return d
 
     @model_validator(mode="after")
     def _check_filters(self) -> BiLMConfig:

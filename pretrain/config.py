@@ -274,6 +274,10 @@ _LATER_DEFAULTS = {
     "optim.highway_gate_bias": None,
     "model.dropout_tokens": True,
     "model.lstm_projection": True,
+    # ELMoForManyLangs' lexicon fields (elmo_service.config.LEXICON_DEFAULTS)
+    "model.char_vocab_size": None,
+    "model.word_dim": 0,
+    "model.word_vocab_size": 0,
 }
 
 

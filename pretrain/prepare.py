@@ -150,6 +150,8 @@ def _inputs_fingerprint(files: list[Path]) -> list[dict[str, Any]]:
 def _params_hash(opts: PrepareOptions, train: list[dict], heldout: list[dict]) -> str:
     # an unset sp_model stays out of the hash: earlier preparations keep theirs
     options = opts.model_dump(exclude={"sp_model"} if opts.sp_model is None else set())
+    if options["character_coverage"] is None:  # chosen for the script: hashed as the old
+        options["character_coverage"] = LATIN_COVERAGE  # default, so English keeps its hash
     given = {"sp_model_sha256": sha256_file(Path(opts.sp_model))} if opts.sp_model else {}
     blob = json.dumps(
         {"options": options, "train": train, "heldout": heldout, **given},
@@ -436,19 +438,26 @@ def _encode_file(path: Path, encode, writer: ShardWriter, progress: bool, desc: 
 # scripts with thousands of characters (Han, kana, Hangul syllables): sentencepiece's
 # advice is a coverage of 0.9995 for them, 1.0 for alphabets
 _RICH_SCRIPT = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
-RICH_SCRIPT_COVERAGE, ALPHABET_COVERAGE = 0.9995, 1.0
+_LATIN = re.compile("[A-Za-z\u00c0-\u024f]")
+# Latin text keeps sentencepiece's default, as every preparation did before the choice by
+# script (the bundled model's recipe, and their params hashes, stay as they were)
+RICH_SCRIPT_COVERAGE, LATIN_COVERAGE, ALPHABET_COVERAGE = 0.9995, 0.9995, 1.0
 
 
 def coverage_for(train: Path, opts: PrepareOptions, sample_chars: int = 2_000_000) -> float:
     """The character coverage asked, else the one for the script of the training text's
-    first ``sample_chars`` letters: rich scripts over a fifth of them -> 0.9995, else 1.0."""
+    first ``sample_chars`` letters: rich scripts over a fifth of them -> 0.9995, mostly Latin
+    -> 0.9995 (sentencepiece's default, as before), another alphabet -> 1.0."""
     if opts.character_coverage is not None:
         return opts.character_coverage
     with open(train, encoding="utf-8") as f:
         sample = f.read(sample_chars)
-    letters = sum(ch.isalpha() for ch in sample)
-    rich = len(_RICH_SCRIPT.findall(sample))
-    return RICH_SCRIPT_COVERAGE if rich > 0.2 * max(1, letters) else ALPHABET_COVERAGE
+    letters = max(1, sum(ch.isalpha() for ch in sample))
+    if len(_RICH_SCRIPT.findall(sample)) > 0.2 * letters:
+        return RICH_SCRIPT_COVERAGE
+    if len(_LATIN.findall(sample)) > 0.5 * letters:
+        return LATIN_COVERAGE
+    return ALPHABET_COVERAGE  # Cyrillic, Greek, Arabic...: a small alphabet, all of it
 
 
 def _train_sp(tmp: Path, paths: dict[str, Path], opts: PrepareOptions, log) -> None:
