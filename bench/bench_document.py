@@ -34,23 +34,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.bench_embedder import pydoc_prose  # noqa: E402
 from elmo_service.embedder import Embedder  # noqa: E402
 from elmo_service.process import configure_process  # noqa: E402
 
 
 def prose_sentences() -> list[str]:
-    import pydoc_data.topics
-
-    paras = re.split(r"\n\s*\n", "\n".join(pydoc_data.topics.topics.values()))
-    prose = [
-        " ".join(p.split())
-        for p in paras
-        if not p.startswith("   ")
-        and len(p.split()) > 8
-        and len(re.findall(r"[A-Za-z]+", p)) > 0.8 * len(p.split())
-    ]
     out = []
-    for p in prose:
+    for p in pydoc_prose():
         out.extend(s for s in re.split(r"(?<=[.!?])\s+", p) if len(s.split()) >= 3)
     return out
 

@@ -87,19 +87,23 @@ def load_sources(path: str | None) -> tuple[dict[str, list[str]], str]:
             mid = max(0, len(text) // 2 - 300_000)  # 600k characters from the middle
             out[f.stem] = [t.text for t in tok.tokenize(text[mid : mid + 600_000])]
         return out, path or "data/corpus (" + ", ".join(out) + ")"
+    words = [t.text for t in tok.tokenize("\n".join(pydoc_prose()))]
+    return {"pydoc": words}, "pydoc_data help-topic prose (CPython)"
+
+
+def pydoc_prose() -> list[str]:
+    """CPython's help-topic prose (``pydoc_data``, always installed): its paragraphs that are
+    not indented (code) and are mostly alphabetic words, one line each."""
     import pydoc_data.topics
 
     paras = re.split(r"\n\s*\n", "\n".join(pydoc_data.topics.topics.values()))
-    # prose paragraphs only: not indented (code), mostly alphabetic words
-    prose = [
+    return [
         " ".join(p.split())
         for p in paras
         if not p.startswith("   ")
         and len(p.split()) > 8
         and len(re.findall(r"[A-Za-z]+", p)) > 0.8 * len(p.split())
     ]
-    words = [t.text for t in tok.tokenize("\n".join(prose))]
-    return {"pydoc": words}, "pydoc_data help-topic prose (CPython)"
 
 
 def make_sentences(

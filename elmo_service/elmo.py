@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from elmo_service.bilm_cache import LayerCache, WeightsWatch, sentence_key, weights_id
 from elmo_service.char_ids import bos_ids, eos_ids, token_ids
 from elmo_service.errors import ConfigError, InputError
-from elmo_service.model import N_CHAR_IDS, BiLM, BiLMState
+from elmo_service.model import N_CHAR_IDS, BiLM, BiLMState, carried_keep, carried_rows
 from elmo_service.scalar_mix import MAX_MIX_WEIGHT, ScalarMix
 from elmo_service.tokenizers import Tokenizer
 
@@ -553,24 +553,9 @@ class Elmo(nn.Module):
         rows, new rows from zero (the store grows to the larger batch)."""
         if not self.stateful or self._states is None:
             return None
-        h, c = self._states  # [2, L, rows, P], [2, L, rows, C]
-        if batch > h.shape[2]:
-            grow = batch - h.shape[2]
-            h = torch.cat([h, h.new_zeros(*h.shape[:2], grow, h.shape[3])], 2)
-            c = torch.cat([c, c.new_zeros(*c.shape[:2], grow, c.shape[3])], 2)
-            self._states = (h, c)
-        return tuple(
-            [(h[d, layer, :batch], c[d, layer, :batch]) for layer in range(h.shape[1])]
-            for d in (0, 1)
-        )
+        self._states, state = carried_rows(self._states, batch)
+        return state
 
     def _keep(self, final: BiLMState) -> None:
         """Store the final state of this call's rows (detached); rows beyond it keep theirs."""
-        h = torch.stack([torch.stack([s[0] for s in d]) for d in final]).detach()
-        c = torch.stack([torch.stack([s[1] for s in d]) for d in final]).detach()
-        if self._states is not None and self._states[0].shape[2] > h.shape[2]:
-            old_h, old_c = self._states
-            b = h.shape[2]
-            h = torch.cat([h, old_h[:, :, b:]], 2)
-            c = torch.cat([c, old_c[:, :, b:]], 2)
-        self._states = (h, c)
+        self._states = carried_keep(self._states, final)

@@ -30,7 +30,7 @@ import torch
 from elmo_service.artifact import Artifact, load_artifact
 from elmo_service.embedder import Embedder
 from elmo_service.errors import InputError
-from elmo_service.model import BiLM, BiLMState
+from elmo_service.model import BiLM, BiLMState, carried_keep, carried_rows
 
 
 class ManyLangsEmbedder:
@@ -105,25 +105,13 @@ class ManyLangsEmbedder:
         """The carried state of the first ``batch`` rows; rows never seen start from zero."""
         if self._states is None:
             return None
-        h, c = self._states
-        if batch > h.shape[2]:
-            grow = batch - h.shape[2]
-            h = torch.cat([h, h.new_zeros(*h.shape[:2], grow, h.shape[3])], 2)
-            c = torch.cat([c, c.new_zeros(*c.shape[:2], grow, c.shape[3])], 2)
-            self._states = (h, c)
-        return tuple(
-            [(h[d, k, :batch], c[d, k, :batch]) for k in range(h.shape[1])] for d in (0, 1)
-        )  # type: ignore[return-value]
+        self._states, state = carried_rows(self._states, batch)
+        return state
 
     def _keep(self, final: BiLMState) -> None:
         """This batch's rows take their final state; rows past it keep theirs."""
-        h = torch.stack([torch.stack([s[0] for s in d]) for d in final]).float()
-        c = torch.stack([torch.stack([s[1] for s in d]) for d in final]).float()
-        if self._states is not None and self._states[0].shape[2] > h.shape[2]:
-            b = h.shape[2]
-            h = torch.cat([h, self._states[0][:, :, b:]], 2)
-            c = torch.cat([c, self._states[1][:, :, b:]], 2)
-        self._states = (h, c)
+        h, c = carried_keep(self._states, final)
+        self._states = (h.float(), c.float())
 
 
 __all__ = ["ManyLangsEmbedder"]
