@@ -116,7 +116,7 @@ BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark: not part of the first line's t
 def _line_problem(raw: bytes) -> str | None:
     """Why a raw line (newline removed) is no sentence, or None."""
     try:
-        text = raw.decode("utf-8")
+        raw.decode("utf-8")  # only to find a bad byte
     except UnicodeDecodeError as e:
         return f"is not UTF-8 (byte {e.start}: {raw[e.start : e.start + 1]!r})"
     return None  # a blank line is an empty sentence: a row with no positions (#51)

@@ -53,7 +53,11 @@ class TokenRepresentation(nn.Module):
         self.dim = cfg.word_dim + cfg.char_filters
 
     def forward(self, batch: Batch) -> Tensor:
-        return torch.cat([self.words(batch.words), self.chars(batch.chars)], dim=-1)
+        if batch.char_features is not None:  # evaluation: the CNN ran once per spelling
+            chars = batch.char_features[batch.spellings]
+        else:
+            chars = self.chars(batch.chars)
+        return torch.cat([self.words(batch.words), chars], dim=-1)
 
 
 class TaskNetwork(nn.Module):

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -94,14 +95,31 @@ class Run:
     network: TaskNetwork
 
 
-@torch.no_grad()
-def evaluate(net: TaskNetwork, task: Task, split: Split, batch_size: int = 256) -> float:
+# sentences per evaluation batch, sorted by length: the batches evaluation always had (64 and
+# 128 gave the same POS predictions and were ~20 % faster, but the same bits are not promised)
+EVAL_BATCH = 256
+
+
+@torch.inference_mode()
+def evaluate(net: TaskNetwork, task: Task, split: Split, batch_size: int = EVAL_BATCH) -> float:
+    """The network's score on ``split`` (dropout off). The character CNN runs once per
+    distinct spelling of the split, not once per word of every batch; the scores are the
+    per-word evaluation's (tests/pretrain/test_finetune.py keeps it and holds them equal)."""
     net.eval()
+    features = None
+    if getattr(net, "tokens_in", None) is not None and split.char_table is not None:
+        features = net.tokens_in.chars(torch.from_numpy(split.char_table).unsqueeze(0))[0]
     gold, pred = [], []
     for idx in batches(split, batch_size, None):
-        batch = make_batch(split, idx, task.tokens)
+        batch = make_batch(split, idx, task.tokens, chars=features is None)
+        batch.char_features = features
         pred += net.predict(batch)
         gold += [split.labels[i].tolist() if task.tokens else int(split.labels[i][0]) for i in idx]
+    return score(task, gold, pred)
+
+
+def score(task: Task, gold: list, pred: list) -> float:
+    """Accuracy or span F1 of per-sentence predictions (tag id lists, or class ids)."""
     if not task.tokens:
         return float(np.mean([g == p for g, p in zip(gold, pred, strict=True)]))
     if task.metric == "span-f1":
@@ -199,6 +217,24 @@ class ArmResult:
         return max(self.runs, key=lambda r: (r.dev, -r.seed))
 
 
+# The task networks are small (a 64-wide biLSTM, batches of 16): on two threads each op's
+# OpenMP hand-off costs more than it saves, and once another process shares the cores the
+# spinning collapses: a POS arm took 30-43 s on 2 threads against 5-6 s on 1 (same scores;
+# docs/finetune.md). The biLM's embedding, before, keeps the command's threads.
+TRAIN_THREADS = 1
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``n`` inside, restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def run_arms(
     arms: Sequence[str],
     task: Task | dict[str, Task],
@@ -210,9 +246,10 @@ def run_arms(
     tasks = task if isinstance(task, dict) else dict.fromkeys(arms, task)
     # seed by seed, every arm: an interrupted benchmark still has paired runs in its log
     runs: dict[str, list[Run]] = {arm: [] for arm in arms}
-    for seed in seeds:
-        for arm in arms:
-            runs[arm].append(train_run(arm, tasks[arm], cfg, seed, log))
+    with torch_threads(TRAIN_THREADS):
+        for seed in seeds:
+            for arm in arms:
+                runs[arm].append(train_run(arm, tasks[arm], cfg, seed, log))
     out = []
     for arm in arms:
         r = ArmResult(arm, runs[arm])

@@ -549,3 +549,133 @@ def test_max_train_spreads_over_a_file_sorted_by_label(tmp_path):
     assert [t for t, _ in got] == sorted((t for t, _ in got), key=order.index)  # file order
     all_, _ = load_for_command("classification", str(folder), False, max_train=500)
     assert len(all_["train"]) == 50
+
+
+# ------------------------------------------------------------------ the fast evaluation
+
+
+def _old_make_batch(split, index, tokens):
+    """make_batch as it was (one sentence at a time): the reference for the scatter."""
+    from elmo_pretrain.finetune.data import Batch
+
+    lengths = [len(split.words[i]) for i in index]
+    b, t = len(index), max(lengths)
+    words = torch.zeros(b, t, dtype=torch.long)
+    chars = torch.zeros(b, t, split.chars[index[0]].shape[1], dtype=torch.long)
+    mask = torch.zeros(b, t, dtype=torch.bool)
+    labels = torch.zeros(b, t, dtype=torch.long) if tokens else torch.zeros(b, dtype=torch.long)
+    elmo = None
+    if split.elmo is not None:
+        elmo = torch.zeros(split.elmo.shape[1], b, t, split.elmo.shape[2])
+    for j, (i, n) in enumerate(zip(index, lengths, strict=True)):
+        words[j, :n] = torch.from_numpy(split.words[i])
+        chars[j, :n] = torch.from_numpy(split.chars[i])
+        mask[j, :n] = True
+        if tokens:
+            labels[j, :n] = torch.from_numpy(split.labels[i])
+        else:
+            labels[j] = int(split.labels[i][0])
+        if elmo is not None:
+            rows = split.elmo[split.offsets[i] : split.offsets[i + 1]]
+            elmo[:, j, :n] = torch.from_numpy(np.array(rows)).transpose(0, 1)
+    return Batch(words, chars, mask, labels, elmo, np.asarray(index))
+
+
+@torch.no_grad()
+def _old_evaluate(net, task, split, batch_size=256):
+    """evaluate as it was: the character CNN on every word of every batch."""
+    from elmo_pretrain.finetune.train import score
+
+    net.eval()
+    gold, pred = [], []
+    for idx in batches(split, batch_size, None):
+        pred += net.predict(_old_make_batch(split, idx, task.tokens))
+        gold += [split.labels[i].tolist() if task.tokens else int(split.labels[i][0]) for i in idx]
+    return score(task, gold, pred)
+
+
+@pytest.mark.parametrize(("tokens", "metric", "crf"), [(True, "accuracy", False),
+                                                        (True, "span-f1", True),
+                                                        (False, "accuracy", False)])  # fmt: skip
+def test_the_fast_evaluation_gives_exactly_the_old_metrics(tmp_path, tokens, metric, crf):
+    """The batched evaluation (one scatter per batch, the character CNN once per spelling)
+    scores every arm exactly as the per-word evaluation did, and make_batch's tensors are
+    the old ones bit for bit (so training is unchanged too)."""
+    from elmo_pretrain.finetune.train import evaluate, train_run
+    from elmo_pretrain.probe.tasks import label_set, load_task_data
+
+    if tokens:
+        folder = _ner_data(tmp_path / "d")
+    else:
+        rng = random.Random(3)
+        vocab = ["dog", "cat", "runs", "sees", "Dogs", "catz", "x"]
+
+        def rows(n):
+            return [
+                {"text": " ".join(rng.choice(vocab) for _ in range(rng.randint(1, 6))),
+                 "label": rng.choice(["a", "b"])} for _ in range(n)
+            ]  # fmt: skip
+
+        folder = _write(tmp_path / "d", {"train": rows(40), "dev": rows(25), "test": rows(25)})
+    kind = "tagging" if tokens else "classification"
+    data = load_task_data(kind, folder, fetch=False)
+    classes = label_set(kind, data)
+    cfg = FinetuneConfig(epochs=2, hidden=8, lr=1e-2, batch_size=8)
+    art = load_artifact(tiny_artifact(tmp_path / "m"))
+    task = build_task(art, data, classes, tokens, metric, crf, cfg, tmp_path / "c", log=print)
+    for name, split in task.splits.items():
+        words = [r[0] if tokens else r[0].split() for r in data[name]]
+        for sent, chars in zip(words, split.chars, strict=True):  # encode's old loop
+            want = np.zeros((len(sent), cfg.max_word_chars), dtype=np.int64)
+            for i, w in enumerate(sent):
+                ids = [task.vocab.chars.get(ch, 1) for ch in w[: cfg.max_word_chars]]
+                want[i, : len(ids)] = ids
+            assert np.array_equal(chars, want)
+        for idx in batches(split, 7, np.random.default_rng(1)):
+            new, old = make_batch(split, idx, tokens), _old_make_batch(split, idx, tokens)
+            for f in ("words", "chars", "mask", "labels", "elmo"):
+                assert torch.equal(getattr(new, f), getattr(old, f)), (name, f)
+    scores = set()
+    for arm in ("baseline", "elmo+baseline", "probe"):
+        net = train_run(arm, task, cfg, 0, log=lambda _: None).network
+        # the whole splits, and early stopping's head of dev (its own spelling table)
+        for name, split in [*task.splits.items(), ("dev head", task.splits["dev"].head(9))]:
+            for size in (3, 256):  # a batch of a few sentences, and all in one
+                got = evaluate(net, task, split, size)
+                assert got == _old_evaluate(net, task, split, size), (arm, name, size)
+                scores.add(got)
+    assert len(scores) > 1  # the networks differ: the comparison is not of constants
+
+
+def test_split_layers_are_the_probes_word_features_bit_for_bit(tmp_path, monkeypatch):
+    """The finetuner's embedding gives the probe's word vectors exactly (the cached layers
+    of earlier runs stay valid): the same batches, and the pieces' averaging bit for bit."""
+    import elmo_pretrain.finetune.data as data_mod
+    from elmo_pretrain.probe.features import word_features
+    from elmo_service.values import Token, average_words
+
+    # the averaging, on words cut into 1-4 pieces (the tiny model's tokenizer cuts none)
+    g = np.random.default_rng(0)
+    for _ in range(20):
+        pieces = g.integers(1, 5, size=int(g.integers(1, 8)))
+        ts = [Token("p", 0, 1, w) for w, n in enumerate(pieces) for _ in range(n)]
+        layers = g.standard_normal((3, len(ts), 8)).astype(np.float32)
+        got = data_mod.average_pieces(layers, ts)
+        assert got.shape == (3, len(pieces), 8)
+        assert np.array_equal(got, average_words(layers, ts, axis=1))
+
+    art = load_artifact(tiny_artifact(tmp_path / "m"))
+    rng = random.Random(5)
+    sents = [
+        [rng.choice(["dog", "Antidisestablishment", "x", "catalogue", "runs"]) for _ in range(n)]
+        for n in (rng.randint(1, 9) for _ in range(40))
+    ]
+    monkeypatch.setattr(data_mod, "CHUNK_SENTENCES", 7)  # several chunks, several batches
+
+    def fresh():  # the same token cache history on both sides
+        return Embedder(art, batch_tokens=24, max_sentence_tokens=10_000)
+
+    want = word_features(fresh(), sents, chunk=7, dtype=np.float32)
+    got = data_mod.split_layers(fresh(), sents)
+    assert got.shape == (sum(map(len, sents)), 3, fresh().dim)
+    assert np.array_equal(got, want)
