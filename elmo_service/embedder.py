@@ -10,7 +10,8 @@
    character CNN is most of the FLOPs of released-size models); misses run
    through the CNN once per distinct token;
 3. the biLSTM runs on the assembled ``[B, T, P]`` token vectors, from a zero
-   state, so a sentence's vectors do not depend on its batch mates.
+   state, so a sentence's vectors depend on its batch mates only through the order of
+   float32 sums: within 1e-5 x its largest value (docs/reliability.md#determinism).
 
 Both halves run in the kernel chosen once at construction and logged
 (``elmo_service/kernels``): on the CPU in fp32, ``CpuBiLM`` (native kernels;
@@ -461,7 +462,8 @@ class Embedder:
     def run_batch(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """One model call on exactly these token texts, as the caller planned them
         (the server's batcher): ``[L+1, T, D]`` float32 per sentence, in input order.
-        A sentence's vectors do not depend on its batch mates."""
+        A sentence's vectors depend on its batch mates only within the determinism bound
+        (1e-5 x its largest value: the float32 sums' order)."""
         if not sentences:
             return []
         return self._forward(list(sentences))
