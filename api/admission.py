@@ -3,7 +3,21 @@
 A request is refused at the door (:class:`QueueFull`, a 429) when its lane's queue
 is full, or (:class:`Overloaded`, 429 with ``Retry-After``) when the work ahead of
 it -- in tokens x the measured seconds per token -- plus its own would not finish
-inside its timeout (see :mod:`elmo_api.batcher`).
+inside its timeout.
+
+Admission control: a request is also refused at the door (:class:`Overloaded`,
+429 with ``Retry-After``) when the work ahead of it -- queued and running
+tokens x the measured seconds per token -- plus its own would not finish inside
+its timeout (within 80% of it: headroom for the estimate's error). Admitting it
+would only make it wait and then fail with 503 after the timeout, while taking
+model time from requests that can still make it. Ahead of interactive work is
+the interactive lane and the batch running now; ahead of batch work, all of
+it. Seconds per token is a token-weighted moving average over real batches
+(:class:`WorkEstimate`), starting from a deliberately slow prior. Since each
+take is sorted by length, a later request can run before an earlier one of the
+same take, so a request is also refused when it would push the oldest queued
+request of its take past that request's deadline. A request with nothing ahead
+of it is always admitted: waiting cannot help it.
 """
 
 from __future__ import annotations
@@ -55,6 +69,10 @@ class WorkEstimate:
             return
         self._seconds = self.decay * self._seconds + seconds
         self._tokens = self.decay * self._tokens + tokens
+
+    def reset(self) -> None:
+        """Back to the prior: forget what was measured so far."""
+        self._seconds = self._tokens = 0.0
 
     @property
     def seconds_per_token(self) -> float:

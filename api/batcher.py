@@ -1,4 +1,4 @@
-"""Micro-batching: two priority lanes, one worker thread, the only model caller.
+"""Micro-batching: two priority lanes, one model thread (or one per lane), the only model callers.
 
 Requests ``submit`` token lists (already tokenized in the request path) and
 await one future per sentence. The worker thread:
@@ -37,38 +37,26 @@ Priority lanes (``priority`` in a request: ``interactive``, the default, or
 A full lane raises :class:`QueueFull` at once (the route answers 429). Queues
 are counted in sentences, the unit the model works in.
 
-Admission control: a request is also refused at the door (:class:`Overloaded`,
-429 with ``Retry-After``) when the work ahead of it -- queued and running
-tokens x the measured seconds per token -- plus its own would not finish inside
-its timeout (within 80% of it: headroom for the estimate's error). Admitting it
-would only make it wait and then fail with 503 after the timeout, while taking
-model time from requests that can still make it. Ahead of interactive work is
-the interactive lane and the batch running now; ahead of batch work, all of
-it. Seconds per token is a token-weighted moving average over real batches
-(:class:`WorkEstimate`), starting from a deliberately slow prior. Since each
-take is sorted by length, a later request can run before an earlier one of the
-same take, so a request is also refused when it would push the oldest queued
-request of its take past that request's deadline. A request with nothing ahead
-of it is always admitted: waiting cannot help it.
+Admission control (:mod:`elmo_api.admission`): a request is refused at the door when the
+work ahead of it would not let it finish inside its timeout.
 
-Batch fill without a fixed delay: a request *announces* itself when it
-enters the embedding path (before its cache lookup) and the announcement is
-retired when it submits or needs no model. When the worker is about to start
-a batch while announced requests are still on their way (parsed, being
-looked up), it waits for them -- at most ``fill_ratio`` of the recent batch
-duration and never more than ``max_fill_wait`` -- and starts at once when
-they have arrived or when nothing is announced (an idle server never waits).
-Without this, closed-loop clients alternate batches of 1 and of N-1. An
-interactive sentence waiting while batch work is queued ends the wait: its
-latency matters more than the batch's fill.
+An interactive model thread (``interactive_fn``, ``ELMO_INTERACTIVE_THREAD``): the
+interactive lane gets a worker thread of its own with its own model instance over the
+same weights (one intra-op thread: the batch lane's two keep the cores). An interactive
+request then never waits behind batch work already computing -- it runs at once, beside
+it, the two sharing the CPU for its few milliseconds -- so the batch lane needs no
+slices, no top-up and no share: it runs full batches on the main thread, the whole
+time. The batch lane's thread runs ``batch_nice`` nicer (and so the kernel threads it
+starts): when both compute, the CPU goes to interactive work first. Admission counts, for
+interactive work, its own lane only, with its own seconds-per-token estimate (lone
+sentences cost more per token than full batches).
 
-Returning clients count as on their way too: the sentences a batch just
-answered belong to clients that typically send their next request within a
-few milliseconds. So after a batch of k sentences the next batch also waits
-(same bound) until k sentences have arrived since that batch finished.
-Without this, 16 closed-loop clients settle into two alternating batches of
-8, each half the size it could be. A lone client never waits: its next
-request is the one arrival expected.
+Batch fill without a fixed delay: requests announce themselves as they enter the embedding
+path, and a batch about to start waits -- at most ``fill_ratio`` of the recent batch time,
+never over ``max_fill_wait`` -- for the announced ones and for as many returning clients
+as the last batch answered; an idle server never waits, and an interactive sentence ends
+the wait. Without it, closed-loop clients alternate batches of 1 and N-1, or settle into
+two half-size batches (docs/serving.md).
 """
 
 from __future__ import annotations
@@ -81,7 +69,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -102,7 +89,21 @@ from elmo_api.admission import (
     token_cost,
 )
 from elmo_api.direct import DirectRunner
-from elmo_api.lanes import BATCH, INTERACTIVE, LANES, Lane, LaneShare
+from elmo_api.lanes import (
+    BATCH,
+    DEFAULT_BATCH_SHARE,
+    DEFAULT_BATCH_SLICE_TOKENS,
+    DEFAULT_INTERACTIVE_WINDOW,
+    DEFAULT_TOPUP_TOKENS,
+    INTERACTIVE,
+    LANES,
+    Lane,
+    LaneShare,
+    renice,
+    start_lane_thread,
+)
+from elmo_api.lanes import QueuedSentence as _Item
+from elmo_api.lanes import set_results as _set_results
 from elmo_api.metrics import Metrics
 from elmo_service.batching import (
     DEFAULT_BATCH_TOKENS,
@@ -115,9 +116,6 @@ log = logging.getLogger("elmo_api.batcher")
 
 # re-exported: the runners' shared vocabulary lives in elmo_api.admission
 __all__ = [
-    "DEFAULT_BATCH_SLICE_TOKENS",
-    "DEFAULT_BATCH_SHARE",
-    "DEFAULT_TOPUP_TOKENS",
     "DEFAULT_FILL_WAIT_MS",
     "DEFAULT_MAX_QUEUE",
     "Batcher",
@@ -132,41 +130,6 @@ __all__ = [
     "WorkEstimate",
     "token_cost",
 ]
-
-# the lanes' defaults (api/settings.py reads these; docs/serving.md says how they were chosen)
-DEFAULT_BATCH_SLICE_TOKENS = 1024
-DEFAULT_BATCH_SHARE = 0.2
-DEFAULT_INTERACTIVE_WINDOW = 2.0
-DEFAULT_TOPUP_TOKENS = 128
-
-
-@dataclass(eq=False)
-class _Item:
-    tokens: Sequence[str]
-    future: asyncio.Future
-    loop: asyncio.AbstractEventLoop
-    lane: Lane = INTERACTIVE
-    timing: Any = None  # the request's elmo_api.lanes.RequestTiming, if it keeps one
-    trace: Any = None  # the request's tracing context, when tracing is on
-    enqueued: float = field(default_factory=time.perf_counter)
-    deadline: float = math.inf  # by when admission promised it an answer (perf_counter)
-
-    @property
-    def cost(self) -> int:
-        return token_cost(self.tokens)
-
-
-def _set_results(
-    pairs: list[tuple[asyncio.Future, object]], error: BaseException | None = None
-) -> None:
-    """Runs on the event loop: complete futures that nobody cancelled meanwhile."""
-    for fut, value in pairs:
-        if fut.done():
-            continue
-        if error is not None:
-            fut.set_exception(error)
-        else:
-            fut.set_result(value)
 
 
 class Batcher:
@@ -208,6 +171,16 @@ class Batcher:
         The worker thread's name.
     estimate : `WorkEstimate`, optional
         Seconds per token for admission control (a fresh, slow prior when None).
+    interactive_fn : `EmbedFn`, optional
+        When given, the interactive lane runs on a thread of its own through this function
+        (a second model instance over the same weights: it must be safe to call while
+        ``embed_fn`` runs), and the main thread serves the batch lane alone.
+    interactive_threads : `int`, optional (default = `1`)
+        Intra-op (torch) threads of the interactive thread (None: leave torch's default).
+    batch_nice : `int`, optional (default = `0`)
+        With a thread per lane: the batch lane's thread (and the threads it starts: the
+        kernel's direction workers, OpenMP's) runs this much nicer (Linux), so the CPU
+        goes to the interactive thread and the event loop first when they need it.
     """
 
     def __init__(
@@ -228,6 +201,9 @@ class Batcher:
         fill_ratio: float = 0.25,
         name: str = "batcher",
         estimate: WorkEstimate | None = None,
+        interactive_fn: EmbedFn | None = None,
+        interactive_threads: int | None = 1,
+        batch_nice: int = 0,
     ) -> None:
         self.embed_fn = embed_fn
         self.budget = BatchBudget(batch_tokens, max_batch_sentences)
@@ -259,7 +235,8 @@ class Batcher:
         self._queued_cost = {lane: 0 for lane in LANES}
         self._running_batch = 0  # batch-lane tokens in the model now
         self._last_interactive = -math.inf  # when an interactive request last arrived
-        self._busy_mark = time.perf_counter()  # since when the worker has been busy
+        # since when each worker has been busy ("main"; "interactive" with its own thread)
+        self._busy_mark = {"main": time.perf_counter(), "interactive": time.perf_counter()}
         self._incoming = 0  # announced requests not yet submitted
         self._returning = 0  # sentences answered by the last batch not yet matched by arrivals
         self._queues: dict[Lane, deque[_Item]] = {lane: deque() for lane in LANES}
@@ -273,7 +250,18 @@ class Batcher:
         self._last_fill = (0, 0.0)
         self.sentences_run = 0
         self.dropped = 0
+        self.interactive_fn = interactive_fn
+        self.split = interactive_fn is not None
+        self.batch_nice = batch_nice
+        # the interactive lane's seconds per token: its own when it has its own thread
+        self.interactive_estimate = WorkEstimate() if self.split else self.estimate
         self._thread = threading.Thread(target=self._worker, name=name, daemon=True)
+        self._threads = [self._thread]
+        if self.split:
+            interactive = start_lane_thread(
+                lambda: self._lane_worker(INTERACTIVE), f"{name}-interactive", interactive_threads
+            )
+            self._threads.append(interactive)
         self._thread.start()
 
     # -- request side (event loop) ---------------------------------------------
@@ -301,7 +289,7 @@ class Batcher:
             if ticket.live:
                 ticket.live = False
                 self._incoming -= 1
-                self._cond.notify()
+                self._cond.notify_all()
 
     def _protect(self, lane: Lane, cost: int) -> float | None:
         """Seconds left before the earliest deadline that ``cost`` more tokens could push back.
@@ -329,8 +317,9 @@ class Batcher:
         """Tokens a request of ``lane`` waits for: interactive work waits for its own lane
         and the batch in the model now; batch work for everything."""
         if lane == INTERACTIVE:
-            return self._pending_cost[INTERACTIVE] + self._running_batch
-        return self.pending_tokens
+            # with its own thread, interactive work waits for nothing of the batch lane's
+            return self._pending_cost[INTERACTIVE] + (0 if self.split else self._running_batch)
+        return self._pending_cost[BATCH] if self.split else self.pending_tokens
 
     def submit_nowait(
         self,
@@ -360,15 +349,16 @@ class Batcher:
                 raise BatcherClosed("the model is shutting down")
             cost = sum(it.cost for it in items)
             queue = self._queues[lane]
+            estimate = self.interactive_estimate if lane == INTERACTIVE else self.estimate
             admit(
                 waiting=len(queue), sentences=len(items), max_queue=self.lane_max_queue[lane],
-                estimate=self.estimate, pending_cost=self._ahead(lane), cost=cost,
+                estimate=estimate, pending_cost=self._ahead(lane), cost=cost,
                 timeout=timeout, metrics=self.metrics,
                 protect=lambda c: self._protect(lane, c), lane=lane,
             )  # fmt: skip
             now = time.perf_counter()
             if timeout is not None:
-                deadline = now + self.estimate.headroom * timeout
+                deadline = now + estimate.headroom * timeout
                 for it in items:
                     it.deadline = deadline
             if lane == INTERACTIVE:
@@ -380,7 +370,7 @@ class Batcher:
             queue.extend(items)
             self._returning = max(0, self._returning - len(items))
             self._gauge()
-            self._cond.notify()
+            self._cond.notify_all()
         return [it.future for it in items]
 
     async def embed(
@@ -409,6 +399,13 @@ class Batcher:
             timing.close_runner()
         return out
 
+    def forget_warm_up(self) -> None:
+        """The warm-up's batches built kernel caches and compiled (12 ms/token measured for
+        the first batch of a lane's kernel instance against ~0.2 in a flood): the estimates
+        start from the prior again rather than refuse the first real work."""
+        self.estimate.reset()
+        self.interactive_estimate.reset()
+
     # -- lifecycle ------------------------------------------------------------------
     def close(self, timeout: float = 30.0, drain: bool = True) -> None:
         """Stop taking work; run (drain) or fail what is still queued; wait for the worker."""
@@ -425,11 +422,13 @@ class Batcher:
                 self._gauge()
             self._cond.notify_all()
         self._complete(pending, error=BatcherClosed("the model is shutting down"))
-        self._thread.join(timeout)
+        end = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, end - time.monotonic()))
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive() and not self._closed
+        return all(t.is_alive() for t in self._threads) and not self._closed
 
     # -- worker thread -------------------------------------------------------------------
     def _gauge(self) -> None:
@@ -471,7 +470,7 @@ class Batcher:
                 self._cond.wait()
             if not self.depth:  # closed and drained
                 return None
-            self._busy_mark = time.perf_counter()  # work is waiting: the worker is busy from now
+            self._busy_mark["main"] = time.perf_counter()  # work is waiting: busy from now
             lane = self._choose()
             if lane == BATCH or not self._queues[BATCH]:
                 # interactive work on its own fills as before; batch work stops waiting
@@ -520,9 +519,12 @@ class Batcher:
         while (self._incoming > 0 or self._returning > 0) and not self._closed:
             if stop_on_interactive and self._queues[INTERACTIVE]:
                 return
-            if sum(self._queued_cost.values()) >= self.budget.tokens or (
-                self.depth >= self.budget.sentences
-            ):
+            queued, depth = (
+                (self._queued_cost[BATCH], len(self._queues[BATCH]))
+                if self.split  # the interactive thread empties its lane by itself
+                else (sum(self._queued_cost.values()), self.depth)
+            )
+            if queued >= self.budget.tokens or depth >= self.budget.sentences:
                 return
             left = deadline - time.perf_counter()
             if left <= 0:
@@ -541,7 +543,7 @@ class Batcher:
             self._queues[BATCH].extendleft(reversed(items))
             self._queued_cost[BATCH] += sum(it.cost for it in items)
             self._gauge()
-            self._cond.notify()
+            self._cond.notify_all()
 
     def _drop_cancelled(self, items: list[_Item]) -> list[_Item]:
         live = [it for it in items if not it.future.done()]
@@ -570,7 +572,49 @@ class Batcher:
             with contextlib.suppress(RuntimeError):  # a closed loop: its requests are gone
                 loop.call_soon_threadsafe(_set_results, pairs, error)
 
+    def _take_lane(self, lane: Lane) -> list[_Item] | None:
+        """With a thread per lane: the next take of ``lane`` (None once closed and drained).
+        The batch lane waits for arrivals to fill its batch; interactive work never does."""
+        worker = "interactive" if lane == INTERACTIVE else "main"
+        with self._cond:
+            queue = self._queues[lane]
+            while not queue and not self._closed:
+                self._cond.wait()
+            if not queue:
+                return None
+            self._busy_mark[worker] = time.perf_counter()
+            if lane == BATCH:
+                self._fill()
+            taken: list[_Item] = []
+            self._pop(lane, self.take_tokens, taken)
+            self._gauge()
+            return taken
+
+    def _lane_worker(self, lane: Lane) -> None:
+        """With a thread per lane: run ``lane``'s takes in full batches until closed."""
+        worker = "interactive" if lane == INTERACTIVE else "main"
+        reniced = lane == INTERACTIVE or self.batch_nice <= 0
+        while (taken := self._take_lane(lane)) is not None:
+            for batch in self.plan(self._drop_cancelled(taken)):
+                batch = self._drop_cancelled(batch)  # cancelled while earlier batches ran
+                if batch:
+                    self._run(batch, worker)
+                if not reniced:
+                    # the kernel's direction workers compute the batch: they inherit this
+                    # thread's niceness when it starts them, but may have been started by
+                    # another thread before (a previous model, a library call)
+                    reniced = True
+                    renice(
+                        [t for t in threading.enumerate() if t.name.startswith("elmo-bilstm")],
+                        self.batch_nice,
+                    )
+
     def _worker(self) -> None:
+        if self.split:
+            if self.batch_nice > 0:
+                renice([threading.current_thread()], self.batch_nice)
+            self._lane_worker(BATCH)
+            return
         while True:
             got = self._take()
             if got is None:
@@ -587,41 +631,53 @@ class Batcher:
                     self._requeue([it for b in rest for it in b])
                     break
 
-    def _run(self, batch: list[_Item]) -> None:
+    def _run(self, batch: list[_Item], worker: str = "main") -> None:
+        """One model call on the thread of ``worker`` (``interactive_fn`` on the interactive
+        thread, else ``embed_fn``; read per call, so a test can wrap it)."""
+        main = worker == "main"
+        fn = self.embed_fn if main else self.interactive_fn
+        assert fn is not None
         start = time.perf_counter()
-        self._running_batch = sum(it.cost for it in batch if it.lane == BATCH)
+        if main:
+            self._running_batch = sum(it.cost for it in batch if it.lane == BATCH)
         if self.metrics:
             for it in batch:
                 self.metrics.queue_seconds.observe(start - it.enqueued)
         try:
             with tracing.model_call(batch):
-                out = self.embed_fn([it.tokens for it in batch])
+                out = fn([it.tokens for it in batch])
         except Exception as e:  # a model failure fails this batch's requests, not the worker
             log.exception("batch of %d sentences failed", len(batch))
-            self._running_batch = 0
+            if main:
+                self._running_batch = 0
             self._finished(batch)
             self._complete(batch, error=e)
             return
         end = time.perf_counter()
         took = end - start
-        self._running_batch = 0
+        if main:
+            self._running_batch = 0
         self._finished(batch)
         per_lane = {lane: 0 for lane in LANES}
         for it in batch:
             per_lane[it.lane] += it.cost
+        with self._cond:  # two workers with a thread per lane: ids and counts under the lock
+            batch_id = self.batches_run
+            self.batches_run += 1
+            self.sentences_run += len(batch)
+            if main:  # the batch lane's fill (the interactive thread never waits to fill)
+                self._returning = len(batch)
+                self._batch_seconds = (
+                    took if not self._batch_seconds else 0.8 * self._batch_seconds + 0.2 * took
+                )
+        for it in batch:
             if it.timing is not None:
-                it.timing.add_batch(self.batches_run, took, end)
-        self.share.ran(per_lane)
-        self._batch_seconds = (
-            took if not self.batches_run else 0.8 * self._batch_seconds + 0.2 * took
-        )
-        self.batches_run += 1
-        self.sentences_run += len(batch)
+                it.timing.add_batch(batch_id, took, end)
+        if main:
+            self.share.ran(per_lane)
+            self.recent.append((len(batch), *self._last_fill))
         n_interactive = sum(it.lane == INTERACTIVE for it in batch)
         self.lanes_run.append((n_interactive, len(batch) - n_interactive))
-        with self._cond:
-            self._returning = len(batch)
-        self.recent.append((len(batch), *self._last_fill))
         if self.metrics:
             m = self.metrics
             m.batch_seconds.observe(took)
@@ -632,8 +688,9 @@ class Batcher:
         # planning are part of what a queued request waits for (updated before the answers
         # go out, so whoever gets them sees the estimate that includes their batch)
         now = time.perf_counter()
-        self.estimate.observe(now - self._busy_mark, sum(it.cost for it in batch))
-        self._busy_mark = now
-        if self.metrics:
+        estimate = self.estimate if main else self.interactive_estimate
+        estimate.observe(now - self._busy_mark[worker], sum(it.cost for it in batch))
+        self._busy_mark[worker] = now
+        if self.metrics and main:
             self.metrics.seconds_per_token.set(self.estimate.seconds_per_token)
         self._complete(batch, out)

@@ -9,9 +9,19 @@ time for the ``X-*-Time`` headers and the per-lane histograms.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import math
+import os
+import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
+
+from elmo_api.admission import token_cost
+
+log = logging.getLogger("elmo_api.batcher")
 
 Lane = Literal["interactive", "batch"]
 INTERACTIVE: Lane = "interactive"
@@ -19,7 +29,98 @@ BATCH: Lane = "batch"
 LANES: tuple[Lane, ...] = (INTERACTIVE, BATCH)
 
 # the ASGI scope key under which a request's RequestTiming is left (elmo_api.middleware)
+# the lanes' defaults (api/settings.py reads these; docs/serving.md says how they were chosen)
+DEFAULT_BATCH_SLICE_TOKENS = 1024
+DEFAULT_BATCH_SHARE = 0.2
+DEFAULT_INTERACTIVE_WINDOW = 2.0
+DEFAULT_TOPUP_TOKENS = 128
+# with a thread per lane, the batch lane's niceness: the CPU goes to interactive work first
+# (interactive p99 1.8x idle under a batch flood, against 9.5-11.7x at 0: docs/serving.md)
+DEFAULT_BATCH_NICE = 10
+
+
 TIMING_KEY = "elmo.timing"
+
+
+def start_lane_thread(
+    target: Callable[[], None], name: str, threads: int | None
+) -> threading.Thread:
+    """Start a lane's model thread (daemon) with ``threads`` intra-op (torch) threads of its
+    own, leaving the caller's count and torch's default for later threads as they were.
+
+    The interactive lane's thread runs beside the batch lane's, which has the process's
+    count (2 on 2 cores): one intra-op thread keeps the two lanes within the cores. None:
+    torch's default (no torch import here).
+    """
+    if threads is None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        return thread
+    import torch  # only when asked: the lanes themselves run any embed function
+
+    pinned = threading.Event()
+
+    def run() -> None:
+        # torch sets a thread's count from its default on the thread's first parallel op:
+        # take that first, or it would undo the count set here (the pattern of
+        # elmo_service.kernels.bilstm.direction_pool)
+        torch.get_num_threads()
+        torch.set_num_threads(threads)
+        pinned.set()
+        target()
+
+    default = torch.get_num_threads()
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    pinned.wait(10)
+    # torch also records the last count set as the default of threads started later: the
+    # batch lane's thread (started after this one) keeps the process's count
+    torch.set_num_threads(default)
+    return thread
+
+
+@dataclass(eq=False)
+class QueuedSentence:
+    """One sentence in a lane's queue, with the future its request awaits."""
+
+    tokens: Sequence[str]
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    lane: Lane = INTERACTIVE
+    timing: Any = None  # the request's elmo_api.lanes.RequestTiming, if it keeps one
+    trace: Any = None  # the request's tracing context, when tracing is on
+    enqueued: float = field(default_factory=time.perf_counter)
+    deadline: float = math.inf  # by when admission promised it an answer (perf_counter)
+
+    @property
+    def cost(self) -> int:
+        return token_cost(self.tokens)
+
+
+def set_results(
+    pairs: list[tuple[asyncio.Future, object]], error: BaseException | None = None
+) -> None:
+    """Runs on the event loop: complete futures that nobody cancelled meanwhile."""
+    for fut, value in pairs:
+        if fut.done():
+            continue
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(value)
+
+
+def renice(threads: list[threading.Thread], nice: int) -> None:
+    """Make ``threads`` at least ``nice`` (Linux: niceness is per thread; raising it needs
+    no privilege, lowering it does, so a thread already nicer stays as it is)."""
+    for t in threads:
+        try:
+            tid = t.native_id
+            if tid is not None and os.getpriority(os.PRIO_PROCESS, tid) < nice:
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+        except (AttributeError, OSError) as e:  # not Linux, or not allowed
+            log.warning("batch lane: cannot lower the priority of %s: %s", t.name, e)
+            return
 
 
 class LaneShare:

@@ -109,6 +109,22 @@ def load_served_model(
     name = path.name
     runner: Batcher | DirectRunner
     if settings.batching:
+        interactive_fn = None
+        if settings.interactive_thread and embedder.device.type == "cpu":
+            # the interactive lane's own model thread needs its own kernel instance (packed
+            # weights, token cache, lock) over the same weights: two calls may then run at
+            # once (docs/serving.md "Priority lanes")
+            second = Embedder(
+                artifact,
+                device=settings.device,
+                precision=settings.precision,
+                token_cache_size=settings.token_cache_size,
+                batch_tokens=settings.batch_tokens,
+                max_batch_sentences=settings.max_batch_sentences,
+                weights=settings.weights,
+            )
+            second.max_sentence_tokens = embedder.max_sentence_tokens
+            interactive_fn = second.run_batch
         runner = Batcher(
             embedder.run_batch,  # the batcher plans; the embedder runs what it is handed
             batch_tokens=settings.batch_tokens,
@@ -121,6 +137,8 @@ def load_served_model(
             max_fill_wait=settings.batch_fill_wait_ms / 1000.0,
             metrics=metrics,
             name=f"batcher-{name}",
+            interactive_fn=interactive_fn,
+            batch_nice=settings.batch_nice,
         )
     else:
         runner = DirectRunner(embedder.embed_tokens, max_queue=settings.max_queue, metrics=metrics)

@@ -295,9 +295,18 @@ class ServedModel:
         await self.runner.embed(WARMUP_SENTENCES, timeout=timeout)
         # one sentence alone takes another path of the CPU kernel
         await self.runner.embed(WARMUP_SENTENCES[:1], timeout=timeout)
+        # the batch lane may have a model thread (and kernel instance) of its own
+        await self.runner.embed(WARMUP_SENTENCES, timeout=timeout, lane="batch")
         # off the event loop: the kernel's per-machine route (fp32) and a rounded-weights
         # path's error against fp32 are measured now, not on a request
         await in_transient_thread_async(self.embedder.prepare)
+        forget = getattr(self.runner, "forget_warm_up", None)
+        if forget is not None:
+            # admission must not judge the model by its first calls (kernel caches, compiles)
+            # nor start from its slow prior: once more, measured
+            forget()
+            await self.runner.embed(WARMUP_SENTENCES, timeout=timeout, lane="batch")
+            await self.runner.embed(WARMUP_SENTENCES, timeout=timeout)
         self.warmed = True
 
     def info(self, full: bool = True) -> dict[str, Any]:

@@ -33,11 +33,11 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from elmo_api.batcher import (
+from elmo_api.admission import DEFAULT_FILL_WAIT_MS, DEFAULT_MAX_QUEUE
+from elmo_api.lanes import (
+    DEFAULT_BATCH_NICE,
     DEFAULT_BATCH_SHARE,
     DEFAULT_BATCH_SLICE_TOKENS,
-    DEFAULT_FILL_WAIT_MS,
-    DEFAULT_MAX_QUEUE,
     DEFAULT_TOPUP_TOKENS,
 )
 from elmo_service.batching import DEFAULT_BATCH_TOKENS, DEFAULT_MAX_BATCH_SENTENCES
@@ -166,6 +166,22 @@ class Settings(BaseSettings):
         description="Padded tokens of waiting batch work an interactive batch takes along (at "
         "most ELMO_BATCH_SLICE_TOKENS). Small: the interactive batch stays short (latency); up "
         "to a slice: it rides in a slice the batch lane runs anyway (batch throughput).",
+    )
+    interactive_thread: bool = Field(
+        True,
+        description="The interactive lane runs on a model thread of its own (a second kernel "
+        "instance over the same weights, one intra-op thread; CPU only): an interactive request "
+        "never waits behind a batch already computing, and batch work runs in full batches. "
+        "False: one model thread, batch work in slices (ELMO_BATCH_SLICE_TOKENS).",
+    )
+    batch_nice: int = Field(
+        DEFAULT_BATCH_NICE,
+        ge=0,
+        le=19,
+        description="With ELMO_INTERACTIVE_THREAD: the batch lane's model thread (and the kernel "
+        "threads it starts) runs this much nicer (Linux), so the interactive thread and the "
+        "event loop get the CPU first when they need it (docs/serving.md: measured). 0 = same "
+        "priority.",
     )
     batch_share: float = Field(
         DEFAULT_BATCH_SHARE,

@@ -17,6 +17,7 @@ load <= 3x idle p99; batch throughput with interactive traffic >= 85 % of alone.
     .venv/bin/python bench/bench_lanes.py --duration 20 --rounds 3 --fifo --json out.json
     .venv/bin/python bench/bench_lanes.py --server-env ELMO_BATCH_SLICE_TOKENS=512
     .venv/bin/python bench/bench_lanes.py --slices     # in process: what slicing costs per token
+    .venv/bin/python bench/bench_lanes.py --interactive-rate 10   # light interactive traffic
 """
 
 from __future__ import annotations
@@ -96,15 +97,22 @@ class TimedConn(Conn):
         return status, await self.reader.readexactly(length)
 
 
-async def interactive_client(port: int, stop: float, sentences: list[list[str]]) -> tuple:
-    """One client, one sentence per request, back to back until ``stop``: latencies, and
-    the server's own account of each (its X-*-Time headers)."""
+async def interactive_client(
+    port: int, stop: float, sentences: list[list[str]], rate: float | None = None
+) -> tuple:
+    """One client, one sentence per request, back to back until ``stop`` (or, with
+    ``rate``, at most ``rate`` requests a second, on a fixed schedule: light traffic whose
+    amount does not grow as latency falls): latencies, and the server's own account of each
+    (its X-*-Time headers)."""
     lat: list[float] = []
     parts: list[dict] = []
     conn = TimedConn(port)
     i = 0
+    start = time.perf_counter()
     try:
         while time.perf_counter() < stop:
+            if rate:
+                await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
             body = orjson.dumps({"sentences": [sentences[i % len(sentences)]], **SHAPE})
             i += 1
             t = time.perf_counter()
@@ -172,7 +180,7 @@ async def phase(args, port: int, kind: str, sentences, probes) -> dict:
         async def probe() -> tuple:
             if kind != "idle":
                 await asyncio.sleep(min(1.0, args.duration / 5))  # the queue is full by then
-            return await interactive_client(port, stop, probes)
+            return await interactive_client(port, stop, probes, args.interactive_rate)
 
         jobs.append(probe())
     results = await asyncio.gather(*jobs)
@@ -182,8 +190,13 @@ async def phase(args, port: int, kind: str, sentences, probes) -> dict:
         else:
             lat, parts = r
             out.update(interactive_n=len(lat), p50_ms=pct(lat, 50) * 1e3, p99_ms=pct(lat, 99) * 1e3)
+            # the closed-loop client sends more as latency falls: what it cost the batch lane
+            out["interactive_per_s"] = len(lat) / (
+                args.duration - (0 if kind == "idle" else min(1.0, args.duration / 5))
+            )
             for name in ("total", "queue", "inference"):  # the server's medians, ms
                 out[f"server_{name}_p50_ms"] = statistics.median(p.get(name, 0.0) for p in parts)
+                out[f"server_{name}_p99_ms"] = pct([p.get(name, 0.0) for p in parts], 99)
     return out
 
 
@@ -232,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-request", type=int, default=32)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--fifo", action="store_true", help="also the one-lane baseline")
+    ap.add_argument(
+        "--interactive-rate", type=float, default=None,
+        help="requests/s of the interactive client (default: back to back)",
+    )  # fmt: skip
     ap.add_argument("--model", type=Path, default=REPO / "models" / "default")
     ap.add_argument("--server-env", action="append", default=[], metavar="K=V")
     ap.add_argument("--json", type=Path)
@@ -284,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         "idle_p99_ms": idle["p99_ms"],
         "mixed_p50_ms": statistics.median(m["p50_ms"] for _, m in pairs),
         "mixed_p99_ms": statistics.median(m["p99_ms"] for _, m in pairs),
+        "mixed_interactive_per_s": statistics.median(m["interactive_per_s"] for _, m in pairs),
         "alone_tokens_per_s": statistics.median(a["tokens_per_s"] for a, _ in pairs),
         "mixed_tokens_per_s": statistics.median(m["tokens_per_s"] for _, m in pairs),
         "p99_vs_idle": p99_ratio,

@@ -209,8 +209,9 @@ def _settings(model_dir, tmp_path, **kw):
 
 def _block_model(app):
     """Make the served model wait on a gate; returns (gate, started)."""
-    served = app.state.holder.current
-    real = served.runner.embed_fn
+    runner = app.state.holder.current.runner
+    attr = _model_attr(runner)
+    real = getattr(runner, attr)
     gate, started = threading.Event(), threading.Event()
 
     def blocked(sentences):
@@ -218,8 +219,14 @@ def _block_model(app):
         assert gate.wait(20)
         return real(sentences)
 
-    served.runner.embed_fn = blocked
+    setattr(runner, attr, blocked)
     return gate, started
+
+
+def _model_attr(runner) -> str:
+    """The runner's function that computes interactive requests: their own thread's
+    (``ELMO_INTERACTIVE_THREAD``, the default) or the one model thread's."""
+    return "interactive_fn" if runner.split else "embed_fn"
 
 
 def test_http_queue_full_is_429_json(tiny_model_dir, tmp_path):
@@ -267,13 +274,13 @@ def test_http_client_gone_is_dropped_before_the_model(tiny_model_dir, tmp_path):
         gate, started = _block_model(app)
         served = app.state.holder.current
         seen = []
-        blocked = served.runner.embed_fn
+        blocked = getattr(served.runner, _model_attr(served.runner))
 
         def recording(sentences):
             seen.extend(tuple(s) for s in sentences)
             return blocked(sentences)
 
-        served.runner.embed_fn = recording
+        setattr(served.runner, _model_attr(served.runner), recording)
         busy = threading.Thread(
             target=lambda: httpx.post(
                 srv.url + "/v1/embed", json={"sentences": ["busy"]}, timeout=20
