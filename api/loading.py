@@ -93,19 +93,22 @@ def load_served_model(
     set_threads(settings.threads)
     if artifact is None or Path(artifact.path).resolve() != path.resolve():
         artifact = load_artifact(path, device="cpu")
-    embedder = Embedder(
-        artifact,
-        device=settings.device,
-        precision=settings.precision,
-        token_cache_size=settings.token_cache_size,
-        batch_tokens=settings.batch_tokens,
-        max_batch_sentences=settings.max_batch_sentences,
-        weights=settings.weights,
-    )
-    # requests are refused above the smaller of the service limit and the model's own
-    embedder.max_sentence_tokens = min(
-        settings.max_tokens_per_sentence, embedder.cfg.max_sentence_tokens
-    )
+
+    def build() -> Embedder:
+        emb = Embedder(
+            artifact,
+            device=settings.device,
+            precision=settings.precision,
+            token_cache_size=settings.token_cache_size,
+            batch_tokens=settings.batch_tokens,
+            max_batch_sentences=settings.max_batch_sentences,
+            weights=settings.weights,
+        )
+        # requests are refused above the smaller of the service limit and the model's own
+        emb.max_sentence_tokens = min(settings.max_tokens_per_sentence, emb.cfg.max_sentence_tokens)
+        return emb
+
+    embedder = build()
     name = path.name
     runner: Batcher | DirectRunner
     if settings.batching:
@@ -114,17 +117,7 @@ def load_served_model(
             # the interactive lane's own model thread needs its own kernel instance (packed
             # weights, token cache, lock) over the same weights: two calls may then run at
             # once (docs/serving.md "Priority lanes")
-            second = Embedder(
-                artifact,
-                device=settings.device,
-                precision=settings.precision,
-                token_cache_size=settings.token_cache_size,
-                batch_tokens=settings.batch_tokens,
-                max_batch_sentences=settings.max_batch_sentences,
-                weights=settings.weights,
-            )
-            second.max_sentence_tokens = embedder.max_sentence_tokens
-            interactive_fn = second.run_batch
+            interactive_fn = build().run_batch
         runner = Batcher(
             embedder.run_batch,  # the batcher plans; the embedder runs what it is handed
             batch_tokens=settings.batch_tokens,

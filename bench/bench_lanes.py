@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -38,7 +37,7 @@ import orjson
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench import bench_serve  # noqa: E402
+from bench import bench_serve, fair  # noqa: E402
 from bench.bench_serve import Conn, Server, make_sentences, pct  # noqa: E402
 
 # pooled answers: small bodies with a Content-Length (the model's work is the same)
@@ -46,55 +45,16 @@ SHAPE = {"output": "mix", "pooling": "mean"}
 
 
 def machine() -> dict:
-    """CPU model, the ISA flags that matter here, torch, cores and the load right now."""
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model in ("", platform.machine()):
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
+    """CPU model, its ISA (``bench/fair.py``'s reading), torch, cores and the load now."""
     import torch
 
-    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
     return {
-        "cpu": model,
-        "isa": isa,
+        "cpu": fair.cpu_model(),
+        "isa": fair.isa(),
         "cores": os.cpu_count(),
         "torch": torch.__version__,
         "load": os.getloadavg(),
     }
-
-
-class TimedConn(Conn):
-    """``Conn`` that also keeps the answer's ``X-*-Time`` headers (milliseconds)."""
-
-    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        if self.writer is None:
-            await self.open()
-        assert self.reader is not None and self.writer is not None
-        head = (
-            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        ).encode()
-        self.writer.write(head + body)
-        await self.writer.drain()
-        status = int((await self.reader.readline()).split()[1])
-        length, self.times = 0, {}
-        while True:
-            line = await self.reader.readline()
-            if line in (b"\r\n", b""):
-                break
-            k, _, v = line.decode("latin-1").partition(":")
-            k = k.strip().lower()
-            if k == "content-length":
-                length = int(v)
-            elif k.startswith("x-") and k.endswith("-time"):
-                self.times[k[2:-5]] = float(v)
-        return status, await self.reader.readexactly(length)
 
 
 async def interactive_client(
@@ -106,7 +66,7 @@ async def interactive_client(
     (its X-*-Time headers)."""
     lat: list[float] = []
     parts: list[dict] = []
-    conn = TimedConn(port)
+    conn = Conn(port)
     i = 0
     start = time.perf_counter()
     try:

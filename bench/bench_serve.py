@@ -285,6 +285,7 @@ class Conn:
         self.port = port
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+        self.times: dict[str, float] = {}
 
     async def open(self) -> None:
         self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
@@ -302,14 +303,17 @@ class Conn:
         await self.writer.drain()
         status_line = await self.reader.readline()
         status = int(status_line.split()[1])
-        length = 0
+        length, self.times = 0, {}  # times: the answer's X-*-Time headers (milliseconds)
         while True:
             line = await self.reader.readline()
             if line in (b"\r\n", b""):
                 break
             k, _, v = line.decode("latin-1").partition(":")
-            if k.strip().lower() == "content-length":
+            k = k.strip().lower()
+            if k == "content-length":
                 length = int(v)
+            elif k.startswith("x-") and k.endswith("-time"):
+                self.times[k[2:-5]] = float(v)
         return status, await self.reader.readexactly(length)
 
     def close(self) -> None:
