@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -31,30 +30,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import fair  # noqa: E402
 from elmo_service.elmo import Elmo, batch_to_ids  # noqa: E402
 
 
 def cpu() -> str:
-    model, flags = platform.processor() or "?", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    isa = [
-        name
-        for name, flag in (
-            ("AVX2", "avx2"),
-            ("AVX-512", "avx512f"),
-            ("AVX512_BF16", "avx512_bf16"),
-            ("AMX", "amx_tile"),
-        )
-        if flag in flags
-    ]
-    return f"{model} ({', '.join(isa) or 'no AVX2'}), {os.cpu_count()} cpus"
+    """The CPU and its ISA, as every bench names them (``bench/fair.py``)."""
+    return f"{fair.cpu_model()} ({fair.isa()}), {os.cpu_count()} cpus"
 
 
 def sentences(rng: np.random.Generator, n: int) -> list[list[str]]:
