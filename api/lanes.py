@@ -63,7 +63,7 @@ def start_lane_thread(
     def run() -> None:
         # torch sets a thread's count from its default on the thread's first parallel op:
         # take that first, or it would undo the count set here (the pattern of
-        # elmo_service.kernels.bilstm.direction_pool)
+        # elmo_service.bilm.kernels.bilstm.direction_pool)
         torch.get_num_threads()
         torch.set_num_threads(threads)
         pinned.set()

@@ -41,7 +41,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import fair  # noqa: E402
-from elmo_service.config import ELMO_FILTERS  # noqa: E402
+from elmo_service.bilm.config import ELMO_FILTERS  # noqa: E402
 from tests.support.bilm_fixtures import write_bilm  # noqa: E402
 
 SHAPES = {

@@ -58,10 +58,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench import fair  # noqa: E402
 from elmo_service.artifact import Artifact  # noqa: E402
-from elmo_service.char_ids import batch_ids  # noqa: E402
-from elmo_service.config import ELMO_FILTERS, BiLMConfig  # noqa: E402
+from elmo_service.bilm.char_ids import batch_ids  # noqa: E402
+from elmo_service.bilm.config import ELMO_FILTERS, BiLMConfig  # noqa: E402
+from elmo_service.bilm.model import BiLM, length_mask, reverse_padded  # noqa: E402
 from elmo_service.embedder import Embedder  # noqa: E402
-from elmo_service.model import BiLM, length_mask, reverse_padded  # noqa: E402
 from elmo_service.runtime import autocast  # noqa: E402
 from elmo_service.tokenizers import WordTokenizer  # noqa: E402
 from tests.support import reference  # noqa: E402

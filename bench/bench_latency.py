@@ -3,7 +3,7 @@
     PYTHONPATH=. .venv/bin/python bench/bench_latency.py                 # the table (~5 min)
     PYTHONPATH=. .venv/bin/python bench/bench_latency.py --rounds 3      # quicker, noisier
     PYTHONPATH=. .venv/bin/python bench/bench_latency.py --shapes small  # one shape
-    PYTHONPATH=. .venv/bin/python bench/bench_latency.py --kernels       # the matmul kernels behind elmo_service/kernels/packed.py
+    PYTHONPATH=. .venv/bin/python bench/bench_latency.py --kernels       # the matmul kernels behind elmo_service/bilm/kernels/packed.py
     PYTHONPATH=. .venv/bin/python bench/bench_latency.py --phases        # where our time goes, per cell
 
 Fair by construction (``bench/fair.py``): AllenNLP runs in a process of its own with
@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import fair  # noqa: E402
-from elmo_service.config import ELMO_FILTERS  # noqa: E402
+from elmo_service.bilm.config import ELMO_FILTERS  # noqa: E402
 
 SHAPES = {
     "small": dict(lstm_dim=1024, projection_dim=128, n_highway=1),
@@ -336,7 +336,7 @@ def latency_table(args, emit) -> None:
                 if lim is None:
                     lim = ours.call("limits")
                     table_head(args, emit, lim)
-                from elmo_service.config import BiLMConfig
+                from elmo_service.bilm.config import BiLMConfig
 
                 cfg = BiLMConfig(**ours.call("config"))
                 certs[shape] = ours.call("certificates")
@@ -443,7 +443,7 @@ def cell_row(shape, batch, cfg, requests, rates, hits, diff, lim) -> str:
 def phase_table(args, emit) -> None:
     """Our fp32 side (no token cache) per request: the character CNN (``_token_vectors``),
     the biLSTM (``BiLstmKernel``) and the rest of ``embed_tokens``, median over rounds."""
-    import elmo_service.kernels.bilstm as bilstm
+    import elmo_service.bilm.kernels.bilstm as bilstm
     from elmo_service.embedder import Embedder as Emb
 
     spent: dict[str, float] = {}
@@ -533,8 +533,8 @@ def time_kernels(w, x) -> list[float]:
     every size here)."""
     import torch
 
-    import elmo_service.kernels.packed as packed_mod
-    import elmo_service.kernels.tuning as tuning
+    import elmo_service.bilm.kernels.packed as packed_mod
+    import elmo_service.bilm.kernels.tuning as tuning
 
     wt = w.t().contiguous()
     packed = torch.ops.mkldnn._reorder_linear_weight(w, None)

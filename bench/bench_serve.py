@@ -460,8 +460,8 @@ def build_model(tmp: Path) -> tuple[Path, str]:
     import torch
 
     from elmo_service.artifact import save_artifact
-    from elmo_service.config import BiLMConfig
-    from elmo_service.model import BiLM
+    from elmo_service.bilm.config import BiLMConfig
+    from elmo_service.bilm.model import BiLM
     from elmo_service.tokenizers import WordTokenizer
 
     torch.manual_seed(0)

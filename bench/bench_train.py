@@ -47,8 +47,8 @@ from elmo_pretrain.config import TrainConfig, load_config  # noqa: E402
 from elmo_pretrain.data import Batch, padded_len  # noqa: E402
 from elmo_pretrain.lm import LanguageModel  # noqa: E402
 from elmo_pretrain.optim import make_optimizer  # noqa: E402
-from elmo_service.char_ids import bos_ids, eos_ids, token_ids  # noqa: E402
-from elmo_service.model import length_mask, reverse_padded  # noqa: E402
+from elmo_service.bilm.char_ids import bos_ids, eos_ids, token_ids  # noqa: E402
+from elmo_service.bilm.model import length_mask, reverse_padded  # noqa: E402
 from elmo_service.runtime import autocast, resolve_precision, set_threads  # noqa: E402
 from tests.support import reference  # noqa: E402
 

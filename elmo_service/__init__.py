@@ -4,7 +4,7 @@ A script that embeds calls :func:`configure_process` first (before torch loads),
 then ``Embedder.load``: see ``elmo_service/process.py``.
 """
 
-from elmo_service.config import BiLMConfig
+from elmo_service.bilm.config import BiLMConfig
 from elmo_service.errors import ArtifactError, ConfigError, InputError, LimitError
 from elmo_service.process import configure_process
 

@@ -29,9 +29,9 @@ from safetensors.torch import load_file, save_file
 
 from elmo_service import atomic
 from elmo_service.atomic import sha256_file
-from elmo_service.config import BiLMConfig
+from elmo_service.bilm.config import BiLMConfig
+from elmo_service.bilm.model import BiLM
 from elmo_service.errors import ArtifactError, ConfigError
-from elmo_service.model import BiLM
 from elmo_service.scalar_mix import MixSpec, check_task_name
 from elmo_service.tokenizers import Tokenizer, load_tokenizer
 

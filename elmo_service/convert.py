@@ -36,9 +36,9 @@ import torch
 
 from elmo_service.artifact import load_artifact, save_artifact, sha256_file
 from elmo_service.atomic import atomic_path, write_json
-from elmo_service.config import BiLMConfig
+from elmo_service.bilm.config import BiLMConfig
+from elmo_service.bilm.model import N_CHAR_IDS, BiLM
 from elmo_service.errors import ArtifactError, ConfigError
-from elmo_service.model import N_CHAR_IDS, BiLM
 from elmo_service.selftest import write_selftest
 from elmo_service.tokenizers import WordTokenizer
 

@@ -4,12 +4,12 @@
                 token_embedder.pkl, encoder.pkl)   --convert_efml-->   artifact (artifact.py)
 
 What ELMoForManyLangs (HIT-SCIR, PyPI ``elmoformanylangs==0.0.4.post2``) computes, and how
-each part maps onto :class:`elmo_service.model.BiLM` (facts in
+each part maps onto :class:`elmo_service.bilm.model.BiLM` (facts in
 ``shared/reference/elmoformanylangs-format.md``; parity tested against the package itself
 in ``tests/elmo_service/test_efml_parity.py``):
 
 * characters and words come from its lexicons, not bytes: ``char.dic``/``word.dic``
-  travel verbatim and ``elmo_service/lexicon.py`` builds its ids, quirks included;
+  travel verbatim and ``elmo_service/bilm/lexicon.py`` builds its ids, quirks included;
   ``cfg.char_vocab_size`` rows of character embedding, ``cfg.word_dim`` wide word
   vectors (``word_vocab_size`` rows) put before the character features;
 * ``cnn`` token embedder: Conv1d per width, max, activation, ``n_highway`` highway
@@ -35,10 +35,10 @@ from typing import Any
 import torch
 
 from elmo_service.artifact import save_artifact, sha256_file
-from elmo_service.config import BiLMConfig
+from elmo_service.bilm.config import BiLMConfig
+from elmo_service.bilm.lexicon import Lexicon
+from elmo_service.bilm.model import BiLM
 from elmo_service.errors import ArtifactError, ConfigError
-from elmo_service.lexicon import Lexicon
-from elmo_service.model import BiLM
 from elmo_service.tokenizers import LexiconTokenizer
 
 SOURCE_FORMAT = "elmoformanylangs"

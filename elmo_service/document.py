@@ -333,7 +333,7 @@ class _Stats:
 def _contextualize(embedder, doc: DocTokens, chunk: int, spills, stats) -> None:
     """Pass 1: both directions over the whole document, chunk by chunk, into the spills
     (forward rows ``[e, f_1 .. f_L]``, backward rows ``[b_1 .. b_L]``, by sequence position)."""
-    from elmo_service.kernels.bilstm import direction_pool
+    from elmo_service.bilm.kernels.bilstm import direction_pool
 
     n_seq = len(doc) + 2  # <S> tokens </S>
     starts = list(range(0, n_seq, chunk))

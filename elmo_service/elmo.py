@@ -23,7 +23,7 @@ AllenNLP itself by ``tests/elmo_service/test_elmo_module.py``), with these choic
 * ``do_layer_norm=True`` normalises each layer over the whole batch's unmasked
   positions, as AllenNLP does (the service's task mixes normalise per sentence).
 * **Caches** (docs/library.md): the frozen path's packed weight copies follow any
-  write to the biLM's weights (``bilm_cache.WeightsWatch``, checked each forward);
+  write to the biLM's weights (``bilm.layer_cache.WeightsWatch``, checked each forward);
   ``cache_bytes`` keeps a frozen biLM's layers per sentence; neither is pickled.
   Under ``torch.compile`` the biLM runs eager; ``.double()`` runs it in float64.
 """
@@ -37,10 +37,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from elmo_service.bilm_cache import LayerCache, WeightsWatch, sentence_key, weights_id
-from elmo_service.char_ids import bos_ids, eos_ids, token_ids
+from elmo_service.bilm.char_ids import bos_ids, eos_ids, token_ids
+from elmo_service.bilm.layer_cache import LayerCache, WeightsWatch, sentence_key, weights_id
+from elmo_service.bilm.model import N_CHAR_IDS, BiLM, BiLMState, carried_keep, carried_rows
 from elmo_service.errors import ConfigError, InputError
-from elmo_service.model import N_CHAR_IDS, BiLM, BiLMState, carried_keep, carried_rows
 from elmo_service.scalar_mix import MAX_MIX_WEIGHT, ScalarMix
 from elmo_service.tokenizers import Tokenizer
 
@@ -521,7 +521,7 @@ class Elmo(nn.Module):
     def _serving_kernel(self):
         """The native CPU kernels for an fp32 model on the CPU, else the model's own
         inference loop; rebuilt when the device or dtype changes."""
-        from elmo_service.kernels.select import choose_kernel
+        from elmo_service.bilm.kernels.select import choose_kernel
 
         p = self._elmo_lstm.token_encoder.projection.weight
         key = (p.device, p.dtype)

@@ -14,7 +14,7 @@
    float32 sums: within 1e-5 x its largest value (docs/reliability.md#determinism).
 
 Both halves run in the kernel chosen once at construction and logged
-(``elmo_service/kernels``): on the CPU in fp32, ``CpuBiLM`` (native kernels;
+(``elmo_service/bilm/kernels``): on the CPU in fp32, ``CpuBiLM`` (native kernels;
 ``weights="int8"`` / ``"bf16"``, opt-in, round the weights: speed in
 ``docs/bench-embedder.md``, error as :attr:`Embedder.certificate`); otherwise
 the model's own torch code.
@@ -47,11 +47,11 @@ from elmo_service.batching import (
     chunks,
     plan_batches,
 )
-from elmo_service.char_ids import bos_ids, eos_ids, token_ids
-from elmo_service.config import DEFAULT_TOKEN_CACHE_SIZE
+from elmo_service.bilm.char_ids import bos_ids, eos_ids, token_ids
+from elmo_service.bilm.config import DEFAULT_TOKEN_CACHE_SIZE
+from elmo_service.bilm.kernels.packed import KernelCache, check_weights_mode
+from elmo_service.bilm.kernels.select import choose_kernel
 from elmo_service.errors import ConfigError, InputError, LimitError, UnknownTask
-from elmo_service.kernels.packed import KernelCache, check_weights_mode
-from elmo_service.kernels.select import choose_kernel
 from elmo_service.outputs import OutputSpec, positions, render, resolve_output
 from elmo_service.runtime import autocast, pick_device, resolve_precision, set_threads
 from elmo_service.scalar_mix import MixSpec, apply_mix  # noqa: F401 - re-exported
@@ -137,7 +137,7 @@ class Embedder:
         is the error against fp32 measured on this model. Its replicas never share
         cached vectors with fp32 ones (``cache_key_prefix``).
 
-    The kernel (``elmo_service/kernels``) is chosen here, once, from the device,
+    The kernel (``elmo_service/bilm/kernels``) is chosen here, once, from the device,
     precision, weights and compile, and logged; :attr:`kernel_name` says which.
     """
 
@@ -229,12 +229,12 @@ class Embedder:
     @property
     def certificate(self) -> dict | None:
         """A rounded-weights path's error against exact fp32, measured once on this model
-        (``elmo_service/kernels/certificate.py``): ``max_rel_diff``, the sentences and
+        (``elmo_service/bilm/kernels/certificate.py``): ``max_rel_diff``, the sentences and
         tokens it covers, ``heldout``. None for fp32 (exact: the reference itself)."""
         if self.weights == "fp32":
             return None
         if self._certificate is None:
-            from elmo_service.kernels.certificate import SENTENCES, certify
+            from elmo_service.bilm.kernels.certificate import SENTENCES, certify
 
             # the reference: the same model in exact fp32, built for this measure only
             ref = Embedder(self.artifact, device="cpu", weights="fp32", token_cache_size=0)

@@ -28,9 +28,9 @@ import numpy as np
 import torch
 
 from elmo_service.artifact import Artifact, load_artifact
+from elmo_service.bilm.model import BiLM, BiLMState, carried_keep, carried_rows
 from elmo_service.embedder import Embedder
 from elmo_service.errors import InputError
-from elmo_service.model import BiLM, BiLMState, carried_keep, carried_rows
 
 
 class ManyLangsEmbedder:

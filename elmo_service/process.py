@@ -27,8 +27,8 @@ import os
 import sys
 from collections.abc import MutableMapping
 
+from elmo_service.bilm.kernels.tuning import OMP_SPINCOUNT
 from elmo_service.errors import ConfigError
-from elmo_service.kernels.tuning import OMP_SPINCOUNT
 
 log = logging.getLogger(__name__)
 

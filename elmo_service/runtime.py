@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from elmo_service.config import PRECISIONS
+from elmo_service.bilm.config import PRECISIONS
 from elmo_service.errors import ConfigError
 
 log = logging.getLogger(__name__)

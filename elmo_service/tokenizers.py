@@ -8,7 +8,7 @@ Three tokenizers sit behind one interface:
 * ``WordTokenizer``: imported bilm-tf models, trained on word-tokenized text
   (1B Word Benchmark style: punctuation split off, ``n't`` split).
 * ``LexiconTokenizer``: imported ELMoForManyLangs models: the same words, read
-  through the model's own character (and word) lexicon (``elmo_service/lexicon.py``).
+  through the model's own character (and word) lexicon (``elmo_service/bilm/lexicon.py``).
 
 Words of raw text (``granularity="word"``, ``EmbeddedSentence.words``) are the same for
 every tokenizer (:func:`word_starts`): runs of letters and digits with their inner
@@ -33,8 +33,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from elmo_service.bilm.lexicon import Lexicon
 from elmo_service.errors import ArtifactError, ConfigError
-from elmo_service.lexicon import Lexicon
 from elmo_service.values import Token  # shared with the client (elmo_service/values.py)
 
 SP_SPACE = "\u2581"  # sentencepiece's visible space

@@ -10,7 +10,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from elmo_pretrain.config import TrainConfig
-from elmo_service.config import BiLMConfig
+from elmo_service.bilm.config import BiLMConfig
 from elmo_service.errors import ElmoServiceError, InputError
 from elmo_service.settings_base import StrictModel
 

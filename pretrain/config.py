@@ -1,7 +1,7 @@
 """The training configuration: nested strict models, loaded from YAML.
 
     TrainConfig
-      model:      elmo_service.config.BiLMConfig (the network's shape)
+      model:      elmo_service.bilm.config.BiLMConfig (the network's shape)
       data:       where the prepared corpus lives, batch geometry
       softmax:    full | sampled | adaptive (training only; eval is always exact)
       optim:      adam | adamw | adagrad, clipping, warm-up and decay
@@ -27,7 +27,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, model_validator
 
-from elmo_service.config import PRECISIONS, BiLMConfig
+from elmo_service.bilm.config import PRECISIONS, BiLMConfig
 from elmo_service.errors import ConfigError
 from elmo_service.settings_base import StrictModel, Tuple, need
 
@@ -215,7 +215,7 @@ class TrainConfig(StrictModel):
     @model_validator(mode="after")
     def _bytes_only(self) -> TrainConfig:
         # the trainer reads UTF-8 bytes; a lexicon's characters and words are for
-        # imported ELMoForManyLangs models (elmo_service/lexicon.py)
+        # imported ELMoForManyLangs models (elmo_service/bilm/lexicon.py)
         for key in ("char_vocab_size", "word_dim"):
             if getattr(self.model, key):
                 raise ConfigError(
@@ -274,7 +274,7 @@ _LATER_DEFAULTS = {
     "optim.highway_gate_bias": None,
     "model.dropout_tokens": True,
     "model.lstm_projection": True,
-    # ELMoForManyLangs' lexicon fields (elmo_service.config.LEXICON_DEFAULTS)
+    # ELMoForManyLangs' lexicon fields (elmo_service.bilm.config.LEXICON_DEFAULTS)
     "model.char_vocab_size": None,
     "model.word_dim": 0,
     "model.word_vocab_size": 0,

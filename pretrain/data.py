@@ -35,7 +35,7 @@ import torch
 
 from elmo_pretrain.prepare import BOS, EOS, FORMAT, UNK
 from elmo_service.atomic import sha256_file
-from elmo_service.char_ids import bos_ids, eos_ids, token_ids
+from elmo_service.bilm.char_ids import bos_ids, eos_ids, token_ids
 from elmo_service.errors import InputError
 
 

@@ -1,4 +1,4 @@
-"""The training-time language model: ``elmo_service.model.BiLM`` + a softmax.
+"""The training-time language model: ``elmo_service.bilm.model.BiLM`` + a softmax.
 
     batch.uniq [U] --char table--> chars [U, W] --BiLM.token_encoder--> vecs [U, P]
     vecs[batch.inverse] -> tokens [B, T, P]               (CNN once per DISTINCT token)
@@ -6,7 +6,7 @@
     reversed --BiLM.run_direction("backward")--> h_b          h_b[:, t] predicts the previous one
     loss = (sum NLL_f + sum NLL_b) / (2 n)                (forward only: sum NLL_f / n)
 
-The LSTM math is the BiLM's own (``elmo_service/lstm.py``): this module never
+The LSTM math is the BiLM's own (``elmo_service/bilm/lstm.py``): this module never
 touches gates or weights; it picks the top layer, applies the output dropout
 (bilm-tf's, before the softmax) and scores it. Indexing ``vecs[inverse]``
 routes the gradient of every occurrence back to its token's single CNN
@@ -34,9 +34,9 @@ import torch
 from torch import Tensor, nn
 
 from elmo_pretrain.softmax import make_softmax
-from elmo_service.config import BiLMConfig
-from elmo_service.lstm import LstmState
-from elmo_service.model import BiLM, length_mask, reverse_padded
+from elmo_service.bilm.config import BiLMConfig
+from elmo_service.bilm.lstm import LstmState
+from elmo_service.bilm.model import BiLM, length_mask, reverse_padded
 
 # carried stream state: per direction, per layer (h [B, P], c [B, C])
 StreamState = dict[str, list[LstmState]]

@@ -27,7 +27,7 @@ import pytest
 # the tests see. Set here, at import, so every server and worker the tests start inherits it; a
 # test of the dotenv file itself sets ELMO_ENV_FILE back (tests/api/test_settings_env.py).
 os.environ["ELMO_ENV_FILE"] = ""
-# the kernels' per-machine route (elmo_service/kernels/calibrate.py) would make a test's
+# the kernels' per-machine route (elmo_service/bilm/kernels/calibrate.py) would make a test's
 # kernel path depend on timing: native always, except in the test that turns it on
 os.environ.setdefault("ELMO_KERNEL_CALIBRATION", "off")
 
@@ -101,7 +101,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
 
     from elmo_service.artifact import save_artifact
-    from elmo_service.model import BiLM
+    from elmo_service.bilm.model import BiLM
     from elmo_service.scalar_mix import MixSpec
     from elmo_service.tokenizers import WordTokenizer
     from tests.support.configs import small_test_config

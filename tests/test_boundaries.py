@@ -175,7 +175,7 @@ def test_the_scan_sees_the_code():
     """Guards the other tests against passing on nothing."""
     mods = modules()
     assert {
-        "elmo_service.model",
+        "elmo_service.bilm.model",
         "elmo_api.main",
         "elmo_jobs.runner",
         "elmo_pretrain.train",
@@ -325,9 +325,9 @@ _SCALED_LOOPS = {
     "lstmp_row_bf16",
 }
 _SCALED_HOME = {
-    "elmo_service.kernels.bilstm",
-    "elmo_service.kernels.native_step",
-    "elmo_service.kernels.native_rounded",  # the same loop on compact weights
+    "elmo_service.bilm.kernels.bilstm",
+    "elmo_service.bilm.kernels.native_step",
+    "elmo_service.bilm.kernels.native_rounded",  # the same loop on compact weights
 }
 
 
@@ -347,7 +347,7 @@ def test_the_pre_scaled_native_loops_are_called_only_through_scaled_layer():
             bad += [f"{m}:{node.lineno} uses {n}" for n in names if n in _SCALED_LOOPS]
     assert not bad, "the pre-scaled native loops are ScaledLayer's alone: " + "; ".join(bad)
     # and ScaledLayer is the one place that calls them
-    tree = ast.parse((ROOT / "elmo_service/kernels/bilstm.py").read_text(encoding="utf-8"))
+    tree = ast.parse((ROOT / "elmo_service/bilm/kernels/bilstm.py").read_text(encoding="utf-8"))
     callers = {
         cls.name
         for cls in ast.walk(tree)

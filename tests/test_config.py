@@ -27,7 +27,7 @@ from elmo_pretrain.probe.options import (
     ProbeOptions,
     probe_config,
 )
-from elmo_service.config import BiLMConfig
+from elmo_service.bilm.config import BiLMConfig
 from elmo_service.errors import ConfigError, InputError
 from elmo_service.settings_base import to_argv
 

@@ -29,8 +29,8 @@ from elmo_pretrain.probe.features import (
 )
 from elmo_pretrain.probe.options import ProbeConfig
 from elmo_service.artifact import Artifact, load_artifact
+from elmo_service.bilm.model import BiLM
 from elmo_service.embedder import Embedder
-from elmo_service.model import BiLM
 from elmo_service.scalar_mix import MixSpec, ScalarMix
 
 Log = Callable[[str], None]

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from elmo_pretrain.probe.tasks import TASKS
-from elmo_service.config import PRECISIONS, WEIGHT_MODES
+from elmo_service.bilm.config import PRECISIONS, WEIGHT_MODES
 from elmo_service.settings_base import Cli, StrictModel
 
 # the probe embeds on the CPU: no fp16

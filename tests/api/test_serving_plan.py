@@ -135,7 +135,7 @@ def test_bad_weights_setting_fails_at_startup_naming_it(monkeypatch):
 def test_warm_up_runs_one_sentence_alone_too(tiny_model_dir, tmp_path, monkeypatch):
     """A single sentence takes another path of the CPU kernel: the warm-up pays its first
     call before /readyz, not the first one-sentence request."""
-    import elmo_service.kernels.bilstm as bilstm
+    import elmo_service.bilm.kernels.bilstm as bilstm
 
     rows: list[int] = []
     real = bilstm.BiLstmKernel.__call__

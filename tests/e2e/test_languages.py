@@ -24,7 +24,7 @@ from elmo_pretrain.export import export
 from elmo_pretrain.prepare import PrepareOptions, coverage_for, prepare
 from elmo_pretrain.sources.synthetic_lang import write_corpus
 from elmo_pretrain.train import run_training
-from elmo_service.char_ids import token_ids
+from elmo_service.bilm.char_ids import token_ids
 from elmo_service.embedder import Embedder
 from elmo_service.tokenizers import SP_SPACE
 

@@ -1,4 +1,4 @@
-"""The CPU kernel (elmo_service/kernels: CpuBiLM, bilstm.py, packed.py) gives the numbers of
+"""The CPU kernel (elmo_service/bilm/kernels: CpuBiLM, bilstm.py, packed.py) gives the numbers of
 the model's torch path: threads, the single-sentence loop, distinct tokens, int8, weight updates."""
 
 import copy
@@ -9,15 +9,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import elmo_service.kernels.bilstm as bilstm
-import elmo_service.kernels.tuning as tuning
+import elmo_service.bilm.kernels.bilstm as bilstm
+import elmo_service.bilm.kernels.tuning as tuning
+from elmo_service.bilm.kernels.certificate import SENTENCES
+from elmo_service.bilm.kernels.cpu_bilm import CpuBiLM
+from elmo_service.bilm.kernels.native_rounded import round_weight
+from elmo_service.bilm.kernels.packed import PackedLinear
+from elmo_service.bilm.model import BiLM, length_mask
 from elmo_service.embedder import Embedder
 from elmo_service.errors import ConfigError
-from elmo_service.kernels.certificate import SENTENCES
-from elmo_service.kernels.cpu_bilm import CpuBiLM
-from elmo_service.kernels.native_rounded import round_weight
-from elmo_service.kernels.packed import PackedLinear
-from elmo_service.model import BiLM, length_mask
 from tests.support.configs import small_test_config
 from tests.support.core_fixtures import tiny_artifact
 from tests.support.reference import char_cnn as ref_char_cnn

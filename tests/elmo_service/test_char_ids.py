@@ -1,6 +1,6 @@
 import numpy as np
 
-from elmo_service.char_ids import batch_ids, bos_ids, eos_ids, sentence_ids, token_ids
+from elmo_service.bilm.char_ids import batch_ids, bos_ids, eos_ids, sentence_ids, token_ids
 
 
 def test_token_ids_follow_bilm_tf_scheme_shifted_by_one():

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from elmo_service.artifact import load_artifact, read_config
-from elmo_service.char_ids import batch_ids, sentence_ids
+from elmo_service.bilm.char_ids import batch_ids, sentence_ids
+from elmo_service.bilm.model import BiLM
 from elmo_service.convert import (
     config_from_options,
     convert_bilm,
@@ -28,7 +29,6 @@ from elmo_service.convert import (
 )
 from elmo_service.embedder import Embedder
 from elmo_service.errors import ArtifactError, ConfigError
-from elmo_service.model import BiLM
 from elmo_service.tokenizers import WordTokenizer
 from tests.support.bilm_fixtures import bilm_options, edit_hdf5, write_bilm
 from tests.support.core_fixtures import tiny_artifact, train_sentencepiece

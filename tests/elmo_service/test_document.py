@@ -10,9 +10,9 @@ import pytest
 
 from elmo_service import document
 from elmo_service.artifact import save_artifact
+from elmo_service.bilm.kernels.select import TorchBiLM
 from elmo_service.embedder import Embedder
 from elmo_service.errors import InputError, LimitError
-from elmo_service.kernels.select import TorchBiLM
 from elmo_service.scalar_mix import MixSpec
 from tests.support.core_fixtures import generated_text, tiny_model, train_sentencepiece
 from tests.support.determinism import bound

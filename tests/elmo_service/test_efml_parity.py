@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from elmo_service.artifact import load_artifact, read_config
+from elmo_service.bilm.lexicon import Lexicon
 from elmo_service.convert_efml import convert_efml, is_efml_dir
 from elmo_service.embedder import Embedder
 from elmo_service.errors import ArtifactError, ConfigError
-from elmo_service.lexicon import Lexicon
 from elmo_service.manylangs import ManyLangsEmbedder
 from elmo_service.scalar_mix import MixSpec
 from tests.support.efml_fixtures import SENTENCES, write_efml_model

@@ -17,10 +17,10 @@ import torch
 from torch.func import functional_call
 
 from elmo_service import Elmo, batch_to_ids
-from elmo_service.bilm_cache import LayerCache, WeightsWatch, sentence_key
-from elmo_service.char_ids import sentence_ids
+from elmo_service.bilm.char_ids import sentence_ids
+from elmo_service.bilm.kernels.cpu_bilm import CpuBiLM
+from elmo_service.bilm.layer_cache import LayerCache, WeightsWatch, sentence_key
 from elmo_service.errors import ConfigError
-from elmo_service.kernels.cpu_bilm import CpuBiLM
 from tests.support import reference
 from tests.support.core_fixtures import tiny_model
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from elmo_service import Elmo, batch_to_ids
-from elmo_service.char_ids import batch_ids, sentence_ids
+from elmo_service.bilm.char_ids import batch_ids, sentence_ids
+from elmo_service.bilm.kernels.cpu_bilm import CpuBiLM
+from elmo_service.bilm.lstm import LstmpFunction
+from elmo_service.bilm.model import BiLM
 from elmo_service.errors import ArtifactError, ConfigError, InputError
-from elmo_service.kernels.cpu_bilm import CpuBiLM
-from elmo_service.lstm import LstmpFunction
-from elmo_service.model import BiLM
 from tests.support import reference
 from tests.support.bilm_fixtures import write_bilm
 from tests.support.core_fixtures import tiny_artifact, tiny_model

@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from elmo_service.artifact import Artifact
-from elmo_service.char_ids import batch_ids, sentence_ids
-from elmo_service.config import BiLMConfig
+from elmo_service.bilm.char_ids import batch_ids, sentence_ids
+from elmo_service.bilm.config import BiLMConfig
+from elmo_service.bilm.kernels.cpu_bilm import CpuBiLM
+from elmo_service.bilm.model import N_CHAR_IDS, BiLM
 from elmo_service.embedder import Embedder
-from elmo_service.kernels.cpu_bilm import CpuBiLM
-from elmo_service.model import N_CHAR_IDS, BiLM
 from elmo_service.tokenizers import WordTokenizer
 from tests.support.configs import small_test_config
 from tests.support.reference import char_cnn as ref_char_cnn
@@ -112,8 +112,8 @@ def test_char_cnn_lookup_equals_conv_and_reference_on_odd_inputs():
 
 @pytest.mark.parametrize("threads", [1, 2])  # two: the tokens split over the workers
 def test_native_filter_lookup_is_the_torch_lookup_to_the_bit(monkeypatch, torch_threads, threads):
-    import elmo_service.kernels.native_filters as native_filters
-    import elmo_service.kernels.tuning as tuning
+    import elmo_service.bilm.kernels.native_filters as native_filters
+    import elmo_service.bilm.kernels.tuning as tuning
 
     torch_threads(threads)
     model = make_model(max_chars_per_token=12)

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import torch
 
-from elmo_service.char_ids import batch_ids
-from elmo_service.kernels.cpu_bilm import CpuBiLM
-from elmo_service.kernels.select import TorchBiLM
-from elmo_service.lstm import LstmpFunction
-from elmo_service.model import BiLM
+from elmo_service.bilm.char_ids import batch_ids
+from elmo_service.bilm.kernels.cpu_bilm import CpuBiLM
+from elmo_service.bilm.kernels.select import TorchBiLM
+from elmo_service.bilm.lstm import LstmpFunction
+from elmo_service.bilm.model import BiLM
 from tests.support.core_fixtures import tiny_model
 from tests.support.reference import reference_bilm
 
@@ -81,7 +81,7 @@ PATHS = {
 @pytest.mark.parametrize("overrides", [{}, {"activation": "tanh", "residual": False}])
 @pytest.mark.parametrize("path", list(PATHS))
 def test_every_path_computes_the_reference_in_a_batch_and_alone(monkeypatch, path, overrides):
-    import elmo_service.kernels.tuning as tuning
+    import elmo_service.bilm.kernels.tuning as tuning
 
     monkeypatch.setattr(tuning, "INT8_MIN_ELEMENTS", 0)  # int8 on the tiny model's matrices
     model = random_bilm(**overrides)

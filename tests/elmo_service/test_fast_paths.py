@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from elmo_service.artifact import Artifact
-from elmo_service.config import ELMO_FILTERS
+from elmo_service.bilm.config import ELMO_FILTERS
+from elmo_service.bilm.kernels.certificate import SENTENCES
 from elmo_service.convert import load_bilm
 from elmo_service.embedder import Embedder
-from elmo_service.kernels.certificate import SENTENCES
 from elmo_service.tokenizers import WordTokenizer
 from tests.support.bilm_fixtures import write_bilm
 

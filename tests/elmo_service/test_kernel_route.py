@@ -1,14 +1,14 @@
 """The per-machine route between the native biLSTM and the model's torch code
-(elmo_service/kernels/calibrate.py): measured once, cached per machine and shape, and
+(elmo_service/bilm/kernels/calibrate.py): measured once, cached per machine and shape, and
 whichever way it goes, the same vectors."""
 
 import json
 
 import torch
 
-import elmo_service.kernels.calibrate as calibrate
-from elmo_service.kernels.cpu_bilm import CpuBiLM
-from elmo_service.model import BiLM
+import elmo_service.bilm.kernels.calibrate as calibrate
+from elmo_service.bilm.kernels.cpu_bilm import CpuBiLM
+from elmo_service.bilm.model import BiLM
 from tests.support.configs import small_test_config
 
 

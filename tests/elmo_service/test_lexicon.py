@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from elmo_service.config import BiLMConfig
+from elmo_service.bilm.config import BiLMConfig
+from elmo_service.bilm.lexicon import Lexicon, parse_dic
+from elmo_service.bilm.model import BiLM
 from elmo_service.errors import ArtifactError, ConfigError
-from elmo_service.lexicon import Lexicon, parse_dic
-from elmo_service.model import BiLM
 from elmo_service.tokenizers import LexiconTokenizer, load_tokenizer, word_starts
 
 CHARS = "<oov>\t0\n<pad>\t1\n<bow>\t2\n<eow>\t3\n<bos>\t4\n<eos>\t5\na\t6\nб\t7\n中\t8\n😀\t9\n10\n"

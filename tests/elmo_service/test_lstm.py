@@ -2,8 +2,8 @@
 
 import torch
 
-from elmo_service.lstm import LstmLayer, LstmpFunction
-from elmo_service.model import BiLM
+from elmo_service.bilm.lstm import LstmLayer, LstmpFunction
+from elmo_service.bilm.model import BiLM
 from tests.support.configs import small_test_config
 from tests.support.reference import lstmp_step
 
@@ -103,7 +103,7 @@ def test_language_model_runs_the_served_bilm():
 
 
 def test_compiled_steps_are_per_model_not_a_process_wide_swap():
-    from elmo_service.lstm import EAGER_STEPS, compiled_steps
+    from elmo_service.bilm.lstm import EAGER_STEPS, compiled_steps
 
     compiled, plain = BiLM(small_test_config()), BiLM(small_test_config())
     compiled.use_compiled_steps()  # torch.compile is lazy: nothing compiles here

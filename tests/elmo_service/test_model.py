@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from elmo_service.char_ids import batch_ids
-from elmo_service.model import reverse_padded
+from elmo_service.bilm.char_ids import batch_ids
+from elmo_service.bilm.model import reverse_padded
 from tests.support.core_fixtures import tiny_model
 
 SENTS = [
@@ -114,11 +114,14 @@ def test_the_model_imports_no_kernel():
     from pathlib import Path
 
     code = (
-        "import sys, elmo_service.model, elmo_service.lstm, elmo_service.kernels.select; "
-        "print(sorted(m for m in sys.modules if m == 'numba' or m.startswith('elmo_service.kernels.')))"
+        "import sys, elmo_service.bilm.model, elmo_service.bilm.lstm, elmo_service.bilm.kernels.select; "
+        "print(sorted(m for m in sys.modules if m == 'numba' or m.startswith('elmo_service.bilm.kernels.')))"
     )
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     # tuning: constants only (the process setup reads them); select: the choice, no kernel
-    assert out.stdout.strip() == "['elmo_service.kernels.select', 'elmo_service.kernels.tuning']"
+    assert (
+        out.stdout.strip()
+        == "['elmo_service.bilm.kernels.select', 'elmo_service.bilm.kernels.tuning']"
+    )

@@ -23,7 +23,7 @@ def test_no_writable_cache_folder_is_not_an_import_error(tmp_path):
             raise PermissionError("read-only")
 
         caching._CacheLocator.ensure_cache_path = refuse  # every locator's writability check
-        from elmo_service.kernels import native_filters, native_step
+        from elmo_service.bilm.kernels import native_filters, native_step
 
         assert native_step.lstmp_row._cache.__class__.__name__ == "NullCache"
         assert native_step.lstm_cell._cache.__class__.__name__ == "NullCache"
@@ -41,8 +41,8 @@ def test_no_writable_cache_folder_is_not_an_import_error(tmp_path):
 
 
 WARM = """
-from elmo_service.kernels.cpu_bilm import CpuBiLM, compile_kernels
-from elmo_service.model import BiLM
+from elmo_service.bilm.kernels.cpu_bilm import CpuBiLM, compile_kernels
+from elmo_service.bilm.model import BiLM
 from tests.support.configs import small_test_config
 import torch
 
@@ -92,7 +92,7 @@ def test_a_damaged_cache_file_is_recompiled_with_a_warning(tmp_path):
 
 
 def test_the_compiled_loop_is_cached_where_a_folder_is_writable():
-    from elmo_service.kernels import native_filters, native_step
+    from elmo_service.bilm.kernels import native_filters, native_step
 
     assert type(native_step.lstmp_row._cache).__name__ == "FunctionCache"
     assert type(native_step.lstm_cell._cache).__name__ == "FunctionCache"
@@ -104,7 +104,7 @@ def test_the_vectorized_sigmoid_is_within_1e7_of_float64():
     against the float64 one: the whole finite range, the clamps and both tails."""
     import numpy as np
 
-    from elmo_service.kernels.native_step import _sigmoid
+    from elmo_service.bilm.kernels.native_step import _sigmoid
 
     rng = np.random.default_rng(0)
     x = np.concatenate(

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from elmo_service.bilm.kernels.tuning import OMP_SPINCOUNT
 from elmo_service.errors import ConfigError
-from elmo_service.kernels.tuning import OMP_SPINCOUNT
 from elmo_service.process import configure_process
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -27,7 +27,7 @@ from elmo_pretrain.prepare import PrepareOptions, prepare
 from elmo_pretrain.softmax import LinearSoftmax
 from elmo_pretrain.sources.synthetic import write_corpus
 from elmo_pretrain.train import build_model, run_training
-from elmo_service.char_ids import bos_ids, eos_ids, token_ids
+from elmo_service.bilm.char_ids import bos_ids, eos_ids, token_ids
 from elmo_service.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

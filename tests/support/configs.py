@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from elmo_service.config import BiLMConfig
+from elmo_service.bilm.config import BiLMConfig
 
 
 def small_test_config(**overrides: Any) -> BiLMConfig:

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from elmo_service.artifact import save_artifact
-from elmo_service.model import BiLM
+from elmo_service.bilm.model import BiLM
 from elmo_service.tokenizers import SentencePieceTokenizer, Tokenizer, WordTokenizer
 from tests.support.configs import small_test_config
 

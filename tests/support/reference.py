@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from elmo_service.char_ids import sentence_ids
-from elmo_service.model import BiLM
+from elmo_service.bilm.char_ids import sentence_ids
+from elmo_service.bilm.model import BiLM
 
 
 def char_cnn(model: BiLM, ids: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:

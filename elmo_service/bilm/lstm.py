@@ -45,7 +45,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from elmo_service.config import BiLMConfig
+from elmo_service.bilm.config import BiLMConfig
 
 LstmState = tuple[Tensor, Tensor]  # (h [B, P], c [B, C])
 

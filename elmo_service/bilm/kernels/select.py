@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from elmo_service.model import BiLM
+    from elmo_service.bilm.model import BiLM
 
 
 class BiLMKernel(Protocol):
@@ -29,7 +29,7 @@ class BiLMKernel(Protocol):
 
 
 class TorchBiLM:
-    """The model's own torch code (``elmo_service/model.py``): any device and dtype.
+    """The model's own torch code (``elmo_service/bilm/model.py``): any device and dtype.
 
     # Parameters
 
@@ -67,7 +67,7 @@ def choose_kernel(
     """The native kernels for fp32 on the CPU without compile; the model's torch code
     otherwise (``weights="int8"`` needs the former: the caller checks)."""
     if device.type == "cpu" and precision == "fp32" and not compile:
-        from elmo_service.kernels.cpu_bilm import CpuBiLM
+        from elmo_service.bilm.kernels.cpu_bilm import CpuBiLM
 
         return CpuBiLM(bilm, weights=weights)
     return TorchBiLM(bilm, compile=compile)

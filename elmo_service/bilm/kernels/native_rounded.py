@@ -19,7 +19,7 @@ The weights are stored in blocks of outputs, ``[N / n, K, n]`` (:func:`blocked`)
 each block one contiguous stream, its partial sums in L1, each of its rows
 :data:`BLOCK_BYTES` long (64 bf16 or 128 int8 outputs: on the AMD EPYC here,
 256-byte rows streamed from memory at half the speed; 128 or less at full). Products are summed in a fixed order: the same numbers on every call.
-Only :class:`~elmo_service.kernels.bilstm.ScaledLayer` calls these (it holds the
+Only :class:`~elmo_service.bilm.kernels.bilstm.ScaledLayer` calls these (it holds the
 pre-scaled layout ``native_step._cell_row`` reads).
 """
 
@@ -31,8 +31,8 @@ import torch
 from numba.core import types
 from numba.extending import intrinsic
 
-from elmo_service.kernels.jit import JIT_OPTIONS, compile_checked, enable_caching
-from elmo_service.kernels.native_step import _cell_row
+from elmo_service.bilm.kernels.jit import JIT_OPTIONS, compile_checked, enable_caching
+from elmo_service.bilm.kernels.native_step import _cell_row
 
 # bytes of a block's row (see the module docstring); the most outputs of a block
 BLOCK_BYTES = 128

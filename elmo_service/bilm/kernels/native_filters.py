@@ -2,7 +2,7 @@
 
     char ids [N, W] --> max over positions of each filter's windows [N, F]  (before bias and activation)
 
-The function of :meth:`CharCNN._filters_lookup`'s torch loop (``elmo_service/model.py``),
+The function of :meth:`CharCNN._filters_lookup`'s torch loop (``elmo_service/bilm/model.py``),
 summed in the same order, so the numbers are the same to the bit: a window of
 filter ``f`` (width ``w``) starting at position ``p`` is the sum of the table rows
 ``k * 262 + ids[p + k]`` for ``k < w``; a token's value is the max over its windows.
@@ -21,7 +21,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from elmo_service.kernels.jit import JIT_OPTIONS, compile_checked, enable_caching
+from elmo_service.bilm.kernels.jit import JIT_OPTIONS, compile_checked, enable_caching
 
 
 @numba.njit(**JIT_OPTIONS)

@@ -8,7 +8,7 @@
   the same convolution by table lookup (see ``CharCNN.forward``). An imported
   ELMoForManyLangs model reads characters from its lexicon instead of bytes and
   may put a word vector before the features (``cfg.char_vocab_size``, ``word_dim``).
-* ``LstmLayer`` (``elmo_service/lstm.py``): one direction of one LSTM layer
+* ``LstmLayer`` (``elmo_service/bilm/lstm.py``): one direction of one LSTM layer
   with a projection (``lstm_dim`` cells -> P), cell and projection clipping;
   its training kernel does backpropagation through time by hand.
 * ``BiLM``: L LSTM layers per direction with separate weights, residual
@@ -23,7 +23,7 @@ both aligned to the token positions. Positions past a sentence's length
 (batch padding) are zero in every layer.
 
 This file runs on any device and dtype. On the CPU in fp32 the embedder serves
-the same function through the kernels of ``elmo_service/kernels/`` (``CpuBiLM``),
+the same function through the kernels of ``elmo_service/bilm/kernels/`` (``CpuBiLM``),
 which read this model's weights.
 """
 
@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from elmo_service.config import BiLMConfig
-from elmo_service.lstm import LstmLayer, LstmState
+from elmo_service.bilm.config import BiLMConfig
+from elmo_service.bilm.lstm import LstmLayer, LstmState
 
 # per direction (forward, backward), per layer: (h [B, P], c [B, C])
 BiLMState = tuple[list[LstmState], list[LstmState]]
@@ -111,7 +111,7 @@ class CharCNN(nn.Module):
         """``[N, W]`` -> ``[N, P]``: convolutions under autograd, table lookups without.
 
         With a word embedding (``cfg.word_dim``) each row is ``[W + 1]``: the W
-        character ids, then the word id (``elmo_service/lexicon.py`` writes them)."""
+        character ids, then the word id (``elmo_service/bilm/lexicon.py`` writes them)."""
         words = None
         if self.word_embed is not None:
             char_ids, words = char_ids[:, :-1], self.word_embed(char_ids[:, -1])

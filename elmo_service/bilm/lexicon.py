@@ -19,7 +19,7 @@ Character ids of one token, as its ``create_one_batch`` builds them (``[W]``, W 
 
 With a word lexicon, a ``[W + 1]`` row: the W character ids, then the word id of the
 (cut) token, ``<oov>`` for an unknown word (``<bos>``/``<eos>`` too unless listed).
-``elmo_service/model.py`` ``CharCNN`` reads that last column as the word.
+``elmo_service/bilm/model.py`` ``CharCNN`` reads that last column as the word.
 """
 
 from __future__ import annotations

@@ -33,9 +33,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from elmo_service.config import WEIGHT_MODES
+from elmo_service.bilm.config import WEIGHT_MODES
+from elmo_service.bilm.kernels import tuning
 from elmo_service.errors import ConfigError
-from elmo_service.kernels import tuning
 
 
 def check_weights_mode(weights: str) -> None:

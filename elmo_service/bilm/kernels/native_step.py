@@ -8,11 +8,11 @@ recurrent weights (2.5 MB for a 1024/128 layer) plus ~10 element-wise ops on
 which hold the GIL between them: the two directions cannot run on the two
 cores at once (slower on two Python threads than on one: ``docs/bench-embedder.md``).
 Compiled by numba with ``nogil=True``, the whole loop of a layer is one call
-that releases the GIL, so :class:`~elmo_service.kernels.bilstm.BiLstmKernel`
+that releases the GIL, so :class:`~elmo_service.bilm.kernels.bilstm.BiLstmKernel`
 runs each direction on its own core.
 
 The math is ``BiLstmKernel``'s, on the pre-scaled weights of a
-:class:`~elmo_service.kernels.bilstm.ScaledLayer` (g-gate rows doubled, the
+:class:`~elmo_service.bilm.kernels.bilstm.ScaledLayer` (g-gate rows doubled, the
 cell kept doubled, ``W_proj`` doubled), whose methods are the only callers.
 NOTE: ``_cell_row`` reads exactly that layout; change the two together.
 Products are summed in float32 in a fixed order, the gate functions in float32
@@ -28,7 +28,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from elmo_service.kernels.jit import JIT_OPTIONS, compile_checked, enable_caching
+from elmo_service.bilm.kernels.jit import JIT_OPTIONS, compile_checked, enable_caching
 
 # float32 constants, so that the arithmetic stays in float32 (8 lanes of AVX2)
 _F = np.float32

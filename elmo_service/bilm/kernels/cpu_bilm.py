@@ -3,7 +3,7 @@
     CpuBiLM(bilm, weights="fp32").encode(char ids [N, W])                 -> tokens [N, P]
     CpuBiLM(bilm, weights="fp32").contextualize(tokens [B, T, P], lengths) -> layers [L+1, B, T, 2P]
 
-The same function as :class:`~elmo_service.model.BiLM` (``tests/elmo_service/
+The same function as :class:`~elmo_service.bilm.model.BiLM` (``tests/elmo_service/
 test_every_path.py`` holds every path to one reference), computed with:
 
 * the character filters by table lookup in native code (``native_filters.py``,
@@ -26,12 +26,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from elmo_service.bilm.kernels import native_filters, native_rounded, native_step, tuning
+from elmo_service.bilm.kernels.bilstm import BiLstmKernel, direction_pool, on_both_workers
+from elmo_service.bilm.kernels.native_rounded import round_weight
+from elmo_service.bilm.kernels.packed import KernelCache, PackedLinear, check_weights_mode
+from elmo_service.bilm.model import N_CHAR_IDS, BiLM, SortedBatch
 from elmo_service.errors import ConfigError
-from elmo_service.kernels import native_filters, native_rounded, native_step, tuning
-from elmo_service.kernels.bilstm import BiLstmKernel, direction_pool, on_both_workers
-from elmo_service.kernels.native_rounded import round_weight
-from elmo_service.kernels.packed import KernelCache, PackedLinear, check_weights_mode
-from elmo_service.model import N_CHAR_IDS, BiLM, SortedBatch
 
 _compiled = False
 _compile_lock = threading.Lock()
@@ -65,7 +65,7 @@ class CpuBiLM:
         row, or bf16), a sentence alone streaming them compact (``native_rounded``);
         the highway layers in int8 through fbgemm (each input row scaled by its own
         maximum) or rounded to bf16. A sentence's vectors never depend on its batch
-        mates. The error against fp32: :mod:`~elmo_service.kernels.certificate`.
+        mates. The error against fp32: :mod:`~elmo_service.bilm.kernels.certificate`.
     """
 
     def __init__(self, bilm: BiLM, *, weights: str = "fp32") -> None:
@@ -94,7 +94,7 @@ class CpuBiLM:
 
     def _routed(self) -> dict[str, str]:
         if self.route is None:
-            from elmo_service.kernels.calibrate import calibrated_route
+            from elmo_service.bilm.kernels.calibrate import calibrated_route
 
             self.route = calibrated_route(self)
         return self.route

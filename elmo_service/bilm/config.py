@@ -16,7 +16,7 @@ from elmo_service.settings_base import StrictModel, Tuple, need
 # compute precisions of the embedder and the trainer; "auto" resolves per device
 # (elmo_service.runtime.resolve_precision). Here, not there, so CLIs list them without torch.
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-# inference weight modes (elmo_service.kernels): int8 / bf16 round the weights once and stream
+# inference weight modes (elmo_service.bilm.kernels): int8 / bf16 round the weights once and stream
 # them compact where a step is bound by reading them (opt-in; the error: kernels/certificate.py)
 WEIGHT_MODES: tuple[str, ...] = ("fp32", "int8", "bf16")
 # the embedder's token-vector cache: distinct tokens whose CNN vectors are kept
@@ -34,7 +34,7 @@ LEXICON_DEFAULTS: dict[str, Any] = {"char_vocab_size": None, "word_dim": 0, "wor
 
 
 class BiLMConfig(StrictModel):
-    """Everything needed to build a :class:`elmo_service.model.BiLM`.
+    """Everything needed to build a :class:`elmo_service.bilm.model.BiLM`.
 
     The token encoder is a character CNN (``char_dim``, ``filters``,
     ``activation``) over ``max_chars_per_token`` byte ids, ``n_highway``
@@ -59,7 +59,7 @@ class BiLMConfig(StrictModel):
     projection_dim: int = Field(
         128, gt=0, description="shared width of the token vector and of each LSTM layer's output"
     )
-    # a lexicon's scheme (ELMoForManyLangs models, elmo_service/lexicon.py) instead of bytes
+    # a lexicon's scheme (ELMoForManyLangs models, elmo_service/bilm/lexicon.py) instead of bytes
     char_vocab_size: int | None = Field(
         None,
         gt=0,

@@ -2,7 +2,7 @@
 
     x [2, T, B, P] (direction, time, rows sorted longest first) --> per layer [2, T, B, P]
 
-The same function as ``LstmLayer`` (``elmo_service/lstm.py``) run for each
+The same function as ``LstmLayer`` (``elmo_service/bilm/lstm.py``) run for each
 direction and layer, with fewer, larger operations per step:
 
 * a step is the recurrent matmul (the input gates added in the same call), the
@@ -51,17 +51,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from elmo_service.kernels import tuning
-from elmo_service.kernels.native_rounded import lstmp_row_bf16, lstmp_row_i8, round_weight
-from elmo_service.kernels.native_step import lstm_cell, lstmp_row, lstmp_row_from
-from elmo_service.kernels.packed import PackedLinear
-from elmo_service.lstm import LstmLayer
+from elmo_service.bilm.kernels import tuning
+from elmo_service.bilm.kernels.native_rounded import lstmp_row_bf16, lstmp_row_i8, round_weight
+from elmo_service.bilm.kernels.native_step import lstm_cell, lstmp_row, lstmp_row_from
+from elmo_service.bilm.kernels.packed import PackedLinear
+from elmo_service.bilm.lstm import LstmLayer
 
 
 class ScaledLayer:
     """One direction of one LSTMP layer in the kernels' pre-scaled layout.
 
-    Built from an :class:`~elmo_service.lstm.LstmLayer` by its one constructor;
+    Built from an :class:`~elmo_service.bilm.lstm.LstmLayer` by its one constructor;
     the native loops (``kernels/native_step.py``) are called only through its
     methods, so they never see plain weights. The scaling (exact: powers of 2):
 
