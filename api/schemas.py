@@ -6,32 +6,25 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator
 
-
-def _valid_text(s: str) -> str:
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("is not valid Unicode (lone surrogate)") from None
-    return s
+from elmo_service.values import check_text
 
 
-def _text_or_tokens(v: Any, message: str) -> str | list[str]:
-    if isinstance(v, str):
-        return _valid_text(v)
-    if isinstance(v, list) and all(isinstance(x, str) for x in v):
-        for x in v:
-            _valid_text(x)
-        return v
-    raise ValueError(message)
+def _text_or_tokens(v: Any, message: str, item: str) -> str | list[str]:
+    """A text or a list of them under the library's text rules (``check_text``: a lone
+    surrogate or a NUL is a 422; the field is pydantic's location, ``item j`` in the message)."""
+    if not isinstance(v, str) and not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
+        raise ValueError(message)
+    check_text(v, "text", where=lambda j: "the text" if j is None else f"{item} {j}")
+    return v
 
 
 def _sentence(v: Any) -> str | list[str]:
-    return _text_or_tokens(v, "must be a string or a list of token strings")
+    return _text_or_tokens(v, "must be a string or a list of token strings", "word")
 
 
 def _input(v: Any) -> str | list[str]:
     return _text_or_tokens(
-        v, "must be a string or a list of strings (token-id arrays are not supported)"
+        v, "must be a string or a list of strings (token-id arrays are not supported)", "entry"
     )
 
 

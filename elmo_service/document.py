@@ -45,6 +45,7 @@ from torch import Tensor
 from elmo_service.errors import InputError, LimitError
 from elmo_service.outputs import OutputSpec, pool, positions, render
 from elmo_service.tokenizers import Token
+from elmo_service.values import check_text
 
 DEFAULT_CHUNK_TOKENS = 1024
 # a "word" (a run without whitespace) longer than this is refused: no text has one, and a
@@ -139,8 +140,8 @@ def _segments(text: str, size: int) -> Iterator[tuple[int, str]]:
 def tokenize_document(
     tokenizer, document: str | Sequence[str], *, field: str = "document", max_tokens: int | None
 ) -> DocTokens:
-    """The document's tokens, or an error naming ``field``: not text or words, empty,
-    a word over :data:`MAX_WORD_CHARS`, more than ``max_tokens`` tokens."""
+    """The document's tokens, or an error naming ``field``: not text or words, outside the
+    text rules (``values.text_problem``: a lone surrogate, a NUL), empty, a word over :data:`MAX_WORD_CHARS`, more than ``max_tokens`` tokens."""
     if isinstance(document, str):
         text = document
         words = None
@@ -155,6 +156,7 @@ def tokenize_document(
         text = " ".join(words)
     else:
         raise InputError(f"{field} must be a string or a list of strings", field=field)
+    check_text(document if words is None else words, field)  # before any tokenizer sees it
     if not text.strip():
         raise InputError(f"{field} is empty: a document needs a character to embed", field=field)
     m = _LONG_WORD.search(text)

@@ -56,7 +56,7 @@ from elmo_service.outputs import OutputSpec, positions, render, resolve_output
 from elmo_service.runtime import autocast, pick_device, resolve_precision, set_threads
 from elmo_service.scalar_mix import MixSpec, apply_mix  # noqa: F401 - re-exported
 from elmo_service.tokenizers import Token
-from elmo_service.values import EmbeddedSentence  # shared with the client
+from elmo_service.values import EmbeddedSentence, check_text  # shared with the client
 from elmo_service.words import words_of
 
 __all__ = ["EmbeddedSentence", "Embedder", "apply_mix", "words_of"]
@@ -308,6 +308,7 @@ class Embedder:
                     field=f"{field}[{i}]",
                     index=i,
                 )
+            check_text(s, f"{field}[{i}]", where=lambda j, i=i: where(i, j), index=i)
             toks = self.tokenizer(s)
             if not isinstance(s, str):
                 _check_words_kept(s, toks, i, field, where)

@@ -11,7 +11,9 @@ holds that, and that the two names are one file.
 * ``word_tokens``, ``average_words``, ``words_of``: a word's vector is its pieces' mean;
 * ``encode_array``, ``decode_array``: ``{"shape", "dtype", "data"}`` (base64 of the
   little-endian C-order bytes, or nested lists), checked both ways;
-* ``ElmoServiceError``, ``InputError``: errors that carry the offending ``field``.
+* ``ElmoServiceError``, ``InputError``: errors that carry the offending ``field``;
+* ``text_problem``, ``check_text``: the text rules every surface applies to what it is
+  given to embed (the library, the API's bodies, the client before it sends).
 """
 
 from __future__ import annotations
@@ -60,6 +62,49 @@ class InputError(ElmoServiceError, ValueError):
     ) -> None:
         super().__init__(message, field=field)
         self.index, self.word = index, word
+
+
+# ------------------------------------------------------------------ the text rules
+
+
+def text_problem(text: str) -> str | None:
+    """What makes ``text`` unusable as text to embed, or None. The one rule of the library
+    (``Embedder.embed``/``tokenize``, ``embed_document``), the API's bodies (``/v1/embed``,
+    ``/v1/embeddings``, ``/v1/embed/document``) and the client: a lone surrogate (not
+    Unicode: it has no UTF-8, so no JSON body can carry it and sentencepiece raises deep
+    in C++), and a NUL character (never text: a binary file read as text, and the end of
+    a string to any C code it reaches). Sizes are each surface's own limits."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return (
+            f"holds a lone surrogate (U+{ord(text[e.start]):04X}) at character {e.start:,}: "
+            "not valid Unicode"
+        )
+    if (at := text.find("\x00")) >= 0:
+        return f"holds a NUL character at character {at:,}"
+    return None
+
+
+def check_text(
+    value: str | Sequence[str],
+    field: str,
+    *,
+    where: Any = None,
+    index: int | None = None,
+) -> None:
+    """``value`` (a text, or a list of words) under :func:`text_problem`, or an
+    ``InputError`` naming ``field`` (word ``j``: ``field[j]``, and ``word=j``). ``where(j)``
+    names it in the message (``j`` None: the whole text); default ``field`` / ``field[j]``."""
+    if where is None:
+        where = lambda j: field if j is None else f"{field}[{j}]"  # noqa: E731
+    if isinstance(value, str):
+        if (problem := text_problem(value)) is not None:
+            raise InputError(f"{where(None)} {problem}", field=field, index=index)
+        return
+    for j, w in enumerate(value):
+        if (problem := text_problem(w)) is not None:
+            raise InputError(f"{where(j)} {problem}", field=f"{field}[{j}]", index=index, word=j)
 
 
 # ------------------------------------------------------------------ tokens and words

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from elmo_client.errors import ServiceError, ServiceUnreachable, bad_answer, service_error
-from elmo_client.shared import InputError
+from elmo_client.shared import InputError, check_text
 
 # refusals that did nothing: retried for every call, job submission included
 REFUSALS = (429, 503)
@@ -223,6 +223,11 @@ def is_empty(s: str | Sequence[str]) -> bool:
     return not s.strip() if isinstance(s, str) else len(s) == 0
 
 
+def _where(i: int, j: int | None) -> str:
+    # as the library names them (Embedder.tokenize): "sentence 3, word 1"
+    return f"sentence {i}" if j is None else f"sentence {i}, word {j}"
+
+
 def check_sentences(sentences: Sequence[Any]) -> None:
     """What the library refuses before tokenizing, refused before any request."""
     for i, s in enumerate(sentences):
@@ -232,6 +237,8 @@ def check_sentences(sentences: Sequence[Any]) -> None:
             raise InputError(
                 f"sentence {i} must be a string or a list of strings", field=f"sentences[{i}]"
             )
+        # the library's text rules (a lone surrogate has no UTF-8 to send)
+        check_text(s, f"sentences[{i}]", where=lambda j, i=i: _where(i, j), index=i)
 
 
 def _chars(s: str | Sequence[str]) -> int:
