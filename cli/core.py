@@ -121,11 +121,15 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
         if args.options or args.weights or args.lowercase:
             raise SystemExit("convert: --manylangs takes no --options, --weights or --lowercase")
-        version = convert_efml(args.manylangs, args.out, overwrite=args.overwrite)
+        version = convert_efml(
+            args.manylangs, args.out, overwrite=args.overwrite, network_config=args.network_config
+        )
         print(f"wrote {args.out} (version {version})")
         return 0
     from elmo_service.convert import convert_bilm
 
+    if args.network_config:
+        raise SystemExit("convert: --network-config goes with --manylangs")
     if not (args.options and args.weights):
         raise SystemExit("convert: give --options and --weights, or --manylangs DIR")
     version = convert_bilm(
@@ -193,6 +197,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="an ELMoForManyLangs model folder (config.json, char.dic, [word.dic], "
         "token_embedder.pkl, encoder.pkl) instead of --options/--weights",
+    )
+    c.add_argument(
+        "--network-config",
+        metavar="JSON",
+        help="with --manylangs: its network config when config.json's config_path names "
+        "no file inside the folder (a path outside the folder is never read unless given here)",
     )
     c.add_argument("--out", required=True, help="artifact folder to write, e.g. models/elmo-small")
     c.add_argument(

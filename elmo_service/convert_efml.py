@@ -28,21 +28,23 @@ only and are read with ``torch.load(..., weights_only=True)``: never unpickled f
 
 from __future__ import annotations
 
-import json
+import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from elmo_service.artifact import save_artifact, sha256_file
+from elmo_service.artifact import atomic_dir, save_artifact, sha256_file
 from elmo_service.bilm.config import BiLMConfig
 from elmo_service.bilm.lexicon import Lexicon
 from elmo_service.bilm.model import BiLM
+from elmo_service.efml_folder import ENCODER_FILE, TOKEN_EMBEDDER_FILE, Shape, read_folder
 from elmo_service.errors import ArtifactError, ConfigError
 from elmo_service.tokenizers import LexiconTokenizer
 
 SOURCE_FORMAT = "elmoformanylangs"
-TOKEN_EMBEDDER_FILE, ENCODER_FILE = "token_embedder.pkl", "encoder.pkl"
 # its gates (i, f, g, o) -> ours (i, f, o, g)
 _EFML_TO_OURS = (0, 1, 3, 2)
 
@@ -53,97 +55,59 @@ def is_efml_dir(path: str | Path) -> bool:
     return p.is_dir() and all((p / f).is_file() for f in ("config.json", ENCODER_FILE))
 
 
-def _need(cond: bool, field: str, msg: str) -> None:
-    if not cond:
-        raise ConfigError(f"ELMoForManyLangs model: {field} {msg}", field=field)
-
-
-def read_network_config(model_dir: str | Path) -> tuple[dict[str, Any], str]:
-    """Its ``config.json`` -> the network config it names (as its loader finds it: the path,
-    else the file of that name in the folder) and that file's name."""
-    model_dir = Path(model_dir)
-    top = model_dir / "config.json"
-    if not top.is_file():
-        raise ConfigError(f"{model_dir} has no config.json", field="config.json")
-    try:
-        outer = json.loads(top.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"config.json is not valid JSON: {e}", field="config.json") from e
-    name = outer.get("config_path") if isinstance(outer, dict) else None
-    _need(isinstance(name, str) and name, "config_path", "must name the network config")
-    path = model_dir / name
-    if not path.is_file():  # published models name absolute paths of their authors' machines
-        path = model_dir / Path(name).name
-    if not path.is_file():
-        raise ConfigError(
-            f"network config {name!r} is neither at that path nor in {model_dir} (copy it from "
-            "the elmoformanylangs package's configs/ folder)",
-            field="config_path",
-        )
-    try:
-        return json.loads(path.read_text(encoding="utf-8")), path.name
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path.name} is not valid JSON: {e}", field="config_path") from e
-
-
-def config_from_network(net: Any, char_rows: int, word_rows: int) -> BiLMConfig:
-    """Its network config -> :class:`BiLMConfig`; anything we do not compute is refused."""
-    _need(isinstance(net, dict), "network config", "must be a JSON object")
-    te, enc = net.get("token_embedder"), net.get("encoder")
-    _need(isinstance(te, dict), "token_embedder", "is missing or not an object")
-    _need(isinstance(enc, dict), "encoder", "is missing or not an object")
-    te_name, enc_name = str(te.get("name", "")).lower(), str(enc.get("name", "")).lower()
-    _need(te_name == "cnn", "token_embedder.name", f"{te_name!r} is not supported (only 'cnn')")
-    _need(enc_name == "elmo", "encoder.name", f"{enc_name!r} is not supported (only 'elmo')")
-    _need(
-        isinstance(te.get("char_dim"), int) and te["char_dim"] > 0,
-        "token_embedder.char_dim",
-        "must be > 0 (a model without characters is not supported)",
-    )
-    _need(
-        te.get("activation") in ("relu", "tanh"),
-        "token_embedder.activation",
-        f"{te.get('activation')!r} is not supported (relu or tanh)",
-    )
-    word_dim = te.get("word_dim") or 0
+def config_from_network(
+    net: dict[str, Any], shape: Shape, char_rows: int, word_rows: int
+) -> BiLMConfig:
+    """Its network config (kinds and sizes checked by ``efml_folder.shape_of``) ->
+    :class:`BiLMConfig`."""
+    te, enc = net["token_embedder"], net["encoder"]
     clip = {k: (enc.get(k) or None) for k in ("cell_clip", "proj_clip")}  # its `if clip:`
     dropout = net.get("dropout", 0.1)
     try:
         return BiLMConfig(
-            char_dim=te["char_dim"],
-            filters=tuple(tuple(f) for f in te["filters"]),
-            n_highway=te.get("n_highway", 0),
+            char_dim=shape.char_dim,
+            filters=shape.filters,
+            n_highway=shape.n_highway,
             activation=te["activation"],
-            max_chars_per_token=te["max_characters_per_token"],
+            max_chars_per_token=shape.max_chars,
             char_vocab_size=char_rows,
-            word_dim=word_dim,
-            word_vocab_size=word_rows if word_dim else 0,
-            projection_dim=enc["projection_dim"],
-            lstm_dim=enc["dim"],
-            n_layers=enc["n_layers"],
+            word_dim=shape.word_dim,
+            word_vocab_size=word_rows if shape.word_dim else 0,
+            projection_dim=shape.projection_dim,
+            lstm_dim=shape.dim,
+            n_layers=shape.n_layers,
             cell_clip=clip["cell_clip"],
             proj_clip=clip["proj_clip"],
             residual=True,
             dropout=dropout if isinstance(dropout, int | float) and 0 <= dropout < 1 else 0.1,
         )
-    except KeyError as e:
-        raise ConfigError(
-            f"ELMoForManyLangs model: network config lacks {e.args[0]!r}", field=str(e.args[0])
-        ) from e
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"ELMoForManyLangs model: network config: {e}", field="config") from e
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(
+            f"ELMoForManyLangs model: network config: {first}", field="config"
+        ) from None
+
+
+# torch's message for a refused pickle ends with advice to load it with weights_only=False:
+# advice a user must never get from us. Keep what it names, drop the rest.
+_UNSUPPORTED = re.compile(r"Unsupported (?:global|operand)[^.\n]*")
 
 
 def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
-    if not path.is_file():
-        raise ArtifactError(f"missing {path.name} in {path.parent}", field=path.name)
+    """The tensors, once ``efml_folder`` has checked every declared size against the
+    file: no storage is larger than the file (zip archives are mapped, not read)."""
     try:  # tensors only: never unpickle arbitrary objects
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises UnpicklingError, RuntimeError, EOFError, ...
+        state = torch.load(
+            path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path)
+        )
+    except Exception as e:  # noqa: BLE001 - torch raises UnpicklingError, RuntimeError, EOFError, ...
+        m = _UNSUPPORTED.search(str(e))
+        why = m.group(0) if m else type(e).__name__
         raise ArtifactError(
-            f"{path.name} is not a state dict of tensors (read with weights_only=True): {e}",
+            f"{path.name} is not a state dict of tensors ({why}); it is read as tensors only "
+            "and never unpickled freely",
             field=path.name,
-        ) from e
+        ) from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ArtifactError(f"{path.name} is not a state dict of tensors", field=path.name)
     for k, v in state.items():
@@ -197,82 +161,94 @@ def state_dict_from_efml(
     return sd
 
 
-def load_efml(model_dir: str | Path) -> tuple[BiLM, Lexicon, dict[str, Any]]:
+def load_efml(
+    model_dir: str | Path, network_config: str | Path | None = None
+) -> tuple[BiLM, Lexicon, dict[str, Any]]:
     """An ELMoForManyLangs model folder as our ``BiLM`` (eval mode), its lexicon and facts
-    for the provenance."""
-    model_dir = Path(model_dir)
-    net, net_name = read_network_config(model_dir)
-    te = _load_tensors(model_dir / TOKEN_EMBEDDER_FILE)
-    enc = _load_tensors(model_dir / ENCODER_FILE)
-    te_cfg = net.get("token_embedder") if isinstance(net, dict) else None
-    words = isinstance(te_cfg, dict) and bool(te_cfg.get("word_dim"))
-    char_w = te.get("char_emb_layer.embedding.weight")
-    word_w = te.get("word_emb_layer.embedding.weight")
-    cfg = config_from_network(
-        net,
-        char_rows=int(char_w.shape[0]) if char_w is not None and char_w.ndim == 2 else 1,
-        word_rows=int(word_w.shape[0]) if word_w is not None and word_w.ndim == 2 else 0,
-    )
-    if words and word_w is None:
-        raise ArtifactError(
-            f"{TOKEN_EMBEDDER_FILE} lacks 'word_emb_layer.embedding.weight' (word_dim > 0)",
-            field="word_emb_layer.embedding.weight",
-        )
-    lexicon = Lexicon.from_dir(model_dir, words=words)
-    if lexicon.max_char_id >= cfg.char_vocab_size:
-        raise ArtifactError(
-            f"char.dic holds id {lexicon.max_char_id}, the character embedding "
-            f"{cfg.char_vocab_size} rows",
-            field="char.dic",
-        )
-    if words and lexicon.max_word_id >= cfg.word_vocab_size:
-        raise ArtifactError(
-            f"word.dic holds id {lexicon.max_word_id}, the word embedding "
-            f"{cfg.word_vocab_size} rows",
-            field="word.dic",
-        )
+    for the provenance. Everything is checked before anything is built
+    (``efml_folder.read_folder``); ``network_config``: a network config outside the
+    folder, passed explicitly."""
+    folder = read_folder(model_dir, network_config)
+    cfg = config_from_network(folder.net, folder.shape, folder.char_rows, folder.word_rows)
+    te = _load_tensors(folder.paths[TOKEN_EMBEDDER_FILE])
+    enc = _load_tensors(folder.paths[ENCODER_FILE])
     model = BiLM(cfg)
     state = state_dict_from_efml(te, enc, cfg)
     own = model.state_dict()
-    for k, v in state.items():
+    for k, v in state.items():  # checked from the headers already; a last look
         if tuple(v.shape) != tuple(own[k].shape):
             raise ArtifactError(
-                f"{k}: shape {list(v.shape)} does not fit the network config "
-                f"(expected {list(own[k].shape)})",
-                field=k,
+                f"{k}: shape {list(v.shape)} does not fit the network config", field=k
             )
     model.load_state_dict(state)
     model.eval()
-    files = [
-        f for f in ("config.json", net_name, "char.dic", "word.dic") if (model_dir / f).is_file()
-    ]
+    lexicon = folder.lexicon
     facts = {
-        "source_files": {
-            f: {"sha256": sha256_file(model_dir / f)}
-            for f in (*files, TOKEN_EMBEDDER_FILE, ENCODER_FILE)
-        },
+        "source_files": {f: {"sha256": sha256_file(p)} for f, p in sorted(folder.paths.items())},
         "characters": len(lexicon.chars),
         "words": 0 if lexicon.words is None else len(lexicon.words),
     }
     return model, lexicon, facts
 
 
-def convert_efml(model_dir: str | Path, out_dir: str | Path, overwrite: bool = False) -> str:
+def _self_test(directory: Path) -> None:
+    """The new artifact's own self-test, before it appears where asked: stored (each
+    sentence alone), then the artifact loaded back from disk must give the stored vectors
+    again (each alone, within the self-test's bound) and finite ones batched. A model
+    that cannot embed (vectors overflow, ids past the tables) is refused here, not at
+    first use."""
+    from elmo_service.embedder import Embedder  # here: the embedder imports the artifact
+    from elmo_service.selftest import compare, load_selftest, write_selftest
+
+    def fail(why: str) -> ArtifactError:
+        msg = f"ELMoForManyLangs model: selftest: the converted model fails its self-test: {why}"
+        return ArtifactError(msg, field="selftest")
+
+    try:
+        write_selftest(directory)
+        stored = load_selftest(directory)
+        embedder = Embedder.load(directory, device="cpu", token_cache_size=0)
+        alone = [embedder.run_batch([t])[0] for t in stored.tokens]  # type: ignore[union-attr]
+        batched = embedder.run_batch(stored.tokens)  # type: ignore[union-attr]
+    except Exception as e:  # noqa: BLE001 - any failure to embed: one line
+        lines = str(e).strip().splitlines()
+        raise fail(f"{type(e).__name__}: {lines[0] if lines else ''}") from None
+    with np.errstate(invalid="ignore"):  # inf - inf: compare names it non-finite
+        verdict = compare(stored.vectors, alone)  # type: ignore[union-attr]
+    if not verdict["within_bound"]:
+        raise fail(
+            verdict.get("error") or f"read back, it differs by {verdict['max_rel_diff']:.2e}"
+        )
+    for i, v in enumerate(batched):
+        if not np.isfinite(v).all():
+            raise fail(f"sentence {i} has non-finite vectors")
+
+
+def convert_efml(
+    model_dir: str | Path,
+    out_dir: str | Path,
+    overwrite: bool = False,
+    network_config: str | Path | None = None,
+) -> str:
     """Convert an ELMoForManyLangs model folder to an artifact; returns its version.
 
     The artifact's tokenizer is :class:`LexiconTokenizer` (its ``char.dic``/``word.dic``
-    inside). Raises :class:`ConfigError` for a network config we do not compute and
-    :class:`ArtifactError` naming a missing or malformed file or tensor.
+    inside), with a self-test it passed before ``out_dir`` appears. Raises
+    :class:`ConfigError` for a network config we do not compute and :class:`ArtifactError`
+    naming a missing or malformed file or tensor, each in one line.
     """
-    model, lexicon, facts = load_efml(model_dir)
+    model, lexicon, facts = load_efml(model_dir, network_config)
     provenance = {
         "source": f"converted from {SOURCE_FORMAT}",
         "source_format": SOURCE_FORMAT,
         **facts,
     }
-    return save_artifact(
-        model, LexiconTokenizer(lexicon), out_dir, provenance=provenance, overwrite=overwrite
-    )
+    with atomic_dir(out_dir, overwrite) as tmp:  # out_dir appears only after the self-test
+        version = save_artifact(
+            model, LexiconTokenizer(lexicon), tmp, provenance=provenance, overwrite=True
+        )
+        _self_test(tmp)
+    return version
 
 
 __all__ = [

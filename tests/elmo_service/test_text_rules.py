@@ -20,7 +20,10 @@ from elmo_service.values import check_text, text_problem
 from tests.support.core_fixtures import tiny_artifact, train_sentencepiece
 from tests.support.ports import free_port
 
-BAD = [("a\ud800b", "lone surrogate (U+D800) at character 1"), ("ab\x00", "NUL character at character 2")]  # fmt: skip
+BAD = [
+    ("a\ud800b", "lone surrogate (U+D800) at character 1"),
+    ("ab\x00", "NUL character at character 2"),
+]
 
 
 @pytest.fixture(scope="module")
