@@ -279,19 +279,17 @@ def check_tensors(
     for file, expected in want.items():
         got = headers[file]
         missing = [k for k in expected if k not in got]
-        if missing:
-            raise ArtifactError(
-                f"ELMoForManyLangs model: {file} lacks {missing[0]!r} (the network config "
-                f"{net_file} implies {len(expected)} tensors; {len(missing)} missing)",
-                field=missing[0],
-            )
         extra = [k for k in got if k not in expected]
-        if extra:
-            raise ArtifactError(
-                f"ELMoForManyLangs model: {file} holds {extra[0]!r}, which the network config "
-                f"{net_file} does not describe ({len(extra)} such tensors)",
-                field=extra[0],
+        if missing or extra:
+            k = (missing or extra)[0]
+            why = (
+                f"lacks {k!r} (the network config {net_file} implies {len(expected)} "
+                f"tensors; {len(missing)} missing)"
+                if missing
+                else f"holds {k!r}, which the network config {net_file} does not describe "
+                f"({len(extra)} such tensors)"
             )
+            raise ArtifactError(f"ELMoForManyLangs model: {file} {why}", field=k)
         for k, shape in expected.items():
             t = got[k]
             if t.shape != shape:

@@ -228,23 +228,36 @@ class Embedder:
 
     @property
     def certificate(self) -> dict | None:
-        """A rounded-weights path's error against exact fp32, measured once on this model
-        (``elmo_service/bilm/kernels/certificate.py``): ``max_rel_diff``, the sentences and
-        tokens it covers, ``heldout``. None for fp32 (exact: the reference itself)."""
+        """A rounded-weights path's certified error against exact fp32, per sentence
+        (``elmo_service/bilm/kernels/certificate.py``): ``max_rel_diff`` (any value,
+        relative to the sentence's largest) and ``rms_rel_diff`` bounds, the ``measured``
+        worst and the ``margin``, the generated sentences and tokens it covers, the
+        ``longest`` sentence covered, ``heldout``. Measured once per model, mode, kernel
+        and machine (cached on disk). None for fp32 (exact: the reference itself)."""
         if self.weights == "fp32":
             return None
         if self._certificate is None:
-            from elmo_service.bilm.kernels.certificate import SENTENCES, certify
+            from elmo_service.bilm.kernels import certificate as cert_mod
 
-            # the reference: the same model in exact fp32, built for this measure only
-            ref = Embedder(self.artifact, device="cpu", weights="fp32", token_cache_size=0)
-            texts = [[t.text for t in toks] for toks in self.tokenize(SENTENCES)]
-            cert = certify(
-                self.speed_path, self.weights, self.embed_tokens, ref.embed_tokens, texts
-            )
-            self._certificate = cert.to_dict()
+            def measure():
+                # the reference: the same model in exact fp32, built for this measure only
+                ref = Embedder(self.artifact, device="cpu", weights="fp32", token_cache_size=0)
+                limit = min(cert_mod.MAX_TOKENS, self.max_sentence_tokens)
+                texts = [
+                    [t.text for t in self.tokenizer(s)][:limit]
+                    for s in cert_mod.certificate_texts()
+                ]
+                return cert_mod.certify(
+                    self.speed_path, self.weights, self.embed_tokens, ref.embed_tokens, texts
+                )
+
+            key = cert_mod.cache_key(self.model, self.weights, self.speed_path)
+            self._certificate = cert_mod.cached(key, measure)
             log.info(
-                "certificate of %s: max relative diff %.2e", self.speed_path, cert.max_rel_diff
+                "certificate of %s: max relative diff %.2e, rms %.2e per sentence",
+                self.speed_path,
+                self._certificate["max_rel_diff"],
+                self._certificate["rms_rel_diff"],
             )
         return self._certificate
 

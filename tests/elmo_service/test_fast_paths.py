@@ -15,9 +15,13 @@ from elmo_service.embedder import Embedder
 from elmo_service.tokenizers import WordTokenizer
 from tests.support.bilm_fixtures import write_bilm
 
+pytestmark = pytest.mark.slow  # four certificates measured on real shapes (~15 s each)
+
 ROOT = Path(__file__).resolve().parents[2]
-# the bounds the docs promise (docs/bench-embedder.md): int8 <= 2e-2, bf16 <= 5e-3
-BOUND = {"int8": 2e-2, "bf16": 5e-3}
+# the certified bounds the docs state on these models (docs/bench-embedder.md, per sentence:
+# any value within max_rel_diff x the sentence's largest, its rms within rms_rel_diff)
+BOUND = {"int8": 0.2, "bf16": 0.1}
+RMS_BOUND = {"int8": 5e-2, "bf16": 2e-2}
 
 
 def original_like(tmp_path: Path) -> Artifact:
@@ -36,6 +40,7 @@ def check_path(fp32: Embedder, fast: Embedder, mode: str) -> None:
     cert = fast.certificate
     assert cert["weights"] == mode and cert["path"] == f"cpu-native {mode}"
     assert 1e-6 < cert["max_rel_diff"] <= BOUND[mode], cert
+    assert 1e-6 < cert["rms_rel_diff"] <= RMS_BOUND[mode], cert
     # measured independently here: the worst sentence alone, relative to the set's scale
     ref = fp32.embed(list(SENTENCES))
     scale = max(float(np.abs(r.layers).max()) for r in ref)
