@@ -19,6 +19,8 @@ The picture (``docs/architecture.md``)::
   ``elmo_jobs`` may import it;
 * no two modules import each other, directly or around a loop;
 * LSTM math (gate nonlinearities, the fused LSTM ops) lives in the core only;
+* every ``torch.load`` reads tensors only (``weights_only=True``), and a foreign checkpoint's
+  header is read by a module that imports no torch (``elmo_service/tensor_header.py``);
 * every third-party import of a product module is a declared dependency, and the core's
   are the library's own (``pip install elmo-service``: no server packages).
 
@@ -479,3 +481,40 @@ def test_ray_and_pyarrow_stay_inside_the_bulk_package():
         if i.target.split(".")[0] in _CONFINED and m not in _CONFINED[i.target.split(".")[0]]
     ]
     assert not bad, "Ray and pyarrow are imported only in bulk/: " + "; ".join(bad)
+
+
+def _loads_without_weights_only(tree: ast.AST) -> list[int]:
+    """Lines calling ``torch.load`` without ``weights_only=True``."""
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "load"
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "torch"
+        and not any(
+            k.arg == "weights_only" and isinstance(k.value, ast.Constant) and k.value.value is True
+            for k in node.keywords
+        )
+    ]
+
+
+def test_no_pickle_is_read_but_as_tensors():
+    """Every ``torch.load`` passes ``weights_only=True``; the reader of a foreign
+    checkpoint's header (``elmo_service/tensor_header.py``, run before any ``torch.load`` of
+    a converted model) imports only the standard library and the core's errors: nothing a
+    pickle names is imported and no tensor is built while its sizes are unchecked (#56)."""
+    assert _loads_without_weights_only(
+        ast.parse("torch.load(p)\ntorch.load(p, weights_only=True)")
+    ) == [1]
+    bad = [
+        f"{m}:{line}"
+        for m, path in modules().items()
+        for line in _loads_without_weights_only(ast.parse(path.read_text(encoding="utf-8")))
+    ]
+    assert not bad, "torch.load without weights_only=True: " + "; ".join(bad)
+    allowed = set(sys.stdlib_module_names) | {"__future__", "elmo_service"}
+    header = [i.target for i in imports_of("elmo_service.tensor_header")]
+    assert header and all(t.split(".")[0] in allowed for t in header), header
+    assert {t for t in header if t.startswith("elmo_service")} == {"elmo_service.errors"}
