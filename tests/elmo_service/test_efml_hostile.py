@@ -282,3 +282,19 @@ def test_the_valid_model_still_converts(valid, tmp_path):
     convert_efml(valid, tmp_path / "out")
     meta = json.loads((tmp_path / "out" / "selftest.json").read_text())
     assert len(meta["tokens"]) == 8  # its own self-test is stored with it
+
+
+def test_the_legacy_format_of_published_models_converts_to_the_same_weights(valid, tmp_path):
+    """Published models were saved by torch < 1.6 (the legacy stream, not a zip archive):
+    their headers are read too, and they convert to the same weights."""
+    from safetensors.torch import load_file
+
+    d = _copy(valid, tmp_path)
+    for f in ("token_embedder.pkl", "encoder.pkl"):
+        torch.save(_state(d, f), d / f, _use_new_zipfile_serialization=False)
+        assert not zipfile.is_zipfile(d / f)
+    convert_efml(valid, tmp_path / "zip")
+    convert_efml(d, tmp_path / "legacy")
+    a = load_file(str(tmp_path / "zip" / "weights.safetensors"))
+    b = load_file(str(tmp_path / "legacy" / "weights.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
