@@ -441,7 +441,7 @@ def cell_row(shape, batch, cfg, requests, rates, hits, diff, lim) -> str:
 
 
 def phase_table(args, emit) -> None:
-    """Our fp32 side (no token cache) per request: the character CNN (``_token_vectors``),
+    """Our fp32 side (no token cache) per request: the character CNN (``token_vectors``),
     the biLSTM (``BiLstmKernel``) and the rest of ``embed_tokens``, median over rounds."""
     import elmo_service.bilm.kernels.bilstm as bilstm
     from elmo_service.embedder import Embedder as Emb
@@ -467,7 +467,7 @@ def phase_table(args, emit) -> None:
     emit("| shape | batch | whole call | character CNN | biLSTM | rest |")
     emit("|---|---|---|---|---|---|")
     saved = [
-        (Emb, "_token_vectors", timed_method(Emb, "_token_vectors", "cnn")),
+        (Emb, "token_vectors", timed_method(Emb, "token_vectors", "cnn")),
         (bilstm.BiLstmKernel, "__call__", timed_method(bilstm.BiLstmKernel, "__call__", "lstm")),
     ]
     try:

@@ -182,7 +182,8 @@ class Embedder:
         self._cache: LRUCache | None = LRUCache(token_cache_size) if token_cache_size > 0 else None
         self.cache_hits = 0
         self.cache_misses = 0
-        self._lock = threading.Lock()
+        # the one lock of every model call (batches, documents' rounds, ManyLangs' words)
+        self.lock = threading.Lock()
         self._compiled = compile  # padded lengths go in steps of 8 then (see _forward)
         self.kernel = choose_kernel(self.model, self.device, self.precision, weights, compile)
         self._markers = KernelCache()  # the sentence markers' vectors, per weight version
@@ -468,8 +469,7 @@ class Embedder:
             return []
         return self._forward(list(sentences))
 
-    # -- internals --------------------------------------------------------
-    def _token_vectors(self, keys: list[str]) -> torch.Tensor:
+    def token_vectors(self, keys: list[str]) -> torch.Tensor:
         """``[U, P]`` layer-0 vectors for distinct token keys, cache first."""
         if not keys:
             return torch.zeros(0, self.cfg.projection_dim, device=self.device)
@@ -493,7 +493,7 @@ class Embedder:
                 self._cache[keys[i]] = computed[j].clone()
         return torch.stack(vecs)  # type: ignore[arg-type]
 
-    def _marker_vectors(self) -> torch.Tensor:
+    def marker_vectors(self) -> torch.Tensor:
         """``[2, P]``: the vectors of ``<S>`` and ``</S>``, in every sentence and fixed by the
         weights, so computed once per weight version (not in every batch's CNN call)."""
         w = self.cfg.max_chars_per_token
@@ -503,6 +503,15 @@ class Embedder:
             lambda: self._encode_ids(np.stack([self._ids[1](w), self._ids[2](w)])),
         )
 
+    # manylangs.py's names for the two above and the lock, until it uses the public ones
+    @property
+    def _lock(self) -> threading.Lock:
+        return self.lock
+
+    _token_vectors = token_vectors
+    _marker_vectors = marker_vectors
+
+    # -- internals --------------------------------------------------------
     def _encode_keys(self, keys: list[str]) -> torch.Tensor:
         """Token texts -> ``[N, P]`` through the CNN."""
         w = self.cfg.max_chars_per_token
@@ -526,9 +535,9 @@ class Embedder:
             index[r, 0], index[r, len(sent) + 1] = _BOS_ROW, _EOS_ROW
             for c, tok in enumerate(sent, start=1):
                 index[r, c] = keys.setdefault(tok, len(keys)) + _FIRST_TOKEN_ROW
-        with self._lock, torch.inference_mode():
-            markers = self._marker_vectors()
-            table = self._token_vectors(list(keys))
+        with self.lock, torch.inference_mode():
+            markers = self.marker_vectors()
+            table = self.token_vectors(list(keys))
             table = torch.cat([markers.new_zeros(1, markers.shape[1]), markers, table])
             index_t = torch.from_numpy(index).to(self.device)
             tokens = table[index_t]

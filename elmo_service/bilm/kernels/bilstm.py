@@ -57,6 +57,9 @@ from elmo_service.bilm.kernels.native_step import lstm_cell, lstmp_row, lstmp_ro
 from elmo_service.bilm.kernels.packed import PackedLinear
 from elmo_service.bilm.lstm import LstmLayer
 
+# input-gate rows computed at once by a stream (bounds its buffer, not the speed)
+STREAM_GATE_ROWS = 128
+
 
 class ScaledLayer:
     """One direction of one LSTMP layer in the kernels' pre-scaled layout.
@@ -212,6 +215,113 @@ class BiLstmKernel:
         on_both_workers(
             pool, lambda d: self._direction_stack(d, x[d], active, offset, rows, outs, gather)
         )
+        return outs
+
+    # -- streams: rows with a state carried from call to call (documents) ----------
+    def stream_state(self) -> list[list[tuple[Tensor, Tensor]]]:
+        """A row's zero state: per direction, per layer ``(h [1, P], c2 [1, C])`` (the
+        doubled cell of this layout)."""
+        return [
+            [(torch.zeros(1, sl.w_proj.n), torch.zeros(1, sl.w_proj.k)) for sl in pair_d]
+            for pair_d in zip(*self.layers, strict=True)
+        ]
+
+    def stream(
+        self,
+        inputs: list[tuple[Tensor, Tensor]],
+        states: list[list[list[tuple[Tensor, Tensor]]]],
+        meanwhile: Callable[[], None] | None = None,
+    ) -> list[tuple[list[Tensor], list[Tensor]]]:
+        """Rows of their own length, each from its carried state (updated in place to
+        the state after its last real step): ``inputs[r] = (forward x [n, P], backward
+        x [m, P])``, each in its direction's reading order -> per row, per direction,
+        each layer's ``[n, P]``. The directions run on the two workers when there are;
+        ``meanwhile`` runs on this thread as they do."""
+        outs: list[list] = [[None, None] for _ in inputs]
+        inference = torch.is_inference_mode_enabled()
+
+        def run(d: int) -> None:
+            with torch.inference_mode(inference), torch.no_grad():  # thread-local
+                ys = self._stream_direction(d, [x[d] for x in inputs], [s[d] for s in states])
+                for r, y in enumerate(ys):
+                    outs[r][d] = y
+
+        pool = direction_pool()
+        if pool is None:
+            run(0)
+            run(1)
+            if meanwhile is not None:
+                meanwhile()
+        else:
+            futures = [pool.submit(run, d) for d in (0, 1)]
+            try:
+                if meanwhile is not None:
+                    meanwhile()
+            finally:
+                for f in futures:
+                    f.result()
+        return [(o[0], o[1]) for o in outs]
+
+    def _stream_direction(
+        self, d: int, xs: list[Tensor], states: list[list[tuple[Tensor, Tensor]]]
+    ) -> list[list[Tensor]]:
+        layers = [pair[d] for pair in self.layers]
+        if len(xs) == 1 and layers[0].row is not None:
+            return [self._stream_row(layers, xs[0], states[0])]
+        return self._stream_batch(layers, xs, states)
+
+    def _stream_row(
+        self, layers: list[ScaledLayer], x: Tensor, state: list[tuple[Tensor, Tensor]]
+    ) -> list[Tensor]:
+        """One row in the native loop from its state (fp32): as fast as a sentence alone."""
+        outs = []
+        for i, sl in enumerate(layers):
+            y = x.new_empty(x.shape[0], sl.w_proj.n)
+            h, c2 = state[i]
+            # the input gates a block of steps at a time: [STREAM_GATE_ROWS, 4C] whatever the
+            # chunk; a chunk's [n, 4C] at once was kept by the allocator and grew the RSS
+            for lo in range(0, x.shape[0], STREAM_GATE_ROWS):
+                hi = min(lo + STREAM_GATE_ROWS, x.shape[0])
+                sl.run_row_from(sl.w_ih(x[lo:hi]), y[lo:hi], h[0], c2[0])
+            if self.residual and i > 0:
+                y.add_(x)
+            outs.append(y)
+            x = y
+        return outs
+
+    def _stream_batch(
+        self, layers: list[ScaledLayer], xs: list[Tensor], states: list[list[tuple[Tensor, Tensor]]]
+    ) -> list[list[Tensor]]:
+        """Rows of different lengths in batched steps: sorted longest first, a row drops
+        off after its last real step, so its carried state is that step's."""
+        order = sorted(range(len(xs)), key=lambda r: -xs[r].shape[0])
+        lens = [xs[r].shape[0] for r in order]
+        b, t = len(xs), lens[0]
+        active = [sum(1 for n in lens if n > s) for s in range(t)]
+        x = xs[0].new_zeros(t, b, xs[0].shape[1])  # time-major: a step's rows are contiguous
+        for j, r in enumerate(order):
+            x[: lens[j], j] = xs[r]
+        block = max(1, STREAM_GATE_ROWS // b)  # steps whose input gates are computed at once
+        outs: list[list[Tensor]] = [[] for _ in xs]
+        for i, sl in enumerate(layers):
+            h = torch.cat([states[r][i][0] for r in order])
+            c2 = torch.cat([states[r][i][1] for r in order])
+            y = x.new_zeros(t, b, sl.w_proj.n)
+            for lo in range(0, t, block):
+                hi = min(lo + block, t)
+                xg = sl.w_ih(x[lo:hi].reshape(-1, x.shape[2]))
+                for s in range(lo, hi):
+                    n = active[s]
+                    at = (s - lo) * b
+                    h[:n] = sl.step(xg[at : at + n], h[:n], c2[:n])  # c2[:n] updated in place
+                    y[s, :n] = h[:n]
+            for j, r in enumerate(order):
+                states[r][i] = (h[j : j + 1].clone(), c2[j : j + 1].clone())
+            if self.residual and i > 0:
+                y.add_(x)
+            for j, r in enumerate(order):
+                outs[r].append(y[: lens[j], j])
+            x = y
         return outs
 
     def _single(self, x: Tensor, length: int) -> list[Tensor]:

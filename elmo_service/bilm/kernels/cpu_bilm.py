@@ -21,6 +21,7 @@ model changes (an optimizer step, ``load_state_dict``: see :class:`KernelCache`)
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -201,6 +202,22 @@ class CpuBiLM:
             kernel_distinct = (table, index.transpose(1, 2).contiguous())
         ys = [y.transpose(1, 2) for y in kernel(x, batch.active, kernel_distinct)]  # [2, B, T, P]
         return batch.layers([y[0] for y in ys], [y[1] for y in ys])
+
+    def stream_state(self) -> object:
+        """A new row's zero state for :meth:`stream`."""
+        compile_kernels()
+        return self._bilstm().stream_state()
+
+    @torch.no_grad()
+    def stream(
+        self,
+        inputs: list[tuple[Tensor, Tensor]],
+        states: list,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> list[tuple[list[Tensor], list[Tensor]]]:
+        """Rows from their carried states (``BiLstmKernel.stream``): one row in the native
+        loop, several in batched steps."""
+        return self._bilstm().stream(inputs, states, meanwhile)
 
     def _one(self, kernel: BiLstmKernel, tokens: Tensor) -> Tensor:
         """One unpadded sentence ``[T, P]``: no sorting, masking or gathers (a
