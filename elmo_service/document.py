@@ -35,7 +35,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -45,6 +45,7 @@ from torch import Tensor
 from elmo_service.errors import InputError, LimitError
 from elmo_service.outputs import OutputSpec, pool, positions, render
 from elmo_service.tokenizers import Token
+from elmo_service.values import check_document, check_text
 
 DEFAULT_CHUNK_TOKENS = 1024
 # a "word" (a run without whitespace) longer than this is refused: no text has one, and a
@@ -142,10 +143,11 @@ def tokenize_document(
     """The document's tokens, or an error naming ``field``: not text or words, empty,
     a word over :data:`MAX_WORD_CHARS`, more than ``max_tokens`` tokens."""
     if isinstance(document, str):
-        text = document
+        text = check_text(document, field)
         words = None
     elif isinstance(document, Sequence) and all(isinstance(w, str) for w in document):
         words = list(document)
+        check_document(words, field)
         for j, w in enumerate(words):
             if not w.strip():
                 raise InputError(
@@ -330,7 +332,11 @@ class _Stats:
         self.s2[layer] += times * np.square(x64).sum()
 
 
-def _contextualize(embedder, doc: DocTokens, chunk: int, spills, stats) -> None:
+class DocumentCancelled(Exception):
+    """The caller stopped wanting the answer (``cancelled()`` said so between two rounds)."""
+
+
+def _contextualize(embedder, doc: DocTokens, chunk: int, spills, stats, cancelled=None) -> None:
     """Pass 1: both directions over the whole document, chunk by chunk, into the spills
     (forward rows ``[e, f_1 .. f_L]``, backward rows ``[b_1 .. b_L]``, by sequence position)."""
     from elmo_service.bilm.kernels.bilstm import direction_pool
@@ -405,6 +411,10 @@ def _contextualize(embedder, doc: DocTokens, chunk: int, spills, stats) -> None:
             x = prepare(0)
         pending = None
         for k in range(len(rounds)):
+            # a caller that left stops the work within one round (no spill kept: the
+            # generator's ``finally`` closes them)
+            if cancelled is not None and cancelled():
+                raise DocumentCancelled
             out: list = [None, None]
             # under the embedder's lock, as a batch is (a server's sentence requests run
             # between two rounds); while the two workers run round k, this thread gets
@@ -455,8 +465,11 @@ def embed_document_chunks(
     chunk_tokens: int | None = None,
     *,
     spill_dir: str | None = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> Iterator[DocumentChunk]:
-    """A tokenized document's answer, chunk by chunk in document order (see the module)."""
+    """A tokenized document's answer, chunk by chunk in document order (see the module).
+    ``cancelled``: asked between rounds of pass 1 (and chunks of pass 2); True stops the
+    work with :class:`DocumentCancelled` and frees the spills."""
     chunk = DEFAULT_CHUNK_TOKENS if chunk_tokens is None else int(chunk_tokens)
     if chunk < 1:
         raise InputError("chunk_tokens must be >= 1", field="chunk_tokens")
@@ -469,7 +482,7 @@ def embed_document_chunks(
     stats = _Stats(n_out) if norm else None
     spills = (_Spill(n_seq, n_out * p, spill_dir), _Spill(n_seq, (n_out - 1) * p, spill_dir))
     try:
-        _contextualize(embedder, doc, chunk, spills, stats)
+        _contextualize(embedder, doc, chunk, spills, stats, cancelled)
         if norm:  # normalised here, with the document's statistics; the mix then has none
             spec = replace(spec, mix=replace(spec.mix, layer_norm=False))
         pooled = spec.pooling != "none"
@@ -478,6 +491,8 @@ def embed_document_chunks(
         n_pos = 0
         lo, k = 0, 0
         while lo < len(doc):
+            if cancelled is not None and cancelled():
+                raise DocumentCancelled
             hi = min(lo + chunk, len(doc))
             if spec.granularity == "word":
                 hi = doc.word_end(hi)
