@@ -24,6 +24,7 @@ from fastapi_offline import FastAPIOffline
 
 from elmo_api.activation import load_warm
 from elmo_api.cache import CacheBackend, LocalCache, NullCache, RedisCache
+from elmo_api.documents import DocumentStreams
 from elmo_api.encoding import JSONBytesResponse
 from elmo_api.errors import install_error_handlers
 from elmo_api.fleet import FleetAgent, fleet_store, load_startup_model
@@ -94,6 +95,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         log.error("%s", e.message)
         raise
     app.state.settings = settings
+    app.state.documents = DocumentStreams.from_settings(settings)
+    app.state.documents.start()
     metrics: Metrics = app.state.metrics
     backend = make_cache_backend(settings, metrics)
     io = ThreadPoolExecutor(max_workers=8, thread_name_prefix="elmo-io")

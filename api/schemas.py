@@ -6,12 +6,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator
 
+from elmo_service.values import invalid_text
+
 
 def _valid_text(s: str) -> str:
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("is not valid Unicode (lone surrogate)") from None
+    why = invalid_text(s)  # the one text rule: the library and the client apply it too
+    if why is not None:
+        raise ValueError(why)
     return s
 
 

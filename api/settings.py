@@ -168,7 +168,7 @@ class Settings(BaseSettings):
         "to a slice: it rides in a slice the batch lane runs anyway (batch throughput).",
     )
     interactive_thread: bool = Field(
-        True,
+        False,
         description="The interactive lane runs on a model thread of its own (a second kernel "
         "instance over the same weights, one intra-op thread; CPU only): an interactive request "
         "never waits behind a batch already computing, and batch work runs in full batches. "
@@ -331,6 +331,24 @@ class Settings(BaseSettings):
     )
     max_document_chars: int = Field(
         4 * 1024 * 1024, ge=1, description="Characters of one document (POST /v1/embed/document)."
+    )
+    # what documents hold at once (api/documents.py): past any, a 429 with Retry-After
+    max_document_streams: int = Field(
+        4, ge=1, description="Documents streamed at once; each holds a thread until it ends."
+    )
+    max_document_tokens_in_flight: int = Field(
+        2_000_000, ge=1, description="Tokens of all the documents streamed at once."
+    )
+    max_document_spill_bytes: int = Field(
+        16 * 1024**3,
+        ge=0,
+        description="Bytes all the documents streamed at once may spill to disk (4 (2L+1) P a "
+        "token: ~1.5 KB for the bundled model, ~10 KB for the original ELMo).",
+    )
+    document_spill_dir: str | None = Field(
+        None,
+        description="Where documents spill (a folder per process, swept at start when its "
+        "process is gone); default: <system temp>/elmo-service-spill.",
     )
 
     # -- auth ------------------------------------------------------------------------

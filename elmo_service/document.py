@@ -36,7 +36,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -46,6 +46,7 @@ from torch import Tensor
 from elmo_service.errors import InputError, LimitError
 from elmo_service.outputs import OutputSpec, pool, positions, render
 from elmo_service.tokenizers import Token
+from elmo_service.values import check_document, check_text
 
 DEFAULT_CHUNK_TOKENS = 1024
 # a "word" (a run without whitespace) longer than this is refused: no text has one, and a
@@ -141,10 +142,11 @@ def tokenize_document(
     """The document's tokens, or an error naming ``field``: not text or words, empty,
     a word over :data:`MAX_WORD_CHARS`, more than ``max_tokens`` tokens."""
     if isinstance(document, str):
-        text = document
+        text = check_text(document, field)
         words = None
     elif isinstance(document, Sequence) and all(isinstance(w, str) for w in document):
         words = list(document)
+        check_document(words, field)
         for j, w in enumerate(words):
             if not w.strip():
                 raise InputError(
@@ -295,6 +297,10 @@ class DocumentChunk:
     tokens: list[Token]
     layers: np.ndarray | None
     mix: np.ndarray | None
+
+
+class DocumentCancelled(Exception):
+    """The caller stopped wanting the answer (``cancelled()`` said so between two rounds)."""
 
 
 class DocumentRun:
@@ -522,14 +528,23 @@ def embed_document_chunks(
     chunk_tokens: int | None = None,
     *,
     spill_dir: str | None = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> Iterator[DocumentChunk]:
     """A tokenized document's answer, chunk by chunk in document order (see the module):
-    a :class:`DocumentRun` advanced alone until done, then its answer."""
+    a :class:`DocumentRun` advanced alone until done, then its answer. ``cancelled``:
+    asked between rounds of pass 1 (and chunks of pass 2); True stops the work with
+    :class:`DocumentCancelled` and frees the spills."""
     run = DocumentRun(embedder, doc, spec, chunk_tokens, spill_dir=spill_dir)
     try:
         while not run.done:
+            # a caller that left stops the work within one round
+            if cancelled is not None and cancelled():
+                raise DocumentCancelled
             advance([run])
-        yield from run.answer()
+        for c in run.answer():
+            if cancelled is not None and cancelled():
+                raise DocumentCancelled
+            yield c
     finally:
         run.close()
 

@@ -56,7 +56,7 @@ from elmo_service.outputs import OutputSpec, positions, render, resolve_output
 from elmo_service.runtime import autocast, pick_device, resolve_precision, set_threads
 from elmo_service.scalar_mix import MixSpec, apply_mix  # noqa: F401 - re-exported
 from elmo_service.tokenizers import Token
-from elmo_service.values import EmbeddedSentence  # shared with the client
+from elmo_service.values import EmbeddedSentence, invalid_text  # shared with the client
 from elmo_service.words import words_of
 
 __all__ = ["EmbeddedSentence", "Embedder", "apply_mix", "words_of"]
@@ -309,6 +309,12 @@ class Embedder:
                     field=f"{field}[{i}]",
                     index=i,
                 )
+            for j, text in enumerate([s] if isinstance(s, str) else s):
+                why = invalid_text(text)
+                if why is not None:
+                    word = None if isinstance(s, str) else j
+                    at = f"{field}[{i}]" if word is None else f"{field}[{i}][{j}]"
+                    raise InputError(f"{where(i, word)} {why}", field=at, index=i, word=word)
             toks = self.tokenizer(s)
             if not isinstance(s, str):
                 _check_words_kept(s, toks, i, field, where)

@@ -15,10 +15,17 @@ Limits: the document's own (``ELMO_MAX_DOCUMENT_TOKENS``, ``ELMO_MAX_DOCUMENT_CH
 the body guard's ``ELMO_MAX_BODY_BYTES`` first); each chunk is held to ``/v1/embed``'s
 per-sentence token limit and answer-size bound (``chunk_tokens`` is what a 413 names).
 
+Bounded (``elmo_api.documents``): the streams at once, their tokens in flight and their
+spill bytes have settings; past one, a 429 with ``Retry-After`` before any work starts.
 The work runs on a thread of its own that ends with the document (``runtime``'s reason:
-no OpenMP pool outlives it), chunk by chunk under the embedder's lock, so sentence
+no OpenMP pool outlives it), a round at a time under the embedder's lock, so sentence
 requests interleave with a long document; a bounded queue holds at most two chunks'
-lines ahead of the client, and a client that leaves stops the work at the next chunk.
+lines ahead of the client. A client that leaves stops the work within one round, in pass 1
+too (the route watches for the disconnect), and its slot and spills are freed.
+
+Timing: ``X-Tokenization-Time`` (and ``X-Total-Time`` so far) in the headers; the done
+line's ``timings`` has the rest (``total_ms``, ``tokenization_ms``, ``contextualize_ms``:
+pass 1 with its waits for the model, ``answer_ms``: pass 2 as the client read it).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -36,12 +44,19 @@ from starlette.responses import StreamingResponse
 
 from elmo_api import outputs
 from elmo_api.deps import ServingDep
+from elmo_api.documents import DocumentStreams, spill_bytes
 from elmo_api.encoding import dumps
 from elmo_api.errors import ApiError, answer_of, error_body
+from elmo_api.lanes import BATCH, TIMING_KEY
 from elmo_api.responses import check_response_floats
 from elmo_api.routers.embed import mix_cause, output_options
-from elmo_api.schemas import ERROR_RESPONSES, REQUEST_CONFIG, Number
-from elmo_service.document import DEFAULT_CHUNK_TOKENS, embed_document_chunks, tokenize_document
+from elmo_api.schemas import ERROR_RESPONSES, REQUEST_CONFIG, Number, Sentence
+from elmo_service.document import (
+    DEFAULT_CHUNK_TOKENS,
+    DocumentCancelled,
+    embed_document_chunks,
+    tokenize_document,
+)
 from elmo_service.outputs import positions as answer_positions
 
 router = APIRouter(prefix="/v1", tags=["embed"])
@@ -49,6 +64,7 @@ log = logging.getLogger("api")
 
 NDJSON = "application/x-ndjson"
 _AHEAD = 2  # chunks' lines encoded ahead of the client
+_WATCH_S = 0.2  # how often a running document asks whether its client is still there
 
 
 class DocumentRequest(BaseModel):
@@ -64,7 +80,7 @@ class DocumentRequest(BaseModel):
         },
     )
 
-    document: str | list[str] = Field(
+    document: Sentence = Field(
         ..., description="The document: text (tokenized by the model) or a list of words."
     )
     chunk_tokens: int | None = Field(
@@ -163,6 +179,8 @@ async def embed_document(req: DocumentRequest, request: Request, ctx: ServingDep
     spec = await served.output_spec(**output_options(req))  # type: ignore[arg-type]
     chunk = _chunk_size(req, spec, served, settings)
     embedder = served.embedder
+    timing = request.scope.get(TIMING_KEY)
+    t0 = time.perf_counter()
     # tokenizing a long document takes a while: off the event loop; errors are 4xx here
     doc = await asyncio.to_thread(
         tokenize_document,
@@ -171,6 +189,12 @@ async def embed_document(req: DocumentRequest, request: Request, ctx: ServingDep
         field="document",
         max_tokens=settings.max_document_tokens,
     )
+    tokenization = time.perf_counter() - t0
+    if timing is not None:  # X-Tokenization-Time now; the rest on the done line
+        timing.lane, timing.tokenization, timing.used = BATCH, tokenization, True
+    streams: DocumentStreams = request.app.state.documents
+    cfg = embedder.cfg
+    slot = streams.take(len(doc), spill_bytes(len(doc), embedder.n_layers, cfg.projection_dim))
     cause = mix_cause(req, spec.task)
     loop = asyncio.get_running_loop()
     lines: asyncio.Queue[bytes | None] = asyncio.Queue(_AHEAD)
@@ -190,9 +214,14 @@ async def embed_document(req: DocumentRequest, request: Request, ctx: ServingDep
     def work() -> None:
         n = positions = 0
         try:
-            gen = embed_document_chunks(embedder, doc, spec, chunk)
+            started = time.perf_counter()
+            first = None
+            gen = embed_document_chunks(
+                embedder, doc, spec, chunk, spill_dir=streams.spill_dir, cancelled=stop.is_set
+            )
             try:
                 for c in gen:
+                    first = first or time.perf_counter()
                     if not put(_line(c, req, spec, cause, doc.text)):
                         return  # the client left
                     n += 1
@@ -201,7 +230,17 @@ async def embed_document(req: DocumentRequest, request: Request, ctx: ServingDep
                 gen.close()  # the spill file goes now
             # "tokens": the positions the chunk lines listed (a reader checks it against
             # what came): the document's tokens, its words at word granularity, 0 pooled
-            put(dumps({"done": True, "chunks": n, "tokens": positions}) + b"\n")
+            done = {"done": True, "chunks": n, "tokens": positions}
+            end = time.perf_counter()
+            timings = {  # milliseconds; the headers went out before the work began
+                "total_ms": (end - t0) * 1e3,
+                "tokenization_ms": tokenization * 1e3,
+                "contextualize_ms": ((first or end) - started) * 1e3,  # pass 1, waits included
+                "answer_ms": (end - (first or end)) * 1e3,  # pass 2 and the client's reading
+            }
+            put(dumps({**done, "timings": {k: round(v, 3) for k, v in timings.items()}}) + b"\n")
+        except DocumentCancelled:
+            return  # the client left while pass 1 ran: nothing to say, nobody to say it to
         except Exception as e:  # noqa: BLE001 - the stream has begun: an error line, then the end
             status, code, message, field, _ = answer_of(e)  # api/errors.py's one table
             if status >= 500:
@@ -209,15 +248,28 @@ async def embed_document(req: DocumentRequest, request: Request, ctx: ServingDep
             put(dumps({"error": {**error_body(code, message, field), "status": status}}) + b"\n")
         finally:
             put(None)
+            # the slot frees when the work does (whether or not the answer was ever read)
+            loop.call_soon_threadsafe(streams.give_back, slot)
+
+    async def watch_client() -> None:
+        """The client leaving stops the work within one round, before any line exists."""
+        while not stop.is_set():
+            if await request.is_disconnected():
+                stop.set()
+                return
+            await asyncio.sleep(_WATCH_S)
+
+    thread = threading.Thread(target=work, name="elmo-document", daemon=True)
+    thread.start()
+    watcher = asyncio.create_task(watch_client())
 
     async def body() -> AsyncIterator[bytes]:
-        thread = threading.Thread(target=work, name="elmo-document", daemon=True)
-        thread.start()
         try:
             while (line := await lines.get()) is not None:
                 yield line
         finally:
             stop.set()
+            watcher.cancel()
             with contextlib.suppress(asyncio.QueueEmpty):
                 while True:
                     lines.get_nowait()

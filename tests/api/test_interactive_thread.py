@@ -180,8 +180,11 @@ def test_two_kernel_instances_at_once_give_the_same_vectors():
 
 
 def test_http_interactive_answer_while_a_batch_request_is_held(tiny_model_dir, tmp_path):
-    s = load_settings(model_path=tiny_model_dir, threads=1, data_dir=tmp_path, cache=False)
-    assert s.interactive_thread  # the default
+    s = load_settings(
+        model_path=tiny_model_dir, threads=1, data_dir=tmp_path, cache=False,
+        interactive_thread=True,  # opt-in since the default server uses every core for both lanes
+    )  # fmt: skip
+    assert not load_settings(model_path=tiny_model_dir).interactive_thread  # the default
     with TestClient(create_app(s)) as c:
         runner = c.app.state.holder.current.runner
         assert runner.split

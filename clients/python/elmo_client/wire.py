@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from elmo_client.errors import ServiceError, ServiceUnreachable, bad_answer, service_error
-from elmo_client.shared import InputError
+from elmo_client.shared import InputError, check_document
 
 # refusals that did nothing: retried for every call, job submission included
 REFUSALS = (429, 503)
@@ -313,8 +313,9 @@ def output_body(*, mix: Any, output: str | None, granularity: str, pooling: str)
     """The output options of ``/v1/embed`` (and ``/v1/embed/document``): base64 float32
     arrays (bit-exact, never float lists).
 
-    ``mix``: None, a task name, or a MixSpec (anything with ``weights``, ``gamma``,
-    ``per_direction``, ``layer_norm``)."""
+    ``mix``: None, a task name, a list of layer weights, a dict with ``weights`` (and
+    ``gamma``, ``per_direction``, ``layer_norm``), or a MixSpec (anything with those
+    attributes)."""
     body: dict[str, Any] = {
         "output": output_of(mix, output),
         "granularity": granularity,
@@ -325,11 +326,46 @@ def output_body(*, mix: Any, output: str | None, granularity: str, pooling: str)
     if isinstance(mix, str):
         body["task"] = mix
     elif mix is not None:
-        body["mix"] = [float(w) for w in mix.weights]
-        body["gamma"] = float(mix.gamma)
-        body["per_direction"] = bool(mix.per_direction)
-        body["layer_norm"] = bool(mix.layer_norm)
+        body.update(mix_body(mix))
     return body
+
+
+_MIX_KEYS = ("weights", "gamma", "per_direction", "layer_norm")
+
+
+def mix_body(mix: Any) -> dict[str, Any]:
+    """An inline mix as ``/v1/embed`` takes it: a list of weights (the server's defaults for
+    the rest), a dict of ``_MIX_KEYS``, or an object with those attributes (``MixSpec``).
+    Anything else is an :class:`InputError` naming ``mix``, before a request is sent."""
+    if isinstance(mix, dict):
+        unknown = sorted(set(mix) - set(_MIX_KEYS))
+        if unknown or "weights" not in mix:
+            raise InputError(
+                f"mix as a dict takes the keys {', '.join(_MIX_KEYS)} (weights required); "
+                f"got {sorted(mix)}",
+                field="mix",
+            )
+        spec = dict(mix)
+    elif isinstance(mix, list | tuple):
+        spec = {"weights": mix}
+    elif hasattr(mix, "weights"):
+        spec = {k: getattr(mix, k) for k in _MIX_KEYS if hasattr(mix, k)}
+    else:
+        raise InputError(
+            "mix must be a task name, a list of layer weights, a dict with 'weights', or a "
+            f"MixSpec; got {type(mix).__name__}",
+            field="mix",
+        )
+    try:
+        out: dict[str, Any] = {"mix": [float(w) for w in spec["weights"]]}
+        if spec.get("gamma") is not None:
+            out["gamma"] = float(spec["gamma"])
+    except (TypeError, ValueError):
+        raise InputError("mix weights and gamma must be numbers", field="mix") from None
+    for key in ("per_direction", "layer_norm"):
+        if spec.get(key) is not None:
+            out[key] = bool(spec[key])
+    return out
 
 
 def embed_body(
@@ -343,6 +379,8 @@ def embed_body(
 ) -> dict[str, Any]:
     """``POST /v1/embed``'s body (``priority``: sent when not None)."""
     body: dict[str, Any] = {"sentences": [s if isinstance(s, str) else list(s) for s in chunk]}
+    for i, s in enumerate(body["sentences"]):  # the library's text rule, before sending
+        check_document(s, f"sentences[{i}]")
     body.update(output_body(mix=mix, output=output, granularity=granularity, pooling=pooling))
     if priority is not None:
         body["priority"] = priority
