@@ -379,11 +379,11 @@ class DocumentRun:
         """Token vectors of sequence positions ``[lo, hi)`` (markers at 0 and n_seq - 1),
         in reading order and reversed: rows of a small table (the markers, then the
         chunk's distinct tokens), picked without torch's threads on the CPU."""
-        doc, emb, n_seq = self.doc, self.embedder, self._n_seq
+        doc, runner, n_seq = self.doc, self.embedder.runner, self._n_seq
         t_lo, t_hi = max(lo - 1, 0), min(hi - 1, len(doc))
         uniq, inverse = np.unique(doc.ids[t_lo:t_hi], return_inverse=True)
-        table = emb.token_vectors([doc.texts[i] for i in uniq.tolist()])
-        markers = emb.marker_vectors()
+        table = runner.token_vectors([doc.texts[i] for i in uniq.tolist()])
+        markers = runner.marker_vectors()
         idx = inverse.reshape(-1).astype(np.int64) + 2
         if lo == 0:
             idx = np.concatenate([[0], idx])
@@ -433,7 +433,7 @@ class DocumentRun:
         if self._k >= len(self._rounds):
             raise ValueError("the document run has no round left (pass 1 is done)")
         if self._state is None:
-            self._state = self.embedder.kernel.stream_state()
+            self._state = self.embedder.runner.stream_state()
         if self._x is None:
             self._x = self._prepare(self._k)
         return self._x, self._state
@@ -507,16 +507,15 @@ def advance(runs: Sequence[DocumentRun]) -> None:
         raise ValueError("documents advanced together must share one embedder")
     if len({id(r) for r in runs}) != len(runs):
         raise ValueError("a document run appears twice in one round")
-    from elmo_service.runtime import autocast
-
-    with torch.inference_mode(), autocast(emb.device, emb.precision), emb.lock:
+    runner = emb.runner
+    with runner.session():
         started = [r._start_round() for r in runs]
 
         def meanwhile() -> None:
             for r in runs:
                 r._meanwhile()
 
-        outs = emb.kernel.stream([s[0] for s in started], [s[1] for s in started], meanwhile)
+        outs = runner.stream([s[0] for s in started], [s[1] for s in started], meanwhile)
         for r, out in zip(runs, outs, strict=True):
             r._end_round(out)
 

@@ -147,8 +147,8 @@ def test_torch_kernel_path(model_dir: Path) -> None:
     """The model's own layers (any device or precision), state carried the same way."""
     e = Embedder.load(model_dir)
     ref_e = Embedder.load(model_dir, max_sentence_tokens=100_000)
-    e.kernel = TorchBiLM(e.model)
-    ref_e.kernel = TorchBiLM(ref_e.model)
+    e.runner.kernel = TorchBiLM(e.model)
+    ref_e.runner.kernel = TorchBiLM(ref_e.model)
     ref = ref_e.embed([TEXT])[0]
     _, layers, _ = joined(list(e.embed_document(TEXT, chunk_tokens=7)))
     assert_close(layers, ref.layers)
@@ -260,7 +260,7 @@ def test_a_run_steps_a_round_at_a_time(embedder: Embedder) -> None:
 def test_the_torch_kernel_advances_documents_together(model_dir: Path) -> None:
     e = Embedder.load(model_dir)
     ref_e = Embedder.load(model_dir, max_sentence_tokens=100_000)
-    e.kernel = TorchBiLM(e.model)
+    e.runner.kernel = TorchBiLM(e.model)
     together = run_together(e, DOCS[:3], 7, e.output_spec(None))
     for text, (_, layers, _) in zip(DOCS[:3], together, strict=True):
         assert_close(layers, ref_e.embed([text])[0].layers)
