@@ -9,7 +9,7 @@ await one future per sentence. The worker thread:
 * takes pending sentences FIFO up to a few batches' worth of padded tokens,
   drops those whose future is already done (client gone, timed out), sorts
   the rest by length and cuts them into batches under the token budget
-  (``elmo_service.batching.plan_batches``, the planner the library uses too);
+  (``elmo_service.bilm.runner.plan_batches``, the planner the library uses too);
 * runs each batch as one ``Embedder.embed_batch`` call, which does not plan
   again, and hands results back to the event loop; sentences cancelled while
   earlier batches ran are dropped too.
@@ -105,7 +105,7 @@ from elmo_api.lanes import (
 from elmo_api.lanes import QueuedSentence as _Item
 from elmo_api.lanes import set_results as _set_results
 from elmo_api.metrics import Metrics
-from elmo_service.batching import (
+from elmo_service.bilm.runner import (
     DEFAULT_BATCH_TOKENS,
     DEFAULT_MAX_BATCH_SENTENCES,
     BatchBudget,

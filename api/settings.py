@@ -40,8 +40,8 @@ from elmo_api.lanes import (
     DEFAULT_BATCH_SLICE_TOKENS,
     DEFAULT_TOPUP_TOKENS,
 )
-from elmo_service.batching import DEFAULT_BATCH_TOKENS, DEFAULT_MAX_BATCH_SENTENCES
 from elmo_service.bilm.config import DEFAULT_TOKEN_CACHE_SIZE
+from elmo_service.bilm.runner import DEFAULT_BATCH_TOKENS, DEFAULT_MAX_BATCH_SENTENCES
 from elmo_service.errors import ConfigError
 
 log = logging.getLogger("elmo_api.settings")
@@ -456,7 +456,7 @@ class Settings(BaseSettings):
     @classmethod
     def _model_name(cls, v: str) -> str:
         from elmo_service.errors import InputError
-        from elmo_service.names import check_model_name
+        from elmo_service.settings_base import check_model_name
 
         try:
             return check_model_name(v, "model")

@@ -165,7 +165,7 @@ def model_slices(args) -> dict:
     the full budget (the throughput price of slicing), and a lone sentence's time (what an
     interactive request costs the model in a batch of its own). Sizes interleaved per round;
     medians of per-round ratios."""
-    from elmo_service.batching import BatchBudget, plan_batches
+    from elmo_service.bilm.runner import BatchBudget, plan_batches
     from elmo_service.embedder import Embedder
 
     emb = Embedder.load(args.model, threads=args.threads)

@@ -497,7 +497,7 @@ class Elmo(nn.Module):
         bilm: BiLM = self._elmo_lstm
         if self._watch.changed(list(bilm.parameters())):
             self._kernel = None
-            bilm.token_encoder._tables = None  # the torch path's lookup tables (model.py)
+            bilm.token_encoder.forget_tables()  # the torch path's lookup tables (model.py)
             cache = self._layer_cache
             if cache is not None and cache.directory is not None:
                 cache.scope(weights_id(bilm.parameters()))  # on disk: a folder per weights

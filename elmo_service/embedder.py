@@ -3,7 +3,7 @@
 ``Embedder.embed`` tokenizes, then ``embed_tokens`` does the work:
 
 1. sentences are sorted by length and cut into batches under a token budget
-   (padded cost ``n * max_len``, ``elmo_service/batching.py``), so padding stays
+   (padded cost ``n * max_len``, ``elmo_service/bilm/runner.py`` ``plan_batches``), so padding stays
    small; each batch is one ``run_batch`` call (the server's batcher plans
    with the same function and calls ``run_batch`` directly);
 2. each batch's distinct tokens are looked up in the token-vector cache (the
@@ -37,24 +37,23 @@ from pathlib import Path
 import numpy as np
 
 from elmo_service.artifact import Artifact, default_model_dir, load_artifact
-from elmo_service.batching import (
-    DEFAULT_BATCH_TOKENS,
-    DEFAULT_MAX_BATCH_SENTENCES,
-    BatchBudget,
-    chunks,
-    plan_batches,
-)
 from elmo_service.bilm.char_ids import bos_ids, eos_ids, token_ids
 from elmo_service.bilm.config import DEFAULT_TOKEN_CACHE_SIZE
 from elmo_service.bilm.kernels.packed import check_weights_mode
-from elmo_service.bilm.runner import Runner
+from elmo_service.bilm.runner import (
+    DEFAULT_BATCH_TOKENS,
+    DEFAULT_MAX_BATCH_SENTENCES,
+    BatchBudget,
+    Runner,
+    plan_batches,
+)
+from elmo_service.embed_file import chunks
 from elmo_service.errors import ConfigError, InputError, LimitError, UnknownTask
 from elmo_service.outputs import OutputSpec, positions, render, resolve_output
 from elmo_service.runtime import pick_device, resolve_precision, set_threads
 from elmo_service.scalar_mix import MixSpec, apply_mix  # noqa: F401 - re-exported
 from elmo_service.tokenizers import Token
-from elmo_service.values import EmbeddedSentence, invalid_text  # shared with the client
-from elmo_service.words import words_of
+from elmo_service.values import EmbeddedSentence, invalid_text, words_of  # shared with the client
 
 __all__ = ["EmbeddedSentence", "Embedder", "apply_mix", "words_of"]
 

@@ -182,6 +182,11 @@ class CharCNN(nn.Module):
                 for (_, n), conv in zip(self.cfg.filters, self.convs, strict=True)
             ]
 
+    def forget_tables(self) -> None:
+        """Drop the lookup tables (rebuilt on the next call): after a weight write that the
+        version counters do not see (``layer_cache.WeightsWatch`` tells)."""
+        self._tables = None
+
     def _lookup_tables(self) -> list[Tensor]:
         """:meth:`build_lookup_tables`, rebuilt when a weight changes (in-place edits bump
         ``_version``; ``.to()`` and loading move ``data_ptr``), in the autocast dtype

@@ -22,6 +22,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -32,8 +33,53 @@ from elmo_service.bilm.char_ids import bos_ids, eos_ids, token_ids
 from elmo_service.bilm.kernels.packed import KernelCache
 from elmo_service.bilm.kernels.select import choose_kernel
 from elmo_service.bilm.model import BiLM, BiLMState
-from elmo_service.errors import InputError
+from elmo_service.errors import ConfigError, InputError
 from elmo_service.runtime import autocast
+
+# ------------------------------------------------------------------ batches
+# A batch costs its padded tokens, ``n_sentences * longest`` (the biLSTM runs every row to
+# the longest row's length); sorting by length first keeps that padding small. The library
+# (``Embedder.embed_tokens``) and the server's batcher both plan with :func:`plan_batches`,
+# then hand each planned batch to :meth:`Runner.run_tokens` as one model call.
+
+# the defaults of the library and of the server (api/settings.py reads these)
+DEFAULT_BATCH_TOKENS = 4096
+DEFAULT_MAX_BATCH_SENTENCES = 256
+
+
+@dataclass(frozen=True)
+class BatchBudget:
+    """Upper bounds of one model batch: padded tokens (with the <S>/</S> markers) and rows."""
+
+    tokens: int = DEFAULT_BATCH_TOKENS
+    sentences: int = DEFAULT_MAX_BATCH_SENTENCES
+
+    def __post_init__(self) -> None:
+        if self.tokens < 1:
+            raise ConfigError("batch_tokens must be >= 1", field="batch_tokens")
+        if self.sentences < 1:
+            raise ConfigError("max_batch_sentences must be >= 1", field="max_batch_sentences")
+
+
+def plan_batches(costs: Sequence[int], budget: BatchBudget) -> list[list[int]]:
+    """Indices of ``costs`` (padded length of each sentence, markers included), longest first,
+    cut so that each batch has ``len(batch) * max cost <= budget.tokens`` and at most
+    ``budget.sentences`` rows. Ties keep their input order (a stable sort), so the same
+    input always gives the same batches. A sentence longer than the budget is a batch alone.
+    """
+    order = sorted(range(len(costs)), key=lambda i: -costs[i])
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    for i in order:
+        width = costs[batch[0]] if batch else costs[i]
+        if batch and ((len(batch) + 1) * width > budget.tokens or len(batch) >= budget.sentences):
+            batches.append(batch)
+            batch = []
+        batch.append(i)
+    if batch:
+        batches.append(batch)
+    return batches
+
 
 # rows of a batch's token table: 0 the zero vector (padding), 1 and 2 the sentence markers,
 # then the batch's distinct token texts. The markers are rows, never keys: no token text
@@ -268,4 +314,11 @@ class Runner:
         return self.kernel.stream(inputs, states, meanwhile)
 
 
-__all__ = ["CarriedState", "Runner"]
+__all__ = [
+    "DEFAULT_BATCH_TOKENS",
+    "DEFAULT_MAX_BATCH_SENTENCES",
+    "BatchBudget",
+    "CarriedState",
+    "Runner",
+    "plan_batches",
+]

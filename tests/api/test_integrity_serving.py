@@ -27,8 +27,8 @@ from elmo_cli.core import main as cli_main
 from elmo_service.artifact import load_artifact, save_artifact
 from elmo_service.embedder import Embedder
 from elmo_service.errors import ArtifactError, ConfigError, InputError
-from elmo_service.names import check_model_name
 from elmo_service.scalar_mix import MAX_GAMMA, MixSpec, ScalarMix
+from elmo_service.settings_base import check_model_name
 from elmo_service.tokenizers import WordTokenizer
 from tests.support.core_fixtures import tiny_model
 
