@@ -25,7 +25,7 @@ TORCH ?= auto
 TORCH_VERSION := 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_CUDA_INDEX ?=
-EXTRAS ?= server,hdf5,plot
+EXTRAS ?= server,hdf5,plot,openai
 TORCH_PLAN = $(BIN)/python deploy/torch_plan.py --torch $(TORCH) --version $(TORCH_VERSION) \
 	--pip $(BIN)/pip --cpu-index "$(TORCH_CPU_INDEX)" --cuda-index "$(TORCH_CUDA_INDEX)"
 

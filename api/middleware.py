@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from elmo_api.dialects import TEI_PATHS
 from elmo_api.encoding import dumps
 from elmo_api.errors import error_body
 from elmo_api.lanes import TIMING_KEY, RequestTiming
@@ -227,7 +228,7 @@ class TimingMiddleware:
         if (
             scope["type"] != "http"
             or scope.get("method") != "POST"
-            or not scope.get("path", "").startswith("/v1/")
+            or not (scope.get("path", "").startswith("/v1/") or scope.get("path") in TEI_PATHS)
         ):
             await self.app(scope, receive, send)
             return

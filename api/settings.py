@@ -332,6 +332,23 @@ class Settings(BaseSettings):
     max_document_chars: int = Field(
         4 * 1024 * 1024, ge=1, description="Characters of one document (POST /v1/embed/document)."
     )
+    # POST /v1/embeddings (OpenAI's API, as its SDK and the frameworks call it)
+    openai_max_inputs: int = Field(
+        2048, ge=1, description="Inputs per /v1/embeddings request (OpenAI's limit)."
+    )
+    openai_max_chars: int = Field(
+        1_600_000, ge=1, description="Characters per /v1/embeddings request, inputs together."
+    )
+    openai_token_encoding: str = Field(
+        "cl100k_base",
+        description="tiktoken encoding of token-id input when the request's model name is not "
+        "one of OpenAI's (tiktoken's table decides for those).",
+    )
+    openai_normalize: bool = Field(
+        True,
+        description="/v1/embeddings answers unit-length vectors, as OpenAI's are (dot product = "
+        "cosine); false: the mean of the default mix as is. /v1/embed is never normalised.",
+    )
     # what documents hold at once (api/documents.py): past any, a 429 with Retry-After
     max_document_streams: int = Field(
         4, ge=1, description="Documents streamed at once; each holds a thread until it ends."

@@ -152,7 +152,8 @@ def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def _gates(x: torch.Tensor) -> torch.Tensor:
+def gates_from_allennlp(x: torch.Tensor) -> torch.Tensor:
+    """AllenNLP's ``LstmCellWithProjection`` gate blocks (ELMoForManyLangs' too) in ours."""
     blocks = x.chunk(4, dim=0)
     return torch.cat([blocks[k] for k in _EFML_TO_OURS], dim=0)
 
@@ -190,9 +191,13 @@ def state_dict_from_efml(
     for theirs, ours in (("forward", "forward_layers"), ("backward", "backward_layers")):
         for layer in range(cfg.n_layers):
             pre = f"{theirs}_layer_{layer}"
-            sd[f"{ours}.{layer}.w_ih.weight"] = _gates(e(f"{pre}.input_linearity.weight"))
-            sd[f"{ours}.{layer}.w_ih.bias"] = _gates(e(f"{pre}.state_linearity.bias"))
-            sd[f"{ours}.{layer}.w_hh.weight"] = _gates(e(f"{pre}.state_linearity.weight"))
+            sd[f"{ours}.{layer}.w_ih.weight"] = gates_from_allennlp(
+                e(f"{pre}.input_linearity.weight")
+            )
+            sd[f"{ours}.{layer}.w_ih.bias"] = gates_from_allennlp(e(f"{pre}.state_linearity.bias"))
+            sd[f"{ours}.{layer}.w_hh.weight"] = gates_from_allennlp(
+                e(f"{pre}.state_linearity.weight")
+            )
             sd[f"{ours}.{layer}.w_proj.weight"] = e(f"{pre}.state_projection.weight")
     return sd
 

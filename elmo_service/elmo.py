@@ -30,6 +30,7 @@ AllenNLP itself by ``tests/elmo_service/test_elmo_module.py``), with these choic
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -182,6 +183,67 @@ def _new_cache(
     return LayerCache(cache_bytes, cache_dir)
 
 
+# AllenNLP's parameter names under an ``Elmo`` (its ``_ElmoBiLm``: ``_token_embedder``, the
+# character encoder; ``_elmo_lstm``, the ``ElmoLstm``), read by ``Elmo.load_state_dict``
+_ALLENNLP_TOKEN = "_elmo_lstm._token_embedder."
+_ALLENNLP_LSTM = re.compile(
+    r"_elmo_lstm\._elmo_lstm\.(forward|backward)_layer_(\d+)\."
+    r"(input_linearity\.weight|state_linearity\.weight|state_linearity\.bias|state_projection\.weight)$"
+)
+_ALLENNLP_LSTM_OURS = {
+    "input_linearity.weight": "w_ih.weight",
+    "state_linearity.bias": "w_ih.bias",
+    "state_linearity.weight": "w_hh.weight",
+    "state_projection.weight": "w_proj.weight",
+}
+
+
+def from_allennlp_names(sd: dict, prefix: str, n_filters: int) -> None:
+    """A state dict written by AllenNLP's ``Elmo`` (at ``prefix`` of a bigger model) renamed,
+    in place, to this ``Elmo``'s names and layouts: the gate order of the LSTMs, the highway
+    gate's sign (AllenNLP's gate carries the input, ours the transform), the scalar mixes'
+    one parameter per layer stacked into one vector. Our own names are left as they are."""
+    from elmo_service.convert_efml import gates_from_allennlp
+
+    for key in [k for k in sd if k.startswith(prefix)]:
+        if key not in sd:  # a mix's later parameter, stacked with its first
+            continue
+        rest, ours = key[len(prefix) :], None
+        value = sd[key]
+        if rest.startswith(_ALLENNLP_TOKEN):
+            name = rest[len(_ALLENNLP_TOKEN) :]
+            enc = "_elmo_lstm.token_encoder."
+            if name == "_char_embedding_weights":
+                # its zero row + the file's rows (262 in some re-exports): ids stop at 261
+                ours, value = enc + "char_embed.weight", value[:N_CHAR_IDS]
+            elif m := re.fullmatch(r"char_conv_(\d+)\.(weight|bias)", name):
+                ours = f"{enc}convs.{m[1]}.{m[2]}"
+            elif m := re.fullmatch(r"_highways\._layers\.(\d+)\.(weight|bias)", name):
+                ours = f"{enc}highways.{m[1]}.{m[2]}"
+                value = value.clone()
+                value[n_filters:] = -value[n_filters:]
+            elif m := re.fullmatch(r"_projection\.(weight|bias)", name):
+                ours = f"{enc}projection.{m[1]}"
+        elif m := _ALLENNLP_LSTM.match(rest):
+            part = _ALLENNLP_LSTM_OURS[m[3]]
+            ours = f"_elmo_lstm.{m[1]}_layers.{m[2]}.{part}"
+            if part != "w_proj.weight":
+                value = gates_from_allennlp(value)
+        elif m := re.fullmatch(r"(scalar_mix_\d+)\.gamma", rest):
+            if value.dim() == 1:  # AllenNLP's is [1], ours a scalar
+                ours, value = rest, value.reshape(())
+        elif m := re.fullmatch(r"(scalar_mix_\d+)\.scalar_parameters\.0", rest):
+            mix = m[1]
+            parts = []
+            while (k := f"{prefix}{mix}.scalar_parameters.{len(parts)}") in sd:
+                parts.append(sd.pop(k).reshape(()))
+            ours, value, key = f"{mix}.scalars", torch.stack(parts), None
+        if ours is not None:
+            if key is not None:
+                del sd[key]
+            sd[prefix + ours] = value
+
+
 class Elmo(nn.Module):
     """ELMo representations from a pretrained biLM: AllenNLP's ``Elmo``.
 
@@ -303,6 +365,8 @@ class Elmo(nn.Module):
         self._watch = WeightsWatch()
         self._layer_cache = _new_cache(cache_bytes, requires_grad, stateful, module, cache_dir)
         self._word_embedding: nn.Embedding | None = None
+        if module is None:  # a checkpoint of AllenNLP's Elmo loads as it is (its names)
+            self.register_load_state_dict_pre_hook(self._allennlp_checkpoint)
         if vocab_to_cache:
             if module is not None:
                 raise ConfigError(
@@ -333,6 +397,12 @@ class Elmo(nn.Module):
         )
 
     # ------------------------------------------------------------------ AllenNLP's API
+    def _allennlp_checkpoint(self, module, state_dict, prefix, *args) -> None:
+        """``load_state_dict`` of a state dict AllenNLP's ``Elmo`` wrote (or a model that
+        held one, after the import swap): its names read as ours (:func:`from_allennlp_names`)."""
+        if any(k.startswith(prefix + "_elmo_lstm._") for k in state_dict):
+            from_allennlp_names(state_dict, prefix, self._elmo_lstm.cfg.n_filters)
+
     def get_output_dim(self) -> int:
         if self._module is not None:
             return self._module.get_output_dim()
