@@ -40,7 +40,8 @@ from torch import Tensor, nn
 
 from elmo_service.bilm.char_ids import bos_ids, eos_ids, token_ids
 from elmo_service.bilm.layer_cache import LayerCache, WeightsWatch, sentence_key, weights_id
-from elmo_service.bilm.model import N_CHAR_IDS, BiLM, BiLMState, carried_keep, carried_rows
+from elmo_service.bilm.model import N_CHAR_IDS, BiLM
+from elmo_service.bilm.runner import CarriedState, Runner
 from elmo_service.errors import ConfigError, InputError
 from elmo_service.scalar_mix import MAX_MIX_WEIGHT, ScalarMix
 from elmo_service.tokenizers import Tokenizer
@@ -348,7 +349,7 @@ class Elmo(nn.Module):
                 bilm.requires_grad_(False)
         self._elmo_lstm = module if module is not None else bilm
         self.stateful = stateful
-        self._states: tuple[Tensor, Tensor] | None = None
+        self._carried = CarriedState()  # stateful=True: each row's LSTM state
         self._keep_sentence_boundaries = keep_sentence_boundaries
         self._dropout = nn.Dropout(p=dropout)
         self._do_layer_norm = do_layer_norm
@@ -410,16 +411,7 @@ class Elmo(nn.Module):
 
     def reset_states(self, mask: Tensor | None = None) -> None:
         """Zero the carried state (``stateful=True``): all rows, or those where ``mask [B]``."""
-        if mask is None or self._states is None:
-            self._states = None
-            return
-        if mask.shape[0] != self._states[0].shape[2]:
-            raise InputError(
-                f"reset_states: mask has {mask.shape[0]} rows, the state {self._states[0].shape[2]}",
-                field="mask",
-            )
-        keep = (~mask.bool()).to(self._states[0].dtype).view(1, 1, -1, 1)
-        self._states = tuple(s * keep for s in self._states)
+        self._carried.reset(mask)
 
     def forward(self, inputs: Tensor, word_inputs: Tensor | None = None) -> dict:
         """``inputs [B, T, 50]`` character ids (``batch_to_ids``; more leading dims are
@@ -519,12 +511,9 @@ class Elmo(nn.Module):
             tokens, distinct = self._encode(full, fast)
         with torch.set_grad_enabled(torch.is_grad_enabled() and not fast):
             if self.stateful:
-                layers, final = bilm.contextualize_from(
-                    tokens, lengths + 2, self._initial(ids.shape[0])
-                )
-                self._keep(final)
+                layers = self._runner().run_from(tokens, lengths + 2, self._carried)
             elif fast:
-                layers = self._serving_kernel().contextualize(tokens, lengths + 2, distinct)
+                layers = self._runner().contextualize(tokens, lengths + 2, distinct)
             else:
                 layers = bilm.contextualize(tokens, lengths + 2)
         return layers
@@ -585,20 +574,18 @@ class Elmo(nn.Module):
             table = self._elmo_lstm.token_encoder(uniq)
         else:
             with torch.no_grad():
-                table = self._serving_kernel().encode(uniq)
+                table = self._runner().encode(uniq)
         return table[index].reshape(b, t, -1), (table, index.reshape(b, t))
 
-    def _serving_kernel(self):
-        """The native CPU kernels for an fp32 model on the CPU, else the model's own
-        inference loop; rebuilt when the device or dtype changes."""
-        from elmo_service.bilm.kernels.select import choose_kernel
-
+    def _runner(self) -> Runner:
+        """The biLM's runner (``bilm/runner.py``: the native CPU kernels for an fp32 model on
+        the CPU, else the model's own inference loop); rebuilt when the device or dtype
+        changes, or a weight (``_follow_weights``)."""
         p = self._elmo_lstm.token_encoder.projection.weight
         key = (p.device, p.dtype)
         if self._kernel is None or self._kernel[0] != key:
             precision = "fp32" if p.dtype == torch.float32 else "auto"
-            kernel = choose_kernel(self._elmo_lstm, p.device, precision, "fp32", False)
-            self._kernel = (key, kernel)
+            self._kernel = (key, Runner(self._elmo_lstm, device=p.device, precision=precision))
         return self._kernel[1]
 
     def _cache_vocab(self, vocab: list[str], requires_grad: bool) -> None:
@@ -616,16 +603,3 @@ class Elmo(nn.Module):
         self._word_embedding = nn.Embedding.from_pretrained(
             table[2:].clone(), freeze=not requires_grad, padding_idx=0
         )
-
-    # ------------------------------------------------------------------ carried state
-    def _initial(self, batch: int) -> BiLMState | None:
-        """AllenNLP's ``_get_initial_states``: the carried state of the first ``batch``
-        rows, new rows from zero (the store grows to the larger batch)."""
-        if not self.stateful or self._states is None:
-            return None
-        self._states, state = carried_rows(self._states, batch)
-        return state
-
-    def _keep(self, final: BiLMState) -> None:
-        """Store the final state of this call's rows (detached); rows beyond it keep theirs."""
-        self._states = carried_keep(self._states, final)

@@ -236,7 +236,8 @@ class Runner:
 
     def encode(self, char_ids: Tensor) -> Tensor:
         """Character ids ``[N, W]`` -> token vectors ``[N, P]`` (the kernel's CNN)."""
-        return self.kernel.encode(char_ids)
+        with self.lock:
+            return self.kernel.encode(char_ids)
 
     def _encode_keys(self, keys: list[str]) -> Tensor:
         w = self.model.cfg.max_chars_per_token
@@ -251,7 +252,8 @@ class Runner:
         self, tokens: Tensor, lengths: Tensor, distinct: tuple[Tensor, Tensor] | None = None
     ) -> Tensor:
         """Token vectors ``[B, T, P]`` -> layers ``[L+1, B, T, 2P]`` (the kernel's)."""
-        return self.kernel.contextualize(tokens, lengths, distinct)
+        with self.lock:
+            return self.kernel.contextualize(tokens, lengths, distinct)
 
     def run_tokens(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """Token texts, one batch -> ``[L+1, T, D]`` float32 per sentence (markers removed)."""
