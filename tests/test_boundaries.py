@@ -321,13 +321,11 @@ _SCALED_LOOPS = {
     "lstmp_row",
     "lstmp_row_from",
     "_cell_row",
-    "lstmp_row_i8",
-    "lstmp_row_bf16",
 }
 _SCALED_HOME = {
     "elmo_service.bilm.kernels.bilstm",
     "elmo_service.bilm.kernels.native_step",
-    "elmo_service.bilm.kernels.native_rounded",  # the same loop on compact weights
+    "elmo_service.bilm.kernels.native_rounded",  # the compact weights' products
 }
 
 

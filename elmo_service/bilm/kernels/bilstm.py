@@ -52,7 +52,7 @@ import torch
 from torch import Tensor
 
 from elmo_service.bilm.kernels import tuning
-from elmo_service.bilm.kernels.native_rounded import lstmp_row_bf16, lstmp_row_i8, round_weight
+from elmo_service.bilm.kernels.native_rounded import round_weight
 from elmo_service.bilm.kernels.native_step import lstm_cell, lstmp_row, lstmp_row_from
 from elmo_service.bilm.kernels.packed import PackedLinear
 from elmo_service.bilm.lstm import LstmLayer
@@ -96,13 +96,15 @@ class ScaledLayer:
         w_ih = layer.w_ih.weight * scale[:, None]
         w_hh = layer.w_hh.weight * scale[:, None]  # [4C, P]
         w_proj = 2.0 * layer.w_proj.weight
-        # the single-sentence loop's compact weights: (mode, W_hh^T, its scales, W_proj^T, ...)
-        self.compact: tuple | None = None
+        # the single-sentence loop's weights (W_hh^T, its scales, 2 W_proj^T, its scales): fp32,
+        # or the compact int8 / bf16 forms (native_step.lstmp_row: one loop, per format)
+        none = np.zeros(0, np.float32)
+        compact = None
         if weights != "fp32":  # the scaling by powers of 2 commutes with the rounding
             w_ih = round_weight(w_ih, weights)[0]
             w_hh, hh_q, hh_s = round_weight(w_hh, weights)
             w_proj, proj_q, proj_s = round_weight(w_proj, weights)
-            self.compact = (weights, hh_q, hh_s, proj_q, proj_s)
+            compact = (hh_q, hh_s, proj_q, proj_s)
         # the input matmul always has several rows (all steps): oneDNN only
         self.w_ih = PackedLinear(w_ih, layer.w_ih.bias * scale).pack_now()
         self.w_hh = PackedLinear(w_hh)
@@ -111,41 +113,23 @@ class ScaledLayer:
         w_hh_t = w_hh.t().contiguous()
         self.w_hh.use_transposed(w_hh_t)
         self.w_hh.pack_now()
-        # the fp32 single-sentence loop's (W_hh^T [P, 4C], 2 W_proj^T [C, P])
-        self.row: tuple[np.ndarray, np.ndarray] | None = None
-        if self.compact is None:
-            self.row = (w_hh_t.detach().numpy(), w_proj.t().contiguous().detach().numpy())
+        self.row: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] = compact or (
+            w_hh_t.detach().numpy(),
+            none,
+            w_proj.t().contiguous().detach().numpy(),
+            none,
+        )
 
     def run_row(self, x_gates: Tensor, out: Tensor) -> None:
         """One sentence's whole step loop in native code: the input gates ``[T, 4C]``
         (from :attr:`w_ih`) -> ``out [T, P]``, written in place."""
-        xg, y = x_gates.numpy(), out.numpy()
-        if self.compact is None:
-            assert self.row is not None
-            w_hh_t, w_proj_t = self.row
-            lstmp_row(xg, w_hh_t, w_proj_t, self.cell_clip2, self.proj_clip, y)
-            return
-        mode, hh_q, hh_s, proj_q, proj_s = self.compact
-        if mode == "int8":
-            lstmp_row_i8(xg, hh_q, hh_s, proj_q, proj_s, self.cell_clip2, self.proj_clip, y)
-        else:
-            lstmp_row_bf16(xg, hh_q, proj_q, self.cell_clip2, self.proj_clip, y)
+        lstmp_row(x_gates.numpy(), *self.row, self.cell_clip2, self.proj_clip, out.numpy())
 
     def run_row_from(self, x_gates: Tensor, out: Tensor, h: Tensor, c2: Tensor) -> None:
         """:meth:`run_row` from the state ``h [P]``, ``c2 [C]`` (the doubled cell, this
         layout's), updated in place to the state after the last step (document mode)."""
-        assert self.row is not None, "the single-sentence loop is fp32 only"
-        w_hh_t, w_proj_t = self.row
-        lstmp_row_from(
-            x_gates.numpy(),
-            w_hh_t,
-            w_proj_t,
-            self.cell_clip2,
-            self.proj_clip,
-            h.numpy(),
-            c2.numpy(),
-            out.numpy(),
-        )
+        xg, hn, cn, y = x_gates.numpy(), h.numpy(), c2.numpy(), out.numpy()
+        lstmp_row_from(xg, *self.row, self.cell_clip2, self.proj_clip, hn, cn, y)
 
     def step(self, x_gates: Tensor, h: Tensor, c2: Tensor) -> Tensor:
         """One batched step: input gates ``[n, 4C]``, ``h [n, P]``, the doubled cell
@@ -266,14 +250,14 @@ class BiLstmKernel:
         self, d: int, xs: list[Tensor], states: list[list[tuple[Tensor, Tensor]]]
     ) -> list[list[Tensor]]:
         layers = [pair[d] for pair in self.layers]
-        if len(xs) == 1 and layers[0].row is not None:
+        if len(xs) == 1:  # the native loop, any weight format
             return [self._stream_row(layers, xs[0], states[0])]
         return self._stream_batch(layers, xs, states)
 
     def _stream_row(
         self, layers: list[ScaledLayer], x: Tensor, state: list[tuple[Tensor, Tensor]]
     ) -> list[Tensor]:
-        """One row in the native loop from its state (fp32): as fast as a sentence alone."""
+        """One row in the native loop from its state: as fast as a sentence alone."""
         outs = []
         for i, sl in enumerate(layers):
             y = x.new_empty(x.shape[0], sl.w_proj.n)

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from elmo_service.bilm.kernels import native_filters, native_rounded, native_step, tuning
+from elmo_service.bilm.kernels import native_filters, native_step, tuning
 from elmo_service.bilm.kernels.bilstm import BiLstmKernel, direction_pool, on_both_workers
 from elmo_service.bilm.kernels.native_rounded import round_weight
 from elmo_service.bilm.kernels.packed import KernelCache, PackedLinear, check_weights_mode
@@ -48,7 +48,6 @@ def compile_kernels() -> None:
     with _compile_lock:
         if not _compiled:
             native_step.compile_now()
-            native_rounded.compile_now()
             native_filters.compile_now()
             _compiled = True
 
