@@ -32,6 +32,7 @@ from torch import Tensor
 from elmo_service.bilm.char_ids import bos_ids, eos_ids, token_ids
 from elmo_service.bilm.kernels.packed import KernelCache
 from elmo_service.bilm.kernels.select import choose_kernel
+from elmo_service.bilm.lstm import ChunkLayers, Chunks, Meanwhile
 from elmo_service.bilm.model import BiLM, BiLMState
 from elmo_service.errors import ConfigError, InputError
 from elmo_service.runtime import autocast
@@ -303,12 +304,7 @@ class Runner:
         """A new stream row's zero state (opaque; :meth:`stream` updates it)."""
         return self.kernel.stream_state()
 
-    def stream(
-        self,
-        inputs: list[tuple[Tensor, Tensor]],
-        states: list,
-        meanwhile: Callable[[], None] | None = None,
-    ) -> list[tuple[list[Tensor], list[Tensor]]]:
+    def stream(self, inputs: Chunks, states: list, meanwhile: Meanwhile = None) -> ChunkLayers:
         """One chunk of each row, both directions (``BiLMKernel.stream``), in a
         :meth:`session`: ``inputs[r]`` = (forward chunk, backward chunk), each ``[n, P]``
         in its reading order, from ``states[r]`` -> per row and direction each layer's

@@ -55,7 +55,7 @@ from elmo_service.bilm.kernels import tuning
 from elmo_service.bilm.kernels.native_rounded import round_weight
 from elmo_service.bilm.kernels.native_step import lstm_cell, lstmp_row, lstmp_row_from
 from elmo_service.bilm.kernels.packed import PackedLinear
-from elmo_service.bilm.lstm import LstmLayer
+from elmo_service.bilm.lstm import ChunkLayers, Chunks, LstmLayer, LstmState, Meanwhile
 
 # input-gate rows computed at once by a stream (bounds its buffer, not the speed)
 STREAM_GATE_ROWS = 128
@@ -211,11 +211,8 @@ class BiLstmKernel:
         ]
 
     def stream(
-        self,
-        inputs: list[tuple[Tensor, Tensor]],
-        states: list[list[list[tuple[Tensor, Tensor]]]],
-        meanwhile: Callable[[], None] | None = None,
-    ) -> list[tuple[list[Tensor], list[Tensor]]]:
+        self, inputs: Chunks, states: list[list[list[LstmState]]], meanwhile: Meanwhile = None
+    ) -> ChunkLayers:
         """Rows of their own length, each from its carried state (updated in place to
         the state after its last real step): ``inputs[r] = (forward x [n, P], backward
         x [m, P])``, each in its direction's reading order -> per row, per direction,

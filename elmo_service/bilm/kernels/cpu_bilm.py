@@ -21,7 +21,6 @@ model changes (an optimizer step, ``load_state_dict``: see :class:`KernelCache`)
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -31,6 +30,7 @@ from elmo_service.bilm.kernels import native_filters, native_step, tuning
 from elmo_service.bilm.kernels.bilstm import BiLstmKernel, direction_pool, on_both_workers
 from elmo_service.bilm.kernels.native_rounded import round_weight
 from elmo_service.bilm.kernels.packed import KernelCache, PackedLinear, check_weights_mode
+from elmo_service.bilm.lstm import ChunkLayers, Chunks, Meanwhile
 from elmo_service.bilm.model import N_CHAR_IDS, BiLM, SortedBatch
 from elmo_service.errors import ConfigError
 
@@ -208,12 +208,7 @@ class CpuBiLM:
         return self._bilstm().stream_state()
 
     @torch.no_grad()
-    def stream(
-        self,
-        inputs: list[tuple[Tensor, Tensor]],
-        states: list,
-        meanwhile: Callable[[], None] | None = None,
-    ) -> list[tuple[list[Tensor], list[Tensor]]]:
+    def stream(self, inputs: Chunks, states: list, meanwhile: Meanwhile = None) -> ChunkLayers:
         """Rows from their carried states (``BiLstmKernel.stream``): one row in the native
         loop, several in batched steps."""
         return self._bilstm().stream(inputs, states, meanwhile)

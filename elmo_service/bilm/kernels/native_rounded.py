@@ -28,14 +28,13 @@ import numba
 import numpy as np
 import torch
 from numba.core import types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from elmo_service.bilm.kernels.jit import JIT_OPTIONS
 
 # bytes of a block's row (see the module docstring); the most outputs of a block
 BLOCK_BYTES = 128
 BLOCK = BLOCK_BYTES  # the most outputs of a block (int8), the partial sums' length
-_F = np.float32
 
 
 def blocked(wt: np.ndarray) -> np.ndarray:
@@ -69,32 +68,6 @@ def round_weight(w: torch.Tensor, mode: str) -> tuple[torch.Tensor, np.ndarray, 
     raise ValueError(f"no compact form for {mode!r}")
 
 
-@numba.njit(**JIT_OPTIONS)
-def _matvec_i8(
-    out: np.ndarray, x: np.ndarray, w: np.ndarray, scale: np.ndarray, acc: np.ndarray
-) -> None:  # pragma: no cover (compiled)
-    """``out[j] = scale[j] * sum_k x[k] q[k, j]`` for ``w`` the blocked int8 ``q``."""
-    nb, k_all, jb = w.shape
-    n = out.shape[0]
-    k4 = k_all - k_all % 4
-    for b in range(nb):
-        for j in range(jb):
-            acc[j] = 0.0
-        wb = w[b]
-        for k in range(0, k4, 4):
-            x0, x1, x2, x3 = x[k], x[k + 1], x[k + 2], x[k + 3]
-            w0, w1, w2, w3 = wb[k], wb[k + 1], wb[k + 2], wb[k + 3]
-            for j in range(jb):
-                acc[j] += (x0 * _F(w0[j]) + x1 * _F(w1[j])) + (x2 * _F(w2[j]) + x3 * _F(w3[j]))
-        for k in range(k4, k_all):
-            xk, wk = x[k], wb[k]
-            for j in range(jb):
-                acc[j] += xk * _F(wk[j])
-        base = b * jb
-        for j in range(min(jb, n - base)):
-            out[base + j] = acc[j] * scale[base + j]
-
-
 @intrinsic
 def _widen_bf16(typingctx, bits):  # pragma: no cover (compiled)
     """bf16 bits (uint16) -> float32: the bits shifted to the top half, reinterpreted
@@ -109,11 +82,23 @@ def _widen_bf16(typingctx, bits):  # pragma: no cover (compiled)
     return sig, codegen
 
 
+def _widen(v):  # pragma: no cover - numba's overload below is the code
+    """A compact weight -> float32: int8 converted, bf16 bits widened (both exact)."""
+
+
+@overload(_widen, jit_options=JIT_OPTIONS)
+def _widen_of(v):  # pragma: no cover (compiled)
+    if v == types.uint16:
+        return lambda v: _widen_bf16(v)
+    return lambda v: np.float32(v)
+
+
 @numba.njit(**JIT_OPTIONS)
-def _matvec_bf16(
-    out: np.ndarray, x: np.ndarray, w: np.ndarray, acc: np.ndarray
+def matvec_compact(
+    out: np.ndarray, x: np.ndarray, w: np.ndarray, scale: np.ndarray, acc: np.ndarray
 ) -> None:  # pragma: no cover (compiled)
-    """``out[j] = sum_k x[k] w[k, j]`` for ``w`` the blocked bf16 bits (uint16)."""
+    """``out[j] = scale[j] * sum_k x[k] w[k, j]`` for ``w`` a blocked compact ``W^T``
+    (int8 ``q``, or bf16 bits with ``scale`` ones: exact), summed in fp32."""
     nb, k_all, jb = w.shape
     n = out.shape[0]
     k4 = k_all - k_all % 4
@@ -125,13 +110,13 @@ def _matvec_bf16(
             x0, x1, x2, x3 = x[k], x[k + 1], x[k + 2], x[k + 3]
             w0, w1, w2, w3 = wb[k], wb[k + 1], wb[k + 2], wb[k + 3]
             for j in range(jb):
-                acc[j] += (x0 * _widen_bf16(w0[j]) + x1 * _widen_bf16(w1[j])) + (
-                    x2 * _widen_bf16(w2[j]) + x3 * _widen_bf16(w3[j])
+                acc[j] += (x0 * _widen(w0[j]) + x1 * _widen(w1[j])) + (
+                    x2 * _widen(w2[j]) + x3 * _widen(w3[j])
                 )
         for k in range(k4, k_all):
             xk, wk = x[k], wb[k]
             for j in range(jb):
-                acc[j] += xk * _widen_bf16(wk[j])
+                acc[j] += xk * _widen(wk[j])
         base = b * jb
         for j in range(min(jb, n - base)):
-            out[base + j] = acc[j]
+            out[base + j] = acc[j] * scale[base + j]

@@ -32,11 +32,10 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba.core import types
 from numba.extending import overload
 
 from elmo_service.bilm.kernels.jit import JIT_OPTIONS, compile_checked, enable_caching
-from elmo_service.bilm.kernels.native_rounded import BLOCK, _matvec_bf16, _matvec_i8
+from elmo_service.bilm.kernels.native_rounded import BLOCK, matvec_compact
 
 # float32 constants, so that the arithmetic stays in float32 (8 lanes of AVX2)
 _F = np.float32
@@ -128,19 +127,12 @@ def _project(h, m, w, s, acc):  # pragma: no cover - numba's overload below is t
     """``h = m (2 W_proj^T)`` for one step, in the weight format of ``w``."""
 
 
-def _format(w) -> str:
-    """fp32 ``W^T [K, N]``; int8 or bf16 (uint16 bits) blocked ``[N / n, K, n]``."""
-    if w.ndim == 2:
-        return "fp32"
-    return "int8" if w.dtype == types.int8 else "bf16"
-
-
 @overload(_gates, jit_options=JIT_OPTIONS)
 def _gates_of(g, xs, h, w, s, acc):  # pragma: no cover (compiled)
-    # each format keeps its own order of sums: fp32 adds the products to the input gates,
-    # the compact ones sum the products from zero (scaled once) and add the input after
-    fmt = _format(w)
-    if fmt == "fp32":
+    # each format keeps its own order of sums: fp32 (``W^T [K, N]``) adds the products to
+    # the input gates; a compact one (blocked ``[N / n, K, n]``) sums the products from zero
+    # (scaled once) and adds the input after
+    if w.ndim == 2:
 
         def fp32(g, xs, h, w, s, acc):
             for j in range(g.shape[0]):
@@ -149,27 +141,17 @@ def _gates_of(g, xs, h, w, s, acc):  # pragma: no cover (compiled)
 
         return fp32
 
-    if fmt == "int8":
-
-        def int8(g, xs, h, w, s, acc):
-            _matvec_i8(g, h, w, s, acc)
-            for j in range(g.shape[0]):
-                g[j] += xs[j]
-
-        return int8
-
-    def bf16(g, xs, h, w, s, acc):
-        _matvec_bf16(g, h, w, acc)
+    def compact(g, xs, h, w, s, acc):
+        matvec_compact(g, h, w, s, acc)
         for j in range(g.shape[0]):
             g[j] += xs[j]
 
-    return bf16
+    return compact
 
 
 @overload(_project, jit_options=JIT_OPTIONS)
 def _project_of(h, m, w, s, acc):  # pragma: no cover (compiled)
-    fmt = _format(w)
-    if fmt == "fp32":
+    if w.ndim == 2:
 
         def fp32(h, m, w, s, acc):
             for k in range(h.shape[0]):
@@ -178,9 +160,7 @@ def _project_of(h, m, w, s, acc):  # pragma: no cover (compiled)
 
         return fp32
 
-    if fmt == "int8":
-        return lambda h, m, w, s, acc: _matvec_i8(h, m, w, s, acc)
-    return lambda h, m, w, s, acc: _matvec_bf16(h, m, w, acc)
+    return lambda h, m, w, s, acc: matvec_compact(h, m, w, s, acc)
 
 
 @numba.njit(**JIT_OPTIONS)
@@ -200,7 +180,7 @@ def lstmp_row(
     weights in one of three formats (one loop, compiled per format): fp32 ``w_hh
     [P, 4C]`` = ``W_hh^T`` (g columns doubled) and ``w_proj [C, P]`` = ``2 W_proj^T``;
     or their int8 / bf16 compact forms (``native_rounded.round_weight``) with the
-    per-output scales ``s_hh [4C]``, ``s_proj [P]`` (int8; unused otherwise);
+    per-output scales ``s_hh [4C]``, ``s_proj [P]`` (bf16: ones; fp32: unused);
     ``cell_clip2``: twice the cell clip (0: none); ``proj_clip`` (0: none);
     ``out [T, P]`` receives ``h`` of every step.
     """
@@ -275,7 +255,7 @@ def compile_now() -> None:
     formats = (
         (z((2, 8), np.float32), none, z((2, 2), np.float32), none),
         (z((1, 2, BLOCK), np.int8), z(8, np.float32), z((1, 2, BLOCK), np.int8), z(2, np.float32)),
-        (z((1, 2, 64), np.uint16), none, z((1, 2, 64), np.uint16), none),
+        (z((1, 2, 64), np.uint16), z(8, np.float32), z((1, 2, 64), np.uint16), z(2, np.float32)),
     )
     # lstmp_row calls lstmp_row_from: the callee first, so a damaged cache file of its own
     # is met (and recompiled) by its own check

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import Tensor
+
+from elmo_service.bilm.lstm import ChunkLayers, Chunks, Meanwhile
 
 if TYPE_CHECKING:
     from elmo_service.bilm.model import BiLM
@@ -31,12 +32,7 @@ class BiLMKernel(Protocol):
     def stream_state(self) -> object:
         """A new row's zero state for :meth:`stream` (opaque to the caller)."""
 
-    def stream(
-        self,
-        inputs: list[tuple[Tensor, Tensor]],
-        states: list,
-        meanwhile: Callable[[], None] | None = None,
-    ) -> list[tuple[list[Tensor], list[Tensor]]]:
+    def stream(self, inputs: Chunks, states: list, meanwhile: Meanwhile = None) -> ChunkLayers:
         """A long sequence in chunks, both directions: ``inputs[r] = (forward x [n, P],
         backward x [m, P])`` of row ``r``, each in its direction's reading order, from
         ``states[r]`` (updated in place to the state after the row's last step) -> per
@@ -79,12 +75,7 @@ class TorchBiLM:
     def stream_state(self) -> list:
         return [None, None]  # per direction the model's LstmStates, none before the first chunk
 
-    def stream(
-        self,
-        inputs: list[tuple[Tensor, Tensor]],
-        states: list,
-        meanwhile: Callable[[], None] | None = None,
-    ) -> list[tuple[list[Tensor], list[Tensor]]]:
+    def stream(self, inputs: Chunks, states: list, meanwhile: Meanwhile = None) -> ChunkLayers:
         # row by row through the model's own layers (any device, dtype): rows of a batch
         # would need each one's state at its own last step, which LstmLayer does not keep
         outs = []
