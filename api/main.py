@@ -110,6 +110,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         log.error("%s", e.message)
         raise
     app.state.settings = settings
+    if settings.otel:
+        from elmo_api import tracing
+
+        tracing.announce()
     app.state.documents = DocumentStreams.from_settings(settings)
     app.state.documents.start()
     metrics: Metrics = app.state.metrics
