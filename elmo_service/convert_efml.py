@@ -101,9 +101,7 @@ def _read_json(path: Path, field: str) -> Any:
     except RecursionError:
         raise ConfigError(f"{path.name} is nested too deeply", field=field) from None
     if _depth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
-        raise ConfigError(
-            f"{path.name} is nested over {MAX_JSON_DEPTH} levels deep", field=field
-        )
+        raise ConfigError(f"{path.name} is nested over {MAX_JSON_DEPTH} levels deep", field=field)
     return value
 
 
