@@ -11,10 +11,11 @@ batch's attributes say what else rode with it.
 When off (the default) nothing of OpenTelemetry is imported: :func:`capture`
 answers None and :func:`model_call` a no-op, each after one global read.
 
-Exporting is the process's tracer provider's business (OpenTelemetry's own
-``OTEL_*`` variables, or ``opentelemetry-instrument``); when none is set up and
-the OTLP exporter is installed, :func:`enable` sets up an SDK provider that
-exports over OTLP/HTTP (``OTEL_EXPORTER_OTLP_ENDPOINT``).
+Exporting is the process's tracer provider's business: when none is set up (e.g. by
+``opentelemetry-instrument``), :func:`enable` sets one up from OpenTelemetry's standard
+variables -- ``OTEL_TRACES_EXPORTER`` (``otlp``, the default; ``console``; ``none``),
+``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``_PROTOCOL``, ``OTEL_SERVICE_NAME``,
+``OTEL_TRACES_SAMPLER`` -- and logs one line saying where spans go.
 """
 
 from __future__ import annotations
@@ -95,28 +96,78 @@ def model_call(items: Sequence[Any]) -> contextlib.AbstractContextManager[None]:
     return _active.model_call(items)
 
 
+_said = ["tracing on"]  # the start line (logged by the app's start, once logging is set up)
+
+
+def announce() -> None:
+    """One line at the app's start: tracing is on and where its spans go."""
+    if _active is not None:
+        log.info("%s", _said[0])
+
+
+def _exporters(names: str) -> list[tuple[Any, str]]:
+    """OpenTelemetry's ``OTEL_TRACES_EXPORTER`` (comma-separated: ``otlp``, the default;
+    ``console``; ``none``) as (span processor, where its spans go)."""
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        ConsoleSpanExporter,
+        SimpleSpanProcessor,
+    )
+
+    out = []
+    for name in (n.strip().lower() for n in names.split(",") if n.strip()):
+        if name == "none":
+            continue
+        if name == "console":  # each span printed as it ends (stdout), for a look by hand
+            out.append((SimpleSpanProcessor(ConsoleSpanExporter()), "the console (stdout)"))
+        elif name == "otlp":
+            protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get(
+                "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
+            )
+            if protocol == "grpc":
+                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+            else:
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            exporter = OTLPSpanExporter()
+            where = getattr(exporter, "_endpoint", None) or os.environ.get(
+                "OTEL_EXPORTER_OTLP_ENDPOINT", "the OTLP default endpoint"
+            )
+            out.append((BatchSpanProcessor(exporter), f"OTLP ({protocol}) at {where}"))
+        else:
+            log.warning("OTEL_TRACES_EXPORTER=%s: unknown exporter %r, ignored", names, name)
+    return out
+
+
 def _default_provider() -> None:
-    """An SDK provider exporting over OTLP/HTTP, when nobody set one up and both are here."""
+    """An SDK provider exporting where OpenTelemetry's variables say (``OTEL_TRACES_EXPORTER``,
+    ``OTEL_EXPORTER_OTLP_*``, ``OTEL_SERVICE_NAME``, ``OTEL_TRACES_SAMPLER``), when nobody
+    set one up; one log line says where spans go."""
     from opentelemetry import trace
 
     if type(trace.get_tracer_provider()).__name__ != "ProxyTracerProvider":
+        if _said[0] == "tracing on":  # not ours (an app made twice keeps the first line)
+            _said[0] = "tracing on: spans go to the tracer provider already set up " + (
+                f"({type(trace.get_tracer_provider()).__name__})"
+            )
         return  # the operator's (opentelemetry-instrument, a test's in-memory exporter)
     try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    except ImportError:
+
+        exporters = _exporters(os.environ.get("OTEL_TRACES_EXPORTER", "otlp"))
+    except ImportError as e:
         log.warning(
-            "ELMO_OTEL=true but no tracer provider is set up and the OTLP exporter is not "
-            "installed: spans are made and dropped (pip install "
-            "opentelemetry-exporter-otlp-proto-http, or run under opentelemetry-instrument)"
+            "tracing on, but spans are made and dropped: %s (pip install 'elmo-service[otel]')",
+            e,
         )
         return
     name = os.environ.get("OTEL_SERVICE_NAME") or "elmo-service"  # the operator's wins
     provider = TracerProvider(resource=Resource.create({"service.name": name}))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    for processor, _ in exporters:
+        provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
+    where = "; ".join(w for _, w in exporters) or "nowhere (OTEL_TRACES_EXPORTER=none)"
+    _said[0] = f"tracing on: service {name!r}, spans go to {where}"
 
 
 def enable(app: Any) -> None:

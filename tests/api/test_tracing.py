@@ -93,3 +93,61 @@ print("clean")
         env={**__import__("os").environ, "ELMO_ENV_FILE": "", "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     assert out.returncode == 0 and "clean" in out.stdout, out.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_console_exporter_in_a_real_server_prints_the_spans(tmp_path):
+    """OpenTelemetry's own variables drive a real server: OTEL_TRACES_EXPORTER=console prints
+    each span (the request's and its batch's model call), and one start line says so."""
+    import json
+    import signal
+
+    import httpx
+
+    from tests.support.replicas import REPO, Replica
+
+    rep = Replica(
+        {
+            "ELMO_MODEL_PATH": str(REPO / "models" / "default"),
+            "ELMO_DATA_DIR": str(tmp_path / "data"),
+            "ELMO_CACHE": "false",
+            "ELMO_OTEL": "true",
+            "OTEL_TRACES_EXPORTER": "console",
+            "OTEL_SERVICE_NAME": "elmo-test",
+        },
+        tmp_path,
+        "traced",
+    ).start()
+    try:
+        rep.wait_ready(120)
+        r = httpx.post(rep.url + "/v1/embed", json={"sentences": ["the river bank"]}, timeout=60)
+        assert r.status_code == 200
+        rep.proc.send_signal(signal.SIGTERM)
+        rep.proc.wait(30)
+        log = rep.log.read_text(errors="replace")
+        assert "tracing on: service 'elmo-test', spans go to the console" in log, log[-3000:]
+        assert '"name": "elmo.model_batch"' in log, log[-3000:]
+        spans = [json.loads(m) for m in _json_objects(log) if '"trace_id"' in m]
+        server = next(s for s in spans if s["name"] == "POST /v1/embed")
+        batches = [s for s in spans if s["name"] == "elmo.model_batch"]
+        # the request's trace holds the model call that computed it (the warm-up's are roots)
+        mine = [b for b in batches if b["context"]["trace_id"] == server["context"]["trace_id"]]
+        assert len(mine) == 1 and mine[0]["parent_id"] is not None, batches
+        assert mine[0]["resource"]["attributes"]["service.name"] == "elmo-test"
+    finally:
+        rep.stop()
+
+
+def _json_objects(text: str) -> list[str]:
+    """The top-level ``{...}`` blocks the console exporter printed (one per span)."""
+    out, depth, start = [], 0, None
+    for i, ch in enumerate(text):
+        if ch == "{":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif ch == "}" and depth:
+            depth -= 1
+            if depth == 0:
+                out.append(text[start : i + 1])
+    return out
