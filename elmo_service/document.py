@@ -45,8 +45,7 @@ from torch import Tensor
 
 from elmo_service.errors import InputError, LimitError
 from elmo_service.outputs import OutputSpec, pool, positions, render
-from elmo_service.tokenizers import Token
-from elmo_service.values import check_document, check_text
+from elmo_service.values import Token, check_document, check_text
 
 DEFAULT_CHUNK_TOKENS = 1024
 # a "word" (a run without whitespace) longer than this is refused: no text has one, and a

@@ -52,8 +52,12 @@ from elmo_service.errors import ConfigError, InputError, LimitError, UnknownTask
 from elmo_service.outputs import OutputSpec, positions, render, resolve_output
 from elmo_service.runtime import pick_device, resolve_precision, set_threads
 from elmo_service.scalar_mix import MixSpec, apply_mix  # noqa: F401 - re-exported
-from elmo_service.tokenizers import Token
-from elmo_service.values import EmbeddedSentence, invalid_text, words_of  # shared with the client
+from elmo_service.values import (  # shared with the client
+    EmbeddedSentence,
+    Token,
+    invalid_text,
+    words_of,
+)
 
 __all__ = ["EmbeddedSentence", "Embedder", "apply_mix", "words_of"]
 

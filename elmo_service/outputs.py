@@ -27,8 +27,7 @@ import numpy as np
 
 from elmo_service.errors import ConfigError, InputError, UnknownTask
 from elmo_service.scalar_mix import MixSpec, apply_mix
-from elmo_service.tokenizers import Token
-from elmo_service.values import average_words, word_tokens  # also the client's
+from elmo_service.values import Token, average_words, word_tokens  # also the client's
 
 OUTPUTS = ("layers", "mix", "both")
 GRANULARITIES = ("token", "word")
