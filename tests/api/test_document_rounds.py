@@ -170,3 +170,60 @@ def test_closing_the_batcher_fails_waiting_rounds(rec):
     assert [(n, type(e)) for n, e in errors] == [("doc", BatcherClosed)]
     with pytest.raises(BatcherClosed):
         b.document_round(Run("late"))
+
+
+def test_documents_streamed_at_once_share_steps_and_keep_the_librarys_vectors(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """Three documents through the route at once: the model thread computes their rounds
+    together (the first step is held until the other two wait), and each document's
+    vectors are the library's for that document alone."""
+    import httpx
+
+    from elmo_api.encoding import decode_array
+    from elmo_api.main import create_app
+    from elmo_api.settings import load_settings
+    from elmo_service.embedder import Embedder
+    from tests.support.determinism import same_vectors
+    from tests.support.live_server import LiveServer
+
+    real = document_rounds.advance
+    steps: list[int] = []
+    state: dict = {}
+
+    def held(runs):
+        if not steps:  # the first step waits for the other documents' rounds to queue
+            _until(lambda: len(state["b"].rounds.waiting) >= 2, "the other rounds queued")
+        steps.append(len(runs))
+        real(runs)
+
+    monkeypatch.setattr(document_rounds, "advance", held)
+    docs = [" ".join(f"w{(7 * k + i) % 23}" for i in range(40 + 9 * k)) for k in range(3)]
+    s = load_settings(model_path=tiny_model_dir, threads=1, data_dir=tmp_path, cache=False)
+    with LiveServer(create_app(s)) as srv:
+        state["b"] = srv.config.app.state.holder.current.runner
+        out: dict[int, list] = {}
+
+        def post(k: int) -> None:
+            r = httpx.post(
+                srv.url + "/v1/embed/document",
+                json={"document": docs[k], "chunk_tokens": 8, "encoding": "base64"},
+                timeout=WAIT * 4,
+            )
+            assert r.status_code == 200, r.text
+            lines = [httpx.Response(200, content=x).json() for x in r.content.splitlines()]
+            assert lines[-1]["done"] is True
+            out[k] = [decode_array(x["layers"]) for x in lines[:-1]]
+
+        threads = [threading.Thread(target=post, args=(k,)) for k in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT * 4)
+    assert sorted(out) == [0, 1, 2]
+    assert max(steps) >= 2, steps  # rounds of different documents in one batched step
+    emb = Embedder.load(tiny_model_dir, threads=1)
+    for k, doc in enumerate(docs):
+        want = np.concatenate([c.layers for c in emb.embed_document(doc, 8)], axis=1)
+        got = np.concatenate(out[k], axis=1)
+        assert same_vectors(got, want), k
