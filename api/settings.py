@@ -351,10 +351,7 @@ class Settings(BaseSettings):
     )
     # what documents hold at once (api/documents.py): past any, a 429 with Retry-After
     max_document_streams: int = Field(
-        4,
-        ge=1,
-        description="Documents streamed at once; each holds a thread (waiting for its rounds, "
-        "then reading its answer) until it ends.",
+        4, ge=1, description="Documents streamed at once; each holds a thread until it ends."
     )
     max_document_tokens_in_flight: int = Field(
         2_000_000, ge=1, description="Tokens of all the documents streamed at once."

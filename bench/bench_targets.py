@@ -40,14 +40,11 @@ import orjson
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench import fair  # noqa: E402
+from bench import bench_serve, fair  # noqa: E402
 from bench.bench_embedder import pydoc_prose  # noqa: E402
-from bench.bench_serve import (  # noqa: E402
-    Server,
-    interleaved_targets,
-    load_phase,
-    make_sentences,
-)
+
+Server, load_phase = bench_serve.Server, bench_serve.load_phase
+interleaved_targets, make_sentences = bench_serve.interleaved_targets, bench_serve.make_sentences
 
 MODEL = REPO / "models" / "default"
 MIX = {"output": "mix", "encoding": "base64"}
