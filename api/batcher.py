@@ -34,6 +34,10 @@ Priority lanes (``priority`` in a request: ``interactive``, the default, or
   full batch for the first one after a quiet spell), then runs with at most a
   quarter slice of batch sentences beside it.
 
+Documents (``POST /v1/embed/document``) are batch-lane work of the same loop: each
+waiting document's next round is computed in one batched step (``elmo_api.document_rounds``),
+after queued interactive work and in turns with batch-lane takes.
+
 A full lane raises :class:`QueueFull` at once (the route answers 429). Queues
 are counted in sentences, the unit the model works in.
 
