@@ -665,7 +665,11 @@ class Batcher:
                 self.rounds.turn = True  # a batch take first, then the documents
                 return
             self.rounds.turn = False
-            taken = self.rounds.take()
+            # a step as long as a batch-lane batch: a slice while interactive traffic is live
+            live = time.perf_counter() - self._last_interactive < self.interactive_window
+            taken = self.rounds.take(
+                (self.slice if live and not self.split else self.budget).tokens
+            )
         self.rounds.run(taken)
         # admission's seconds per token count sentences' work, not the documents'
         self._busy_mark["main"] = time.perf_counter()

@@ -88,9 +88,17 @@ class DocumentRounds:
     def closed_error() -> BaseException:
         return BatcherClosed("the model is shutting down")
 
-    def take(self) -> list[_Round]:
-        """Under the lock: every round waiting, to run as one step."""
-        taken, self.waiting = self.waiting, []
+    def take(self, tokens: int | None = None) -> list[_Round]:
+        """Under the lock: the rounds waiting, oldest first, while their rows (a chunk each
+        way) fit in ``tokens`` (always one; all with None), to run as one step: a step is
+        no longer than a batch, so work that arrives meanwhile waits for no more."""
+        n, used = 0, 0
+        for r in self.waiting:
+            rows = 2 * r.run.chunk
+            if tokens is not None and n and used + rows > tokens:
+                break
+            n, used = n + 1, used + rows
+        taken, self.waiting = self.waiting[:n], self.waiting[n:]
         return taken
 
     def fail(self, error: BaseException) -> None:

@@ -162,6 +162,7 @@ def sentence_mode(docs: list[str]) -> float:
 
 
 def embed_file_documents(docs: list[str], tmp: Path) -> float:
+    """Tokens/s of the command (its start and model load included), a line a document."""
     src, out = tmp / "docs.txt", tmp / "docs.h5"
     src.write_text("\n".join(docs) + "\n")
     exe = Path(sys.executable).with_name("elmo-service")
@@ -270,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{part:<5}{name:<52}{value:>12.3f}  {bound:<9}{'pass' if ok else 'FAIL'}")
     if args.quick:
         print("(--quick: tiny parts, the figures mean nothing)")
+        return 0
     return 0 if all(r[4] for r in rows) else 1
 
 

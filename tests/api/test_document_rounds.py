@@ -41,8 +41,8 @@ class Recorder:
 
 
 class Run:
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, name: str, chunk: int = 1) -> None:
+        self.name, self.chunk = name, chunk
 
 
 @pytest.fixture
@@ -98,6 +98,33 @@ def test_rounds_of_several_documents_run_as_one_step_after_queued_interactive_wo
         ("docs", ["doc0", "doc1", "doc2"]),  # then the three documents' rounds, one step
     ]
     assert b.rounds.steps == 1 and b.rounds.rounds_run == 3
+
+
+def test_a_step_of_rounds_is_no_longer_than_a_batch(rec):
+    """Rounds of 16 tokens each way (32 rows) under a 64-token batch: two a step, oldest
+    first; the third waits for the next step."""
+    b = Batcher(rec.embed, max_queue=100, batch_tokens=64)
+    errors: list = []
+
+    async def main():
+        busy = asyncio.ensure_future(b.embed([["busy"]], lane="batch"))
+        await asyncio.to_thread(rec.started.wait, WAIT)
+        threads = []
+        for i in range(3):
+            threads.append(_round_thread(b, Run(f"doc{i}", chunk=16), errors))
+            await asyncio.to_thread(_until, lambda i=i: len(b.rounds.waiting) == i + 1, "queued")
+        rec.gate.set()
+        await busy
+        for t in threads:
+            await asyncio.to_thread(t.join, WAIT)
+
+    asyncio.run(main())
+    b.close()
+    assert not errors
+    assert [c for c in rec.calls if c[0] == "docs"] == [
+        ("docs", ["doc0", "doc1"]),
+        ("docs", ["doc2"]),
+    ]
 
 
 def test_documents_take_turns_with_batch_sentences(rec):
