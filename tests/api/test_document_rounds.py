@@ -220,7 +220,8 @@ def test_documents_streamed_at_once_share_steps_and_keep_the_librarys_vectors(
 
     def held(runs):
         if not steps:  # the first step waits for the other documents' rounds to queue
-            _until(lambda: len(state["b"].rounds.waiting) >= 2, "the other rounds queued")
+            queued = lambda: len(runs) + len(state["b"].rounds.waiting) >= 3  # noqa: E731
+            _until(queued, "the other rounds queued")
         steps.append(len(runs))
         real(runs)
 
