@@ -282,7 +282,8 @@ class Batcher:
 
     @property
     def idle(self) -> bool:
-        return not self.depth and self._incoming == 0
+        # a document between two rounds is back within a poll: a drain waits for it too
+        return not self.depth and self._incoming == 0 and not self.rounds.active
 
     def announce(self) -> Ticket:
         """A request is on its way (see the module docstring); retire the ticket or submit with it."""

@@ -49,6 +49,7 @@ class DocumentRounds:
         self.turn = False  # the documents' turn next when batch sentences wait too
         self.steps = 0  # batched steps run
         self.rounds_run = 0  # rounds computed (a step computes one per document)
+        self.active = 0  # callers waiting for a round (queued or in the model)
 
     def wait_round(
         self,
@@ -65,7 +66,15 @@ class DocumentRounds:
             if closed():
                 raise self.closed_error()
             self.waiting.append(r)
+            self.active += 1
             self._cond.notify_all()
+        try:
+            self._wait(r, cancelled, timeout)
+        finally:
+            with self._cond:
+                self.active -= 1
+
+    def _wait(self, r: _Round, cancelled: Callable[[], bool], timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         while not r.done.wait(POLL_S):
             gone = cancelled()

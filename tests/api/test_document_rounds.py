@@ -82,6 +82,7 @@ def test_rounds_of_several_documents_run_as_one_step_after_queued_interactive_wo
         await asyncio.to_thread(rec.started.wait, WAIT)  # the model thread is in a batch now
         threads = [_round_thread(b, Run(f"doc{i}"), errors) for i in range(3)]
         await asyncio.to_thread(_until, lambda: len(b.rounds.waiting) == 3, "3 rounds queued")
+        assert not b.idle  # a model swap's drain waits for documents' rounds too
         fast = asyncio.ensure_future(b.embed([["interactive"]]))
         await asyncio.to_thread(_until, lambda: b.lane_depth("interactive") == 1, "queued")
         rec.gate.set()
@@ -98,6 +99,7 @@ def test_rounds_of_several_documents_run_as_one_step_after_queued_interactive_wo
         ("docs", ["doc0", "doc1", "doc2"]),  # then the three documents' rounds, one step
     ]
     assert b.rounds.steps == 1 and b.rounds.rounds_run == 3
+    assert b.rounds.active == 0
 
 
 def test_a_step_of_rounds_is_no_longer_than_a_batch(rec):
