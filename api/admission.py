@@ -169,6 +169,12 @@ class Runner(Protocol):
     def announce(self) -> Ticket:
         """A request is on its way (the AnnounceMiddleware calls this on arrival)."""
 
+    def document_round(
+        self, run: Any, cancelled: Callable[[], bool], timeout: float | None
+    ) -> None:
+        """One round of a document's pass 1 (``elmo_service.document.DocumentRun``), from
+        the document's thread; blocks until done (``elmo_api.document_rounds``)."""
+
     async def embed(
         self,
         token_lists: TokenLists,

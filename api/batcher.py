@@ -34,6 +34,10 @@ Priority lanes (``priority`` in a request: ``interactive``, the default, or
   full batch for the first one after a quiet spell), then runs with at most a
   quarter slice of batch sentences beside it.
 
+Documents (``POST /v1/embed/document``) are batch-lane work of the same loop: each
+waiting document's next round is computed in one batched step (``elmo_api.document_rounds``),
+after queued interactive work and in turns with batch-lane takes.
+
 A full lane raises :class:`QueueFull` at once (the route answers 429). Queues
 are counted in sentences, the unit the model works in.
 
@@ -89,6 +93,7 @@ from elmo_api.admission import (
     token_cost,
 )
 from elmo_api.direct import DirectRunner
+from elmo_api.document_rounds import DocumentRounds
 from elmo_api.lanes import (
     BATCH,
     DEFAULT_BATCH_SHARE,
@@ -242,6 +247,7 @@ class Batcher:
         self._queues: dict[Lane, deque[_Item]] = {lane: deque() for lane in LANES}
         self._cond = threading.Condition()
         self._closed = False
+        self.rounds = DocumentRounds(self._cond)  # documents' pass 1, batch-lane work
         self.batches_run = 0
         self.recent: deque[tuple[int, int, float]] = deque(
             maxlen=512
@@ -276,7 +282,8 @@ class Batcher:
 
     @property
     def idle(self) -> bool:
-        return not self.depth and self._incoming == 0
+        # a document between two rounds is back within a poll: a drain waits for it too
+        return not self.depth and self._incoming == 0 and not self.rounds.active
 
     def announce(self) -> Ticket:
         """A request is on its way (see the module docstring); retire the ticket or submit with it."""
@@ -419,6 +426,7 @@ class Batcher:
                     self._pending_cost[lane] -= sum(it.cost for it in gone)
                     self._queued_cost[lane] -= sum(it.cost for it in gone)
                     pending += gone
+                self.rounds.fail(self.rounds.closed_error())
                 self._gauge()
             self._cond.notify_all()
         self._complete(pending, error=BatcherClosed("the model is shutting down"))
@@ -466,10 +474,13 @@ class Batcher:
         """The next take: its sentences, the budget to plan them under, and whether the
         worker may put its later batches back when interactive work arrives."""
         with self._cond:
-            while not self.depth and not self._closed:
+            while not self.depth and not self.rounds.waiting and not self._closed:
                 self._cond.wait()
-            if not self.depth:  # closed and drained
-                return None
+            if not self.depth:
+                if self._closed:  # closed and drained
+                    self.rounds.fail(self.rounds.closed_error())
+                    return None
+                return [], self.budget, False  # a document's round: the worker's next pick
             self._busy_mark["main"] = time.perf_counter()  # work is waiting: busy from now
             lane = self._choose()
             if lane == BATCH or not self._queues[BATCH]:
@@ -578,10 +589,15 @@ class Batcher:
         worker = "interactive" if lane == INTERACTIVE else "main"
         with self._cond:
             queue = self._queues[lane]
-            while not queue and not self._closed:
+            rounds = self.rounds if lane == BATCH else None
+            while not queue and not (rounds and rounds.waiting) and not self._closed:
                 self._cond.wait()
             if not queue:
-                return None
+                if self._closed:
+                    if rounds is not None:
+                        rounds.fail(rounds.closed_error())
+                    return None
+                return []  # a document's round: the worker's next pick
             self._busy_mark[worker] = time.perf_counter()
             if lane == BATCH:
                 self._fill()
@@ -595,6 +611,8 @@ class Batcher:
         worker = "interactive" if lane == INTERACTIVE else "main"
         reniced = lane == INTERACTIVE or self.batch_nice <= 0
         while (taken := self._take_lane(lane)) is not None:
+            if lane == BATCH:
+                self._doc_rounds()
             for batch in self.plan(self._drop_cancelled(taken)):
                 batch = self._drop_cancelled(batch)  # cancelled while earlier batches ran
                 if batch:
@@ -616,6 +634,7 @@ class Batcher:
             self._lane_worker(BATCH)
             return
         while True:
+            self._doc_rounds()
             got = self._take()
             if got is None:
                 return
@@ -630,6 +649,31 @@ class Batcher:
                     # interactive work arrived: it goes next, the rest of this take after it
                     self._requeue([it for b in rest for it in b])
                     break
+
+    def document_round(self, run, cancelled=lambda: False, timeout: float | None = None) -> None:
+        """One round of a document's pass 1 on the model thread (``elmo_api.document_rounds``);
+        blocks the calling (document) thread until it is done."""
+        self.rounds.wait_round(run, cancelled, timeout, closed=lambda: self._closed)
+
+    def _doc_rounds(self) -> None:
+        """Run the documents' waiting rounds as one step when it is their turn: never before
+        queued interactive work (unless it has a thread of its own), and alternating with
+        batch-lane takes while batch sentences wait."""
+        with self._cond:
+            if not self.rounds.waiting or (self._queues[INTERACTIVE] and not self.split):
+                return
+            if self._queues[BATCH] and not self.rounds.turn:
+                self.rounds.turn = True  # a batch take first, then the documents
+                return
+            self.rounds.turn = False
+            # a step as long as a batch-lane batch: a slice while interactive traffic is live
+            live = time.perf_counter() - self._last_interactive < self.interactive_window
+            taken = self.rounds.take(
+                (self.slice if live and not self.split else self.budget).tokens
+            )
+        self.rounds.run(taken)
+        # admission's seconds per token count sentences' work, not the documents'
+        self._busy_mark["main"] = time.perf_counter()
 
     def _run(self, batch: list[_Item], worker: str = "main") -> None:
         """One model call on the thread of ``worker`` (``interactive_fn`` on the interactive

@@ -17,10 +17,14 @@ per-sentence token limit and answer-size bound (``chunk_tokens`` is what a 413 n
 
 Bounded (``elmo_api.documents``): the streams at once, their tokens in flight and their
 spill bytes have settings; past one, a 429 with ``Retry-After`` before any work starts.
-The work runs on a thread of its own that ends with the document (``runtime``'s reason:
-no OpenMP pool outlives it), a round at a time under the embedder's lock, so sentence
-requests interleave with a long document; a bounded queue holds at most two chunks'
-lines ahead of the client. A client that leaves stops the work within one round, in pass 1
+Pass 1 is batch-lane work of the model's runner (``elmo_api.document_rounds``): a round
+at a time, computed on the batcher's model thread -- the server's only model caller --
+together with the other documents' rounds in one batched step, never before queued
+interactive sentences and taking turns with batch-lane ones; a round that waits over
+``ELMO_REQUEST_TIMEOUT`` for the model ends the stream with a ``timeout`` error. The
+document's own thread (it ends with the document) waits for the rounds and then reads
+pass 2 from the spills; a bounded queue holds at most two chunks' lines ahead of the
+client. A client that leaves stops the work within one round, in pass 1
 too (the route watches for the disconnect), and its slot and spills are freed.
 
 Timing: ``X-Tokenization-Time`` (and ``X-Total-Time`` so far) in the headers; the done
@@ -44,6 +48,7 @@ from starlette.responses import StreamingResponse
 
 from elmo_api import outputs
 from elmo_api.deps import ServingDep
+from elmo_api.document_rounds import RoundTimeout
 from elmo_api.documents import DocumentStreams, spill_bytes
 from elmo_api.encoding import dumps
 from elmo_api.errors import ApiError, answer_of, error_body
@@ -51,10 +56,11 @@ from elmo_api.lanes import BATCH, TIMING_KEY
 from elmo_api.responses import check_response_floats
 from elmo_api.routers.embed import mix_cause, output_options
 from elmo_api.schemas import ERROR_RESPONSES, REQUEST_CONFIG, Number, Sentence
+from elmo_api.served import ModelTimeout
 from elmo_service.document import (
     DEFAULT_CHUNK_TOKENS,
     DocumentCancelled,
-    embed_document_chunks,
+    DocumentRun,
     tokenize_document,
 )
 from elmo_service.outputs import positions as answer_positions
@@ -106,8 +112,8 @@ class DocumentRequest(BaseModel):
     dtype: Literal["float32", "float16"] = "float32"
     priority: Literal["interactive", "batch"] = Field(
         "interactive",
-        description="Accepted as /v1/embed's; a document runs on a thread of its own, a chunk "
-        "at a time between the batcher's batches, whatever its lane.",
+        description="Accepted as /v1/embed's; a document's rounds are batch-lane work whatever "
+        "it says (never before queued interactive sentences).",
     )
 
 
@@ -178,7 +184,7 @@ async def embed_document(req: DocumentRequest, request: Request, ctx: ServingDep
         )
     spec = await served.output_spec(**output_options(req))  # type: ignore[arg-type]
     chunk = _chunk_size(req, spec, served, settings)
-    embedder = served.embedder
+    embedder, runner = served.embedder, served.runner
     timing = request.scope.get(TIMING_KEY)
     t0 = time.perf_counter()
     # tokenizing a long document takes a while: off the event loop; errors are 4xx here
@@ -216,18 +222,28 @@ async def embed_document(req: DocumentRequest, request: Request, ctx: ServingDep
         try:
             started = time.perf_counter()
             first = None
-            gen = embed_document_chunks(
-                embedder, doc, spec, chunk, spill_dir=streams.spill_dir, cancelled=stop.is_set
-            )
+            # pass 1 a round at a time on the model thread, batched with other documents'
+            # rounds (elmo_api.document_rounds); pass 2 reads the spills here
+            run = DocumentRun(embedder, doc, spec, chunk, spill_dir=streams.spill_dir)
             try:
-                for c in gen:
+                while not run.done:
+                    try:
+                        runner.document_round(run, stop.is_set, served.request_timeout)
+                    except RoundTimeout:
+                        raise ModelTimeout(
+                            f"a round of the document waited over {served.request_timeout:g}s "
+                            "for the model; retry later"
+                        ) from None
+                for c in run.answer():
+                    if stop.is_set():
+                        return  # the client left
                     first = first or time.perf_counter()
                     if not put(_line(c, req, spec, cause, doc.text)):
                         return  # the client left
                     n += 1
                     positions += len(c.tokens)
             finally:
-                gen.close()  # the spill file goes now
+                run.close()  # the spill files go now (no round of it is in the model)
             # "tokens": the positions the chunk lines listed (a reader checks it against
             # what came): the document's tokens, its words at word granularity, 0 pooled
             done = {"done": True, "chunks": n, "tokens": positions}

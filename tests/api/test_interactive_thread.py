@@ -60,18 +60,17 @@ def test_interactive_request_is_answered_while_a_batch_computes():
         async def scenario():
             bulk = asyncio.ensure_future(b.embed([["b0", "x"], ["b1", "y"]], lane=BATCH))
             await asyncio.to_thread(main.started.wait, 5)  # the batch computes, held
-            t0 = time.perf_counter()
-            urgent = await asyncio.wait_for(b.embed([["now"]]), 5)
-            waited = time.perf_counter() - t0
-            assert not bulk.done()  # answered while the batch is still in the model
+            # answered while the gate holds the batch (30 s: a deadline, not a timing)
+            urgent = await asyncio.wait_for(b.embed([["now"]]), 30)
+            assert not bulk.done()  # ... still in the model
             gate.set()
-            return urgent, await bulk, waited
+            return urgent, await bulk
 
-        urgent, bulk, waited = asyncio.run(scenario())
+        urgent, bulk = asyncio.run(scenario())
         b.close()
     finally:
         torch.set_num_threads(default)
-    assert waited < 5 and urgent[0].shape == (1, 1, 1)
+    assert urgent[0].shape == (1, 1, 1)
     assert [len(x) for x in bulk] == [1, 1]
     assert inter.batches == [[("now",)]]  # interactive work only on its own thread ...
     assert sorted(main.batches[0]) == [("b0", "x"), ("b1", "y")]  # ... batch work only here
