@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from elmo_service.allennlp_names import from_allennlp, is_allennlp
 from elmo_service.bilm.char_ids import bos_ids, eos_ids, token_ids
 from elmo_service.bilm.layer_cache import LayerCache, WeightsWatch, sentence_key, weights_id
 from elmo_service.bilm.model import N_CHAR_IDS, BiLM, BiLMState, carried_keep, carried_rows
@@ -182,6 +183,24 @@ def _new_cache(
     return LayerCache(cache_bytes, cache_dir)
 
 
+class _CarriedState:
+    """``elmo._elmo_lstm._elmo_lstm`` as AllenNLP's tests and users reach it (there, the
+    ``ElmoLstm`` that carries the state): its ``reset_states`` is :meth:`Elmo.reset_states`."""
+
+    def __init__(self, elmo: Elmo) -> None:
+        self._elmo = elmo
+
+    def reset_states(self, mask: Tensor | None = None) -> None:
+        self._elmo.reset_states(mask)
+
+
+def _allennlp_keys(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
+    """``load_state_dict`` pre-hook: AllenNLP's ``Elmo`` keys under ``prefix`` -> ours
+    (``elmo_service/allennlp_names.py``); keys in our names pass unchanged."""
+    if module._module is None and is_allennlp(state_dict, prefix):
+        from_allennlp(state_dict, prefix)
+
+
 class Elmo(nn.Module):
     """ELMo representations from a pretrained biLM: AllenNLP's ``Elmo``.
 
@@ -285,6 +304,11 @@ class Elmo(nn.Module):
             if not requires_grad:
                 bilm.requires_grad_(False)
         self._elmo_lstm = module if module is not None else bilm
+        if module is None:
+            # AllenNLP's path to the carried state: elmo._elmo_lstm._elmo_lstm.reset_states()
+            bilm.__dict__["_elmo_lstm"] = _CarriedState(self)
+            # a checkpoint written with AllenNLP's Elmo loads under its own names
+            self.register_load_state_dict_pre_hook(_allennlp_keys)
         self.stateful = stateful
         self._states: tuple[Tensor, Tensor] | None = None
         self._keep_sentence_boundaries = keep_sentence_boundaries
@@ -337,6 +361,14 @@ class Elmo(nn.Module):
         if self._module is not None:
             return self._module.get_output_dim()
         return self._elmo_lstm.cfg.output_dim
+
+    def allennlp_state_dict(self) -> dict[str, Tensor]:
+        """This module's weights under ``allennlp.modules.elmo.Elmo``'s names (its
+        ``load_state_dict`` takes them, strict); for a model that holds this module, use
+        ``elmo_service.allennlp_names.to_allennlp(model.state_dict())``."""
+        from elmo_service.allennlp_names import to_allennlp
+
+        return to_allennlp(self.state_dict())
 
     def reset_states(self, mask: Tensor | None = None) -> None:
         """Zero the carried state (``stateful=True``): all rows, or those where ``mask [B]``."""
