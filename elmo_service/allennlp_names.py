@@ -29,7 +29,7 @@ import re
 from collections.abc import MutableMapping
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from elmo_service.bilm.model import N_CHAR_IDS
 
@@ -113,6 +113,24 @@ def _encoder_value(rest: str, value: Tensor) -> Tensor:
     if rest.startswith("_highways."):
         return _negate_carry(value)
     return value
+
+
+class CarriedState:
+    """``elmo._elmo_lstm._elmo_lstm`` as AllenNLP's tests and users reach it (there, the
+    ``ElmoLstm`` that carries the state): its ``reset_states`` is :meth:`Elmo.reset_states`."""
+
+    def __init__(self, elmo) -> None:
+        self._elmo = elmo
+
+    def reset_states(self, mask: Tensor | None = None) -> None:
+        self._elmo.reset_states(mask)
+
+
+def allennlp_keys(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
+    """``load_state_dict`` pre-hook: AllenNLP's ``Elmo`` keys under ``prefix`` -> ours
+    (above); keys in our names pass unchanged."""
+    if module._module is None and is_allennlp(state_dict, prefix):
+        from_allennlp(state_dict, prefix)
 
 
 def to_allennlp(state_dict: MutableMapping[str, Tensor]) -> dict[str, Tensor]:

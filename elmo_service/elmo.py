@@ -26,6 +26,10 @@ AllenNLP itself by ``tests/elmo_service/test_elmo_module.py``), with these choic
   write to the biLM's weights (``bilm.layer_cache.WeightsWatch``, checked each forward);
   ``cache_bytes`` keeps a frozen biLM's layers per sentence; neither is pickled.
   Under ``torch.compile`` the biLM runs eager; ``.double()`` runs it in float64.
+* **AllenNLP's checkpoints**: ``load_state_dict`` also takes AllenNLP's ``Elmo`` names
+  (``elmo_service/allennlp_names.py``), alone or inside a whole model's checkpoint;
+  :meth:`Elmo.allennlp_state_dict` writes them. ``_ElmoBiLm`` and ``_ElmoCharacterEncoder``
+  (at the end of this file) are AllenNLP's inner modules under their names.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from elmo_service.allennlp_names import from_allennlp, is_allennlp
+from elmo_service.allennlp_names import CarriedState, allennlp_keys
 from elmo_service.bilm.char_ids import bos_ids, eos_ids, token_ids
 from elmo_service.bilm.layer_cache import LayerCache, WeightsWatch, sentence_key, weights_id
 from elmo_service.bilm.model import N_CHAR_IDS, BiLM, BiLMState, carried_keep, carried_rows
@@ -183,24 +187,6 @@ def _new_cache(
     return LayerCache(cache_bytes, cache_dir)
 
 
-class _CarriedState:
-    """``elmo._elmo_lstm._elmo_lstm`` as AllenNLP's tests and users reach it (there, the
-    ``ElmoLstm`` that carries the state): its ``reset_states`` is :meth:`Elmo.reset_states`."""
-
-    def __init__(self, elmo: Elmo) -> None:
-        self._elmo = elmo
-
-    def reset_states(self, mask: Tensor | None = None) -> None:
-        self._elmo.reset_states(mask)
-
-
-def _allennlp_keys(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
-    """``load_state_dict`` pre-hook: AllenNLP's ``Elmo`` keys under ``prefix`` -> ours
-    (``elmo_service/allennlp_names.py``); keys in our names pass unchanged."""
-    if module._module is None and is_allennlp(state_dict, prefix):
-        from_allennlp(state_dict, prefix)
-
-
 class Elmo(nn.Module):
     """ELMo representations from a pretrained biLM: AllenNLP's ``Elmo``.
 
@@ -306,9 +292,9 @@ class Elmo(nn.Module):
         self._elmo_lstm = module if module is not None else bilm
         if module is None:
             # AllenNLP's path to the carried state: elmo._elmo_lstm._elmo_lstm.reset_states()
-            bilm.__dict__["_elmo_lstm"] = _CarriedState(self)
+            bilm.__dict__["_elmo_lstm"] = CarriedState(self)
             # a checkpoint written with AllenNLP's Elmo loads under its own names
-            self.register_load_state_dict_pre_hook(_allennlp_keys)
+            self.register_load_state_dict_pre_hook(allennlp_keys)
         self.stateful = stateful
         self._states: tuple[Tensor, Tensor] | None = None
         self._keep_sentence_boundaries = keep_sentence_boundaries
@@ -591,3 +577,69 @@ class Elmo(nn.Module):
     def _keep(self, final: BiLMState) -> None:
         """Store the final state of this call's rows (detached); rows beyond it keep theirs."""
         self._states = carried_keep(self._states, final)
+
+
+# ---------------------------------------------------------------------- AllenNLP's inner modules
+# ``_ElmoBiLm(options, weights)(char_ids) -> {"activations": [L+1 x [B, T+2, 2P]], "mask"}`` and
+# ``_ElmoCharacterEncoder(options, weights)(char_ids) -> {"token_embedding", "mask"}``, as
+# AllenNLP 2.10 names and calls them: Elmo without its mixes (the same biLM code), so frozen
+# by default and stateless unless ``stateful=True`` (AllenNLP's ``_ElmoBiLm`` always carries).
+class _ElmoBiLm(Elmo):
+    """AllenNLP's ``_ElmoBiLm``: character ids -> every biLM layer, with the boundaries."""
+
+    def __init__(
+        self,
+        options_file: str | Path,
+        weight_file: str | Path,
+        requires_grad: bool = False,
+        vocab_to_cache: list[str] | None = None,
+        *,
+        stateful: bool = False,
+    ) -> None:
+        super().__init__(
+            options_file,
+            weight_file,
+            1,
+            requires_grad=requires_grad,
+            dropout=0.0,
+            vocab_to_cache=vocab_to_cache,
+            stateful=stateful,
+        )
+        del self.scalar_mix_0  # the layers themselves are the output
+        self._scalar_mixes = []
+        self.num_layers = self._elmo_lstm.n_output_layers
+
+    def get_output_dim(self) -> int:
+        return 2 * self._elmo_lstm.cfg.projection_dim
+
+    def forward(self, inputs: Tensor, word_inputs: Tensor | None = None) -> dict:
+        ids = _check_char_ids(inputs, self._elmo_lstm.cfg.max_chars_per_token)
+        words = word_inputs if self._word_embedding is not None else None
+        layers, lengths = self._bilm_layers(ids, words)
+        mask = torch.arange(layers.shape[2], device=ids.device) < lengths.unsqueeze(1)
+        return {"activations": list(layers.unbind(0)), "mask": mask}
+
+
+class _ElmoCharacterEncoder(Elmo):
+    """AllenNLP's ``_ElmoCharacterEncoder``: character ids -> context-free token vectors."""
+
+    def __init__(
+        self, options_file: str | Path, weight_file: str | Path, requires_grad: bool = False
+    ) -> None:
+        super().__init__(options_file, weight_file, 1, requires_grad=requires_grad, dropout=0.0)
+        del self.scalar_mix_0
+        self._scalar_mixes = []
+
+    def get_output_dim(self) -> int:
+        return self._elmo_lstm.cfg.projection_dim
+
+    def forward(self, inputs: Tensor) -> dict:
+        w = self._elmo_lstm.cfg.max_chars_per_token
+        ids = _check_char_ids(inputs, w)
+        mask = (ids > 0).any(-1)
+        bos, eos = (torch.from_numpy(f(w)).to(ids.device) for f in (bos_ids, eos_ids))
+        full, lengths = _boundaries(ids, mask, bos, eos)
+        b, t = full.shape[:2]
+        vectors = self._elmo_lstm.token_encoder(full.reshape(b * t, w)).reshape(b, t, -1)
+        mask = torch.arange(t, device=ids.device) < lengths.unsqueeze(1)
+        return {"token_embedding": vectors, "mask": mask}

@@ -157,3 +157,191 @@ def test_the_carried_state_resets_where_allennlp_reaches_it(bilm_files):
     assert (first - _reps(elmo, ids)[0]).abs().max() > 0  # carried
     elmo._elmo_lstm._elmo_lstm.reset_states()
     assert torch.equal(first, _reps(elmo, ids)[0])
+
+
+# --------------------------------------------------------------------------- AllenNLP's tests
+# The checks of AllenNLP 2.10.1's tests/modules/elmo_test.py, with the import swapped. Its
+# fixture files (a biLM and TensorFlow's outputs for it) are not here: the biLM is
+# bilm_files, and where it compared with TensorFlow's outputs this compares with AllenNLP's
+# own modules run on the same files.
+PAIR = [["The", "sentence", "."], ["ELMo", "helps", "disambiguate", "ELMo", "from", "Elmo", "."]]
+WORDS = [["This", "is", "a", "sentence"], ["Here", "'s", "one"], ["Another", "one"]]
+
+
+def _word_ids(batch: list[list[str]], vocab: list[str]) -> torch.Tensor:
+    """AllenNLP's SingleIdTokenIndexer over ``vocab`` (0 padding, 1 unknown, words from 2)."""
+    index = {w: i + 2 for i, w in enumerate(vocab)}
+    out = torch.zeros(len(batch), max(map(len, batch)), dtype=torch.long)
+    for b, s in enumerate(batch):
+        out[b, : len(s)] = torch.tensor([index.get(w, 1) for w in s])
+    return out
+
+
+def _cache_vocab(batch: list[list[str]]) -> list[str]:
+    """What AllenNLP's tests cache: its vocabulary's tokens, padding and unknown first."""
+    return ["@@PADDING@@", "@@UNKNOWN@@", *dict.fromkeys(w for s in batch for w in s)]
+
+
+@pytest.mark.slow
+def test_bilm_layers_equal_allennlps_batch_after_batch(allennlp, bilm_files):
+    """Its test_elmo_bilm: three batches of three, the state carried from one to the next."""
+    from elmo_service.elmo import _ElmoBiLm
+
+    options, weights = map(str, bilm_files)
+    theirs = allennlp._ElmoBiLm(options, weights)
+    ours = _ElmoBiLm(options, weights, stateful=True)
+    assert ours.num_layers == theirs.num_layers == 3
+    assert ours.get_output_dim() == theirs.get_output_dim()
+    batches = [SENTENCES, [["a", "b"], ["river", "bank", "x", "y", "z"], ["."]], PAIR + [["z"]]]
+    for batch in batches:
+        ids = batch_to_ids(batch)
+        with torch.no_grad():
+            a, b = theirs(ids), ours(ids)
+        assert torch.equal(a["mask"], b["mask"])
+        assert [len(s) for s in batch] == (b["mask"].sum(1) - 2).tolist()
+        _close(a["activations"], b["activations"])
+
+
+@pytest.mark.slow
+def test_the_cnn_cache_backs_off_for_words_it_does_not_hold(bilm_files):
+    from elmo_service.elmo import _ElmoBiLm
+
+    options, weights = bilm_files
+    vocab = _cache_vocab([["here", "is"], ["a", "vocab"]])
+    bilm = _ElmoBiLm(options, weights, vocab_to_cache=vocab).eval()
+    plain = _ElmoBiLm(options, weights).eval()
+    oov = [["This", "is", "OOV"], ["so", "is", "this"]]
+    # ids past the cached table (another vocabulary's): the character CNN runs instead
+    far = _word_ids(oov, _cache_vocab(oov)) + len(vocab)
+    with torch.no_grad():
+        got = bilm(batch_to_ids(oov), far)
+        _close(plain(batch_to_ids(oov))["activations"], got["activations"])
+        inside = [["here", "is"], ["a", "vocab"]]
+        bilm(batch_to_ids(inside), _word_ids(inside, vocab[2:]))
+
+
+@pytest.mark.slow
+def test_cached_cnn_vectors_give_the_cnns_layers(bilm_files):
+    from elmo_service.elmo import _ElmoBiLm
+
+    options, weights = bilm_files
+    vocab = _cache_vocab(WORDS)
+    ids, words = batch_to_ids(WORDS), _word_ids(WORDS, vocab[2:])
+    with torch.no_grad():
+        # no cache: the word ids are ignored (its test passes the char ids there)
+        plain = _ElmoBiLm(options, weights).eval()(ids, ids)
+        cached = _ElmoBiLm(options, weights, vocab_to_cache=vocab).eval()(ids, words)
+    assert torch.equal(plain["mask"], cached["mask"])
+    for x, y in zip(plain["activations"], cached["activations"], strict=True):
+        assert (x - y).abs().max() <= 1e-6 * max(1.0, float(x.abs().max()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keep", [False, True])
+def test_two_representations_and_their_shapes(bilm_files, keep):
+    options, weights = bilm_files
+    elmo = Elmo(options, weights, 2, dropout=0.0, keep_sentence_boundaries=keep)
+    out = elmo(batch_to_ids(PAIR))
+    t = 7 + 2 * keep  # the boundaries kept: two more positions
+    assert [list(r.shape) for r in out["elmo_representations"]] == [[2, t, 32]] * 2
+    assert list(out["mask"].shape) == [2, t]
+    assert out["mask"].sum(1).tolist() == [3 + 2 * keep, 7 + 2 * keep]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stateful", [False, True])
+def test_4d_input_equals_each_batch_run_alone(bilm_files, stateful):
+    options, weights = bilm_files
+    elmo = Elmo(options, weights, 2, dropout=0.0, stateful=stateful)
+    groups = [
+        PAIR,
+        [["1", "2"], ["1", "2", "3", "4", "5", "6", "7"]],
+        [["1", "2", "3", "4", "50", "60", "70"], ["The"]],
+    ]
+    each = [batch_to_ids(g) for g in groups]
+    with torch.no_grad():
+        four_d = elmo(torch.stack(each, dim=1))  # [2, 3, 7, 50]
+        alone = []
+        for ids in each:
+            elmo._elmo_lstm._elmo_lstm.reset_states()  # where AllenNLP's test resets
+            alone.append(elmo(ids))
+    assert list(four_d["mask"].shape) == [2, 3, 7]
+    for k in range(3):
+        for j in range(2):
+            x = four_d["elmo_representations"][j][:, k]
+            assert (x - alone[k]["elmo_representations"][j]).abs().max() <= 1e-6
+        assert torch.equal(four_d["mask"][:, k], alone[k]["mask"])
+
+
+@pytest.mark.slow
+def test_elmo_over_a_bilm_module(bilm_files):
+    from elmo_service.elmo import _ElmoBiLm
+
+    options, weights = bilm_files
+    elmo = Elmo(None, None, 2, dropout=0.0, module=_ElmoBiLm(options, weights))
+    ids = batch_to_ids(PAIR)
+    with torch.no_grad():
+        out = elmo(ids)["elmo_representations"]
+        direct = Elmo(options, weights, 2, dropout=0.0)(ids)["elmo_representations"]
+    assert [list(r.shape) for r in out] == [[2, 7, 32]] * 2
+    _close(direct, out)
+
+
+@pytest.mark.slow
+def test_higher_dimensional_input_with_the_cnn_cache(bilm_files):
+    options, weights = bilm_files
+    vocab = _cache_vocab(WORDS)
+    ids, words = batch_to_ids(WORDS), _word_ids(WORDS, vocab[2:])
+    with torch.no_grad():
+        one = Elmo(options, weights, 1, vocab_to_cache=vocab).eval()(ids, words)
+        four = Elmo(options, weights, 1, vocab_to_cache=vocab).eval()(
+            torch.stack([ids] * 4, dim=1), torch.stack([words] * 4, dim=1)
+        )
+    rep = four["elmo_representations"][0]
+    assert list(rep.shape[:2]) == [3, 4]
+    for k in range(4):
+        assert (rep[:, k] - one["elmo_representations"][0]).abs().max() <= 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("requires_grad", [True, False])
+def test_bilm_gradients_only_when_asked(bilm_files, requires_grad):
+    options, weights = bilm_files
+    elmo = Elmo(options, weights, 1, requires_grad=requires_grad)
+    g = torch.Generator().manual_seed(0)
+    elmo(torch.randint(0, 262, (3, 4, 50), generator=g))["elmo_representations"][0].sum().backward()
+    grads = [p.grad for n, p in elmo.named_parameters() if n.startswith("_elmo_lstm.")]
+    assert grads and all((g is not None) == requires_grad for g in grads)
+
+
+@pytest.mark.slow
+def test_character_encoder_equals_allennlps(allennlp, bilm_files):
+    """Its test_elmo_token_representation: 457 words as 10 sentences of up to 50."""
+    from elmo_service.elmo import _ElmoCharacterEncoder
+
+    options, weights = map(str, bilm_files)
+    g = torch.Generator().manual_seed(4)
+    alphabet = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,'-éü日本😀")
+    words = [
+        "".join(alphabet[int(i)] for i in torch.randint(0, len(alphabet), (n,), generator=g))
+        for n in torch.randint(1, 60, (457,), generator=g).tolist()
+    ]
+    ids = batch_to_ids([words[k * 50 : (k + 1) * 50] for k in range(10)])
+    ours = _ElmoCharacterEncoder(options, weights)
+    assert ours.get_output_dim() == 16
+    with torch.no_grad():
+        a, b = allennlp._ElmoCharacterEncoder(options, weights)(ids), ours(ids)
+    assert torch.equal(a["mask"], b["mask"]) and list(b["mask"].shape) == [10, 52]
+    # inside each sentence: padding rows are the CNN of an empty token on both sides
+    _close([a["token_embedding"]], [b["token_embedding"]])
+
+
+@pytest.mark.slow
+def test_character_encoder_boundaries_are_the_marker_tokens(bilm_files):
+    from elmo_service.elmo import _ElmoCharacterEncoder
+
+    enc = _ElmoCharacterEncoder(*bilm_files)
+    with torch.no_grad():
+        for position, token in ((0, "<S>"), (2, "</S>")):
+            vectors = enc(batch_to_ids([[token]]))["token_embedding"]
+            assert torch.allclose(vectors[0, position], vectors[0, 1], atol=1e-6)
