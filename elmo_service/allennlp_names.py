@@ -52,17 +52,41 @@ def _negate_carry(w: Tensor) -> Tensor:
     return torch.cat([w[:n], -w[n:]])
 
 
-def is_allennlp(state_dict: MutableMapping[str, Tensor], prefix: str = "") -> bool:
-    """Whether ``state_dict`` holds an AllenNLP ``Elmo``'s keys under ``prefix``."""
-    heads = (prefix + ENC, prefix + LSTM, prefix + "_elmo_lstm._word_embedding.")
-    return any(k.startswith(heads) or _MIX.match(k[len(prefix) :]) for k in state_dict)
+# where AllenNLP keeps the parts, relative to the module: (character encoder, LSTM, cached
+# word table) for its Elmo, its _ElmoBiLm (the encoder and LSTM one level up) and its
+# _ElmoCharacterEncoder (the encoder itself); and where ours keeps its biLM
+ELMO_LAYOUT = (ENC, LSTM, "_elmo_lstm._word_embedding.weight", "_elmo_lstm.")
+BILM_LAYOUT = ("_token_embedder.", "_elmo_lstm.", "_word_embedding.weight", "_elmo_lstm.")
+ENCODER_LAYOUT = ("", None, None, "")
+MIXES_ONLY = (None, None, None, None)  # Elmo over a module of the caller's: that module's own
 
 
-def from_allennlp(state_dict: MutableMapping[str, Tensor], prefix: str = "") -> None:
-    """Rename, in place, the AllenNLP ``Elmo`` keys under ``prefix`` to ours.
+def is_allennlp(
+    state_dict: MutableMapping[str, Tensor], prefix: str = "", layout: tuple = ELMO_LAYOUT
+) -> bool:
+    """Whether ``state_dict`` holds AllenNLP's keys under ``prefix``."""
+    enc, lstm, word = (None if x is None else prefix + x for x in layout[:3])
+    for k in state_dict:
+        if enc is not None and k.startswith(enc) and _encoder_name(k[len(enc) :]) is not None:
+            return True
+        if lstm is not None and k.startswith(lstm) and _CELL.match(k[len(lstm) :]):
+            return True
+        if (word is not None and k == word and layout is ELMO_LAYOUT) or _MIX.match(
+            k[len(prefix) :]
+        ):
+            return True
+    return False
+
+
+def from_allennlp(
+    state_dict: MutableMapping[str, Tensor], prefix: str = "", layout: tuple = ELMO_LAYOUT
+) -> None:
+    """Rename, in place, AllenNLP's keys under ``prefix`` to ours (``layout``: where
+    AllenNLP's module keeps its parts, ``ELMO_LAYOUT`` for its ``Elmo``).
 
     Keys already in our names (any earlier version of this project) are left alone."""
-    ours = prefix + "_elmo_lstm."
+    enc, lstm, word, bilm = layout
+    ours = prefix + (bilm or "")
     mixes: dict[int, dict[int, Tensor]] = {}
     for key in [k for k in state_dict if k.startswith(prefix)]:
         rest = key[len(prefix) :]
@@ -71,16 +95,19 @@ def from_allennlp(state_dict: MutableMapping[str, Tensor], prefix: str = "") -> 
             mixes.setdefault(int(mix[1]), {})[int(mix[2])] = state_dict.pop(key)
         elif rest.startswith("scalar_mix_") and rest.endswith(".gamma"):
             state_dict[key] = state_dict[key].reshape(())  # AllenNLP: shape [1]
-        elif rest == "_elmo_lstm._word_embedding.weight":
+        elif word is not None and rest == word:
             state_dict[prefix + "_word_embedding.weight"] = state_dict.pop(key)
-        elif rest.startswith(ENC):
-            state_dict[ours + "token_encoder." + _encoder_name(rest[len(ENC) :])] = _encoder_value(
-                rest[len(ENC) :], state_dict.pop(key)
-            )
-        elif rest.startswith(LSTM):
-            cell = _CELL.match(rest[len(LSTM) :])
+        elif (
+            enc is not None
+            and rest.startswith(enc)
+            and (name := _encoder_name(rest[len(enc) :])) is not None
+        ):
+            value = _encoder_value(rest[len(enc) :], state_dict.pop(key))
+            state_dict[ours + "token_encoder." + name] = value
+        elif lstm is not None and rest.startswith(lstm):
+            cell = _CELL.match(rest[len(lstm) :])
             if cell is None:
-                continue  # unknown: strict loading names it
+                continue  # ours, or unknown: strict loading names it
             d, k, lin, kind = cell.groups()
             value = state_dict.pop(key)
             name = {"input_linearity": "w_ih", "state_projection": "w_proj"}.get(lin, "w_hh")
@@ -95,15 +122,17 @@ def from_allennlp(state_dict: MutableMapping[str, Tensor], prefix: str = "") -> 
         )
 
 
-def _encoder_name(rest: str) -> str:
+def _encoder_name(rest: str) -> str | None:
+    """AllenNLP's character encoder's name -> ours; None for any other."""
     if rest == "_char_embedding_weights":
         return "char_embed.weight"
-    if rest.startswith("char_conv_"):
-        i, kind = rest[len("char_conv_") :].split(".")
-        return f"convs.{i}.{kind}"
-    if rest.startswith("_highways._layers."):
-        return "highways." + rest[len("_highways._layers.") :]
-    return rest.removeprefix("_")  # _projection.weight -> projection.weight
+    if m := re.fullmatch(r"char_conv_(\d+)\.(weight|bias)", rest):
+        return f"convs.{m[1]}.{m[2]}"
+    if m := re.fullmatch(r"_highways\._layers\.(\d+)\.(weight|bias)", rest):
+        return f"highways.{m[1]}.{m[2]}"
+    if m := re.fullmatch(r"_projection\.(weight|bias)", rest):
+        return f"projection.{m[1]}"
+    return None
 
 
 def _encoder_value(rest: str, value: Tensor) -> Tensor:
@@ -129,8 +158,13 @@ class CarriedState:
 def allennlp_keys(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
     """``load_state_dict`` pre-hook: AllenNLP's ``Elmo`` keys under ``prefix`` -> ours
     (above); keys in our names pass unchanged."""
-    if module._module is None and is_allennlp(state_dict, prefix):
-        from_allennlp(state_dict, prefix)
+    layout = module._allennlp_layout if module._module is None else MIXES_ONLY
+    for key in [k for k in state_dict if k.startswith(prefix + "_module.")]:
+        # Elmo(module=...) once held the module twice (also as _module): one copy is enough
+        value = state_dict.pop(key)
+        state_dict.setdefault(prefix + "_elmo_lstm." + key[len(prefix + "_module.") :], value)
+    if is_allennlp(state_dict, prefix, layout):
+        from_allennlp(state_dict, prefix, layout)
 
 
 def to_allennlp(state_dict: MutableMapping[str, Tensor]) -> dict[str, Tensor]:

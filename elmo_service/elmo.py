@@ -41,7 +41,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from elmo_service.allennlp_names import CarriedState, allennlp_keys
+from elmo_service.allennlp_names import (
+    BILM_LAYOUT,
+    ELMO_LAYOUT,
+    ENCODER_LAYOUT,
+    CarriedState,
+    allennlp_keys,
+)
 from elmo_service.bilm.char_ids import bos_ids, eos_ids, token_ids
 from elmo_service.bilm.layer_cache import LayerCache, WeightsWatch, sentence_key, weights_id
 from elmo_service.bilm.model import N_CHAR_IDS, BiLM, BiLMState, carried_keep, carried_rows
@@ -235,6 +241,8 @@ class Elmo(nn.Module):
         them back instead of running the biLM. Not bounded: delete it freely.
     """
 
+    _allennlp_layout = ELMO_LAYOUT  # where AllenNLP's checkpoints keep the parts
+
     def __init__(
         self,
         options_file: str | Path | None,
@@ -273,7 +281,8 @@ class Elmo(nn.Module):
                 f"bilm_dropout must be in [0, 1), got {bilm_dropout}", field="bilm_dropout"
             )
         self.tokenizer = tokenizer
-        self._module = module
+        # not a second submodule: the module's weights are _elmo_lstm's, as in AllenNLP
+        self.__dict__["_module"] = module
         if module is None:
             if bilm is None:
                 from elmo_service.convert import load_bilm  # h5py: only for hdf5 files
@@ -293,8 +302,8 @@ class Elmo(nn.Module):
         if module is None:
             # AllenNLP's path to the carried state: elmo._elmo_lstm._elmo_lstm.reset_states()
             bilm.__dict__["_elmo_lstm"] = CarriedState(self)
-            # a checkpoint written with AllenNLP's Elmo loads under its own names
-            self.register_load_state_dict_pre_hook(allennlp_keys)
+        # a checkpoint written with AllenNLP's Elmo loads under its own names
+        self.register_load_state_dict_pre_hook(allennlp_keys)
         self.stateful = stateful
         self._states: tuple[Tensor, Tensor] | None = None
         self._keep_sentence_boundaries = keep_sentence_boundaries
@@ -582,10 +591,12 @@ class Elmo(nn.Module):
 # ---------------------------------------------------------------------- AllenNLP's inner modules
 # ``_ElmoBiLm(options, weights)(char_ids) -> {"activations": [L+1 x [B, T+2, 2P]], "mask"}`` and
 # ``_ElmoCharacterEncoder(options, weights)(char_ids) -> {"token_embedding", "mask"}``, as
-# AllenNLP 2.10 names and calls them: Elmo without its mixes (the same biLM code), so frozen
-# by default and stateless unless ``stateful=True`` (AllenNLP's ``_ElmoBiLm`` always carries).
+# AllenNLP 2.10 names and calls them: the same biLM code as Elmo's (the bilm is Elmo without
+# its mixes), frozen by default and stateless unless ``stateful=True`` (AllenNLP's carries).
 class _ElmoBiLm(Elmo):
     """AllenNLP's ``_ElmoBiLm``: character ids -> every biLM layer, with the boundaries."""
+
+    _allennlp_layout = BILM_LAYOUT
 
     def __init__(
         self,
@@ -620,26 +631,39 @@ class _ElmoBiLm(Elmo):
         return {"activations": list(layers.unbind(0)), "mask": mask}
 
 
-class _ElmoCharacterEncoder(Elmo):
-    """AllenNLP's ``_ElmoCharacterEncoder``: character ids -> context-free token vectors."""
+class _ElmoCharacterEncoder(nn.Module):
+    """AllenNLP's ``_ElmoCharacterEncoder``: character ids -> context-free token vectors
+    (the biLM's character CNN alone; its weights under ``token_encoder.``)."""
+
+    _allennlp_layout = ENCODER_LAYOUT
+    _module = None  # for the checkpoint pre-hook, as on Elmo
 
     def __init__(
         self, options_file: str | Path, weight_file: str | Path, requires_grad: bool = False
     ) -> None:
-        super().__init__(options_file, weight_file, 1, requires_grad=requires_grad, dropout=0.0)
-        del self.scalar_mix_0
-        self._scalar_mixes = []
+        super().__init__()
+        from elmo_service.convert import load_bilm  # h5py: only for hdf5 files
+
+        bilm, _ = load_bilm(options_file, weight_file)
+        if bilm.token_encoder.lexicon:
+            raise ConfigError(
+                "an ELMoForManyLangs model reads its own character lexicon, not "
+                "batch_to_ids' bytes",
+                field="weight_file",
+            )
+        self.token_encoder = bilm.token_encoder.requires_grad_(requires_grad)
+        self.register_load_state_dict_pre_hook(allennlp_keys)
 
     def get_output_dim(self) -> int:
-        return self._elmo_lstm.cfg.projection_dim
+        return self.token_encoder.cfg.projection_dim
 
     def forward(self, inputs: Tensor) -> dict:
-        w = self._elmo_lstm.cfg.max_chars_per_token
+        w = self.token_encoder.cfg.max_chars_per_token
         ids = _check_char_ids(inputs, w)
         mask = (ids > 0).any(-1)
         bos, eos = (torch.from_numpy(f(w)).to(ids.device) for f in (bos_ids, eos_ids))
         full, lengths = _boundaries(ids, mask, bos, eos)
         b, t = full.shape[:2]
-        vectors = self._elmo_lstm.token_encoder(full.reshape(b * t, w)).reshape(b, t, -1)
+        vectors = self.token_encoder(full.reshape(b * t, w)).reshape(b, t, -1)
         mask = torch.arange(t, device=ids.device) < lengths.unsqueeze(1)
         return {"token_embedding": vectors, "mask": mask}

@@ -345,3 +345,37 @@ def test_character_encoder_boundaries_are_the_marker_tokens(bilm_files):
         for position, token in ((0, "<S>"), (2, "</S>")):
             vectors = enc(batch_to_ids([[token]]))["token_embedding"]
             assert torch.allclose(vectors[0, position], vectors[0, 1], atol=1e-6)
+
+
+@pytest.mark.slow
+def test_the_inner_modules_load_allennlps_checkpoints_too(allennlp, bilm_files):
+    from elmo_service.elmo import _ElmoBiLm, _ElmoCharacterEncoder
+
+    options, weights = map(str, bilm_files)
+    ids = batch_to_ids(SENTENCES)
+    theirs = _moved(allennlp._ElmoCharacterEncoder(options, weights), seed=5)
+    assert "_char_embedding_weights" in theirs.state_dict()
+    enc = _ElmoCharacterEncoder(options, weights)
+    enc.load_state_dict(theirs.state_dict(), strict=True)
+    with torch.no_grad():
+        _close([theirs(ids)["token_embedding"]], [enc(ids)["token_embedding"]])
+
+    # AllenNLP's Elmo over its _ElmoBiLm module: ours over ours, the same checkpoint
+    bilm = _moved(allennlp._ElmoBiLm(options, weights), seed=6)
+    outer = allennlp.Elmo(None, None, 1, dropout=0.0, module=bilm)
+    assert "_elmo_lstm._token_embedder.char_conv_0.weight" in outer.state_dict()
+    mine = Elmo(None, None, 1, dropout=0.0, module=_ElmoBiLm(options, weights))
+    mine.load_state_dict(outer.state_dict(), strict=True)
+    _close(_reps(outer, ids), _reps(mine, ids))
+    assert not any(k.startswith("_module.") for k in mine.state_dict())  # one copy, as there
+    # earlier versions also wrote the module's weights under _module.: those still load
+    old = dict(mine.state_dict())
+    old.update({"_module." + k[len("_elmo_lstm.") :]: v for k, v in old.items() if "lstm." in k})
+    again = Elmo(None, None, 1, dropout=0.0, module=_ElmoBiLm(options, weights))
+    again.load_state_dict(old, strict=True)
+    _close(_reps(mine, ids), _reps(again, ids))
+    own = _ElmoBiLm(options, weights)  # and its own earlier state dicts
+    own.load_state_dict(mine._elmo_lstm.state_dict(), strict=True)
+    bilm._elmo_lstm.reset_states()  # AllenNLP's carries the state of the call above
+    with torch.no_grad():
+        _close(bilm(ids)["activations"], own(ids)["activations"])
