@@ -14,20 +14,11 @@ from torch import nn
 
 from elmo_service import Elmo, batch_to_ids
 from elmo_service.allennlp_names import to_allennlp
+from tests.support.allennlp_shim import allennlp_fixture  # noqa: F401 (allennlp)
 from tests.support.bilm_fixtures import write_bilm
 
 SENTENCES = [["The", "bank", "of", "the", "river", "."], ["naïve", "café"], ["a"]]
 TOL = 1e-5
-
-
-@pytest.fixture(scope="module")
-def allennlp():
-    from tests.support.allennlp_shim import import_allennlp_elmo
-
-    try:
-        return import_allennlp_elmo()
-    except ImportError as e:  # pragma: no cover - the message is the point
-        pytest.fail(f"AllenNLP is not importable ({e}); run tests/install_parity_deps.sh")
 
 
 @pytest.fixture(scope="module")
@@ -182,6 +173,12 @@ def _cache_vocab(batch: list[list[str]]) -> list[str]:
     return ["@@PADDING@@", "@@UNKNOWN@@", *dict.fromkeys(w for s in batch for w in s)]
 
 
+def _cached_words() -> tuple[list[str], torch.Tensor, torch.Tensor]:
+    """WORDS' cached vocabulary, character ids and word ids."""
+    vocab = _cache_vocab(WORDS)
+    return vocab, batch_to_ids(WORDS), _word_ids(WORDS, vocab[2:])
+
+
 @pytest.mark.slow
 def test_bilm_layers_equal_allennlps_batch_after_batch(allennlp, bilm_files):
     """Its test_elmo_bilm: three batches of three, the state carried from one to the next."""
@@ -224,13 +221,11 @@ def test_the_cnn_cache_backs_off_for_words_it_does_not_hold(bilm_files):
 def test_cached_cnn_vectors_give_the_cnns_layers(bilm_files):
     from elmo_service.elmo import _ElmoBiLm
 
-    options, weights = bilm_files
-    vocab = _cache_vocab(WORDS)
-    ids, words = batch_to_ids(WORDS), _word_ids(WORDS, vocab[2:])
+    vocab, ids, words = _cached_words()
     with torch.no_grad():
         # no cache: the word ids are ignored (its test passes the char ids there)
-        plain = _ElmoBiLm(options, weights).eval()(ids, ids)
-        cached = _ElmoBiLm(options, weights, vocab_to_cache=vocab).eval()(ids, words)
+        plain = _ElmoBiLm(*bilm_files).eval()(ids, ids)
+        cached = _ElmoBiLm(*bilm_files, vocab_to_cache=vocab).eval()(ids, words)
     assert torch.equal(plain["mask"], cached["mask"])
     for x, y in zip(plain["activations"], cached["activations"], strict=True):
         assert (x - y).abs().max() <= 1e-6 * max(1.0, float(x.abs().max()))
@@ -290,8 +285,7 @@ def test_elmo_over_a_bilm_module(bilm_files):
 @pytest.mark.slow
 def test_higher_dimensional_input_with_the_cnn_cache(bilm_files):
     options, weights = bilm_files
-    vocab = _cache_vocab(WORDS)
-    ids, words = batch_to_ids(WORDS), _word_ids(WORDS, vocab[2:])
+    vocab, ids, words = _cached_words()
     with torch.no_grad():
         one = Elmo(options, weights, 1, vocab_to_cache=vocab).eval()(ids, words)
         four = Elmo(options, weights, 1, vocab_to_cache=vocab).eval()(
