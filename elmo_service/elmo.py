@@ -26,11 +26,14 @@ AllenNLP itself by ``tests/elmo_service/test_elmo_module.py``), with these choic
   write to the biLM's weights (``bilm.layer_cache.WeightsWatch``, checked each forward);
   ``cache_bytes`` keeps a frozen biLM's layers per sentence; neither is pickled.
   Under ``torch.compile`` the biLM runs eager; ``.double()`` runs it in float64.
+* **AllenNLP's checkpoints**: ``load_state_dict`` also takes AllenNLP's ``Elmo`` names
+  (``elmo_service/allennlp_names.py``), alone or inside a whole model's checkpoint;
+  :meth:`Elmo.allennlp_state_dict` writes them. ``_ElmoBiLm`` and ``_ElmoCharacterEncoder``
+  (at the end of this file) are AllenNLP's inner modules under their names.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -38,6 +41,14 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from elmo_service.allennlp_names import (
+    BILM_LAYOUT,
+    ELMO_LAYOUT,
+    ENCODER_LAYOUT,
+    MIXES_ONLY,
+    ResetHandle,
+    allennlp_keys,
+)
 from elmo_service.bilm.char_ids import bos_ids, eos_ids, token_ids
 from elmo_service.bilm.layer_cache import LayerCache, WeightsWatch, sentence_key, weights_id
 from elmo_service.bilm.model import N_CHAR_IDS, BiLM
@@ -184,67 +195,6 @@ def _new_cache(
     return LayerCache(cache_bytes, cache_dir)
 
 
-# AllenNLP's parameter names under an ``Elmo`` (its ``_ElmoBiLm``: ``_token_embedder``, the
-# character encoder; ``_elmo_lstm``, the ``ElmoLstm``), read by ``Elmo.load_state_dict``
-_ALLENNLP_TOKEN = "_elmo_lstm._token_embedder."
-_ALLENNLP_LSTM = re.compile(
-    r"_elmo_lstm\._elmo_lstm\.(forward|backward)_layer_(\d+)\."
-    r"(input_linearity\.weight|state_linearity\.weight|state_linearity\.bias|state_projection\.weight)$"
-)
-_ALLENNLP_LSTM_OURS = {
-    "input_linearity.weight": "w_ih.weight",
-    "state_linearity.bias": "w_ih.bias",
-    "state_linearity.weight": "w_hh.weight",
-    "state_projection.weight": "w_proj.weight",
-}
-
-
-def from_allennlp_names(sd: dict, prefix: str, n_filters: int) -> None:
-    """A state dict written by AllenNLP's ``Elmo`` (at ``prefix`` of a bigger model) renamed,
-    in place, to this ``Elmo``'s names and layouts: the gate order of the LSTMs, the highway
-    gate's sign (AllenNLP's gate carries the input, ours the transform), the scalar mixes'
-    one parameter per layer stacked into one vector. Our own names are left as they are."""
-    from elmo_service.convert_efml import gates_from_allennlp
-
-    for key in [k for k in sd if k.startswith(prefix)]:
-        if key not in sd:  # a mix's later parameter, stacked with its first
-            continue
-        rest, ours = key[len(prefix) :], None
-        value = sd[key]
-        if rest.startswith(_ALLENNLP_TOKEN):
-            name = rest[len(_ALLENNLP_TOKEN) :]
-            enc = "_elmo_lstm.token_encoder."
-            if name == "_char_embedding_weights":
-                # its zero row + the file's rows (262 in some re-exports): ids stop at 261
-                ours, value = enc + "char_embed.weight", value[:N_CHAR_IDS]
-            elif m := re.fullmatch(r"char_conv_(\d+)\.(weight|bias)", name):
-                ours = f"{enc}convs.{m[1]}.{m[2]}"
-            elif m := re.fullmatch(r"_highways\._layers\.(\d+)\.(weight|bias)", name):
-                ours = f"{enc}highways.{m[1]}.{m[2]}"
-                value = value.clone()
-                value[n_filters:] = -value[n_filters:]
-            elif m := re.fullmatch(r"_projection\.(weight|bias)", name):
-                ours = f"{enc}projection.{m[1]}"
-        elif m := _ALLENNLP_LSTM.match(rest):
-            part = _ALLENNLP_LSTM_OURS[m[3]]
-            ours = f"_elmo_lstm.{m[1]}_layers.{m[2]}.{part}"
-            if part != "w_proj.weight":
-                value = gates_from_allennlp(value)
-        elif m := re.fullmatch(r"(scalar_mix_\d+)\.gamma", rest):
-            if value.dim() == 1:  # AllenNLP's is [1], ours a scalar
-                ours, value = rest, value.reshape(())
-        elif m := re.fullmatch(r"(scalar_mix_\d+)\.scalar_parameters\.0", rest):
-            mix = m[1]
-            parts = []
-            while (k := f"{prefix}{mix}.scalar_parameters.{len(parts)}") in sd:
-                parts.append(sd.pop(k).reshape(()))
-            ours, value, key = f"{mix}.scalars", torch.stack(parts), None
-        if ours is not None:
-            if key is not None:
-                del sd[key]
-            sd[prefix + ours] = value
-
-
 class Elmo(nn.Module):
     """ELMo representations from a pretrained biLM: AllenNLP's ``Elmo``.
 
@@ -293,6 +243,8 @@ class Elmo(nn.Module):
         them back instead of running the biLM. Not bounded: delete it freely.
     """
 
+    _allennlp_layout = ELMO_LAYOUT  # where AllenNLP's checkpoints keep the parts
+
     def __init__(
         self,
         options_file: str | Path | None,
@@ -331,7 +283,8 @@ class Elmo(nn.Module):
                 f"bilm_dropout must be in [0, 1), got {bilm_dropout}", field="bilm_dropout"
             )
         self.tokenizer = tokenizer
-        self._module = module
+        # not a second submodule: the module's weights are _elmo_lstm's, as in AllenNLP
+        self.__dict__["_module"] = module
         if module is None:
             if bilm is None:
                 from elmo_service.convert import load_bilm  # h5py: only for hdf5 files
@@ -348,6 +301,11 @@ class Elmo(nn.Module):
             if not requires_grad:
                 bilm.requires_grad_(False)
         self._elmo_lstm = module if module is not None else bilm
+        if module is None:
+            # AllenNLP's path to the carried state: elmo._elmo_lstm._elmo_lstm.reset_states()
+            bilm.__dict__["_elmo_lstm"] = ResetHandle(self)
+        # a checkpoint written with AllenNLP's Elmo loads under its own names
+        self.register_load_state_dict_pre_hook(self._allennlp_keys)
         self.stateful = stateful
         self._carried = CarriedState()  # stateful=True: each row's LSTM state
         self._keep_sentence_boundaries = keep_sentence_boundaries
@@ -366,8 +324,6 @@ class Elmo(nn.Module):
         self._watch = WeightsWatch()
         self._layer_cache = _new_cache(cache_bytes, requires_grad, stateful, module, cache_dir)
         self._word_embedding: nn.Embedding | None = None
-        if module is None:  # a checkpoint of AllenNLP's Elmo loads as it is (its names)
-            self.register_load_state_dict_pre_hook(self._allennlp_checkpoint)
         if vocab_to_cache:
             if module is not None:
                 raise ConfigError(
@@ -398,16 +354,23 @@ class Elmo(nn.Module):
         )
 
     # ------------------------------------------------------------------ AllenNLP's API
-    def _allennlp_checkpoint(self, module, state_dict, prefix, *args) -> None:
-        """``load_state_dict`` of a state dict AllenNLP's ``Elmo`` wrote (or a model that
-        held one, after the import swap): its names read as ours (:func:`from_allennlp_names`)."""
-        if any(k.startswith(prefix + "_elmo_lstm._") for k in state_dict):
-            from_allennlp_names(state_dict, prefix, self._elmo_lstm.cfg.n_filters)
-
     def get_output_dim(self) -> int:
         if self._module is not None:
             return self._module.get_output_dim()
         return self._elmo_lstm.cfg.output_dim
+
+    def allennlp_state_dict(self) -> dict[str, Tensor]:
+        """This module's weights under ``allennlp.modules.elmo.Elmo``'s names (its
+        ``load_state_dict`` takes them, strict); for a model that holds this module, use
+        ``elmo_service.allennlp_names.to_allennlp(model.state_dict())``."""
+        from elmo_service.allennlp_names import to_allennlp
+
+        return to_allennlp(self.state_dict())
+
+    def _allennlp_keys(self, module, state_dict: dict, prefix: str, *args) -> None:
+        """The pre-hook: AllenNLP's names read as ours (a module of the caller's: the mixes)."""
+        layout = self._allennlp_layout if self._module is None else MIXES_ONLY
+        allennlp_keys(state_dict, prefix, layout)
 
     def reset_states(self, mask: Tensor | None = None) -> None:
         """Zero the carried state (``stateful=True``): all rows, or those where ``mask [B]``."""
@@ -603,3 +566,86 @@ class Elmo(nn.Module):
         self._word_embedding = nn.Embedding.from_pretrained(
             table[2:].clone(), freeze=not requires_grad, padding_idx=0
         )
+
+
+# ---------------------------------------------------------------------- AllenNLP's inner modules
+# ``_ElmoBiLm(options, weights)(char_ids) -> {"activations": [L+1 x [B, T+2, 2P]], "mask"}`` and
+# ``_ElmoCharacterEncoder(options, weights)(char_ids) -> {"token_embedding", "mask"}``, as
+# AllenNLP 2.10 names and calls them: the same biLM code as Elmo's (the bilm is Elmo without
+# its mixes), frozen by default and stateless unless ``stateful=True`` (AllenNLP's carries).
+class _ElmoBiLm(Elmo):
+    """AllenNLP's ``_ElmoBiLm``: character ids -> every biLM layer, with the boundaries."""
+
+    _allennlp_layout = BILM_LAYOUT
+
+    def __init__(
+        self,
+        options_file: str | Path,
+        weight_file: str | Path,
+        requires_grad: bool = False,
+        vocab_to_cache: list[str] | None = None,
+        *,
+        stateful: bool = False,
+    ) -> None:
+        super().__init__(
+            options_file,
+            weight_file,
+            1,
+            requires_grad=requires_grad,
+            dropout=0.0,
+            vocab_to_cache=vocab_to_cache,
+            stateful=stateful,
+        )
+        del self.scalar_mix_0  # the layers themselves are the output
+        self._scalar_mixes = []
+        self.num_layers = self._elmo_lstm.n_output_layers
+
+    def get_output_dim(self) -> int:
+        return 2 * self._elmo_lstm.cfg.projection_dim
+
+    def forward(self, inputs: Tensor, word_inputs: Tensor | None = None) -> dict:
+        ids = _check_char_ids(inputs, self._elmo_lstm.cfg.max_chars_per_token)
+        words = word_inputs if self._word_embedding is not None else None
+        layers, lengths = self._bilm_layers(ids, words)
+        mask = torch.arange(layers.shape[2], device=ids.device) < lengths.unsqueeze(1)
+        return {"activations": list(layers.unbind(0)), "mask": mask}
+
+
+class _ElmoCharacterEncoder(nn.Module):
+    """AllenNLP's ``_ElmoCharacterEncoder``: character ids -> context-free token vectors
+    (the biLM's character CNN alone; its weights under ``token_encoder.``)."""
+
+    _allennlp_layout = ENCODER_LAYOUT
+    _module = None  # for the checkpoint pre-hook, as on Elmo
+
+    def __init__(
+        self, options_file: str | Path, weight_file: str | Path, requires_grad: bool = False
+    ) -> None:
+        super().__init__()
+        from elmo_service.convert import load_bilm  # h5py: only for hdf5 files
+
+        bilm, _ = load_bilm(options_file, weight_file)
+        if bilm.token_encoder.lexicon:
+            raise ConfigError(
+                "an ELMoForManyLangs model reads its own character lexicon, not "
+                "batch_to_ids' bytes",
+                field="weight_file",
+            )
+        self.token_encoder = bilm.token_encoder.requires_grad_(requires_grad)
+        self.register_load_state_dict_pre_hook(
+            lambda module, sd, prefix, *args: allennlp_keys(sd, prefix, ENCODER_LAYOUT)
+        )
+
+    def get_output_dim(self) -> int:
+        return self.token_encoder.cfg.projection_dim
+
+    def forward(self, inputs: Tensor) -> dict:
+        w = self.token_encoder.cfg.max_chars_per_token
+        ids = _check_char_ids(inputs, w)
+        mask = (ids > 0).any(-1)
+        bos, eos = (torch.from_numpy(f(w)).to(ids.device) for f in (bos_ids, eos_ids))
+        full, lengths = _boundaries(ids, mask, bos, eos)
+        b, t = full.shape[:2]
+        vectors = self.token_encoder(full.reshape(b * t, w)).reshape(b, t, -1)
+        mask = torch.arange(t, device=ids.device) < lengths.unsqueeze(1)
+        return {"token_embedding": vectors, "mask": mask}

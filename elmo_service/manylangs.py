@@ -17,10 +17,15 @@ AllenNLP's (rows are the sentences sorted longest first within each batch of
 ``batch_size``, its order; batches in that sorted order, not shuffled), and
 :meth:`reset_states` zeroes it. One call of at most ``batch_size`` sentences after a
 stateful one equals ELMoForManyLangs' second call exactly.
+
+Length: sentences of any length, as ELMoForManyLangs takes them (the model's own
+``max_sentence_tokens``, which bounds the service's requests, is not applied here);
+``max_sentence_tokens=N`` refuses longer sentences with a ``LimitError`` naming them.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -38,12 +43,27 @@ class ManyLangsEmbedder:
     this project reads the words with its own tokenizer)."""
 
     def __init__(
-        self, model: str | Path | Artifact, batch_size: int = 64, *, stateful: bool = False
+        self,
+        model: str | Path | Artifact,
+        batch_size: int = 64,
+        *,
+        stateful: bool = False,
+        max_sentence_tokens: int | None = None,
     ) -> None:
         if batch_size < 1:
             raise InputError("batch_size must be >= 1", field="batch_size")
+        if max_sentence_tokens is not None and (
+            isinstance(max_sentence_tokens, bool)
+            or not isinstance(max_sentence_tokens, int)
+            or max_sentence_tokens < 1
+        ):
+            raise InputError(
+                f"max_sentence_tokens must be an int >= 1 or None, got {max_sentence_tokens!r}",
+                field="max_sentence_tokens",
+            )
         art = model if isinstance(model, Artifact) else load_artifact(model)
-        self.embedder = Embedder(art)
+        # no limit unless the caller sets one: ELMoForManyLangs has none
+        self.embedder = Embedder(art, max_sentence_tokens=max_sentence_tokens or sys.maxsize)
         self.batch_size = batch_size
         self.stateful = stateful
         self._carried = CarriedState()  # the rows' LSTM state (stateful=True)
