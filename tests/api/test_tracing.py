@@ -3,8 +3,12 @@ model call (the SDK's in-memory exporter), and none of our tracing is imported w
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 from fastapi.testclient import TestClient
@@ -90,14 +94,18 @@ print("clean")
 """
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-        env={**__import__("os").environ, "ELMO_ENV_FILE": "", "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "ELMO_ENV_FILE": "", "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     assert out.returncode == 0 and "clean" in out.stdout, out.stderr[-2000:]
 
 
-def _serve(tiny_model_dir, log_path, **env_extra):
-    import os
+@contextlib.contextmanager
+def _serving(tiny_model_dir, tmp_path, **env_extra):
+    """A real `elmo-service serve` process, ready; -> (its URL, a dict that gets its output
+    as "out" once it has stopped)."""
     import socket
+
+    from tests.support.procs import terminate
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -105,18 +113,22 @@ def _serve(tiny_model_dir, log_path, **env_extra):
     env = {**os.environ, "ELMO_ENV_FILE": "", "OMP_NUM_THREADS": "1", **env_extra}
     for k in [k for k in env if k.startswith("OTEL_") and k not in env_extra]:
         del env[k]  # the caller's own OTEL_* would change what is asserted
-    log = open(log_path, "w")  # noqa: SIM115 - closed by the caller with the process
-    p = subprocess.Popen(
-        [sys.executable, "-m", "elmo_cli.main", "serve", "--port", str(port),
-         "--model", str(tiny_model_dir), "--threads", "1"],
-        stdout=log, stderr=subprocess.STDOUT, env=env,
-    )  # fmt: skip
-    return p, log, f"http://127.0.0.1:{port}"
+    path, seen = tmp_path / "out.log", {}
+    with open(path, "w") as log:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "elmo_cli.main", "serve", "--port", str(port),
+             "--model", str(tiny_model_dir), "--threads", "1"],
+            stdout=log, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+        try:
+            _until_ready(p, f"http://127.0.0.1:{port}")
+            yield f"http://127.0.0.1:{port}", seen
+        finally:
+            terminate(p, wait=30)
+    seen["out"] = path.read_text()
 
 
 def _until_ready(p, url):
-    import time
-
     import httpx
 
     deadline = time.monotonic() + 180  # a deadline poll: load and warm-up, however loaded
@@ -131,25 +143,20 @@ def _until_ready(p, url):
     raise AssertionError("not ready in 180 s")
 
 
+def _start_line(out: str) -> str:
+    lines = [line for line in out.splitlines() if "tracing on" in line]
+    assert len(lines) == 1, out[-3000:]  # one line, however many apps the process built
+    return lines[0]
+
+
 @pytest.mark.slow
 def test_console_exporter_prints_the_spans_of_an_embed_request(tiny_model_dir, tmp_path):
     """The documented look at a trace: ELMO_OTEL=true OTEL_TRACES_EXPORTER=console, a real
     server process; an /v1/embed request's spans come out on stdout, in one trace."""
-    import json
-
     import httpx
 
-    from tests.support.procs import terminate
-
-    p, log, url = _serve(
-        tiny_model_dir,
-        tmp_path / "out.log",
-        ELMO_OTEL="true",
-        OTEL_TRACES_EXPORTER="console",
-        OTEL_SERVICE_NAME="elmo-test",
-    )
-    try:
-        _until_ready(p, url)
+    env = {"ELMO_OTEL": "true", "OTEL_TRACES_EXPORTER": "console", "OTEL_SERVICE_NAME": "elmo-test"}
+    with _serving(tiny_model_dir, tmp_path, **env) as (url, seen):
         r = httpx.post(
             url + "/v1/embed",
             json={"sentences": ["the river bank ."]},
@@ -157,12 +164,8 @@ def test_console_exporter_prints_the_spans_of_an_embed_request(tiny_model_dir, t
             timeout=60,
         )
         assert r.status_code == 200, r.text
-    finally:
-        terminate(p, wait=30)
-        log.close()
-    out = (tmp_path / "out.log").read_text()
-    start = [line for line in out.splitlines() if "tracing on" in line]
-    assert len(start) == 1 and "console" in start[0], out[-3000:]
+    out = seen["out"]
+    assert "spans go to the console" in _start_line(out)
     # ConsoleSpanExporter: one indented JSON object per span, each starting at "{" alone
     spans, buf = [], None
     for line in out.splitlines():
@@ -181,20 +184,13 @@ def test_console_exporter_prints_the_spans_of_an_embed_request(tiny_model_dir, t
 
 @pytest.mark.slow
 def test_exporter_none_says_spans_go_nowhere(tiny_model_dir, tmp_path):
-    from tests.support.procs import terminate
-
-    p, log, url = _serve(
-        tiny_model_dir, tmp_path / "out.log", ELMO_OTEL="true", OTEL_TRACES_EXPORTER="none"
-    )
-    try:
-        _until_ready(p, url)
-    finally:
-        terminate(p, wait=30)
-        log.close()
-    out = (tmp_path / "out.log").read_text()
-    start = [line for line in out.splitlines() if "tracing on" in line]
-    assert len(start) == 1 and "nowhere" in start[0], out[-3000:]
-    assert "4318" not in out  # no OTLP exporter retrying a collector nobody runs
+    with _serving(tiny_model_dir, tmp_path, ELMO_OTEL="true", OTEL_TRACES_EXPORTER="none") as (
+        _,
+        seen,
+    ):
+        pass
+    assert "nowhere" in _start_line(seen["out"])
+    assert "4318" not in seen["out"]  # no OTLP exporter retrying a collector nobody runs
 
 
 def test_an_unknown_exporter_is_a_config_error_naming_the_variable(monkeypatch):
