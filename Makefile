@@ -138,8 +138,14 @@ compose-cmd: $(filter $(BIN)/docker-compose,$(COMPOSE))
 stack: docker-engine $(filter $(BIN)/docker-compose,$(COMPOSE))
 	DOCKER_BUILDKIT=$(DOCKER_BUILDKIT) $(COMPOSE) up -d --build --wait --wait-timeout 600
 	$(COMPOSE) ps
-	@# the address compose really published (API_BIND/API_PORT from the shell or .env)
-	@echo "API on http://$$($(COMPOSE) port lb 8000) through the balancer (make stack-down stops it; volumes are kept)"
+	@# the address compose really published (API_BIND/API_PORT from the shell, else .env, as
+	@# compose reads them), not a default
+	@addr=$$($(COMPOSE) port lb 8000 2>/dev/null | tail -n 1); \
+	if [ -z "$$addr" ]; then \
+	  bind=$${API_BIND:-$$(sed -n 's/^API_BIND=//p' .env 2>/dev/null | tail -n 1)}; \
+	  port=$${API_PORT:-$$(sed -n 's/^API_PORT=//p' .env 2>/dev/null | tail -n 1)}; \
+	  addr="$${bind:-127.0.0.1}:$${port:-8000}"; fi; \
+	echo "API on http://$$addr through the balancer (make stack-down stops it; volumes are kept)"
 
 stack-down: docker-engine $(filter $(BIN)/docker-compose,$(COMPOSE))
 	$(COMPOSE) down

@@ -13,11 +13,8 @@ naming it), then warms the model up before ``/readyz`` turns 200.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import signal
-import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -110,10 +107,6 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         log.error("%s", e.message)
         raise
     app.state.settings = settings
-    if settings.otel:
-        from elmo_api import tracing
-
-        tracing.announce()
     app.state.documents = DocumentStreams.from_settings(settings)
     app.state.documents.start()
     metrics: Metrics = app.state.metrics
@@ -124,10 +117,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     artifact, app.state.preloaded_artifact = app.state.preloaded_artifact, None
     store = fleet_store(settings)  # with Redis: the model the fleet serves comes first
     try:
-        with _exit_on_sigterm("loading the model"):
-            served, fleet_note = await on_load_thread(
-                load_startup_model, settings, store, backend, io, metrics, artifact
-            )
+        served, fleet_note = await on_load_thread(
+            load_startup_model, settings, store, backend, io, metrics, artifact
+        )
     except ElmoServiceError as e:
         log.error("cannot load the model: %s", e.message)
         if store is not None:
@@ -146,8 +138,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             "warming up %s (one embed of every kernel path; ELMO_WARMUP=false skips it)",
             served.name,
         )
-        with _exit_on_sigterm("warming up"):
-            await served.warm_up()
+        await served.warm_up()
     else:
         served.warmed = True
     await holder.swap(served, warm=False)
@@ -247,27 +238,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
         tracing.enable(app)
     return app
-
-
-@contextlib.contextmanager
-def _exit_on_sigterm(what: str):
-    """While the replica is ``what`` (not ready, nothing in flight), SIGTERM ends it at once:
-    uvicorn would only look at the signal once the lifespan's start is over (a warm-up of
-    seconds to minutes). Outside the main thread (an embedded server) it does nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum, frame) -> None:
-        log.info("SIGTERM while %s: stopping now (nothing was served yet)", what)
-        logging.shutdown()
-        os._exit(0)
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _env_flag(name: str) -> bool:

@@ -11,11 +11,14 @@ batch's attributes say what else rode with it.
 When off (the default) nothing of OpenTelemetry is imported: :func:`capture`
 answers None and :func:`model_call` a no-op, each after one global read.
 
-Exporting is the process's tracer provider's business: when none is set up (e.g. by
-``opentelemetry-instrument``), :func:`enable` sets one up from OpenTelemetry's standard
-variables -- ``OTEL_TRACES_EXPORTER`` (``otlp``, the default; ``console``; ``none``),
-``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``_PROTOCOL``, ``OTEL_SERVICE_NAME``,
-``OTEL_TRACES_SAMPLER`` -- and logs one line saying where spans go.
+Where spans go follows OpenTelemetry's standard variables: unless the process
+already has a tracer provider (``opentelemetry-instrument``, a test's), :func:`enable`
+sets up an SDK one from ``OTEL_TRACES_EXPORTER`` (``otlp``, the default; ``console``:
+each span printed as JSON on stdout; ``none``), ``OTEL_EXPORTER_OTLP_ENDPOINT`` and
+``OTEL_EXPORTER_OTLP_PROTOCOL`` (``http/protobuf``; ``grpc`` with its exporter
+installed), ``OTEL_SERVICE_NAME`` (default ``elmo-service``), ``OTEL_RESOURCE_ATTRIBUTES``
+and ``OTEL_TRACES_SAMPLER``/``_ARG``. One start line says tracing is on and where
+spans go.
 """
 
 from __future__ import annotations
@@ -96,78 +99,89 @@ def model_call(items: Sequence[Any]) -> contextlib.AbstractContextManager[None]:
     return _active.model_call(items)
 
 
-_said = ["tracing on"]  # the start line (logged by the app's start, once logging is set up)
+def _exporters() -> list[str]:
+    """OpenTelemetry's ``OTEL_TRACES_EXPORTER``: a comma-separated list, ``otlp`` unset."""
+    raw = os.environ.get("OTEL_TRACES_EXPORTER", "").strip() or "otlp"
+    return [e.strip().lower() for e in raw.split(",") if e.strip()]
 
 
-def announce() -> None:
-    """One line at the app's start: tracing is on and where its spans go."""
-    if _active is not None:
-        log.info("%s", _said[0])
+def _otlp_exporter() -> tuple[Any, str]:
+    """The OTLP span exporter ``OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL`` asks for, and where it
+    sends (the exporters read the endpoint, headers and timeout variables themselves)."""
+    from elmo_service.errors import ConfigError
+
+    protocol = (
+        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "http/protobuf"
+    ).strip()
+    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    try:
+        if protocol == "http/protobuf":
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            where = endpoint or "http://localhost:4318"
+        elif protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+            where = endpoint or "http://localhost:4317"
+        else:
+            raise ConfigError(
+                f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: use http/protobuf or grpc",
+                field="OTEL_EXPORTER_OTLP_PROTOCOL",
+            )
+    except ImportError as e:
+        pkg = "opentelemetry-exporter-otlp-proto-" + ("grpc" if protocol == "grpc" else "http")
+        raise ConfigError(
+            f"OTEL_TRACES_EXPORTER=otlp over {protocol} needs {pkg} (pip install {pkg})",
+            field="OTEL_TRACES_EXPORTER",
+        ) from e
+    return OTLPSpanExporter(), f"OTLP {protocol} at {where}"
 
 
-def _exporters(names: str) -> list[tuple[Any, str]]:
-    """OpenTelemetry's ``OTEL_TRACES_EXPORTER`` (comma-separated: ``otlp``, the default;
-    ``console``; ``none``) as (span processor, where its spans go)."""
+def _default_provider() -> str:
+    """An SDK provider exporting where OpenTelemetry's standard variables say, unless one is
+    set up already; answers where spans go, for the one start line."""
+    from opentelemetry import trace
+
+    from elmo_service.errors import ConfigError
+
+    names = _exporters()
+    unknown = [n for n in names if n not in ("otlp", "console", "none")]
+    if unknown:
+        raise ConfigError(
+            f"OTEL_TRACES_EXPORTER={','.join(unknown)!r}: use otlp, console or none",
+            field="OTEL_TRACES_EXPORTER",
+        )
+    if type(trace.get_tracer_provider()).__name__ != "ProxyTracerProvider":
+        # the operator's (opentelemetry-instrument, a test's in-memory exporter)
+        return "the tracer provider already set up in this process"
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import (
         BatchSpanProcessor,
         ConsoleSpanExporter,
         SimpleSpanProcessor,
     )
 
-    out = []
-    for name in (n.strip().lower() for n in names.split(",") if n.strip()):
-        if name == "none":
-            continue
-        if name == "console":  # each span printed as it ends (stdout), for a look by hand
-            out.append((SimpleSpanProcessor(ConsoleSpanExporter()), "the console (stdout)"))
-        elif name == "otlp":
-            protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get(
-                "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
-            )
-            if protocol == "grpc":
-                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-            else:
-                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-            exporter = OTLPSpanExporter()
-            where = getattr(exporter, "_endpoint", None) or os.environ.get(
-                "OTEL_EXPORTER_OTLP_ENDPOINT", "the OTLP default endpoint"
-            )
-            out.append((BatchSpanProcessor(exporter), f"OTLP ({protocol}) at {where}"))
-        else:
-            log.warning("OTEL_TRACES_EXPORTER=%s: unknown exporter %r, ignored", names, name)
-    return out
-
-
-def _default_provider() -> None:
-    """An SDK provider exporting where OpenTelemetry's variables say (``OTEL_TRACES_EXPORTER``,
-    ``OTEL_EXPORTER_OTLP_*``, ``OTEL_SERVICE_NAME``, ``OTEL_TRACES_SAMPLER``), when nobody
-    set one up; one log line says where spans go."""
-    from opentelemetry import trace
-
-    if type(trace.get_tracer_provider()).__name__ != "ProxyTracerProvider":
-        if _said[0] == "tracing on":  # not ours (an app made twice keeps the first line)
-            _said[0] = "tracing on: spans go to the tracer provider already set up " + (
-                f"({type(trace.get_tracer_provider()).__name__})"
-            )
-        return  # the operator's (opentelemetry-instrument, a test's in-memory exporter)
-    try:
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-
-        exporters = _exporters(os.environ.get("OTEL_TRACES_EXPORTER", "otlp"))
-    except ImportError as e:
-        log.warning(
-            "tracing on, but spans are made and dropped: %s (pip install 'elmo-service[otel]')",
-            e,
-        )
-        return
-    name = os.environ.get("OTEL_SERVICE_NAME") or "elmo-service"  # the operator's wins
-    provider = TracerProvider(resource=Resource.create({"service.name": name}))
-    for processor, _ in exporters:
-        provider.add_span_processor(processor)
+    # Resource.create reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, the provider
+    # OTEL_TRACES_SAMPLER(_ARG); only the service name's fallback is ours
+    attrs = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "elmo-service"}
+    provider = TracerProvider(resource=Resource.create(attrs))
+    where = []
+    if "none" not in names:
+        if "console" in names:
+            # one JSON object per span on stdout, as each ends (a look, not a pipeline)
+            provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+            where.append("the console (stdout)")
+        if "otlp" in names:
+            exporter, to = _otlp_exporter()
+            provider.add_span_processor(BatchSpanProcessor(exporter))
+            where.append(to)
     trace.set_tracer_provider(provider)
-    where = "; ".join(w for _, w in exporters) or "nowhere (OTEL_TRACES_EXPORTER=none)"
-    _said[0] = f"tracing on: service {name!r}, spans go to {where}"
+    return " and ".join(where) or "nowhere (OTEL_TRACES_EXPORTER=none: spans are made and dropped)"
 
 
 def enable(app: Any) -> None:
@@ -182,8 +196,10 @@ def enable(app: Any) -> None:
             "ELMO_OTEL=true needs the otel extra: pip install 'elmo-service[otel]'",
             field="ELMO_OTEL",
         ) from e
-    _default_provider()
+    where = _default_provider()
     FastAPIInstrumentor.instrument_app(app, excluded_urls="healthz,readyz,metrics")
+    if _active is None:  # once a process (importing elmo_api.main builds an app too)
+        log.info("tracing on (ELMO_OTEL=true): spans go to %s", where)
     _active = _Tracing()
 
 
