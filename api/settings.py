@@ -40,8 +40,11 @@ from elmo_api.lanes import (
     DEFAULT_BATCH_SLICE_TOKENS,
     DEFAULT_TOPUP_TOKENS,
 )
-from elmo_service.bilm.config import DEFAULT_TOKEN_CACHE_SIZE
-from elmo_service.bilm.runner import DEFAULT_BATCH_TOKENS, DEFAULT_MAX_BATCH_SENTENCES
+from elmo_service.bilm.config import (
+    DEFAULT_BATCH_TOKENS,
+    DEFAULT_MAX_BATCH_SENTENCES,
+    DEFAULT_TOKEN_CACHE_SIZE,
+)
 from elmo_service.errors import ConfigError
 
 log = logging.getLogger("elmo_api.settings")

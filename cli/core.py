@@ -12,8 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from elmo_service.bilm.config import PRECISIONS, WEIGHT_MODES
-from elmo_service.bilm.runner import DEFAULT_BATCH_TOKENS
+from elmo_service.bilm.config import DEFAULT_BATCH_TOKENS, PRECISIONS, WEIGHT_MODES
 from elmo_service.errors import PATH_ERRORS, ElmoServiceError
 from elmo_service.process import configure_process
 

@@ -184,7 +184,12 @@ class TeiInfo(BaseModel):
     docker_label: str | None = None
 
 
-@router.get("/info", response_model=TeiInfo, summary="TEI: the model and its limits")
+@router.get(
+    "/info",
+    response_model=TeiInfo,
+    responses=TEI_ERROR_RESPONSES,
+    summary="TEI: the model and its limits",
+)
 async def info(ctx: ServingDep) -> Response:
     served, settings = ctx.served, ctx.settings
     body = {

@@ -30,6 +30,7 @@ from cachetools import LRUCache
 from torch import Tensor
 
 from elmo_service.bilm.char_ids import bos_ids, eos_ids, token_ids
+from elmo_service.bilm.config import DEFAULT_BATCH_TOKENS, DEFAULT_MAX_BATCH_SENTENCES
 from elmo_service.bilm.kernels.packed import KernelCache
 from elmo_service.bilm.kernels.select import choose_kernel
 from elmo_service.bilm.lstm import ChunkLayers, Chunks, Meanwhile
@@ -42,10 +43,6 @@ from elmo_service.runtime import autocast
 # the longest row's length); sorting by length first keeps that padding small. The library
 # (``Embedder.embed_tokens``) and the server's batcher both plan with :func:`plan_batches`,
 # then hand each planned batch to :meth:`Runner.run_tokens` as one model call.
-
-# the defaults of the library and of the server (api/settings.py reads these)
-DEFAULT_BATCH_TOKENS = 4096
-DEFAULT_MAX_BATCH_SENTENCES = 256
 
 
 @dataclass(frozen=True)
