@@ -184,7 +184,7 @@ class Runner(Protocol):
         timing: Any = None,
     ) -> list[np.ndarray]:
         """``[L+1, T, D]`` float32 per sentence, in order; ``lane`` its priority,
-        ``timing`` (an ``elmo_api.lanes.RequestTiming``) filled with its queue and model time."""
+        ``timing`` (an ``elmo_api.timing.RequestTiming``) filled with its queue and model time."""
 
     def close(self, timeout: float = ...) -> None:
         """Stop taking work and wait for what runs."""
@@ -198,15 +198,15 @@ DEFAULT_MAX_QUEUE = 4096
 class Ticket:
     """An announced request; ``retire`` is idempotent."""
 
-    __slots__ = ("_batcher", "live")
+    __slots__ = ("live", "runner")
 
-    def __init__(self, batcher: Any) -> None:  # the Batcher it was announced to, or None
-        self._batcher = batcher
-        self.live = batcher is not None
+    def __init__(self, runner: Any) -> None:  # the runner it was announced to, or None
+        self.runner = runner
+        self.live = runner is not None
 
     def retire(self) -> None:
-        if self.live and self._batcher is not None:
-            self._batcher._retire(self)
+        if self.live and self.runner is not None:
+            self.runner.retire(self)
 
 
 class BatcherClosed(Exception):

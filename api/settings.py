@@ -37,8 +37,6 @@ from elmo_api.admission import DEFAULT_FILL_WAIT_MS, DEFAULT_MAX_QUEUE
 from elmo_api.lanes import (
     DEFAULT_BATCH_NICE,
     DEFAULT_BATCH_SHARE,
-    DEFAULT_BATCH_SLICE_TOKENS,
-    DEFAULT_TOPUP_TOKENS,
 )
 from elmo_service.bilm.config import (
     DEFAULT_BATCH_TOKENS,
@@ -157,41 +155,27 @@ class Settings(BaseSettings):
         description="Batch-lane sentences waiting for the model (priority=batch); more -> 429. "
         "Default: ELMO_MAX_QUEUE (which bounds the interactive lane).",
     )
-    batch_slice_tokens: int = Field(
-        DEFAULT_BATCH_SLICE_TOKENS,
-        ge=16,
-        description="While interactive traffic is live, batch-lane work runs in batches of at "
-        "most this many padded tokens: what an interactive request may wait behind.",
-    )
-    interactive_topup_tokens: int = Field(
-        DEFAULT_TOPUP_TOKENS,
-        ge=1,
-        description="Padded tokens of waiting batch work an interactive batch takes along (at "
-        "most ELMO_BATCH_SLICE_TOKENS). Small: the interactive batch stays short (latency); up "
-        "to a slice: it rides in a slice the batch lane runs anyway (batch throughput).",
-    )
     interactive_thread: bool = Field(
-        False,
-        description="The interactive lane runs on a model thread of its own (a second kernel "
-        "instance over the same weights, one intra-op thread; CPU only): an interactive request "
-        "never waits behind a batch already computing, and batch work runs in full batches. "
-        "False: one model thread, batch work in slices (ELMO_BATCH_SLICE_TOKENS).",
+        True,
+        description="CPU: an express model thread (a second kernel instance over the same weights, "
+        "one intra-op thread) runs interactive requests while the main thread computes batch "
+        "work, so they never wait behind a batch; with no batch work the main thread runs them "
+        "on every core. False: one model thread, interactive work first between batches.",
     )
     batch_nice: int = Field(
         DEFAULT_BATCH_NICE,
         ge=0,
         le=19,
-        description="With ELMO_INTERACTIVE_THREAD: the batch lane's model thread (and the kernel "
-        "threads it starts) runs this much nicer (Linux), so the interactive thread and the "
-        "event loop get the CPU first when they need it (docs/serving.md: measured). 0 = same "
-        "priority.",
+        description="With the express thread: the main model thread (and the kernel threads it "
+        "starts) runs this much nicer (Linux), so the express thread and the event loop get the "
+        "CPU first when both compute (docs/serving.md: measured). 0 = same priority.",
     )
     batch_share: float = Field(
         DEFAULT_BATCH_SHARE,
         ge=0,
         le=1,
-        description="The batch lane's least share of the model (in tokens, over recent "
-        "batches) while both lanes have work waiting: batch work is never starved.",
+        description="Without the express thread: the batch lane's least share of the model (in "
+        "tokens, over recent batches) while both lanes have work waiting: never starved.",
     )
 
     # -- observability -------------------------------------------------------------
@@ -544,12 +528,23 @@ def known_variables() -> set[str]:
     return names | {"ELMO_REDIS_URL"} | OTHER_VARIABLES
 
 
+# settings a release retired, and why (said instead of "not a setting")
+RETIRED_VARIABLES = {
+    "ELMO_BATCH_SLICE_TOKENS": "batch work is no longer cut into slices: interactive requests "
+    "run on the express thread (ELMO_INTERACTIVE_THREAD)",
+    "ELMO_INTERACTIVE_TOPUP_TOKENS": "interactive batches no longer carry batch work along",
+}
+
+
 def unknown_variables(names: Iterable[str]) -> list[str]:
     """One line per ``ELMO_*`` name nothing reads, with a did-you-mean when one is close."""
     known = known_variables()
     out = []
     for name in sorted(set(names)):
         if not name.upper().startswith(ENV_PREFIX) or name.upper() in known:
+            continue
+        if name.upper() in RETIRED_VARIABLES:
+            out.append(f"{name} was retired and is ignored: {RETIRED_VARIABLES[name.upper()]}")
             continue
         close = difflib.get_close_matches(name.upper(), known, n=1, cutoff=0.75)
         hint = f" (did you mean {close[0]}?)" if close else ""

@@ -52,11 +52,12 @@ from elmo_api.document_rounds import RoundTimeout
 from elmo_api.documents import DocumentStreams, spill_bytes
 from elmo_api.encoding import dumps
 from elmo_api.errors import ApiError, answer_of, error_body
-from elmo_api.lanes import BATCH, TIMING_KEY
+from elmo_api.lanes import BATCH
 from elmo_api.responses import check_response_floats
 from elmo_api.routers.embed import mix_cause, output_options
 from elmo_api.schemas import ERROR_RESPONSES, REQUEST_CONFIG, Number, Sentence
 from elmo_api.served import ModelTimeout
+from elmo_api.timing import TIMING_KEY
 from elmo_service.document import (
     DEFAULT_CHUNK_TOKENS,
     DocumentCancelled,

@@ -1,6 +1,7 @@
-"""The interactive lane's own model thread (``ELMO_INTERACTIVE_THREAD``): an interactive
-request is answered while a batch computes, on its own thread with one intra-op thread,
-and a sentence's vectors are the same whichever lane (and kernel instance) computed it."""
+"""The express thread (``ELMO_INTERACTIVE_THREAD``, the default on CPU): an interactive
+request is answered while a batch computes, on the express thread with one intra-op
+thread; without batch work the main thread runs it on every core; a sentence's vectors
+are the same whichever thread (and kernel instance) computed it."""
 
 from __future__ import annotations
 
@@ -82,18 +83,16 @@ def test_interactive_request_is_answered_while_a_batch_computes():
 
 
 def test_with_its_own_thread_batch_work_runs_in_full_batches():
-    """No slices, no top-up: an interactive request never waits behind batch work, so the
-    batch lane keeps its efficient batches even while interactive traffic is live."""
+    """An interactive request never waits behind batch work, so the batch lane keeps its
+    efficient full batches while interactive requests arrive."""
     main, inter = Recorder(threading.Event()), Recorder()
-    # budget 64 padded tokens; without a thread of its own, slices would be 16 (4 sentences)
-    b = Batcher(main, interactive_fn=inter, batch_tokens=64, slice_tokens=16, max_fill_wait=0)
+    b = Batcher(main, interactive_fn=inter, batch_tokens=64, max_fill_wait=0)
 
     async def scenario():
-        await b.embed([["i0"]])  # interactive traffic is live from now
         bulk = asyncio.ensure_future(b.embed([[f"b{i}", "y"] for i in range(32)], lane=BATCH))
         await asyncio.to_thread(main.started.wait, 5)
-        more = [asyncio.ensure_future(b.embed([[f"i{k}"]])) for k in range(1, 4)]
-        await asyncio.gather(*more)
+        more = [asyncio.ensure_future(b.embed([[f"i{k}"]])) for k in range(4)]
+        await asyncio.gather(*more)  # answered while the main thread is held
         main.gate.set()
         await bulk
 
@@ -101,8 +100,29 @@ def test_with_its_own_thread_batch_work_runs_in_full_batches():
     b.close()
     assert all(s[0].startswith("b") for batch in main.batches for s in batch)
     assert sum(len(batch) for batch in main.batches) == 32
-    assert max(len(batch) for batch in main.batches) == 16  # 16 x 4 = 64 tokens, not 16
+    assert max(len(batch) for batch in main.batches) == 16  # 16 x 4 = 64 tokens: full
     assert sorted(s for batch in inter.batches for s in batch) == [(f"i{k}",) for k in range(4)]
+
+
+def test_without_batch_work_interactive_work_runs_on_the_main_thread_on_every_core():
+    """A server with no batch work computes interactive requests with every intra-op thread
+    (the express thread's one would leave a core idle), several requests in one batch."""
+    main, inter = Recorder(), Recorder()
+    default = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        b = Batcher(main, interactive_fn=inter, max_fill_wait=0, name="t")
+
+        async def scenario():
+            return await asyncio.gather(*(b.embed([[f"i{k}"]]) for k in range(3)))
+
+        asyncio.run(scenario())
+        b.close()
+    finally:
+        torch.set_num_threads(default)
+    assert inter.batches == []
+    assert sorted(s for batch in main.batches for s in batch) == [("i0",), ("i1",), ("i2",)]
+    assert {t for t in main.threads} == {("t", 2)}
 
 
 def test_admission_counts_only_the_interactive_lane_for_interactive_work():
@@ -179,14 +199,11 @@ def test_two_kernel_instances_at_once_give_the_same_vectors():
 
 
 def test_http_interactive_answer_while_a_batch_request_is_held(tiny_model_dir, tmp_path):
-    s = load_settings(
-        model_path=tiny_model_dir, threads=1, data_dir=tmp_path, cache=False,
-        interactive_thread=True,  # opt-in since the default server uses every core for both lanes
-    )  # fmt: skip
-    assert not load_settings(model_path=tiny_model_dir).interactive_thread  # the default
+    s = load_settings(model_path=tiny_model_dir, threads=1, data_dir=tmp_path, cache=False)
+    assert s.interactive_thread  # the default
     with TestClient(create_app(s)) as c:
         runner = c.app.state.holder.current.runner
-        assert runner.split
+        assert runner.express
         real, gate, started = runner.embed_fn, threading.Event(), threading.Event()
 
         def held(sentences):
@@ -224,5 +241,5 @@ def test_http_one_model_thread_when_switched_off(tiny_model_dir, tmp_path):
     )
     with TestClient(create_app(s)) as c:
         runner = c.app.state.holder.current.runner
-        assert not runner.split and runner.interactive_fn is None
+        assert not runner.express and runner.interactive_fn is None
         assert c.post("/v1/embed", json={"sentences": ["a b"]}).status_code == 200

@@ -1,4 +1,4 @@
-"""Priority lanes in the batcher: ordering, no starvation, slices, per-lane limits, and
+"""Priority lanes in the batcher: ordering, no starvation, preemption, per-lane limits, and
 where a request's time went -- unit tests with a fake model, then one live server."""
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from elmo_api.batcher import Batcher, QueueFull
-from elmo_api.lanes import BATCH, INTERACTIVE, LaneShare, RequestTiming
+from elmo_api.lanes import BATCH, INTERACTIVE, LaneShare
 from elmo_api.main import create_app
 from elmo_api.metrics import Metrics
 from elmo_api.settings import load_settings
+from elmo_api.timing import RequestTiming
 from tests.support.live_server import LiveServer
 
 
@@ -62,10 +63,11 @@ def _first_batch_with(batches, token: str) -> int:
 
 
 def test_interactive_work_runs_before_batch_work_queued_earlier():
+    """One model thread (no express thread): the batch queued first waits for the
+    interactive requests queued after it."""
     gate = threading.Event()
     model = GatedModel(gate)
-    # slices of 64 padded tokens; an interactive batch takes batch work along up to 16
-    b = Batcher(model, batch_tokens=4096, slice_tokens=64, topup_tokens=16, max_fill_wait=0)
+    b = Batcher(model, batch_tokens=4096, max_fill_wait=0)
 
     async def main():
         warm = asyncio.ensure_future(b.embed([["warm"]]))
@@ -81,14 +83,9 @@ def test_interactive_work_runs_before_batch_work_queued_earlier():
     run(main())
     b.close()
     after = model.batches[1:]
-    # every interactive sentence is in the first batch after the one that was running
-    assert {s for s in after[0] if s[0].startswith("i")} == {("i0",), ("i1",), ("i2",)}
-    # ... topped up with the oldest batch work up to 16 padded tokens: 4 sentences x 4 tokens
-    assert sorted(after[0]) == [("b0", "x"), ("i0",), ("i1",), ("i2",)]  # (planned by length)
-    assert len(after) > 2  # the rest of the batch lane ran after, in slices
-    for batch in after[1:]:
-        assert all(s[0].startswith("b") for s in batch)
-        assert len(batch) * max(len(s) + 2 for s in batch) <= 64
+    # every interactive sentence, alone, in the first batch after the one that was running
+    assert sorted(after[0]) == [("i0",), ("i1",), ("i2",)]
+    assert all(s[0].startswith("b") for batch in after[1:] for s in batch)  # full batches
     assert sum(len(batch) for batch in after) == 23
 
 
@@ -124,8 +121,8 @@ def test_flooded_interactive_lane_does_not_starve_batch_work():
     def flood(share: float) -> list[str]:
         gate = threading.Event()
         model = GatedModel(gate)
-        # interactive sentences of 20 tokens fill a slice alone: no top-up, only the share
-        b = Batcher(model, batch_tokens=64, slice_tokens=16, batch_share=share, max_fill_wait=0)
+        # two interactive sentences of 20 tokens fill a batch: only the share lets batch work in
+        b = Batcher(model, batch_tokens=64, batch_share=share, max_fill_wait=0)
         long = [f"w{k}" for k in range(20)]
 
         async def main():
