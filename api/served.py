@@ -121,6 +121,7 @@ class ServedModel:
     loaded_at: float = field(default_factory=time.time)
     warmed: bool = False
     selftest: dict[str, Any] | None = None  # the last self-test's result (api/selftest.py)
+    selftest_run: Any = field(default=None, repr=False)  # the self-test running now (a Task)
     _default_mix: tuple | None = field(default=None, repr=False)
 
     @property
