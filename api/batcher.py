@@ -43,7 +43,8 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -106,6 +107,7 @@ __all__ = [
 
 MAIN, EXPRESS = "main", "express"  # the model threads
 ROUNDS = "rounds"  # what the main thread may pick besides a lane: the documents' rounds
+CALL = "call"  # a run_on_each call
 
 
 class Batcher:
@@ -192,6 +194,10 @@ class Batcher:
         self._pending_cost = {lane: 0 for lane in LANES}
         self._queued_cost = {lane: 0 for lane in LANES}
         self._computing: dict[str, str | None] = {MAIN: None, EXPRESS: None}  # what runs
+        self._calls: dict[str, deque[tuple[Callable[[EmbedFn], Any], Future]]] = {
+            MAIN: deque(),
+            EXPRESS: deque(),
+        }  # run_on's calls, before any queued work
         self._running_batch = 0  # batch-lane tokens in the model now
         self._busy_since = {MAIN: time.perf_counter(), EXPRESS: time.perf_counter()}
         self._batch_seconds = 0.0  # moving average of the main thread's batch durations
@@ -362,6 +368,18 @@ class Batcher:
         blocks the calling (document) thread until it is done."""
         self.rounds.wait_round(run, cancelled, timeout, closed=lambda: self._closed)
 
+    def run_on_each(self, call: Callable[[EmbedFn], Any]) -> list[Future]:
+        """Run ``call(model_fn)`` once on each model thread with its own model function, before
+        any queued work (the warm-up: the express thread's kernel instance is warmed on its
+        thread, though no request would reach it without batch work)."""
+        futures = []
+        with self._cond:
+            for worker in (MAIN, EXPRESS) if self.express else (MAIN,):
+                futures.append(Future())
+                self._calls[worker].append((call, futures[-1]))
+            self._cond.notify_all()
+        return futures
+
     def forget_warm_up(self) -> None:
         """The warm-up's batches built kernel caches and compiled (12 ms/token measured for
         a kernel instance's first batch against ~0.2 in a flood): the estimates start from
@@ -389,12 +407,16 @@ class Batcher:
         (the main thread first drains what is queued)."""
         with self._cond:
             while True:
-                while (what := self._pick(worker)) is None:
+                if self._calls[worker]:
+                    return CALL, [self._calls[worker].popleft()]
+                while (what := self._pick(worker)) is None and not self._calls[worker]:
                     if self._closed and (worker == EXPRESS or not self.depth):
                         if worker == MAIN:
                             self.rounds.fail(self.rounds.closed_error())
                         return None
                     self._cond.wait()
+                if what is None:
+                    continue  # a call came
                 self._busy_since[worker] = time.perf_counter()  # work waits: busy from now
                 if worker == EXPRESS or what == ROUNDS:
                     break
@@ -455,6 +477,13 @@ class Batcher:
         reniced = worker == EXPRESS or not self.express or self.batch_nice <= 0
         while (got := self._take(worker)) is not None:
             what, taken = got
+            if what == CALL:
+                (call, fut), fn = taken[0], self.embed_fn if worker == MAIN else self.interactive_fn
+                try:
+                    fut.set_result(call(fn))
+                except Exception as e:  # noqa: BLE001 - the caller gets it
+                    fut.set_exception(e)
+                continue
             try:
                 if what == ROUNDS:
                     self.rounds.run(taken)

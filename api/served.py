@@ -296,8 +296,12 @@ class ServedModel:
         await self.runner.embed(WARMUP_SENTENCES, timeout=timeout)
         # one sentence alone takes another path of the CPU kernel
         await self.runner.embed(WARMUP_SENTENCES[:1], timeout=timeout)
-        # the batch lane may have a model thread (and kernel instance) of its own
-        await self.runner.embed(WARMUP_SENTENCES, timeout=timeout, lane="batch")
+        # the express thread's kernel instance, on its own thread: a request reaches it only
+        # beside batch work, and must not be the one that pays its first call
+        run_on_each = getattr(self.runner, "run_on_each", None)
+        if run_on_each is not None:
+            for done in run_on_each(lambda fn: (fn(WARMUP_SENTENCES), fn(WARMUP_SENTENCES[:1]))):
+                await asyncio.wait_for(asyncio.wrap_future(done), timeout)
         # off the event loop: the kernel's per-machine route (fp32) and a rounded-weights
         # path's error against fp32 are measured now, not on a request
         await in_transient_thread_async(self.embedder.prepare)

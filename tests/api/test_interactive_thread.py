@@ -243,3 +243,17 @@ def test_http_one_model_thread_when_switched_off(tiny_model_dir, tmp_path):
         runner = c.app.state.holder.current.runner
         assert not runner.express and runner.interactive_fn is None
         assert c.post("/v1/embed", json={"sentences": ["a b"]}).status_code == 200
+
+
+def test_the_warm_up_reaches_the_express_threads_kernel_instance_on_its_thread():
+    """A request reaches the express thread only beside batch work: the warm-up runs each
+    thread's model function on that thread, before queued work."""
+    main, inter = Recorder(), Recorder()
+    b = Batcher(main, interactive_fn=inter, max_fill_wait=0, name="w")
+    done = b.run_on_each(lambda fn: fn([["warm", "up"]]))
+    assert [len(f.result(10)) for f in done] == [1, 1]
+    b.close()
+    assert main.batches == [[("warm", "up")]] and inter.batches == [[("warm", "up")]]
+    assert [t for t, _ in main.threads] == ["w"] and [t for t, _ in inter.threads] == [
+        "w-interactive"
+    ]
