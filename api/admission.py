@@ -1,4 +1,4 @@
-"""Admission control, shared by both runners: the queue bound and the work estimate.
+"""Admission control: the queue bound and the work estimate.
 
 A request is refused at the door (:class:`QueueFull`, a 429) when its lane's queue
 is full, or (:class:`Overloaded`, 429 with ``Retry-After``) when the work ahead of
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -145,49 +145,6 @@ def admit(
             metrics.rejected.labels("overloaded").inc()
             metrics.lane_rejected.labels(lane, "overloaded").inc()
         raise
-
-
-class Runner(Protocol):
-    """How a served model's calls reach it: :class:`Batcher`, or :class:`DirectRunner`."""
-
-    # how long a runner must stay idle before a drain may close it (a DirectRunner sees
-    # a request only once it calls the model, so it needs a longer quiet spell)
-    quiet_for: float
-
-    @property
-    def depth(self) -> int:
-        """Requests queued or running."""
-
-    @property
-    def idle(self) -> bool:
-        """No request on its way: none announced, queued or running."""
-
-    @property
-    def alive(self) -> bool:
-        """Still taking work."""
-
-    def announce(self) -> Ticket:
-        """A request is on its way (the AnnounceMiddleware calls this on arrival)."""
-
-    def document_round(
-        self, run: Any, cancelled: Callable[[], bool], timeout: float | None
-    ) -> None:
-        """One round of a document's pass 1 (``elmo_service.document.DocumentRun``), from
-        the document's thread; blocks until done (``elmo_api.document_rounds``)."""
-
-    async def embed(
-        self,
-        token_lists: TokenLists,
-        timeout: float | None = None,
-        ticket: Ticket | None = None,
-        lane: str = "interactive",
-        timing: Any = None,
-    ) -> list[np.ndarray]:
-        """``[L+1, T, D]`` float32 per sentence, in order; ``lane`` its priority,
-        ``timing`` (an ``elmo_api.timing.RequestTiming``) filled with its queue and model time."""
-
-    def close(self, timeout: float = ...) -> None:
-        """Stop taking work and wait for what runs."""
 
 
 # the server's defaults (api/settings.py reads these; the budget's are elmo_service's)

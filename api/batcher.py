@@ -57,14 +57,12 @@ from elmo_api.admission import (
     EmbedFn,
     Overloaded,
     QueueFull,
-    Runner,
     Ticket,
     TokenLists,
     WorkEstimate,
     admit,
     token_cost,
 )
-from elmo_api.direct import DirectRunner
 from elmo_api.document_rounds import DocumentRounds
 from elmo_api.lanes import (
     BATCH,
@@ -94,11 +92,9 @@ __all__ = [
     "DEFAULT_MAX_QUEUE",
     "Batcher",
     "BatcherClosed",
-    "DirectRunner",
     "EmbedFn",
     "Overloaded",
     "QueueFull",
-    "Runner",
     "Ticket",
     "TokenLists",
     "WorkEstimate",

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from elmo_api.batcher import Runner, Ticket
+from elmo_api.batcher import Batcher, Ticket
 from elmo_api.cache import SentenceCache
 from elmo_api.metrics import Metrics
 from elmo_api.responses import check_response_floats
@@ -110,7 +110,7 @@ class ServedModel:
     name: str
     path: Path
     embedder: Any  # elmo_service.embedder.Embedder
-    runner: Runner
+    runner: Batcher
     cache: SentenceCache
     tasks: TaskRegistry
     io: ThreadPoolExecutor

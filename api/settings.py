@@ -124,10 +124,6 @@ class Settings(BaseSettings):
     warmup: bool = True
 
     # -- batching --------------------------------------------------------------
-    batching: bool = Field(
-        True,
-        description="Micro-batch across requests. false = one forward pass per request (benchmark baseline).",
-    )
     batch_tokens: int = Field(
         DEFAULT_BATCH_TOKENS, ge=16, description="Padded-token budget of one model batch."
     )
@@ -533,6 +529,8 @@ RETIRED_VARIABLES = {
     "ELMO_BATCH_SLICE_TOKENS": "batch work is no longer cut into slices: interactive requests "
     "run on the express thread (ELMO_INTERACTIVE_THREAD)",
     "ELMO_INTERACTIVE_TOPUP_TOKENS": "interactive batches no longer carry batch work along",
+    "ELMO_BATCHING": "every server batches; ELMO_MAX_BATCH_SENTENCES=1 with "
+    "ELMO_BATCH_FILL_WAIT_MS=0 gives one forward pass per sentence",
 }
 
 

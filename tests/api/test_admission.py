@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from elmo_api.batcher import Batcher, BatcherClosed, DirectRunner, Overloaded, WorkEstimate
+from elmo_api.batcher import Batcher, Overloaded, WorkEstimate
 from elmo_api.main import create_app
 from elmo_api.metrics import Metrics
 from elmo_api.settings import load_settings
@@ -106,48 +106,6 @@ def test_a_request_that_would_overtake_a_queued_one_past_its_deadline_is_refused
 
     asyncio.run(main())
     b.close()
-
-
-def test_direct_runner_admits_the_same_way():
-    model = GatedModel()
-    r = DirectRunner(model, estimate=WorkEstimate(prior=1.0))
-
-    async def main():
-        first = asyncio.ensure_future(r.embed([["a", "b"]], timeout=5))  # cost 4
-        await asyncio.to_thread(model.started.wait, 5)
-        with pytest.raises(Overloaded):
-            await r.embed([["c", "d"]], timeout=5)  # 4 + 4 = 8 s > 5
-        model.gate.set()
-        await first
-
-    asyncio.run(main())
-
-
-def test_direct_runner_calls_the_model_on_one_persistent_thread():
-    """Not the event loop's default executor, whose several threads would each keep an
-    OpenMP team (more OpenMP threads than cores: libgomp stops spinning)."""
-    seen: list[threading.Thread] = []
-
-    def model(sentences):
-        seen.append(threading.current_thread())
-        return [np.zeros((1, len(s), 2), np.float32) for s in sentences]
-
-    r = DirectRunner(model)
-
-    async def main():
-        await asyncio.gather(*(r.embed([["a"] * n]) for n in range(1, 9)))
-        await r.embed([["b"]])
-
-    asyncio.run(main())
-    assert len(seen) == 9 and len(set(seen)) == 1 and seen[0].name.startswith("elmo-model")
-    assert seen[0] is not threading.current_thread()
-    r.close()
-
-    async def after():
-        with pytest.raises(BatcherClosed):
-            await r.embed([["c"]])
-
-    asyncio.run(after())
 
 
 def test_http_overload_is_429_with_retry_after_before_any_wait(tiny_model_dir, tmp_path):
