@@ -416,8 +416,12 @@ class Batcher:
                 self._busy_since[worker] = time.perf_counter()  # work waits: busy from now
                 if worker == EXPRESS or what == ROUNDS:
                     break
-                # the fill may bring interactive work, or hand the queue to the express thread
+                # the fill may bring interactive work, or hand the queue to the express thread;
+                # while it waits for batch work the main thread counts as on it (an interactive
+                # request meanwhile goes to the express thread)
+                self._computing[worker] = what
                 self._fill(stop_on_interactive=what == BATCH and not self.express)
+                self._computing[worker] = None
                 if (what := self._pick(worker)) is not None:
                     break
             if what == ROUNDS:

@@ -257,3 +257,29 @@ def test_the_warm_up_reaches_the_express_threads_kernel_instance_on_its_thread()
     assert [t for t, _ in main.threads] == ["w"] and [t for t, _ in inter.threads] == [
         "w-interactive"
     ]
+
+
+def test_an_interactive_request_while_the_main_thread_fills_a_batch_goes_to_the_express_thread():
+    """The main thread waits (the fill) for batch requests on their way; an interactive
+    request meanwhile does not wait for that batch."""
+    main, inter = Recorder(), Recorder()
+    # any batch's time x 1e9: after the first one, the fill may wait up to 30 s
+    b = Batcher(main, interactive_fn=inter, max_fill_wait=30.0, fill_ratio=1e9)
+
+    async def scenario():
+        await b.embed([["warm"]])
+        announced = b.announce()  # a request on its way: the fill waits for it
+        bulk = asyncio.ensure_future(b.embed([["b0"]], lane=BATCH))
+        for _ in range(3000):  # the main thread took the batch work and fills
+            if b.lane_depth(BATCH) == 0:
+                break
+            await asyncio.sleep(0.01)
+        urgent = await asyncio.wait_for(b.embed([["now"]]), 30)
+        assert not bulk.done()  # the batch is still waiting for the announced request
+        announced.retire()
+        await bulk
+        return urgent
+
+    asyncio.run(scenario())
+    b.close()
+    assert inter.batches == [[("now",)]] and main.batches == [[("warm",)], [("b0",)]]
