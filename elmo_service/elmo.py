@@ -300,7 +300,7 @@ class Elmo(nn.Module):
             self._scalar_mixes.append(mix)
         self._kernel = None  # the serving kernel, built on the first frozen forward
         # the kernel's packed copies and the cached layers follow the weights (see WeightsWatch)
-        self._watch = WeightsWatch()
+        self._watch = WeightsWatch(() if module is not None else bilm.parameters())
         self._layer_cache = _new_cache(cache_bytes, requires_grad, stateful, module, cache_dir)
         self._word_embedding: nn.Embedding | None = None
         if vocab_to_cache:
