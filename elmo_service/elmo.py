@@ -317,7 +317,7 @@ class Elmo(nn.Module):
         """An ``Elmo`` over one of this project's artifact folders (``load_artifact``).
 
         The artifact's tokenizer is :attr:`tokenizer`: ``batch_to_ids`` must get the
-        tokens it gives (``[t.text for t in elmo.tokenizer(text)]``): words for a
+        tokens it gives (``[t.piece for t in elmo.tokenizer(text)]``): words for a
         converted bilm-tf model, sentencepiece pieces for a model trained here.
         """
         from elmo_service.artifact import load_artifact

@@ -540,7 +540,7 @@ def _word_split(opts: PrepareOptions):
     from elmo_service.tokenizers import WordTokenizer
 
     tok = WordTokenizer(lowercase=opts.lowercase)
-    return lambda s: [t.text for t in tok.tokenize(s)]
+    return lambda s: [t.piece for t in tok.tokenize(s)]
 
 
 def _tokenize_words(shard_dir, paths, opts: PrepareOptions, progress):
