@@ -28,6 +28,7 @@ only and are read with ``torch.load(..., weights_only=True)``: never unpickled f
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,25 @@ def _need(cond: bool, field: str, msg: str) -> None:
         raise ConfigError(f"ELMoForManyLangs model: {field} {msg}", field=field)
 
 
+# ELMoForManyLangs' own sample configs, verbatim (MIT: efml-configs/LICENSE, README.md)
+SAMPLE_CONFIGS = Path(__file__).parent / "efml-configs"
+
+
+def find_network_config(model_dir: Path, name: str) -> Path | None:
+    """The network config ``config.json`` names, as its loader finds it (the path, from the
+    folder), else the file of that name: in the folder (published models name a path of
+    their authors' layout), in an installed ``elmoformanylangs``' ``configs/`` (where their
+    ``cnn_50_100_512_4096_sample.json`` is), or among its sample configs shipped here.
+    None when none of them exists."""
+    base = Path(name).name
+    where = [model_dir / name, model_dir / base]
+    spec = importlib.util.find_spec("elmoformanylangs")  # found, not imported
+    if spec is not None:
+        where += [Path(d) / "configs" / base for d in spec.submodule_search_locations or ()]
+    where.append(SAMPLE_CONFIGS / base)
+    return next((p for p in where if p.is_file()), None)
+
+
 def read_network_config(model_dir: str | Path) -> tuple[dict[str, Any], str]:
     """Its ``config.json`` -> the network config it names (as its loader finds it: the path,
     else the file of that name in the folder) and that file's name."""
@@ -71,13 +91,11 @@ def read_network_config(model_dir: str | Path) -> tuple[dict[str, Any], str]:
         raise ConfigError(f"config.json is not valid JSON: {e}", field="config.json") from e
     name = outer.get("config_path") if isinstance(outer, dict) else None
     _need(isinstance(name, str) and name, "config_path", "must name the network config")
-    path = model_dir / name
-    if not path.is_file():  # published models name absolute paths of their authors' machines
-        path = model_dir / Path(name).name
-    if not path.is_file():
+    path = find_network_config(model_dir, name)
+    if path is None:
         raise ConfigError(
-            f"network config {name!r} is neither at that path nor in {model_dir} (copy it from "
-            "the elmoformanylangs package's configs/ folder)",
+            f"network config {name!r} is neither at that path, nor in {model_dir}, nor one of "
+            "ELMoForManyLangs' sample configs (its package's configs/ folder)",
             field="config_path",
         )
     try:
