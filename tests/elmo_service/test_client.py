@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import random
+import re
 
 import numpy as np
 import orjson
@@ -424,3 +425,22 @@ def test_a_task_is_stored_from_a_list_a_dict_or_a_mixspec():
     with pytest.raises(InputError) as e:
         tasks.put("d", {"weights": "0.1"})
     assert e.value.field == "spec"
+
+
+def test_the_docs_name_every_package_the_client_installs():
+    """README.md, docs/client.md, docs/architecture.md and the client's README say what
+    ``pip install ./clients/python`` brings (#57: orjson was missing)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    project = (root / "clients" / "python" / "pyproject.toml").read_text()
+    listed = re.search(r"^dependencies = \[(.*?)^\]", project, flags=re.M | re.S).group(1)
+    deps = {re.split(r"[<>=!~ \[]", d)[0] for d in re.findall(r'^\s*"([^"]+)"', listed, re.M)}
+    assert deps == {"httpx", "numpy", "orjson"}
+    for page in ("README.md", "docs/client.md", "docs/architecture.md", "clients/python/README.md"):
+        text = (root / page).read_text(encoding="utf-8")
+        said = [
+            line for line in text.splitlines() if "clients/python" in line or "elmo_client" in line
+        ]
+        said = " ".join(said + [s for s in text.split("\n\n") if "no torch" in s])
+        assert all(d in said for d in deps), (page, sorted(d for d in deps if d not in said))
