@@ -169,6 +169,12 @@ class Runner(Protocol):
     def announce(self) -> Ticket:
         """A request is on its way (the AnnounceMiddleware calls this on arrival)."""
 
+    def document_round(
+        self, run: Any, cancelled: Callable[[], bool], timeout: float | None
+    ) -> None:
+        """One round of a document's pass 1 (``elmo_service.document.DocumentRun``), from
+        the document's thread; blocks until done (``elmo_api.document_rounds``)."""
+
     async def embed(
         self,
         token_lists: TokenLists,
@@ -178,7 +184,7 @@ class Runner(Protocol):
         timing: Any = None,
     ) -> list[np.ndarray]:
         """``[L+1, T, D]`` float32 per sentence, in order; ``lane`` its priority,
-        ``timing`` (an ``elmo_api.lanes.RequestTiming``) filled with its queue and model time."""
+        ``timing`` (an ``elmo_api.timing.RequestTiming``) filled with its queue and model time."""
 
     def close(self, timeout: float = ...) -> None:
         """Stop taking work and wait for what runs."""
@@ -192,15 +198,15 @@ DEFAULT_MAX_QUEUE = 4096
 class Ticket:
     """An announced request; ``retire`` is idempotent."""
 
-    __slots__ = ("_batcher", "live")
+    __slots__ = ("live", "runner")
 
-    def __init__(self, batcher: Any) -> None:  # the Batcher it was announced to, or None
-        self._batcher = batcher
-        self.live = batcher is not None
+    def __init__(self, runner: Any) -> None:  # the runner it was announced to, or None
+        self.runner = runner
+        self.live = runner is not None
 
     def retire(self) -> None:
-        if self.live and self._batcher is not None:
-            self._batcher._retire(self)
+        if self.live and self.runner is not None:
+            self.runner.retire(self)
 
 
 class BatcherClosed(Exception):

@@ -21,6 +21,7 @@ from elmo_api.admission import (
     token_cost,
 )
 from elmo_api.metrics import Metrics
+from elmo_service.document import DocumentCancelled, advance
 
 
 class DirectRunner:
@@ -93,6 +94,13 @@ class DirectRunner:
             m.batch_sentences.observe(len(token_lists))
             m.tokens.inc(sum(len(t) for t in token_lists))
         return out
+
+    def document_round(self, run, cancelled=lambda: False, timeout: float | None = None) -> None:
+        """No batcher: the document's thread computes its round itself, under the model's
+        lock (``elmo_service.document.advance``); ``timeout`` is the batcher's concern."""
+        if cancelled():
+            raise DocumentCancelled
+        advance([run])
 
     async def embed(
         self,

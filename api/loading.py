@@ -114,9 +114,8 @@ def load_served_model(
     if settings.batching:
         interactive_fn = None
         if settings.interactive_thread and embedder.device.type == "cpu":
-            # the interactive lane's own model thread needs its own kernel instance (packed
-            # weights, token cache, lock) over the same weights: two calls may then run at
-            # once (docs/serving.md "Priority lanes")
+            # the express thread needs its own kernel instance (packed weights, token cache,
+            # lock) over the same weights: two calls may then run at once (docs/serving.md)
             interactive_fn = build().run_batch
         runner = Batcher(
             embedder.run_batch,  # the batcher plans; the embedder runs what it is handed
@@ -124,9 +123,7 @@ def load_served_model(
             max_batch_sentences=settings.max_batch_sentences,
             max_queue=settings.max_queue,
             batch_max_queue=settings.batch_max_queue,
-            slice_tokens=settings.batch_slice_tokens,
             batch_share=settings.batch_share,
-            topup_tokens=settings.interactive_topup_tokens,
             max_fill_wait=settings.batch_fill_wait_ms / 1000.0,
             metrics=metrics,
             name=f"batcher-{name}",

@@ -121,6 +121,7 @@ class ServedModel:
     loaded_at: float = field(default_factory=time.time)
     warmed: bool = False
     selftest: dict[str, Any] | None = None  # the last self-test's result (api/selftest.py)
+    selftest_run: Any = field(default=None, repr=False)  # the self-test running now (a Task)
     _default_mix: tuple | None = field(default=None, repr=False)
 
     @property
@@ -171,7 +172,7 @@ class ServedModel:
         answer ``spec`` would make by ``max_floats`` before any work (ResponseTooLarge
         naming ``field``), then the layers (:meth:`layers`) in priority ``lane``. A sentence
         with no tokens (``""``, ``[]``) gets ``[L+1, 0, D]``, as from the library (#51).
-        ``timing`` (``elmo_api.lanes.RequestTiming``) gets the tokenization, queue and model time."""
+        ``timing`` (``elmo_api.timing.RequestTiming``) gets the tokenization, queue and model time."""
         t0 = time.perf_counter()
         token_lists = self.tokenize(sentences, field)
         if timing is not None:

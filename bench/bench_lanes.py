@@ -15,7 +15,7 @@ load <= 3x idle p99; batch throughput with interactive traffic >= 85 % of alone.
 
     .venv/bin/python bench/bench_lanes.py                      # ~1.5 min
     .venv/bin/python bench/bench_lanes.py --duration 20 --rounds 3 --fifo --json out.json
-    .venv/bin/python bench/bench_lanes.py --server-env ELMO_BATCH_SLICE_TOKENS=512
+    .venv/bin/python bench/bench_lanes.py --server-env ELMO_INTERACTIVE_THREAD=false
     .venv/bin/python bench/bench_lanes.py --slices     # in process: what slicing costs per token
     .venv/bin/python bench/bench_lanes.py --interactive-rate 10   # light interactive traffic
 """
@@ -165,7 +165,7 @@ def model_slices(args) -> dict:
     the full budget (the throughput price of slicing), and a lone sentence's time (what an
     interactive request costs the model in a batch of its own). Sizes interleaved per round;
     medians of per-round ratios."""
-    from elmo_service.batching import BatchBudget, plan_batches
+    from elmo_service.bilm.runner import BatchBudget, plan_batches
     from elmo_service.embedder import Embedder
 
     emb = Embedder.load(args.model, threads=args.threads)

@@ -28,7 +28,6 @@ only and are read with ``torch.load(..., weights_only=True)``: never unpickled f
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -59,49 +58,143 @@ def _need(cond: bool, field: str, msg: str) -> None:
         raise ConfigError(f"ELMoForManyLangs model: {field} {msg}", field=field)
 
 
-# ELMoForManyLangs' own sample configs, verbatim (MIT: efml-configs/LICENSE, README.md)
-SAMPLE_CONFIGS = Path(__file__).parent / "efml-configs"
+# what a converted folder may hold: far above any published model, far below what would
+# hang the converter or exhaust memory (#56)
+MAX_JSON_BYTES = 1 << 20
+MAX_JSON_DEPTH = 32
+LIMITS = {
+    "token_embedder.char_dim": 4096,
+    "token_embedder.word_dim": 4096,
+    "token_embedder.n_highway": 16,
+    "token_embedder.max_characters_per_token": 1000,
+    "encoder.projection_dim": 16384,
+    "encoder.dim": 65536,
+    "encoder.n_layers": 16,
+}
+MAX_FILTERS, MAX_FILTER_WIDTH, MAX_FILTER_COUNT = 64, 64, 65536
 
 
-def find_network_config(model_dir: Path, name: str) -> Path | None:
-    """The network config ``config.json`` names, as its loader finds it (the path, from the
-    folder), else the file of that name: in the folder (published models name a path of
-    their authors' layout), in an installed ``elmoformanylangs``' ``configs/`` (where their
-    ``cnn_50_100_512_4096_sample.json`` is), or among its sample configs shipped here.
-    None when none of them exists."""
-    base = Path(name).name
-    where = [model_dir / name, model_dir / base]
-    spec = importlib.util.find_spec("elmoformanylangs")  # found, not imported
-    if spec is not None:
-        where += [Path(d) / "configs" / base for d in spec.submodule_search_locations or ()]
-    where.append(SAMPLE_CONFIGS / base)
-    return next((p for p in where if p.is_file()), None)
+def _depth(x: Any, limit: int, at: int = 0) -> int:
+    if at > limit:
+        return at
+    if isinstance(x, dict):
+        return max((_depth(v, limit, at + 1) for v in x.values()), default=at)
+    if isinstance(x, list):
+        return max((_depth(v, limit, at + 1) for v in x), default=at)
+    return at
 
 
-def read_network_config(model_dir: str | Path) -> tuple[dict[str, Any], str]:
-    """Its ``config.json`` -> the network config it names (as its loader finds it: the path,
-    else the file of that name in the folder) and that file's name."""
+def _read_json(path: Path, field: str) -> Any:
+    """A small JSON file, or one line naming it: no file of gigabytes read, no nesting that
+    would take the parser's recursion."""
+    size = path.stat().st_size
+    if size > MAX_JSON_BYTES:
+        raise ConfigError(
+            f"{path.name} is {size:,} bytes; a network config is a few hundred "
+            f"(limit {MAX_JSON_BYTES:,})",
+            field=field,
+        )
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path.name} is not valid JSON: {e}", field=field) from e
+    except RecursionError:
+        raise ConfigError(f"{path.name} is nested too deeply", field=field) from None
+    if _depth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise ConfigError(f"{path.name} is nested over {MAX_JSON_DEPTH} levels deep", field=field)
+    return value
+
+
+def _package_config(name: str) -> Path | None:
+    """The sample network config of that name shipped in an installed ``elmoformanylangs``
+    (its ``configs/`` folder: the published models' config.json names those files)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("elmoformanylangs")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for root in spec.submodule_search_locations:
+        p = Path(root) / "configs" / name
+        if p.is_file():
+            return p
+    return None
+
+
+def read_network_config(
+    model_dir: str | Path, network_config: str | Path | None = None
+) -> tuple[dict[str, Any], str]:
+    """Its ``config.json`` -> the network config it names and that file's name. The named
+    path is read only inside the folder (a config.json cannot point the converter at any
+    other file); published folders name their authors' absolute paths, so the file's name is
+    looked up in the folder, then in an installed ``elmoformanylangs``' sample configs.
+    ``network_config``: a path the user gives explicitly, read wherever it is."""
     model_dir = Path(model_dir)
     top = model_dir / "config.json"
     if not top.is_file():
         raise ConfigError(f"{model_dir} has no config.json", field="config.json")
-    try:
-        outer = json.loads(top.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"config.json is not valid JSON: {e}", field="config.json") from e
+    outer = _read_json(top, "config.json")
+    if network_config is not None:
+        path = Path(network_config)
+        if not path.is_file():
+            raise ConfigError(f"network config {path} does not exist", field="network_config")
+        return _read_json(path, "network_config"), path.name
     name = outer.get("config_path") if isinstance(outer, dict) else None
     _need(isinstance(name, str) and name, "config_path", "must name the network config")
-    path = find_network_config(model_dir, name)
+    root = model_dir.resolve()
+    candidates = [model_dir / name, model_dir / Path(name).name]
+    path = next(
+        (p for p in candidates if p.is_file() and p.resolve().is_relative_to(root)), None
+    ) or _package_config(Path(name).name)
     if path is None:
         raise ConfigError(
-            f"network config {name!r} is neither at that path, nor in {model_dir}, nor one of "
-            "ELMoForManyLangs' sample configs (its package's configs/ folder)",
+            f"network config {Path(name).name!r} is not in {model_dir} (config.json's "
+            f"config_path {name!r}; a path outside the folder is not read) nor in an installed "
+            "elmoformanylangs' configs/ (pip install elmoformanylangs, or copy the file into "
+            "the folder)",
             field="config_path",
         )
-    try:
-        return json.loads(path.read_text(encoding="utf-8")), path.name
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path.name} is not valid JSON: {e}", field="config_path") from e
+    return _read_json(path, "config_path"), path.name
+
+
+def _int_in(v: Any, field: str, lo: int, hi: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ConfigError(
+            f"ELMoForManyLangs model: {field} is {v!r}; it must be an integer in [{lo}, {hi}]",
+            field=field,
+        )
+    return v
+
+
+def _check_sizes(te: dict, enc: dict) -> None:
+    """Every size and count of the network config within sane maxima, before anything is
+    built from them (a config of 100,000 layers would hang, of 1e9 characters a token
+    allocate gigabytes an embed)."""
+    for key, hi in LIMITS.items():
+        part, name = key.split(".")
+        obj = te if part == "token_embedder" else enc
+        if name in obj or name not in ("word_dim", "n_highway"):
+            lo = 0 if name in ("word_dim", "n_highway") else 1
+            v = obj.get(name)
+            if name == "word_dim" and v is None:
+                continue
+            _int_in(v, key, lo, hi)
+    filters = te.get("filters")
+    if not isinstance(filters, list) or not 1 <= len(filters) <= MAX_FILTERS:
+        raise ConfigError(
+            f"ELMoForManyLangs model: token_embedder.filters must be a list of 1 to "
+            f"{MAX_FILTERS} [width, count] pairs",
+            field="token_embedder.filters",
+        )
+    total = 0
+    for i, f in enumerate(filters):
+        if not isinstance(f, list) or len(f) != 2:
+            raise ConfigError(
+                f"ELMoForManyLangs model: token_embedder.filters[{i}] must be [width, count]",
+                field=f"token_embedder.filters[{i}]",
+            )
+        _int_in(f[0], f"token_embedder.filters[{i}][0]", 1, MAX_FILTER_WIDTH)
+        total += _int_in(f[1], f"token_embedder.filters[{i}][1]", 1, MAX_FILTER_COUNT)
+    _int_in(total, "token_embedder.filters (their counts together)", 1, MAX_FILTER_COUNT)
 
 
 def config_from_network(net: Any, char_rows: int, word_rows: int) -> BiLMConfig:
@@ -123,6 +216,7 @@ def config_from_network(net: Any, char_rows: int, word_rows: int) -> BiLMConfig:
         "token_embedder.activation",
         f"{te.get('activation')!r} is not supported (relu or tanh)",
     )
+    _check_sizes(te, enc)
     word_dim = te.get("word_dim") or 0
     clip = {k: (enc.get(k) or None) for k in ("cell_clip", "proj_clip")}  # its `if clip:`
     dropout = net.get("dropout", 0.1)
@@ -155,22 +249,58 @@ def config_from_network(net: Any, char_rows: int, word_rows: int) -> BiLMConfig:
 def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise ArtifactError(f"missing {path.name} in {path.parent}", field=path.name)
-    try:  # tensors only: never unpickle arbitrary objects
-        state = torch.load(path, map_location="cpu", weights_only=True)
+    try:  # tensors only, never unpickled freely; mapped, so a declared size costs no memory
+        state = _torch_load(path)
     except Exception as e:  # torch raises UnpicklingError, RuntimeError, EOFError, ...
         raise ArtifactError(
-            f"{path.name} is not a state dict of tensors (read with weights_only=True): {e}",
-            field=path.name,
-        ) from e
+            f"{path.name} is not a state dict of tensors: {_first_line(e)}", field=path.name
+        ) from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ArtifactError(f"{path.name} is not a state dict of tensors", field=path.name)
+    for k, v in state.items():
+        if v.device.type != "cpu" or not v.is_floating_point():
+            raise ArtifactError(
+                f"{path.name}: {k} is a {v.dtype} tensor on {v.device.type}; weights are "
+                "floating-point tensors with their values",
+                field=k,
+            )
+        if v.untyped_storage().nbytes() < (v.storage_offset() + v.numel()) * v.element_size():
+            raise ArtifactError(
+                f"{path.name}: {k} declares {v.numel():,} values its file does not hold",
+                field=k,
+            )
+    return state
+
+
+def _torch_load(path: Path) -> dict:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as e:
+        if "mmap" not in str(e):
+            raise
+    # the legacy (pre-zip) format cannot be mapped: read it, tensors only still
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _first_line(e: BaseException) -> str:
+    """torch's message, without its advice to load with ``weights_only=False`` (which
+    would run whatever code the file carries): never advice we pass on."""
+    if "Weights only load failed" in str(e) or "Unsupported global" in str(e):
+        return "it holds objects other than tensors (refused: never unpickled)"
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    keep = [ln for ln in lines if "weights_only" not in ln and "WeightsUnpickler" not in ln]
+    return (keep or ["it holds something other than tensors (refused, never run)"])[0][:300]
+
+
+def _check_finite(path: Path, state: dict) -> dict:
     for k, v in state.items():
         if v.is_floating_point() and not torch.isfinite(v).all():
             raise ArtifactError(f"{path.name}: {k} holds NaN or infinite values", field=k)
     return state
 
 
-def _gates(x: torch.Tensor) -> torch.Tensor:
+def gates_from_allennlp(x: torch.Tensor) -> torch.Tensor:
+    """AllenNLP's ``LstmCellWithProjection`` gate blocks (ELMoForManyLangs' too) in ours."""
     blocks = x.chunk(4, dim=0)
     return torch.cat([blocks[k] for k in _EFML_TO_OURS], dim=0)
 
@@ -208,9 +338,13 @@ def state_dict_from_efml(
     for theirs, ours in (("forward", "forward_layers"), ("backward", "backward_layers")):
         for layer in range(cfg.n_layers):
             pre = f"{theirs}_layer_{layer}"
-            sd[f"{ours}.{layer}.w_ih.weight"] = _gates(e(f"{pre}.input_linearity.weight"))
-            sd[f"{ours}.{layer}.w_ih.bias"] = _gates(e(f"{pre}.state_linearity.bias"))
-            sd[f"{ours}.{layer}.w_hh.weight"] = _gates(e(f"{pre}.state_linearity.weight"))
+            sd[f"{ours}.{layer}.w_ih.weight"] = gates_from_allennlp(
+                e(f"{pre}.input_linearity.weight")
+            )
+            sd[f"{ours}.{layer}.w_ih.bias"] = gates_from_allennlp(e(f"{pre}.state_linearity.bias"))
+            sd[f"{ours}.{layer}.w_hh.weight"] = gates_from_allennlp(
+                e(f"{pre}.state_linearity.weight")
+            )
             sd[f"{ours}.{layer}.w_proj.weight"] = e(f"{pre}.state_projection.weight")
     return sd
 
@@ -249,9 +383,18 @@ def load_efml(model_dir: str | Path) -> tuple[BiLM, Lexicon, dict[str, Any]]:
             f"{cfg.word_vocab_size} rows",
             field="word.dic",
         )
-    model = BiLM(cfg)
+    for name, ids in (("char.dic", lexicon.chars), ("word.dic", lexicon.words or {})):
+        values = list(ids.values())
+        if values and min(values) < 0:
+            raise ArtifactError(f"{name} holds a negative id ({min(values)})", field=name)
+        if len(set(values)) != len(values):
+            dup = next(v for v in values if values.count(v) > 1)
+            raise ArtifactError(f"{name} gives id {dup} to more than one entry", field=name)
+    # every tensor's shape against the config before anything is built: the model's own
+    # shapes come from a model on the meta device (no memory), the tensors are mapped files
+    with torch.device("meta"):
+        own = BiLM(cfg).state_dict()
     state = state_dict_from_efml(te, enc, cfg)
-    own = model.state_dict()
     for k, v in state.items():
         if tuple(v.shape) != tuple(own[k].shape):
             raise ArtifactError(
@@ -259,6 +402,9 @@ def load_efml(model_dir: str | Path) -> tuple[BiLM, Lexicon, dict[str, Any]]:
                 f"(expected {list(own[k].shape)})",
                 field=k,
             )
+    _check_finite(Path(TOKEN_EMBEDDER_FILE), te)
+    _check_finite(Path(ENCODER_FILE), enc)
+    model = BiLM(cfg)
     model.load_state_dict(state)
     model.eval()
     files = [

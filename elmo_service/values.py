@@ -62,6 +62,36 @@ class InputError(ElmoServiceError, ValueError):
         self.index, self.word = index, word
 
 
+def invalid_text(text: str) -> str | None:
+    """Why ``text`` cannot be embedded, or None: the text rule of every surface (the library,
+    every route, the client), written once. A lone surrogate (``"\\ud800"``, which JSON can
+    carry) has no UTF-8 form: the tokenizer would fail deep inside with a traceback."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"is not valid Unicode (a lone surrogate at character {e.start})"
+    return None
+
+
+def check_text(text: str, field: str, name: str | None = None) -> str:
+    """``text``, or :class:`InputError` naming ``field`` (its message says ``name``, default
+    ``field``) when :func:`invalid_text` refuses it."""
+    why = invalid_text(text)
+    if why is not None:
+        raise InputError(f"{name or field} {why}", field=field)
+    return text
+
+
+def check_document(document: Any, field: str = "document") -> None:
+    """A document (text, or its words) holds only text every surface can embed."""
+    if isinstance(document, str):
+        check_text(document, field)
+        return
+    for j, w in enumerate(document):
+        if isinstance(w, str):
+            check_text(w, f"{field}[{j}]")
+
+
 # ------------------------------------------------------------------ tokens and words
 
 

@@ -10,10 +10,10 @@ from typing import TypeVar
 from starlette.requests import Request
 
 from elmo_api.errors import ApiError
-from elmo_api.lanes import TIMING_KEY
 from elmo_api.middleware import TICKET_KEY
 from elmo_api.served import Embedded, ServedModel
 from elmo_api.settings import Settings
+from elmo_api.timing import TIMING_KEY
 from elmo_service.outputs import OutputSpec
 
 T = TypeVar("T")

@@ -155,16 +155,15 @@ def test_http_overload_is_429_with_retry_after_before_any_wait(tiny_model_dir, t
     app = create_app(s)
     with TestClient(app) as c:
         served = app.state.holder.current
-        # interactive requests: their own model thread's function, by default
-        attr = "interactive_fn" if served.runner.split else "embed_fn"
-        real, gate, started = getattr(served.runner, attr), threading.Event(), threading.Event()
+        # interactive requests without batch work: the main model thread's function
+        real, gate, started = served.runner.embed_fn, threading.Event(), threading.Event()
 
         def blocked(sentences):
             started.set()
             assert gate.wait(20)
             return real(sentences)
 
-        setattr(served.runner, attr, blocked)
+        served.runner.embed_fn = blocked
         slow = WorkEstimate(prior=1.0)  # a slow model: 1 s per token
         served.runner.estimate = served.runner.interactive_estimate = slow
         results = {}

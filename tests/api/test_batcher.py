@@ -224,9 +224,9 @@ def _block_model(app):
 
 
 def _model_attr(runner) -> str:
-    """The runner's function that computes interactive requests: their own thread's
-    (``ELMO_INTERACTIVE_THREAD``, the default) or the one model thread's."""
-    return "interactive_fn" if runner.split else "embed_fn"
+    """The runner's function that computes interactive requests when no batch work waits:
+    the main model thread's (the express thread takes them only beside batch work)."""
+    return "embed_fn"
 
 
 def test_http_queue_full_is_429_json(tiny_model_dir, tmp_path):

@@ -13,6 +13,7 @@ try:
         EmbeddedSentence,
         InputError,
         Token,
+        check_document,
         decode_array,
     )
 except ImportError:  # the client installed alone (pip install ./clients/python)
@@ -21,7 +22,15 @@ except ImportError:  # the client installed alone (pip install ./clients/python)
         EmbeddedSentence,
         InputError,
         Token,
+        check_document,
         decode_array,
     )
 
-__all__ = ["ElmoServiceError", "EmbeddedSentence", "InputError", "Token", "decode_array"]
+__all__ = [
+    "ElmoServiceError",
+    "EmbeddedSentence",
+    "InputError",
+    "Token",
+    "check_document",
+    "decode_array",
+]

@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from elmo_client.errors import ServiceError, ServiceUnreachable, bad_answer, service_error
-from elmo_client.shared import InputError
+from elmo_client.shared import InputError, check_document
 
 # refusals that did nothing: retried for every call, job submission included
 REFUSALS = (429, 503)
@@ -314,8 +314,9 @@ def output_body(*, mix: Any, output: str | None, granularity: str, pooling: str)
     """The output options of ``/v1/embed`` (and ``/v1/embed/document``): base64 float32
     arrays (bit-exact, never float lists).
 
-    ``mix``: None, a task name, or a MixSpec (anything with ``weights``, ``gamma``,
-    ``per_direction``, ``layer_norm``)."""
+    ``mix``: None, a task name, a list of layer weights, a dict with ``weights`` (and
+    ``gamma``, ``per_direction``, ``layer_norm``), or a MixSpec (anything with those
+    attributes)."""
     body: dict[str, Any] = {
         "output": output_of(mix, output),
         "granularity": granularity,
@@ -396,6 +397,8 @@ def embed_body(
 ) -> dict[str, Any]:
     """``POST /v1/embed``'s body (``priority``: sent when not None)."""
     body: dict[str, Any] = {"sentences": [s if isinstance(s, str) else list(s) for s in chunk]}
+    for i, s in enumerate(body["sentences"]):  # the library's text rule, before sending
+        check_document(s, f"sentences[{i}]")
     body.update(output_body(mix=mix, output=output, granularity=granularity, pooling=pooling))
     if priority is not None:
         body["priority"] = priority
