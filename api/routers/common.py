@@ -48,6 +48,19 @@ def check_request_limits(
         )
 
 
+def check_dimensions(dimensions: int | None, served: ServedModel, hint: str = "") -> None:
+    """OpenAI's and TEI's ``dimensions``: this model's vector size, or omitted (no Matryoshka
+    truncation: an ELMo vector cut short is not a smaller embedding)."""
+    if dimensions is not None and dimensions != served.dim:
+        raise ApiError(
+            422,
+            "invalid_input",
+            f"dimensions={dimensions} is not supported: this model's vectors have "
+            f"{served.dim} dimensions{hint}",
+            "dimensions",
+        )
+
+
 async def _wait_disconnect(request: Request) -> None:
     while True:
         message = await request.receive()

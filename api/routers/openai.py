@@ -26,7 +26,7 @@ from elmo_api import outputs, token_ids
 from elmo_api.deps import ServingDep
 from elmo_api.encoding import JSONBytesResponse, dumps
 from elmo_api.errors import ApiError
-from elmo_api.routers.common import ClientGone, embed_request
+from elmo_api.routers.common import ClientGone, check_dimensions, embed_request
 from elmo_api.schemas import OPENAI_ERROR_RESPONSES, EmbeddingsRequest, EmbeddingsResponse
 from elmo_api.served import ServedModel
 from elmo_service.outputs import render
@@ -58,14 +58,7 @@ async def embeddings(
             f"model {req.model!r} is not served; this server serves {served.name!r}",
             "model",
         )
-    if req.dimensions is not None and req.dimensions != served.dim:
-        raise ApiError(
-            422,
-            "invalid_input",
-            f"dimensions={req.dimensions} is not supported: this model's vectors have "
-            f"{served.dim} dimensions (omit dimensions, or pass {served.dim})",
-            "dimensions",
-        )
+    check_dimensions(req.dimensions, served, f" (omit dimensions, or pass {served.dim})")
     if isinstance(req.input, str):
         inputs: list = [req.input]
     elif req.input and isinstance(req.input[0], list):  # token ids (the schema checked them)

@@ -31,7 +31,12 @@ from starlette.responses import Response
 from elmo_api.deps import ServingDep
 from elmo_api.encoding import JSONBytesResponse, dumps
 from elmo_api.errors import ApiError
-from elmo_api.routers.common import ClientGone, check_request_limits, embed_request
+from elmo_api.routers.common import (
+    ClientGone,
+    check_dimensions,
+    check_request_limits,
+    embed_request,
+)
 from elmo_api.routers.openai import unit
 from elmo_api.schemas import REQUEST_CONFIG, TEI_ERROR_RESPONSES, _valid_text
 from elmo_service.outputs import render
@@ -96,14 +101,7 @@ def _truncated(texts: list[str], served, req: TeiEmbed) -> list[str]:
 
 async def _pooled(req: TeiEmbed, request: Request, ctx, per_token: bool) -> Response:
     served, settings = ctx.served, ctx.settings
-    if req.dimensions is not None and req.dimensions != served.dim:
-        raise ApiError(
-            422,
-            "invalid_input",
-            f"dimensions={req.dimensions} is not supported: this model's vectors have "
-            f"{served.dim} dimensions",
-            "dimensions",
-        )
+    check_dimensions(req.dimensions, served)
     texts = _truncated(_texts(req), served, req)
     check_request_limits(texts, settings, "inputs")
     spec = await served.output_spec(output="mix", pooling="none" if per_token else "mean")
