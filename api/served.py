@@ -183,7 +183,7 @@ class ServedModel:
             floats, detail = answer_floats(token_lists, spec, self.dim)
             if max_floats is not None:
                 check_response_floats(floats, max_floats, field, detail)
-        texts = [[t.text for t in toks] for toks in token_lists]
+        texts = [[t.piece for t in toks] for toks in token_lists]
         try:
             layers, hits, misses = await self.layers(texts, ticket, lane, timing)
         except TimeoutError as e:

@@ -170,7 +170,7 @@ def model_slices(args) -> dict:
 
     emb = Embedder.load(args.model, threads=args.threads)
     emb.warm_up()
-    sents = [[t.text for t in toks] for toks in emb.tokenize(make_sentences(4000, seed=3))]
+    sents = [[t.piece for t in toks] for toks in emb.tokenize(make_sentences(4000, seed=3))]
     costs = [len(s) + 2 for s in sents]
     budgets = sorted({256, 512, 1024, 2048, 4096, *args.slice_sizes})
     cuts = {b: plan_batches(costs, BatchBudget(b, 256)) for b in budgets}

@@ -275,7 +275,7 @@ def model_tokens(emb, sentences: list[list[str]]) -> list[list[str]]:
     """The token sequences the server runs for these sentences: its tokenizer's pieces (a
     sentencepiece model splits some words and the final "."), so that the in-process side
     does the same model work the server does and counts tokens as its ``usage`` does."""
-    return [[t.text for t in toks] for toks in emb.tokenize(sentences)]
+    return [[t.piece for t in toks] for toks in emb.tokenize(sentences)]
 
 
 # -- a minimal keep-alive HTTP/1.1 client ------------------------------------------------------

@@ -64,7 +64,8 @@ _LONG_WORD = re.compile(rf"\S{{{MAX_WORD_CHARS + 1}}}")
 
 @dataclass
 class DocTokens:
-    """A document's tokens as arrays: ``texts[ids[i]]`` is token i's text."""
+    """A document's tokens as arrays: ``texts[ids[i]]`` is token i's piece (what the model
+    reads), ``shown[ids[i]]`` its text (``Token``; None: the pieces)."""
 
     texts: list[str]
     ids: np.ndarray  # [T] int32
@@ -72,15 +73,17 @@ class DocTokens:
     end: np.ndarray  # [T] int64
     word: np.ndarray  # [T] int64
     text: str  # the document's text (pre-tokenized words: joined by single spaces)
+    shown: list[str] | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def tokens(self, lo: int, hi: int) -> list[Token]:
-        t = self.texts
+        p, t = self.texts, self.shown or self.texts
         cols = (self.ids[lo:hi], self.start[lo:hi], self.end[lo:hi], self.word[lo:hi])
         return [
-            Token(t[i], s, e, w) for i, s, e, w in zip(*(c.tolist() for c in cols), strict=True)
+            Token(t[i], s, e, w, p[i])
+            for i, s, e, w in zip(*(c.tolist() for c in cols), strict=True)
         ]
 
     def keys(self, lo: int, hi: int) -> list[str]:
@@ -97,7 +100,7 @@ class DocTokens:
 
 class _TokenArrays:
     def __init__(self) -> None:
-        self.index: dict[str, int] = {}
+        self.index: dict[tuple[str, str], int] = {}  # (text, piece) -> id
         self.ids: list[np.ndarray] = []
         self.cols: list[np.ndarray] = []
 
@@ -107,7 +110,9 @@ class _TokenArrays:
             return word_base
         idx = self.index
         self.ids.append(
-            np.fromiter((idx.setdefault(t.text, len(idx)) for t in toks), np.int32, len(toks))
+            np.fromiter(
+                (idx.setdefault((t.text, t.piece), len(idx)) for t in toks), np.int32, len(toks)
+            )
         )
         cols = np.array([(t.start, t.end, t.word) for t in toks], dtype=np.int64)
         cols[:, :2] += offset
@@ -118,7 +123,9 @@ class _TokenArrays:
     def done(self, text: str) -> DocTokens:
         cols = np.concatenate(self.cols) if self.cols else np.zeros((0, 3), np.int64)
         ids = np.concatenate(self.ids) if self.ids else np.zeros(0, np.int32)
-        return DocTokens(list(self.index), ids, cols[:, 0], cols[:, 1], cols[:, 2], text)
+        pieces = [piece for _, piece in self.index]
+        shown = [shown for shown, _ in self.index]
+        return DocTokens(pieces, ids, cols[:, 0], cols[:, 1], cols[:, 2], text, shown)
 
 
 def _segments(text: str, size: int) -> Iterator[tuple[int, str]]:

@@ -321,7 +321,7 @@ class Elmo(nn.Module):
             self._scalar_mixes.append(mix)
         self._kernel = None  # the serving kernel, built on the first frozen forward
         # the kernel's packed copies and the cached layers follow the weights (see WeightsWatch)
-        self._watch = WeightsWatch()
+        self._watch = WeightsWatch(() if module is not None else bilm.parameters())
         self._layer_cache = _new_cache(cache_bytes, requires_grad, stateful, module, cache_dir)
         self._word_embedding: nn.Embedding | None = None
         if vocab_to_cache:
@@ -338,7 +338,7 @@ class Elmo(nn.Module):
         """An ``Elmo`` over one of this project's artifact folders (``load_artifact``).
 
         The artifact's tokenizer is :attr:`tokenizer`: ``batch_to_ids`` must get the
-        tokens it gives (``[t.text for t in elmo.tokenizer(text)]``): words for a
+        tokens it gives (``[t.piece for t in elmo.tokenizer(text)]``): words for a
         converted bilm-tf model, sentencepiece pieces for a model trained here.
         """
         from elmo_service.artifact import load_artifact

@@ -140,7 +140,7 @@ def write_hdf5(
             token_lists = emb.tokenize(
                 inputs, field="input", where=at_line(input_file, 1), offset=index
             )
-            layers = emb.embed_tokens([[t.text for t in toks] for toks in token_lists])
+            layers = emb.embed_tokens([[t.piece for t in toks] for toks in token_lists])
             for line, toks, x in zip(chunk, token_lists, layers, strict=True):
                 # a blank line (or one the tokenizer empties, e.g. U+200B) is a sentence with
                 # no tokens: its dataset has no positions, as the library answers it (#51)

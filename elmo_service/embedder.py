@@ -237,7 +237,7 @@ class Embedder:
 
             # the reference: the same model in exact fp32, built for this measure only
             ref = Embedder(self.artifact, device="cpu", weights="fp32", token_cache_size=0)
-            texts = [[t.text for t in toks] for toks in self.tokenize(SENTENCES)]
+            texts = [[t.piece for t in toks] for toks in self.tokenize(SENTENCES)]
             cert = certify(
                 self.speed_path, self.weights, self.embed_tokens, ref.embed_tokens, texts
             )
@@ -367,7 +367,7 @@ class Embedder:
         spec = self.output_spec(mix, granularity)
         sentences = list(sentences)
         token_lists = self.tokenize(sentences, where=where, offset=offset)
-        layers = self.embed_tokens([[t.text for t in toks] for toks in token_lists])
+        layers = self.embed_tokens([[t.piece for t in toks] for toks in token_lists])
         return [
             self._answer(sent, toks, x, spec)
             for sent, toks, x in zip(sentences, token_lists, layers, strict=True)
@@ -395,9 +395,10 @@ class Embedder:
     @staticmethod
     def _answer(sent: Sentence, toks: list[Token], x: np.ndarray, spec: OutputSpec):
         layers, mixed = render(x, toks, spec)
+        text = sent if isinstance(sent, str) else " ".join(sent)  # what the offsets point into
         if spec.granularity == "word":
-            toks = positions(toks, spec, sent if isinstance(sent, str) else " ".join(sent))
-        return EmbeddedSentence(toks, layers, mixed)
+            toks = positions(toks, spec, text)
+        return EmbeddedSentence(toks, layers, mixed, text)
 
     # -- AllenNLP's ElmoEmbedder names ------------------------------------
     def embed_sentence(self, sentence: Sentence, **options) -> EmbeddedSentence:
@@ -465,7 +466,7 @@ class Embedder:
         chunks_ = embed_document_chunks(
             self, doc, spec, chunk_tokens, spill_dir=None if spill_dir is None else str(spill_dir)
         )
-        return (EmbeddedSentence(c.tokens, c.layers, c.mix) for c in chunks_)
+        return (EmbeddedSentence(c.tokens, c.layers, c.mix, doc.text) for c in chunks_)
 
     def embed_tokens(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """Token texts -> ``[L+1, T, D]`` float32 per sentence, in input order.

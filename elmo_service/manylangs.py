@@ -98,7 +98,7 @@ class ManyLangsEmbedder:
         emb = self.embedder
         runner = emb.runner
         toks = emb.tokenize([list(s) for s in sents])
-        texts = [[t.text for t in ts] for ts in toks]
+        texts = [[t.piece for t in ts] for ts in toks]
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # its stable sort
         out: list[np.ndarray | None] = [None] * len(texts)
         for lo in range(0, len(order), self.batch_size):

@@ -20,7 +20,7 @@ import base64
 import binascii
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -97,23 +97,44 @@ def check_document(document: Any, field: str = "document") -> None:
 
 @dataclass(frozen=True, slots=True)
 class Token:
-    """A model token: its text (what the character CNN reads), the span
-    ``[start, end)`` in the original string, and the index of its word."""
+    """A model token: ``text``, the text of its span ``[start, end)`` of the input, always
+    (with sentencepiece's ``▁`` in front where the piece begins a word: the text less that
+    mark is the span); the index of its word; and ``piece``, what the model reads (the
+    character CNN's input) where it differs from ``text``: a byte piece (``<0xC3>``),
+    sentencepiece's NFKC form (``fi`` for ``ﬁ``), a lowercasing model's ``the``.
+
+    A character the model reads as several byte pieces gives that many tokens, one per
+    model position, each with the character's span and text (``é``, ``é``): the positions
+    are the model's and each keeps its own vector; a word's text and vector take each
+    character once (:func:`word_tokens`, :func:`average_words`). ``piece`` is not compared,
+    printed or sent: a client's tokens (text and span) equal the library's."""
 
     text: str
     start: int
     end: int
     word: int
+    piece: str = field(default="", compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.piece:
+            object.__setattr__(self, "piece", self.text)
 
     def to_dict(self) -> dict[str, Any]:
         return {"text": self.text, "start": self.start, "end": self.end, "word": self.word}
+
+    @property
+    def surface(self) -> str:
+        """The text of the span: ``text`` less sentencepiece's word mark."""
+        n = self.end - self.start
+        return self.text[len(self.text) - n :] if 0 <= n <= len(self.text) else self.text
 
 
 def word_tokens(tokens: Sequence[Token], text: str | None = None) -> list[Token]:
     """One token per word: spans from its first to its last piece.
 
-    The text is the word's span in ``text`` when given, else its pieces joined
-    without sentencepiece's space marker.
+    The text is the word's span in ``text`` when given, else its tokens' spans joined,
+    each character once (pieces of one character share its span): the same words as long
+    as the word's span holds no character the tokenizer dropped.
     """
     groups: dict[int, list[Token]] = {}
     for t in tokens:
@@ -121,9 +142,19 @@ def word_tokens(tokens: Sequence[Token], text: str | None = None) -> list[Token]
     out = []
     for w, pieces in sorted(groups.items()):
         start, end = pieces[0].start, pieces[-1].end
-        word = text[start:end] if text is not None else "".join(p.text for p in pieces)
-        out.append(Token(word.replace("\u2581", ""), start, end, w))
+        word = text[start:end] if text is not None else _joined(pieces)
+        out.append(Token(word, start, end, w))
     return out
+
+
+def _joined(pieces: Sequence[Token]) -> str:
+    """A word's text from its tokens: each token's span once, in order."""
+    parts, covered = [], pieces[0].start
+    for p in pieces:
+        if p.end > covered:
+            parts.append(p.surface[max(0, covered - p.start) :])
+        covered = max(covered, p.end)
+    return "".join(parts)
 
 
 def word_groups(tokens: Sequence[Token]) -> tuple[np.ndarray, int]:
@@ -160,10 +191,13 @@ class EmbeddedSentence:
     tokens: list[Token]  # words when embedded with granularity="word"
     layers: np.ndarray  # [L+1, T, D] float32
     mix: np.ndarray | None = None  # [T, D] when a mix was asked for
+    # the sentence the offsets point into (pre-tokenized words: joined by single spaces)
+    text: str | None = field(default=None, repr=False)
 
     def words(self) -> tuple[list[str], np.ndarray]:
-        """Word-level vectors: a word's pieces averaged. ``[L+1, W, D]``."""
-        return words_of(self.tokens, self.layers)
+        """Word-level vectors: a word's pieces averaged. ``[L+1, W, D]``. The words are
+        their spans of the sentence: what ``granularity="word"`` answers."""
+        return words_of(self.tokens, self.layers, self.text)
 
 
 # ------------------------------------------------------------------ arrays on the wire

@@ -479,6 +479,40 @@ def test_ray_and_pyarrow_stay_inside_the_bulk_package():
     assert not bad, "Ray and pyarrow are imported only in bulk/: " + "; ".join(bad)
 
 
+def _token_texts_batched(tree: ast.AST) -> list[int]:
+    """Lines building a batch of token texts, ``[[t.text for t in ts] for ts in ...]``: the
+    shape of a model's input, which must be the tokens' pieces."""
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ListComp) or not isinstance(node.elt, ast.ListComp):
+            continue
+        inner = node.elt
+        targets = {g.target.id for g in inner.generators if isinstance(g.target, ast.Name)}
+        elt = inner.elt
+        if (
+            isinstance(elt, ast.Attribute)
+            and elt.attr == "text"
+            and isinstance(elt.value, ast.Name)
+            and elt.value.id in targets
+        ):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_the_model_is_fed_token_pieces_not_texts():
+    """A token's ``text`` is its span of the input; what the model reads is its ``piece``
+    (a byte piece, sentencepiece's NFKC form, a lowercased word: #57). A batch of token
+    texts handed to a model would compute other vectors for those tokens."""
+    assert _token_texts_batched(ast.parse("[[t.text for t in ts] for ts in x]")) == [1]
+    assert _token_texts_batched(ast.parse("[[t.piece for t in ts] for ts in x]")) == []
+    bad = [
+        f"{m}:{line}"
+        for m, path in {**modules(), **_bench_modules()}.items()
+        for line in _token_texts_batched(ast.parse(path.read_text(encoding="utf-8")))
+    ]
+    assert not bad, "feed the model t.piece: " + "; ".join(bad)
+
+
 # ------------------------------------------------------------------ the core's shape
 
 # the core package: top-level modules, a subpackage (``bilm/``) counted as one node

@@ -155,7 +155,7 @@ def test_two_kernel_instances_at_once_give_the_same_vectors():
         first, second = Embedder(artifact), Embedder(artifact)
         texts = [f"Sentence number {i} talks about banks , rivers and money ." for i in range(48)]
         texts += ["The long one . " * 40, "short", "中文句子，混合 English 🙂"]
-        toks = [[t.text for t in ts] for ts in first.tokenize(texts)]
+        toks = [[t.piece for t in ts] for ts in first.tokenize(texts)]
         alone = [first.run_batch([t])[0] for t in toks]
         spans: dict[str, list[tuple[float, float]]] = {"main": [], "interactive": []}
 

@@ -303,7 +303,7 @@ def test_dropout_only_in_train_mode(model):
 def test_from_pretrained_reads_an_artifact_and_its_tokenizer(tmp_path):
     directory = tiny_artifact(tmp_path / "m")
     elmo = Elmo.from_pretrained(directory, 2, dropout=0.0)
-    tokens = [t.text for t in elmo.tokenizer("The bank, of the river.")]
+    tokens = [t.piece for t in elmo.tokenizer("The bank, of the river.")]
     out = elmo(batch_to_ids([tokens]))
     assert out["elmo_representations"][0].shape == (1, len(tokens), elmo.get_output_dim())
     assert out["mask"].all()

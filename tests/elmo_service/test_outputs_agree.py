@@ -34,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[2]
 ADMIN = {"authorization": "Bearer admin"}
 # words a vocabulary of 80 pieces splits into many pieces
 SENTENCES = [
-    "The naïve café owners watched boats sail slowly past",
+    # ﬁ: sentencepiece's NFKC gives the model f, i (a token's piece, not its text)
+    "The naïve café owners watched ﬁve boats sail slowly past",
     "Extraordinary bridges",
     "a",
     "Every morning people walk to the old stone bridge near the river bank",
@@ -128,7 +129,7 @@ def raw(emb):
     out = {}
     for kind, inputs in (("text", SENTENCES), ("words", [s.split() for s in SENTENCES])):
         toks = emb.tokenize(inputs)
-        out[kind] = [(t, emb.embed_tokens([[p.text for p in t]])[0]) for t in toks]
+        out[kind] = [(t, emb.embed_tokens([[p.piece for p in t]])[0]) for t in toks]
     assert sum(len(t) for t, _ in out["text"]) >= 2 * sum(len(s.split()) for s in SENTENCES), (
         "the sweep needs a sub-word-heavy model"
     )
@@ -382,7 +383,7 @@ def test_issue_36_layer_normed_task_at_word_granularity_agrees(tmp_path):
     lib = emb.embed(sentences, mix=MixSpec(**task), granularity="word")
     for i, toks in enumerate(emb.tokenize(sentences)):
         assert len({t.word for t in toks}) < len(toks), "the reproducer needs split words"
-        (layers,) = emb.embed_tokens([[t.text for t in toks]])
+        (layers,) = emb.embed_tokens([[t.piece for t in toks]])
         _, want = ref_answer(
             layers, toks, idx=None, mix=MixSpec(**task), granularity="word", pooling="none"
         )
@@ -405,7 +406,7 @@ def doc_raw(emb):
     """The document's tokens and its layers by one unchunked pass over the whole text."""
     toks = emb.tokenizer(DOCUMENT)
     assert len(toks) > 64, "the sweep needs a document longer than the middle chunk size"
-    return toks, emb.embed_tokens([[t.text for t in toks]])[0]
+    return toks, emb.embed_tokens([[t.piece for t in toks]])[0]
 
 
 def test_document_library_sweep(emb, doc_raw):
@@ -565,7 +566,7 @@ def test_embed_file_documents(tmp_path, model, emb, doc_raw):
     toks, layers = doc_raw
     other = SENTENCES[1]
     other_toks = emb.tokenizer(other)
-    other_layers = emb.embed_tokens([[t.text for t in other_toks]])[0]
+    other_layers = emb.embed_tokens([[t.piece for t in other_toks]])[0]
     for (flag, idx, spec), gran, chunk in itertools.product(
         [("--all", range(N_LAYERS), None), ("--task=norm", None, TASKS["norm"])],
         GRANULARITIES,

@@ -1,4 +1,5 @@
-"""One text rule on every surface (#56 finding 3), and the client's inline mixes (#57 item 7).
+"""One text rule on every surface (#56 finding 3); the client's inline mixes are held by
+tests/elmo_service/test_client.py (#57 item 7).
 
 A lone surrogate has no UTF-8 form: the tokenizer would fail deep inside (sentencepiece's
 RuntimeError), orjson with a bare TypeError. ``elmo_service.values.check_text`` is the rule,
@@ -12,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from elmo_client import Client
-from elmo_client.wire import embed_body, mix_body
+from elmo_client.wire import embed_body
 from elmo_service import Embedder
 from elmo_service.errors import InputError
 from elmo_service.values import check_document, check_text, invalid_text
@@ -64,17 +65,3 @@ def test_the_client_refuses_before_sending():
     with pytest.raises(InputError) as e:
         embed_body(["ok", BAD], mix=None, output=None, granularity="token", pooling="none")
     assert e.value.field == "sentences[1]"
-
-
-def test_the_client_takes_a_mix_as_a_list_a_dict_or_a_spec():
-    from elmo_service import MixSpec
-
-    assert mix_body([0.2, 0.3, 0.5]) == {"mix": [0.2, 0.3, 0.5]}
-    assert mix_body({"weights": [1, 0, 0], "gamma": 2}) == {"mix": [1.0, 0.0, 0.0], "gamma": 2.0}
-    spec = MixSpec(weights=[0.2, 0.3, 0.5], gamma=0.5)
-    got = mix_body(spec)
-    assert got["mix"] == [0.2, 0.3, 0.5] and got["gamma"] == 0.5
-    for bad in ({"weigths": [1]}, 3.0, {"weights": ["a"]}):
-        with pytest.raises(InputError) as e:
-            mix_body(bad)
-        assert e.value.field == "mix"

@@ -11,6 +11,7 @@ asyncio), so the retry rule, the splitting of large inputs and the checks of eve
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import time
@@ -326,46 +327,63 @@ def output_body(*, mix: Any, output: str | None, granularity: str, pooling: str)
     if isinstance(mix, str):
         body["task"] = mix
     elif mix is not None:
-        body.update(mix_body(mix))
+        spec = mix_spec(mix)
+        body["mix"] = spec.pop("weights")
+        body.update(spec)
     return body
 
 
-_MIX_KEYS = ("weights", "gamma", "per_direction", "layer_norm")
+MIX_KEYS = ("weights", "gamma", "per_direction", "layer_norm")
+_MIX_FORMS = (
+    "a task name, a list of layer weights, or a dict with 'weights' (and 'gamma', "
+    "'per_direction', 'layer_norm')"
+)
 
 
-def mix_body(mix: Any) -> dict[str, Any]:
-    """An inline mix as ``/v1/embed`` takes it: a list of weights (the server's defaults for
-    the rest), a dict of ``_MIX_KEYS``, or an object with those attributes (``MixSpec``).
-    Anything else is an :class:`InputError` naming ``mix``, before a request is sent."""
-    if isinstance(mix, dict):
-        unknown = sorted(set(mix) - set(_MIX_KEYS))
-        if unknown or "weights" not in mix:
+def mix_spec(mix: Any, field: str = "mix") -> dict[str, Any]:
+    """An inline mix as ``{"weights", "gamma", "per_direction", "layer_norm"}``: a list of
+    layer weights (gamma 1), a dict of those keys (``weights`` required), or anything with
+    them as attributes (the library's ``MixSpec``). Anything else, an unknown key or a value
+    that is not a finite number: ``InputError`` (a ``ValueError``) naming ``field``, before
+    any request is sent."""
+    if isinstance(mix, Mapping):
+        unknown = [k for k in mix if k not in MIX_KEYS]
+        if unknown:
             raise InputError(
-                f"mix as a dict takes the keys {', '.join(_MIX_KEYS)} (weights required); "
-                f"got {sorted(mix)}",
-                field="mix",
+                f"{field} has no key {unknown[0]!r}: a mix is {_MIX_FORMS}", field=field
             )
-        spec = dict(mix)
-    elif isinstance(mix, list | tuple):
-        spec = {"weights": mix}
-    elif hasattr(mix, "weights"):
-        spec = {k: getattr(mix, k) for k in _MIX_KEYS if hasattr(mix, k)}
+        if "weights" not in mix:
+            raise InputError(f"{field} needs 'weights': a mix is {_MIX_FORMS}", field=field)
+        given = dict(mix)
+    elif isinstance(mix, (list, tuple)) or (hasattr(mix, "ndim") and hasattr(mix, "tolist")):
+        given = {"weights": mix}
+    elif not isinstance(mix, (str, bytes)) and all(hasattr(mix, k) for k in MIX_KEYS):
+        given = {k: getattr(mix, k) for k in MIX_KEYS}
     else:
-        raise InputError(
-            "mix must be a task name, a list of layer weights, a dict with 'weights', or a "
-            f"MixSpec; got {type(mix).__name__}",
-            field="mix",
-        )
-    try:
-        out: dict[str, Any] = {"mix": [float(w) for w in spec["weights"]]}
-        if spec.get("gamma") is not None:
-            out["gamma"] = float(spec["gamma"])
-    except (TypeError, ValueError):
-        raise InputError("mix weights and gamma must be numbers", field="mix") from None
-    for key in ("per_direction", "layer_norm"):
-        if spec.get(key) is not None:
-            out[key] = bool(spec[key])
+        raise InputError(f"{field} must be {_MIX_FORMS}, not {type(mix).__name__}", field=field)
+    weights = given["weights"]
+    weights = weights.tolist() if hasattr(weights, "tolist") else weights
+    if not isinstance(weights, (list, tuple)) or not weights:
+        raise InputError(f"{field} weights must be a non-empty list of numbers", field=field)
+    out = {
+        "weights": [_number(w, f"{field} weights[{i}]", field) for i, w in enumerate(weights)],
+        "gamma": _number(given.get("gamma", 1.0), f"{field} gamma", field),
+    }
+    for flag in ("per_direction", "layer_norm"):
+        value = given.get(flag, False)
+        if not isinstance(value, bool) and type(value).__name__ != "bool_":
+            raise InputError(f"{field} {flag} must be true or false", field=field)
+        out[flag] = bool(value)
     return out
+
+
+def _number(x: Any, what: str, field: str) -> float:
+    if isinstance(x, (bool, str, bytes)) or not hasattr(x, "__float__"):
+        raise InputError(f"{what} must be a number, not {type(x).__name__}", field=field)
+    value = float(x)
+    if not math.isfinite(value):
+        raise InputError(f"{what} must be finite, not {value}", field=field)
+    return value
 
 
 def embed_body(
