@@ -10,7 +10,6 @@ import asyncio
 import threading
 import time
 
-import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
@@ -18,16 +17,7 @@ from elmo_api.batcher import Batcher, Overloaded, WorkEstimate
 from elmo_api.main import create_app
 from elmo_api.metrics import Metrics
 from elmo_api.settings import load_settings
-
-
-class GatedModel:
-    def __init__(self) -> None:
-        self.gate, self.started = threading.Event(), threading.Event()
-
-    def __call__(self, sentences):
-        self.started.set()
-        assert self.gate.wait(10)
-        return [np.zeros((1, len(s), 1), dtype=np.float32) for s in sentences]
+from tests.support.fake_models import FakeModel
 
 
 def test_estimate_starts_at_the_prior_then_follows_real_batches_weighted_by_tokens():
@@ -56,7 +46,7 @@ def test_check_refuses_what_cannot_finish_and_says_when_to_retry():
 
 
 def test_batcher_refuses_at_submit_when_queued_work_exceeds_the_timeout():
-    model = GatedModel()
+    model = FakeModel(threading.Event())
     metrics = Metrics()
     b = Batcher(model, metrics=metrics, estimate=WorkEstimate(prior=1.0, headroom=1.0))  # 1 s/tok
 
@@ -89,7 +79,7 @@ def test_batcher_refuses_at_submit_when_queued_work_exceeds_the_timeout():
 def test_a_request_that_would_overtake_a_queued_one_past_its_deadline_is_refused():
     """Takes are sorted by length: a longer request queued later runs first, so admitting
     it must leave the queued request's deadline intact, whatever its own timeout."""
-    model = GatedModel()
+    model = FakeModel(threading.Event())
     b = Batcher(model, estimate=WorkEstimate(prior=1.0, headroom=1.0))
 
     async def main():

@@ -9,7 +9,6 @@ import threading
 import time
 
 import httpx
-import numpy as np
 import pytest
 
 from elmo_api.batcher import Batcher, QueueFull
@@ -18,28 +17,8 @@ from elmo_api.main import create_app
 from elmo_api.metrics import Metrics
 from elmo_api.settings import load_settings
 from elmo_api.timing import RequestTiming
+from tests.support.fake_models import FakeModel
 from tests.support.live_server import LiveServer
-
-
-class GatedModel:
-    """Records every batch as (tokens...) tuples; the first call waits for ``gate``."""
-
-    def __init__(self, gate: threading.Event | None = None, delay: float = 0.0) -> None:
-        self.batches: list[list[tuple[str, ...]]] = []
-        self.gate = gate
-        self.delay = delay
-        self.started = threading.Event()
-        self.lock = threading.Lock()
-
-    def __call__(self, sentences):
-        self.started.set()
-        if self.gate is not None:
-            assert self.gate.wait(10)
-        if self.delay:
-            time.sleep(self.delay)
-        with self.lock:
-            self.batches.append([tuple(s) for s in sentences])
-        return [np.full((1, len(s), 1), float(len(s)), np.float32) for s in sentences]
 
 
 def run(coro):
@@ -66,7 +45,7 @@ def test_interactive_work_runs_before_batch_work_queued_earlier():
     """One model thread (no express thread): the batch queued first waits for the
     interactive requests queued after it."""
     gate = threading.Event()
-    model = GatedModel(gate)
+    model = FakeModel(gate)
     b = Batcher(model, batch_tokens=4096, max_fill_wait=0)
 
     async def main():
@@ -93,7 +72,7 @@ def test_interactive_work_preempts_the_rest_of_a_batch_take():
     """Batch work alone runs in full batches (no interactive traffic yet); an interactive
     request arriving meanwhile waits for the batch running now, not for the whole take."""
     gate = threading.Event()
-    model = GatedModel(gate)
+    model = FakeModel(gate)
     # budget of 12 padded tokens: 4 sentences of 1 token (+2 markers) per batch
     b = Batcher(model, batch_tokens=12, take_batches=8, max_fill_wait=0)
 
@@ -120,7 +99,7 @@ def test_flooded_interactive_lane_does_not_starve_batch_work():
 
     def flood(share: float) -> list[str]:
         gate = threading.Event()
-        model = GatedModel(gate)
+        model = FakeModel(gate)
         # two interactive sentences of 20 tokens fill a batch: only the share lets batch work in
         b = Batcher(model, batch_tokens=64, batch_share=share, max_fill_wait=0)
         long = [f"w{k}" for k in range(20)]
@@ -169,7 +148,7 @@ def test_lane_share_is_a_bounded_share_of_tokens():
 
 def test_per_lane_queue_limits_and_refusals_are_counted_per_lane():
     gate = threading.Event()
-    model = GatedModel(gate)
+    model = FakeModel(gate)
     metrics = Metrics()
     b = Batcher(model, max_queue=6, batch_max_queue=3, metrics=metrics, max_fill_wait=0)
 
@@ -201,7 +180,7 @@ def test_interactive_admission_does_not_count_queued_batch_work():
     """Interactive work waits only for its lane and the batch running now: a big batch-lane
     backlog does not get it refused as overloaded, while batch work behind it is."""
     gate = threading.Event()
-    model = GatedModel(gate)
+    model = FakeModel(gate)
     b = Batcher(model, max_fill_wait=0)
     b.estimate.observe(1.0, 100)  # 10 ms per token
 
@@ -221,7 +200,7 @@ def test_interactive_admission_does_not_count_queued_batch_work():
 
 
 def test_timing_parts_add_up_within_the_wall_time():
-    model = GatedModel(delay=0.02)
+    model = FakeModel(delay=0.02)
     b = Batcher(model, max_fill_wait=0)
 
     async def main():
