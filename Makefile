@@ -25,7 +25,7 @@ TORCH ?= auto
 TORCH_VERSION := 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_CUDA_INDEX ?=
-EXTRAS ?= server,hdf5,plot
+EXTRAS ?= server,hdf5,plot,openai
 TORCH_PLAN = $(BIN)/python deploy/torch_plan.py --torch $(TORCH) --version $(TORCH_VERSION) \
 	--pip $(BIN)/pip --cpu-index "$(TORCH_CPU_INDEX)" --cuda-index "$(TORCH_CUDA_INDEX)"
 
@@ -56,12 +56,14 @@ $(TEST_STAMP): $(STAMP) $(wildcard tests/install_parity_deps.sh)
 
 setup: $(TEST_STAMP)
 
-# redis-server is needed by the cache and job tests (a real server, on loopback).
+# redis-server is needed by the cache and job tests (a real server, on loopback); haproxy by the
+# balancer's tests (the real one, checking and routing to real replicas).
 system-deps:
-	@command -v redis-server >/dev/null 2>&1 || { \
+	@missing=""; for p in redis-server haproxy; do command -v $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; \
-	  else echo "redis-server is required for the tests: install it (apt-get install redis-server)"; exit 1; fi; }
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  else echo "the tests need:$$missing (apt-get install$$missing)"; exit 1; fi; fi
 
 serve: $(STAMP)
 	$(BIN)/elmo-service serve --host $(HOST) --port $(PORT)
@@ -136,7 +138,14 @@ compose-cmd: $(filter $(BIN)/docker-compose,$(COMPOSE))
 stack: docker-engine $(filter $(BIN)/docker-compose,$(COMPOSE))
 	DOCKER_BUILDKIT=$(DOCKER_BUILDKIT) $(COMPOSE) up -d --build --wait --wait-timeout 600
 	$(COMPOSE) ps
-	@echo "API on http://$${API_BIND:-127.0.0.1}:$${API_PORT:-8000} through the balancer (make stack-down stops it; volumes are kept)"
+	@# the address compose really published (API_BIND/API_PORT from the shell, else .env, as
+	@# compose reads them), not a default
+	@addr=$$($(COMPOSE) port lb 8000 2>/dev/null | tail -n 1); \
+	if [ -z "$$addr" ]; then \
+	  bind=$${API_BIND:-$$(sed -n 's/^API_BIND=//p' .env 2>/dev/null | tail -n 1)}; \
+	  port=$${API_PORT:-$$(sed -n 's/^API_PORT=//p' .env 2>/dev/null | tail -n 1)}; \
+	  addr="$${bind:-127.0.0.1}:$${port:-8000}"; fi; \
+	echo "API on http://$$addr through the balancer (make stack-down stops it; volumes are kept)"
 
 stack-down: docker-engine $(filter $(BIN)/docker-compose,$(COMPOSE))
 	$(COMPOSE) down

@@ -1,4 +1,4 @@
-"""Admission control, shared by both runners: the queue bound and the work estimate.
+"""Admission control: the queue bound and the work estimate.
 
 A request is refused at the door (:class:`QueueFull`, a 429) when its lane's queue
 is full, or (:class:`Overloaded`, 429 with ``Retry-After``) when the work ahead of
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -147,43 +147,6 @@ def admit(
         raise
 
 
-class Runner(Protocol):
-    """How a served model's calls reach it: :class:`Batcher`, or :class:`DirectRunner`."""
-
-    # how long a runner must stay idle before a drain may close it (a DirectRunner sees
-    # a request only once it calls the model, so it needs a longer quiet spell)
-    quiet_for: float
-
-    @property
-    def depth(self) -> int:
-        """Requests queued or running."""
-
-    @property
-    def idle(self) -> bool:
-        """No request on its way: none announced, queued or running."""
-
-    @property
-    def alive(self) -> bool:
-        """Still taking work."""
-
-    def announce(self) -> Ticket:
-        """A request is on its way (the AnnounceMiddleware calls this on arrival)."""
-
-    async def embed(
-        self,
-        token_lists: TokenLists,
-        timeout: float | None = None,
-        ticket: Ticket | None = None,
-        lane: str = "interactive",
-        timing: Any = None,
-    ) -> list[np.ndarray]:
-        """``[L+1, T, D]`` float32 per sentence, in order; ``lane`` its priority,
-        ``timing`` (an ``elmo_api.lanes.RequestTiming``) filled with its queue and model time."""
-
-    def close(self, timeout: float = ...) -> None:
-        """Stop taking work and wait for what runs."""
-
-
 # the server's defaults (api/settings.py reads these; the budget's are elmo_service's)
 DEFAULT_FILL_WAIT_MS = 10.0
 DEFAULT_MAX_QUEUE = 4096
@@ -192,15 +155,15 @@ DEFAULT_MAX_QUEUE = 4096
 class Ticket:
     """An announced request; ``retire`` is idempotent."""
 
-    __slots__ = ("_batcher", "live")
+    __slots__ = ("live", "runner")
 
-    def __init__(self, batcher: Any) -> None:  # the Batcher it was announced to, or None
-        self._batcher = batcher
-        self.live = batcher is not None
+    def __init__(self, runner: Any) -> None:  # the runner it was announced to, or None
+        self.runner = runner
+        self.live = runner is not None
 
     def retire(self) -> None:
-        if self.live and self._batcher is not None:
-            self._batcher._retire(self)
+        if self.live and self.runner is not None:
+            self.runner.retire(self)
 
 
 class BatcherClosed(Exception):

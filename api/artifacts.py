@@ -9,7 +9,7 @@ from typing import Any
 from elmo_api.served import ServedModel, provenance_summary
 from elmo_service.artifact import MANIFEST, read_header
 from elmo_service.errors import InputError
-from elmo_service.names import check_model_name
+from elmo_service.settings_base import check_model_name
 
 
 def _served_entry(served: ServedModel, full: bool) -> dict[str, Any]:

@@ -1,62 +1,38 @@
-"""Micro-batching: two priority lanes, one model thread (or one per lane), the only model callers.
+"""Micro-batching: the server's only model callers, one policy over two priority lanes.
 
-Requests ``submit`` token lists (already tokenized in the request path) and
-await one future per sentence. The worker thread:
+Requests ``submit`` token lists (tokenized in the request path) and await one future
+per sentence. A model thread wakes as soon as anything is queued and it is free: there
+is no fixed batch delay, whatever queued up while the previous batch ran forms the next
+one (as TEI's next batch forms while the current one runs). A take is sorted by length
+and cut under the token budget (``elmo_service.bilm.runner.plan_batches``, the library's
+planner); sentences whose future is already done (client gone, timed out) are dropped
+before the model, also between the batches of a take.
 
-* wakes as soon as anything is queued and the model is idle -- there is no
-  fixed batch delay: whatever queued up while the previous batch ran forms
-  the next one (as TEI's next batch forms while the current one runs);
-* takes pending sentences FIFO up to a few batches' worth of padded tokens,
-  drops those whose future is already done (client gone, timed out), sorts
-  the rest by length and cuts them into batches under the token budget
-  (``elmo_service.batching.plan_batches``, the planner the library uses too);
-* runs each batch as one ``Embedder.embed_batch`` call, which does not plan
-  again, and hands results back to the event loop; sentences cancelled while
-  earlier batches ran are dropped too.
+Lanes (``priority``: ``interactive``, the default, or ``batch``) each have a queue, a
+queue bound and admission (:mod:`elmo_api.admission`). Documents (``POST
+/v1/embed/document``) are batch-lane work: every waiting document's next round is one
+batched step (:mod:`elmo_api.document_rounds`), in turns with batch-lane takes.
 
-Priority lanes (``priority`` in a request: ``interactive``, the default, or
-``batch``): each lane has its own queue, queue bound and admission.
+One policy (:meth:`Batcher._pick`) decides what each model thread runs next:
 
-* Interactive work goes first: a take starts with the interactive queue, and
-  while batch work waits, the room left in that batch (``topup_tokens``, 128
-  padded tokens by default, at most one slice) is filled with batch sentences,
-  oldest first: the interactive batch stays short, and batch work rides along
-  on the steps the model takes for it anyway.
-* No starvation: while both lanes wait, the batch lane gets at least
-  ``batch_share`` of the model's recent tokens (``elmo_api.lanes.LaneShare``: why a
-  share and not an age rule is said there).
-* A bound on waiting behind batch work already computing: while interactive
-  traffic is live (a request in the last ``interactive_window`` seconds), batch
-  work runs in slices of at most ``slice_tokens`` padded tokens; otherwise in
-  full batches, and after each batch of a take the worker looks at the
-  interactive queue again (the rest of the take goes back to the front of the
-  batch queue). So an interactive request waits behind at most one slice (one
-  full batch for the first one after a quiet spell), then runs with at most a
-  quarter slice of batch sentences beside it.
-
-A full lane raises :class:`QueueFull` at once (the route answers 429). Queues
-are counted in sentences, the unit the model works in.
-
-Admission control (:mod:`elmo_api.admission`): a request is refused at the door when the
-work ahead of it would not let it finish inside its timeout.
-
-An interactive model thread (``interactive_fn``, ``ELMO_INTERACTIVE_THREAD``): the
-interactive lane gets a worker thread of its own with its own model instance over the
-same weights (one intra-op thread: the batch lane's two keep the cores). An interactive
-request then never waits behind batch work already computing -- it runs at once, beside
-it, the two sharing the CPU for its few milliseconds -- so the batch lane needs no
-slices, no top-up and no share: it runs full batches on the main thread, the whole
-time. The batch lane's thread runs ``batch_nice`` nicer (and so the kernel threads it
-starts): when both compute, the CPU goes to interactive work first. Admission counts, for
-interactive work, its own lane only, with its own seconds-per-token estimate (lone
-sentences cost more per token than full batches).
+* **The main thread** (every intra-op thread) runs batch-lane work first, in full
+  batches, and interactive work when no batch work waits: a server without batch work
+  computes interactive requests on every core.
+* **The express thread** (CPU, ``interactive_fn``: a second kernel instance over the same
+  weights, one intra-op thread) runs interactive work only while the main thread is
+  committed to batch work, so an interactive request never waits behind a batch already
+  computing. The main thread runs ``batch_nice`` nicer, so the express thread and the
+  event loop get the CPU first when both compute.
+* **Without an express thread** (GPU, or ``ELMO_INTERACTIVE_THREAD=false``) the main
+  thread runs interactive work first, gives the batch lane at least ``batch_share`` of its
+  recent tokens (:class:`elmo_api.lanes.LaneShare`), and goes back to interactive work
+  between the batches of a batch take.
 
 Batch fill without a fixed delay: requests announce themselves as they enter the embedding
 path, and a batch about to start waits -- at most ``fill_ratio`` of the recent batch time,
 never over ``max_fill_wait`` -- for the announced ones and for as many returning clients
-as the last batch answered; an idle server never waits, and an interactive sentence ends
-the wait. Without it, closed-loop clients alternate batches of 1 and N-1, or settle into
-two half-size batches (docs/serving.md).
+as the last batch answered; an idle server never waits. Without it, closed-loop clients
+alternate batches of 1 and N-1 (docs/serving.md, where the measurements are).
 """
 
 from __future__ import annotations
@@ -64,11 +40,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -81,20 +57,16 @@ from elmo_api.admission import (
     EmbedFn,
     Overloaded,
     QueueFull,
-    Runner,
     Ticket,
     TokenLists,
     WorkEstimate,
     admit,
     token_cost,
 )
-from elmo_api.direct import DirectRunner
+from elmo_api.document_rounds import DocumentRounds
 from elmo_api.lanes import (
     BATCH,
     DEFAULT_BATCH_SHARE,
-    DEFAULT_BATCH_SLICE_TOKENS,
-    DEFAULT_INTERACTIVE_WINDOW,
-    DEFAULT_TOPUP_TOKENS,
     INTERACTIVE,
     LANES,
     Lane,
@@ -105,7 +77,7 @@ from elmo_api.lanes import (
 from elmo_api.lanes import QueuedSentence as _Item
 from elmo_api.lanes import set_results as _set_results
 from elmo_api.metrics import Metrics
-from elmo_service.batching import (
+from elmo_service.bilm.runner import (
     DEFAULT_BATCH_TOKENS,
     DEFAULT_MAX_BATCH_SENTENCES,
     BatchBudget,
@@ -120,26 +92,27 @@ __all__ = [
     "DEFAULT_MAX_QUEUE",
     "Batcher",
     "BatcherClosed",
-    "DirectRunner",
     "EmbedFn",
     "Overloaded",
     "QueueFull",
-    "Runner",
     "Ticket",
     "TokenLists",
     "WorkEstimate",
     "token_cost",
 ]
 
+MAIN, EXPRESS = "main", "express"  # the model threads
+ROUNDS = "rounds"  # what the main thread may pick besides a lane: the documents' rounds
+CALL = "call"  # a run_on_each call
+
 
 class Batcher:
-    """The lanes and the one model thread of a served model (see the module docstring).
+    """The lanes and the model threads of a served model (see the module docstring).
 
     # Parameters
 
     embed_fn : `EmbedFn`
-        Runs one planned batch (``Embedder.embed_batch``): the batcher is the only
-        planner on the serving path.
+        Runs one planned batch (``Embedder.run_batch``) on the main thread.
     batch_tokens : `int`, optional
         The padded-token budget of one batch (``len(batch) * longest``, markers included).
     max_batch_sentences : `int`, optional
@@ -148,40 +121,33 @@ class Batcher:
         Interactive sentences queued at most; beyond, :class:`QueueFull` (a 429).
     batch_max_queue : `int`, optional
         Batch-lane sentences queued at most (default ``max_queue``).
-    slice_tokens : `int`, optional
-        The padded-token budget of a batch-lane slice while interactive traffic is live:
-        the bound on what an interactive request waits behind.
     batch_share : `float`, optional
-        The batch lane's least share of the model while both lanes wait (:class:`LaneShare`).
-    interactive_window : `float`, optional
-        Seconds after an interactive request during which batch work runs in slices.
-    topup_tokens : `int`, optional
-        Padded tokens of batch work an interactive batch takes along (default 128, at most
-        a slice).
+        Without an express thread: the batch lane's least share of the model while both
+        lanes wait (:class:`LaneShare`).
     metrics : `Metrics`, optional
         Prometheus metrics to update (queue depth, batch sizes, refusals).
     take_batches : `int`, optional (default = `4`)
-        How many batches' worth of tokens the worker takes from the queue at once
-        (sorted by length together, so a take packs with little padding).
+        How many batches' worth of tokens a thread takes from a queue at once (sorted by
+        length together, so a take packs with little padding).
     max_fill_wait : `float`, optional
         Seconds a batch may wait at most for announced or returning requests.
     fill_ratio : `float`, optional (default = `0.25`)
         ... and at most this share of the recent batch duration.
     name : `str`, optional (default = `"batcher"`)
-        The worker thread's name.
+        The main thread's name (the express thread's is ``name + "-interactive"``).
     estimate : `WorkEstimate`, optional
-        Seconds per token for admission control (a fresh, slow prior when None).
+        Seconds per token of the main thread, for admission (a slow prior when None).
     interactive_fn : `EmbedFn`, optional
-        When given, the interactive lane runs on a thread of its own through this function
-        (a second model instance over the same weights: it must be safe to call while
-        ``embed_fn`` runs), and the main thread serves the batch lane alone.
+        The express thread's model call: a second model instance over the same weights,
+        safe to call while ``embed_fn`` runs. None: no express thread.
     interactive_threads : `int`, optional (default = `1`)
-        Intra-op (torch) threads of the interactive thread (None: leave torch's default).
+        Intra-op (torch) threads of the express thread (None: torch's default).
     batch_nice : `int`, optional (default = `0`)
-        With a thread per lane: the batch lane's thread (and the threads it starts: the
-        kernel's direction workers, OpenMP's) runs this much nicer (Linux), so the CPU
-        goes to the interactive thread and the event loop first when they need it.
+        With an express thread: the main thread (and the kernel threads it starts) runs
+        this much nicer (Linux).
     """
+
+    quiet_for = 0.05  # idle this long before a drain may close the batcher
 
     def __init__(
         self,
@@ -191,10 +157,7 @@ class Batcher:
         max_batch_sentences: int = DEFAULT_MAX_BATCH_SENTENCES,
         max_queue: int = DEFAULT_MAX_QUEUE,
         batch_max_queue: int | None = None,
-        slice_tokens: int = DEFAULT_BATCH_SLICE_TOKENS,
         batch_share: float = DEFAULT_BATCH_SHARE,
-        interactive_window: float = DEFAULT_INTERACTIVE_WINDOW,
-        topup_tokens: int | None = None,
         metrics: Metrics | None = None,
         take_batches: int = 4,
         max_fill_wait: float = DEFAULT_FILL_WAIT_MS / 1000.0,
@@ -206,67 +169,53 @@ class Batcher:
         batch_nice: int = 0,
     ) -> None:
         self.embed_fn = embed_fn
+        self.interactive_fn = interactive_fn
+        self.express = interactive_fn is not None
         self.budget = BatchBudget(batch_tokens, max_batch_sentences)
-        self.slice = BatchBudget(min(slice_tokens, batch_tokens), max_batch_sentences)
-        # an interactive batch takes batch work along up to this many padded tokens: a little
-        # (the default, 128) keeps the interactive request's own batch short -- what it waits
-        # for is mostly that batch -- and recovers part of what its extra batch costs; a full
-        # slice makes it a slice the batch lane would have run anyway (no extra batch: more
-        # batch throughput, a slice's time on every interactive request; docs/serving.md)
-        self.topup_tokens = min(
-            self.slice.tokens, DEFAULT_TOPUP_TOKENS if topup_tokens is None else topup_tokens
-        )
-        self.max_queue = max_queue
+        self.take_tokens = batch_tokens * take_batches
         self.lane_max_queue = {
             INTERACTIVE: max_queue,
             BATCH: max_queue if batch_max_queue is None else batch_max_queue,
         }
         self.share = LaneShare(batch_share, floor=batch_tokens)
-        self.interactive_window = interactive_window
         self.metrics = metrics
-        self.take_batches = take_batches
-        self.take_tokens = batch_tokens * take_batches
         self.max_fill_wait = max_fill_wait
         self.fill_ratio = fill_ratio
-        self._batch_seconds = 0.0  # moving average of recent batch durations
+        self.batch_nice = batch_nice
         self.estimate = estimate or WorkEstimate()
+        # the express thread's seconds per token: lone sentences cost more per token
+        self.interactive_estimate = WorkEstimate() if self.express else self.estimate
+        self._queues: dict[Lane, deque[_Item]] = {lane: deque() for lane in LANES}
         # tokens (with markers) queued or running, and of which queued, per lane: admission
         self._pending_cost = {lane: 0 for lane in LANES}
         self._queued_cost = {lane: 0 for lane in LANES}
+        self._computing: dict[str, str | None] = {MAIN: None, EXPRESS: None}  # what runs
+        self._calls: dict[str, deque[tuple[Callable[[EmbedFn], Any], Future]]] = {
+            MAIN: deque(),
+            EXPRESS: deque(),
+        }  # run_on's calls, before any queued work
         self._running_batch = 0  # batch-lane tokens in the model now
-        self._last_interactive = -math.inf  # when an interactive request last arrived
-        # since when each worker has been busy ("main"; "interactive" with its own thread)
-        self._busy_mark = {"main": time.perf_counter(), "interactive": time.perf_counter()}
+        self._busy_since = {MAIN: time.perf_counter(), EXPRESS: time.perf_counter()}
+        self._batch_seconds = 0.0  # moving average of the main thread's batch durations
         self._incoming = 0  # announced requests not yet submitted
         self._returning = 0  # sentences answered by the last batch not yet matched by arrivals
-        self._queues: dict[Lane, deque[_Item]] = {lane: deque() for lane in LANES}
+        self._last_fill = (0, 0.0)
         self._cond = threading.Condition()
         self._closed = False
-        self.batches_run = 0
-        self.recent: deque[tuple[int, int, float]] = deque(
-            maxlen=512
-        )  # (sentences, announced, waited s)
-        self.lanes_run: deque[tuple[int, int]] = deque(maxlen=512)  # (interactive, batch) sentences
-        self._last_fill = (0, 0.0)
-        self.sentences_run = 0
-        self.dropped = 0
-        self.interactive_fn = interactive_fn
-        self.split = interactive_fn is not None
-        self.batch_nice = batch_nice
-        # the interactive lane's seconds per token: its own when it has its own thread
-        self.interactive_estimate = WorkEstimate() if self.split else self.estimate
-        self._thread = threading.Thread(target=self._worker, name=name, daemon=True)
-        self._threads = [self._thread]
-        if self.split:
-            interactive = start_lane_thread(
-                lambda: self._lane_worker(INTERACTIVE), f"{name}-interactive", interactive_threads
+        self.rounds = DocumentRounds(self._cond)  # documents' pass 1, batch-lane work
+        self.batches_run = self.sentences_run = self.dropped = 0
+        self.recent: deque[tuple[int, int, float]] = deque(maxlen=512)  # (n, announced, waited)
+        self.lanes_run: deque[tuple[int, int]] = deque(maxlen=512)  # (interactive, batch)
+        self._threads = [threading.Thread(target=self._work, args=(MAIN,), name=name, daemon=True)]
+        if self.express:
+            self._threads.append(
+                start_lane_thread(
+                    lambda: self._work(EXPRESS), f"{name}-interactive", interactive_threads
+                )
             )
-            self._threads.append(interactive)
-        self._thread.start()
+        self._threads[0].start()
 
     # -- request side (event loop) ---------------------------------------------
-    quiet_for = 0.05
-
     @property
     def depth(self) -> int:
         return sum(len(q) for q in self._queues.values())
@@ -276,29 +225,55 @@ class Batcher:
 
     @property
     def idle(self) -> bool:
-        return not self.depth and self._incoming == 0
+        # a document between two rounds is back within a poll: a drain waits for it too
+        return not self.depth and self._incoming == 0 and not self.rounds.active
+
+    @property
+    def pending_tokens(self) -> int:
+        """Tokens (with sentence markers) queued or in the model now."""
+        return sum(self._pending_cost.values())
 
     def announce(self) -> Ticket:
-        """A request is on its way (see the module docstring); retire the ticket or submit with it."""
+        """A request is on its way (the fill waits for it); retire the ticket or submit with it."""
         with self._cond:
             self._incoming += 1
         return Ticket(self)
 
-    def _retire(self, ticket: Ticket) -> None:
+    def retire(self, ticket: Ticket) -> None:
+        """An announced request will not submit (refused, answered from the cache, gone)."""
         with self._cond:
             if ticket.live:
                 ticket.live = False
                 self._incoming -= 1
                 self._cond.notify_all()
 
+    def _main_on_batch(self) -> bool:
+        """Under the lock: the main thread computes, or is about to compute, batch work."""
+        return (
+            self._computing[MAIN] in (BATCH, ROUNDS)
+            or bool(self._queues[BATCH])
+            or bool(self.rounds.waiting)
+        )
+
+    def _express_takes(self) -> bool:
+        """Under the lock: interactive work goes to the express thread now."""
+        return self.express and self._main_on_batch()
+
+    def _ahead(self, lane: Lane) -> int:
+        """Tokens a request of ``lane`` waits for."""
+        if lane == BATCH:
+            return self.pending_tokens
+        if self._express_takes():  # nothing of the batch lane's
+            return self._pending_cost[INTERACTIVE]
+        return self._pending_cost[INTERACTIVE] + self._running_batch
+
     def _protect(self, lane: Lane, cost: int) -> float | None:
         """Seconds left before the earliest deadline that ``cost`` more tokens could push back.
 
-        The worker sorts each take (up to ``take_tokens``) by length, so a request
-        that joins the take the oldest queued request of its lane will run in can be
-        run before it: admitting it must not make that request miss its deadline.
-        Under the lock; queued requests share the request timeout, so the oldest live
-        one has the earliest deadline. None when this request would start a later take.
+        A take is sorted by length, so a request joining the take of the oldest queued
+        request of its lane can run before it: admitting it must not make that one miss its
+        deadline (queued requests share the timeout: the oldest live one is the earliest).
+        None when this request would start a later take. Under the lock.
         """
         if self._queued_cost[lane] + cost > self.take_tokens:
             return None
@@ -307,19 +282,6 @@ class Batcher:
             if not it.future.done() and it.deadline > now:
                 return it.deadline - now
         return None
-
-    @property
-    def pending_tokens(self) -> int:
-        """Tokens (with sentence markers) queued or in the model now."""
-        return sum(self._pending_cost.values())
-
-    def _ahead(self, lane: Lane) -> int:
-        """Tokens a request of ``lane`` waits for: interactive work waits for its own lane
-        and the batch in the model now; batch work for everything."""
-        if lane == INTERACTIVE:
-            # with its own thread, interactive work waits for nothing of the batch lane's
-            return self._pending_cost[INTERACTIVE] + (0 if self.split else self._running_batch)
-        return self._pending_cost[BATCH] if self.split else self.pending_tokens
 
     def submit_nowait(
         self,
@@ -338,7 +300,7 @@ class Batcher:
         items = [
             _Item(toks, loop.create_future(), loop, lane, timing, trace) for toks in token_lists
         ]
-        if ticket is not None and ticket._batcher is not self:
+        if ticket is not None and ticket.runner is not self:
             ticket.retire()  # announced to another batcher (the model was swapped meanwhile)
             ticket = None
         with self._cond:
@@ -349,7 +311,8 @@ class Batcher:
                 raise BatcherClosed("the model is shutting down")
             cost = sum(it.cost for it in items)
             queue = self._queues[lane]
-            estimate = self.interactive_estimate if lane == INTERACTIVE else self.estimate
+            express = lane == INTERACTIVE and self._express_takes()
+            estimate = self.interactive_estimate if express else self.estimate
             admit(
                 waiting=len(queue), sentences=len(items), max_queue=self.lane_max_queue[lane],
                 estimate=estimate, pending_cost=self._ahead(lane), cost=cost,
@@ -358,11 +321,8 @@ class Batcher:
             )  # fmt: skip
             now = time.perf_counter()
             if timeout is not None:
-                deadline = now + estimate.headroom * timeout
                 for it in items:
-                    it.deadline = deadline
-            if lane == INTERACTIVE:
-                self._last_interactive = now
+                    it.deadline = now + estimate.headroom * timeout
             if timing is not None:
                 timing.submitted = now
             self._pending_cost[lane] += cost
@@ -399,143 +359,164 @@ class Batcher:
             timing.close_runner()
         return out
 
+    def document_round(self, run, cancelled=lambda: False, timeout: float | None = None) -> None:
+        """One round of a document's pass 1 on the main thread (``elmo_api.document_rounds``);
+        blocks the calling (document) thread until it is done."""
+        self.rounds.wait_round(run, cancelled, timeout, closed=lambda: self._closed)
+
+    def run_on_each(self, call: Callable[[EmbedFn], Any]) -> list[Future]:
+        """Run ``call(model_fn)`` once on each model thread with its own model function, before
+        any queued work (the warm-up: the express thread's kernel instance is warmed on its
+        thread, though no request would reach it without batch work)."""
+        futures = []
+        with self._cond:
+            for worker in (MAIN, EXPRESS) if self.express else (MAIN,):
+                futures.append(Future())
+                self._calls[worker].append((call, futures[-1]))
+            self._cond.notify_all()
+        return futures
+
     def forget_warm_up(self) -> None:
         """The warm-up's batches built kernel caches and compiled (12 ms/token measured for
-        the first batch of a lane's kernel instance against ~0.2 in a flood): the estimates
-        start from the prior again rather than refuse the first real work."""
+        a kernel instance's first batch against ~0.2 in a flood): the estimates start from
+        the prior again rather than refuse the first real work."""
         self.estimate.reset()
         self.interactive_estimate.reset()
 
-    # -- lifecycle ------------------------------------------------------------------
-    def close(self, timeout: float = 30.0, drain: bool = True) -> None:
-        """Stop taking work; run (drain) or fail what is still queued; wait for the worker."""
+    # -- the policy (under the lock) ----------------------------------------------------
+    def _pick(self, worker: str) -> str | None:
+        """What ``worker`` runs next: a lane, ``ROUNDS``, or None (nothing for it now)."""
+        interactive, batch, rounds = self._queues[INTERACTIVE], self._queues[BATCH], self.rounds
+        if worker == EXPRESS:
+            return INTERACTIVE if interactive and self._main_on_batch() else None
+        if interactive and (
+            not (batch or rounds.waiting)
+            or (not self.express and not (batch and self.share.batch_due()))
+        ):
+            return INTERACTIVE
+        if rounds.waiting and (not batch or rounds.turn):
+            return ROUNDS  # documents and batch takes take turns
+        return BATCH if batch else None
+
+    def _take(self, worker: str) -> tuple[str, list] | None:
+        """Wait for ``worker``'s next work and take it: (what, items). None once closed
+        (the main thread first drains what is queued)."""
         with self._cond:
-            self._closed = True
-            pending: list[_Item] = []
-            if not drain:
-                for lane, queue in self._queues.items():
-                    gone = list(queue)
-                    queue.clear()
-                    self._pending_cost[lane] -= sum(it.cost for it in gone)
-                    self._queued_cost[lane] -= sum(it.cost for it in gone)
-                    pending += gone
-                self._gauge()
-            self._cond.notify_all()
-        self._complete(pending, error=BatcherClosed("the model is shutting down"))
-        end = time.monotonic() + timeout
-        for thread in self._threads:
-            thread.join(max(0.0, end - time.monotonic()))
+            while True:
+                if self._calls[worker]:
+                    return CALL, [self._calls[worker].popleft()]
+                while (what := self._pick(worker)) is None and not self._calls[worker]:
+                    if self._closed and (worker == EXPRESS or not self.depth):
+                        if worker == MAIN:
+                            self.rounds.fail(self.rounds.closed_error())
+                        return None
+                    self._cond.wait()
+                if what is None:
+                    continue  # a call came
+                self._busy_since[worker] = time.perf_counter()  # work waits: busy from now
+                if worker == EXPRESS or what == ROUNDS:
+                    break
+                # the fill may bring interactive work, or hand the queue to the express thread;
+                # while it waits for batch work the main thread counts as on it (an interactive
+                # request meanwhile goes to the express thread)
+                self._computing[worker] = what
+                self._fill(stop_on_interactive=what == BATCH and not self.express)
+                self._computing[worker] = None
+                if (what := self._pick(worker)) is not None:
+                    break
+            if what == ROUNDS:
+                taken = self.rounds.take(self.budget.tokens)  # a step as long as a batch
+            else:
+                taken = self._pop(what, self.take_tokens)
+            if what in (BATCH, ROUNDS):
+                self.rounds.turn = what == BATCH
+            self._computing[worker] = what
+            self._gauge()
+            self._cond.notify_all()  # the express thread looks again
+            return what, taken
 
-    @property
-    def alive(self) -> bool:
-        return all(t.is_alive() for t in self._threads) and not self._closed
+    def _fill(self, stop_on_interactive: bool) -> None:
+        """Wait (bounded) for announced or returning requests while the batch has room."""
+        self._last_fill = (self._incoming + self._returning, 0.0)
+        if not (self._incoming or self._returning):
+            return
+        t0 = time.perf_counter()
+        deadline = t0 + min(self.max_fill_wait, self.fill_ratio * self._batch_seconds)
+        while (self._incoming > 0 or self._returning > 0) and not self._closed:
+            if stop_on_interactive and self._queues[INTERACTIVE]:
+                break
+            queued = sum(self._queued_cost.values())
+            if queued >= self.budget.tokens or self.depth >= self.budget.sentences:
+                break
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                break
+            self._cond.wait(left)
+        self._last_fill = (self._last_fill[0], time.perf_counter() - t0)
 
-    # -- worker thread -------------------------------------------------------------------
+    def _pop(self, lane: Lane, tokens: int) -> list[_Item]:
+        """Sentences of ``lane``, oldest first, while their tokens fit (at least one)."""
+        queue, taken, moved = self._queues[lane], [], 0
+        while queue and (not taken or moved + queue[0].cost <= tokens):
+            it = queue.popleft()
+            moved += it.cost
+            taken.append(it)
+        self._queued_cost[lane] -= moved
+        return taken
+
     def _gauge(self) -> None:
         if self.metrics:
             self.metrics.queue_depth.set(self.depth)
             for lane, queue in self._queues.items():
                 self.metrics.lane_queue_depth.labels(lane).set(len(queue))
 
-    def _pop(self, lane: Lane, tokens: int, taken: list[_Item]) -> int:
-        """Move sentences of ``lane`` into ``taken``, oldest first, while their tokens fit
-        (always at least one when ``taken`` is empty); returns the tokens moved."""
-        queue, moved = self._queues[lane], 0
-        while queue and (not taken or moved + queue[0].cost <= tokens):
-            it = queue.popleft()
-            moved += it.cost
-            taken.append(it)
-        self._queued_cost[lane] -= moved
-        return moved
+    # -- the model threads ---------------------------------------------------------------
+    def _work(self, worker: str) -> None:
+        if worker == MAIN and self.express and self.batch_nice > 0:
+            renice([threading.current_thread()], self.batch_nice)
+        reniced = worker == EXPRESS or not self.express or self.batch_nice <= 0
+        while (got := self._take(worker)) is not None:
+            what, taken = got
+            if what == CALL:
+                (call, fut), fn = taken[0], self.embed_fn if worker == MAIN else self.interactive_fn
+                try:
+                    fut.set_result(call(fn))
+                except Exception as e:  # noqa: BLE001 - the caller gets it
+                    fut.set_exception(e)
+                continue
+            try:
+                if what == ROUNDS:
+                    self.rounds.run(taken)
+                    # admission's seconds per token count sentences' work, not the documents'
+                    self._busy_since[MAIN] = time.perf_counter()
+                else:
+                    self._run_take(worker, what, taken)
+            finally:
+                with self._cond:
+                    self._computing[worker] = None
+                    self._cond.notify_all()
+            if not reniced:
+                # the kernel's direction workers inherit this thread's niceness when it
+                # starts them, but another thread may have started them (a library call)
+                reniced = True
+                pool = [t for t in threading.enumerate() if t.name.startswith("elmo-bilstm")]
+                renice(pool, self.batch_nice)
 
-    def _top_up(self, taken: list[_Item]) -> None:
-        """Fill an interactive batch with batch-lane sentences, oldest first, up to
-        ``topup_tokens`` padded tokens (see ``__init__``)."""
-        queue = self._queues[BATCH]
-        n, longest, moved = len(taken), max(it.cost for it in taken), 0
-        while queue and n < self.slice.sentences:
-            cost = queue[0].cost
-            if (n + 1) * max(longest, cost) > self.topup_tokens:
-                break
-            it = queue.popleft()
-            taken.append(it)
-            n, longest, moved = n + 1, max(longest, cost), moved + cost
-        self._queued_cost[BATCH] -= moved
-
-    def _take(self) -> tuple[list[_Item], BatchBudget, bool] | None:
-        """The next take: its sentences, the budget to plan them under, and whether the
-        worker may put its later batches back when interactive work arrives."""
-        with self._cond:
-            while not self.depth and not self._closed:
-                self._cond.wait()
-            if not self.depth:  # closed and drained
-                return None
-            self._busy_mark["main"] = time.perf_counter()  # work is waiting: busy from now
-            lane = self._choose()
-            if lane == BATCH or not self._queues[BATCH]:
-                # interactive work on its own fills as before; batch work stops waiting
-                # the moment an interactive sentence arrives
-                self._fill(stop_on_interactive=lane == BATCH)
-                lane = self._choose()
-            taken: list[_Item] = []
-            if lane == INTERACTIVE:
-                mixed = bool(self._queues[BATCH])
-                # beside waiting batch work, one batch at a time: the share is checked per batch
-                self._pop(INTERACTIVE, self.budget.tokens if mixed else self.take_tokens, taken)
-                if mixed and sum(it.cost for it in taken) < self.topup_tokens:
-                    self._top_up(taken)
-                budget, preemptible = self.budget, False
-            else:
-                live = time.perf_counter() - self._last_interactive < self.interactive_window
-                budget = self.slice if live else self.budget
-                # a few slices' worth, sorted together: they pack with little padding, and
-                # what is left when interactive work arrives goes back (see _worker)
-                self._pop(BATCH, budget.tokens * self.take_batches, taken)
-                preemptible = True
-            self._gauge()
-            return taken, budget, preemptible
-
-    def _choose(self) -> Lane:
-        """Under the lock: the lane the next take serves (see LaneShare)."""
-        interactive, batch = self._queues[INTERACTIVE], self._queues[BATCH]
-        if interactive and (not batch or not self.share.batch_due()):
-            return INTERACTIVE
-        return BATCH if batch else INTERACTIVE
-
-    def _fill(self, stop_on_interactive: bool = False) -> None:
-        """Wait (bounded, under the lock) for announced or returning requests while the batch has room."""
-        self._last_fill = (self._incoming + self._returning, 0.0)
-        if not (self._incoming or self._returning):
-            return
-        wait = min(self.max_fill_wait, self.fill_ratio * self._batch_seconds)
-        t0 = time.perf_counter()
-        deadline = t0 + wait
-        try:
-            self._fill_wait(deadline, stop_on_interactive)
-        finally:
-            self._last_fill = (self._last_fill[0], time.perf_counter() - t0)
-
-    def _fill_wait(self, deadline: float, stop_on_interactive: bool) -> None:
-        while (self._incoming > 0 or self._returning > 0) and not self._closed:
-            if stop_on_interactive and self._queues[INTERACTIVE]:
+    def _run_take(self, worker: str, lane: str, taken: list[_Item]) -> None:
+        batches = self.plan(self._drop_cancelled(taken))
+        for k, batch in enumerate(batches):
+            batch = self._drop_cancelled(batch)  # cancelled while earlier batches ran
+            if batch:
+                self._run(batch, worker)
+            rest = batches[k + 1 :]
+            if lane == BATCH and rest and not self.express and self._queues[INTERACTIVE]:
+                self._requeue([it for b in rest for it in b])  # interactive work goes next
                 return
-            queued, depth = (
-                (self._queued_cost[BATCH], len(self._queues[BATCH]))
-                if self.split  # the interactive thread empties its lane by itself
-                else (sum(self._queued_cost.values()), self.depth)
-            )
-            if queued >= self.budget.tokens or depth >= self.budget.sentences:
-                return
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                return
-            self._cond.wait(left)
 
-    def _finished(self, items: list[_Item]) -> None:
-        """``items`` left the pending work (answered, failed or dropped)."""
-        with self._cond:
-            for it in items:
-                self._pending_cost[it.lane] -= it.cost
+    def plan(self, items: list[_Item], budget: BatchBudget | None = None) -> list[list[_Item]]:
+        """Sort by length (longest first) and cut under the padded-token budget."""
+        cut = plan_batches([it.cost for it in items], budget or self.budget)
+        return [[items[i] for i in b] for b in cut]
 
     def _requeue(self, items: list[_Item]) -> None:
         """Batch-lane sentences taken but not run go back to the front of their queue."""
@@ -545,20 +526,20 @@ class Batcher:
             self._gauge()
             self._cond.notify_all()
 
+    def _finished(self, items: list[_Item]) -> None:
+        """``items`` left the pending work (answered, failed or dropped)."""
+        with self._cond:
+            for it in items:
+                self._pending_cost[it.lane] -= it.cost
+
     def _drop_cancelled(self, items: list[_Item]) -> list[_Item]:
         live = [it for it in items if not it.future.done()]
-        n = len(items) - len(live)
-        if n:
+        if len(live) < len(items):
             self._finished([it for it in items if it.future.done()])
-            self.dropped += n
+            self.dropped += len(items) - len(live)
             if self.metrics:
-                self.metrics.dropped.labels("cancelled").inc(n)
+                self.metrics.dropped.labels("cancelled").inc(len(items) - len(live))
         return live
-
-    def plan(self, items: list[_Item], budget: BatchBudget | None = None) -> list[list[_Item]]:
-        """Sort by length (longest first) and cut under the padded-token budget."""
-        cut = plan_batches([it.cost for it in items], budget or self.budget)
-        return [[items[i] for i in b] for b in cut]
 
     def _complete(
         self, items: list[_Item], values: list | None = None, error: BaseException | None = None
@@ -572,69 +553,10 @@ class Batcher:
             with contextlib.suppress(RuntimeError):  # a closed loop: its requests are gone
                 loop.call_soon_threadsafe(_set_results, pairs, error)
 
-    def _take_lane(self, lane: Lane) -> list[_Item] | None:
-        """With a thread per lane: the next take of ``lane`` (None once closed and drained).
-        The batch lane waits for arrivals to fill its batch; interactive work never does."""
-        worker = "interactive" if lane == INTERACTIVE else "main"
-        with self._cond:
-            queue = self._queues[lane]
-            while not queue and not self._closed:
-                self._cond.wait()
-            if not queue:
-                return None
-            self._busy_mark[worker] = time.perf_counter()
-            if lane == BATCH:
-                self._fill()
-            taken: list[_Item] = []
-            self._pop(lane, self.take_tokens, taken)
-            self._gauge()
-            return taken
-
-    def _lane_worker(self, lane: Lane) -> None:
-        """With a thread per lane: run ``lane``'s takes in full batches until closed."""
-        worker = "interactive" if lane == INTERACTIVE else "main"
-        reniced = lane == INTERACTIVE or self.batch_nice <= 0
-        while (taken := self._take_lane(lane)) is not None:
-            for batch in self.plan(self._drop_cancelled(taken)):
-                batch = self._drop_cancelled(batch)  # cancelled while earlier batches ran
-                if batch:
-                    self._run(batch, worker)
-                if not reniced:
-                    # the kernel's direction workers compute the batch: they inherit this
-                    # thread's niceness when it starts them, but may have been started by
-                    # another thread before (a previous model, a library call)
-                    reniced = True
-                    renice(
-                        [t for t in threading.enumerate() if t.name.startswith("elmo-bilstm")],
-                        self.batch_nice,
-                    )
-
-    def _worker(self) -> None:
-        if self.split:
-            if self.batch_nice > 0:
-                renice([threading.current_thread()], self.batch_nice)
-            self._lane_worker(BATCH)
-            return
-        while True:
-            got = self._take()
-            if got is None:
-                return
-            taken, budget, preemptible = got
-            batches = self.plan(self._drop_cancelled(taken), budget)
-            for k, batch in enumerate(batches):
-                batch = self._drop_cancelled(batch)  # cancelled while earlier batches ran
-                if batch:
-                    self._run(batch)
-                rest = batches[k + 1 :]
-                if preemptible and rest and self._queues[INTERACTIVE]:
-                    # interactive work arrived: it goes next, the rest of this take after it
-                    self._requeue([it for b in rest for it in b])
-                    break
-
-    def _run(self, batch: list[_Item], worker: str = "main") -> None:
-        """One model call on the thread of ``worker`` (``interactive_fn`` on the interactive
-        thread, else ``embed_fn``; read per call, so a test can wrap it)."""
-        main = worker == "main"
+    def _run(self, batch: list[_Item], worker: str = MAIN) -> None:
+        """One model call on ``worker``'s thread (its function read per call: a test can
+        wrap it); the answers go back to the requests' event loops."""
+        main = worker == MAIN
         fn = self.embed_fn if main else self.interactive_fn
         assert fn is not None
         start = time.perf_counter()
@@ -646,51 +568,75 @@ class Batcher:
         try:
             with tracing.model_call(batch):
                 out = fn([it.tokens for it in batch])
-        except Exception as e:  # a model failure fails this batch's requests, not the worker
+        except Exception as e:  # a model failure fails this batch's requests, not the thread
             log.exception("batch of %d sentences failed", len(batch))
-            if main:
-                self._running_batch = 0
-            self._finished(batch)
-            self._complete(batch, error=e)
-            return
+            out, error = None, e
+        else:
+            error = None
         end = time.perf_counter()
         took = end - start
         if main:
             self._running_batch = 0
         self._finished(batch)
+        if error is not None:
+            self._complete(batch, error=error)
+            return
         per_lane = {lane: 0 for lane in LANES}
         for it in batch:
             per_lane[it.lane] += it.cost
-        with self._cond:  # two workers with a thread per lane: ids and counts under the lock
+        with self._cond:  # two threads: ids and counts under the lock
             batch_id = self.batches_run
             self.batches_run += 1
             self.sentences_run += len(batch)
-            if main:  # the batch lane's fill (the interactive thread never waits to fill)
+            if main:  # the fill's inputs (the express thread never waits to fill)
                 self._returning = len(batch)
                 self._batch_seconds = (
                     took if not self._batch_seconds else 0.8 * self._batch_seconds + 0.2 * took
                 )
+                self.share.ran(per_lane)
+                self.recent.append((len(batch), *self._last_fill))
+            n_interactive = sum(it.lane == INTERACTIVE for it in batch)
+            self.lanes_run.append((n_interactive, len(batch) - n_interactive))
         for it in batch:
             if it.timing is not None:
                 it.timing.add_batch(batch_id, took, end)
-        if main:
-            self.share.ran(per_lane)
-            self.recent.append((len(batch), *self._last_fill))
-        n_interactive = sum(it.lane == INTERACTIVE for it in batch)
-        self.lanes_run.append((n_interactive, len(batch) - n_interactive))
         if self.metrics:
             m = self.metrics
             m.batch_seconds.observe(took)
             m.batch_sentences.observe(len(batch))
             m.batch_tokens.observe(len(batch) * max(it.cost for it in batch))
             m.tokens.inc(sum(len(it.tokens) for it in batch))
-        # the estimate counts the worker's busy time, not only the model's: fill waits and
+        # the estimate counts the thread's busy time, not only the model's: fill waits and
         # planning are part of what a queued request waits for (updated before the answers
         # go out, so whoever gets them sees the estimate that includes their batch)
         now = time.perf_counter()
         estimate = self.estimate if main else self.interactive_estimate
-        estimate.observe(now - self._busy_mark[worker], sum(it.cost for it in batch))
-        self._busy_mark[worker] = now
+        estimate.observe(now - self._busy_since[worker], per_lane[INTERACTIVE] + per_lane[BATCH])
+        self._busy_since[worker] = now
         if self.metrics and main:
             self.metrics.seconds_per_token.set(self.estimate.seconds_per_token)
         self._complete(batch, out)
+
+    # -- lifecycle ------------------------------------------------------------------
+    def close(self, timeout: float = 30.0, drain: bool = True) -> None:
+        """Stop taking work; run (drain) or fail what is still queued; wait for the threads."""
+        with self._cond:
+            self._closed = True
+            pending: list[_Item] = []
+            if not drain:
+                for lane, queue in self._queues.items():
+                    pending += queue
+                    self._pending_cost[lane] -= sum(it.cost for it in queue)
+                    self._queued_cost[lane] = 0
+                    queue.clear()
+                self.rounds.fail(self.rounds.closed_error())
+                self._gauge()
+            self._cond.notify_all()
+        self._complete(pending, error=BatcherClosed("the model is shutting down"))
+        end = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, end - time.monotonic()))
+
+    @property
+    def alive(self) -> bool:
+        return all(t.is_alive() for t in self._threads) and not self._closed

@@ -55,7 +55,7 @@ class ModelHolder:
 
     @staticmethod
     async def _drain(old: ServedModel, timeout: float) -> None:
-        quiet_for = old.runner.quiet_for  # elmo_api.batcher.Runner
+        quiet_for = old.runner.quiet_for
         deadline = time.monotonic() + timeout
         quiet_since: float | None = None
         while time.monotonic() < deadline:

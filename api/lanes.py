@@ -1,10 +1,7 @@
-"""Priority lanes and where a request's time went: the batcher's bookkeeping.
+"""Priority lanes: the batcher's queue entries, its threads and its fairness rule.
 
 Two lanes, named by a request's ``priority``: ``interactive`` (the default) and
-``batch``. The batcher (:mod:`elmo_api.batcher`) serves interactive work first and
-gives the batch lane a bounded share of the model (:class:`LaneShare`);
-:class:`RequestTiming` collects one request's tokenization, queue and inference
-time for the ``X-*-Time`` headers and the per-lane histograms.
+``batch`` (:mod:`elmo_api.batcher` says how one policy serves them).
 """
 
 from __future__ import annotations
@@ -28,18 +25,11 @@ INTERACTIVE: Lane = "interactive"
 BATCH: Lane = "batch"
 LANES: tuple[Lane, ...] = (INTERACTIVE, BATCH)
 
-# the ASGI scope key under which a request's RequestTiming is left (elmo_api.middleware)
 # the lanes' defaults (api/settings.py reads these; docs/serving.md says how they were chosen)
-DEFAULT_BATCH_SLICE_TOKENS = 1024
 DEFAULT_BATCH_SHARE = 0.2
-DEFAULT_INTERACTIVE_WINDOW = 2.0
-DEFAULT_TOPUP_TOKENS = 128
-# with a thread per lane, the batch lane's niceness: the CPU goes to interactive work first
-# (interactive p99 1.8x idle under a batch flood, against 9.5-11.7x at 0: docs/serving.md)
+# the batch lane's niceness beside the express thread: the CPU goes to interactive work and
+# the event loop first (interactive p99 1.8x idle under a batch flood, against 9.5-11.7x at 0)
 DEFAULT_BATCH_NICE = 10
-
-
-TIMING_KEY = "elmo.timing"
 
 
 def start_lane_thread(
@@ -160,59 +150,3 @@ class LaneShare:
             return False
         total = self.tokens[INTERACTIVE] + self.tokens[BATCH]
         return self.tokens[BATCH] < self.batch_share * total
-
-
-@dataclass(eq=False)
-class RequestTiming:
-    """One request's phases, in seconds (the route and the batcher fill it in).
-
-    ``queue`` and ``inference`` cover the runner: ``inference`` sums the model calls that
-    carried the request's sentences (several when they spread over batches), ``queue`` is
-    the rest of its time in the runner (waiting, and between its batches). A request
-    answered from the cache spends none. ``started`` is when the request arrived.
-    """
-
-    lane: Lane = INTERACTIVE
-    started: float = field(default_factory=time.perf_counter)
-    used: bool = False  # an embedding path ran (the route asked the model or the cache)
-    tokenization: float = 0.0
-    queue: float = 0.0
-    inference: float = 0.0
-    # the runner's part: set by the batcher's worker, read once the futures are done
-    submitted: float = 0.0
-    finished: float = 0.0
-    batches: list[int] = field(default_factory=list)  # ids of the batches it was in
-
-    def add_batch(self, batch_id: int, seconds: float, end: float) -> None:
-        """Called by the worker thread for each batch holding the request's sentences."""
-        if batch_id not in self.batches:
-            self.batches.append(batch_id)
-            self.inference += seconds
-        self.finished = max(self.finished, end)
-
-    def close_runner(self) -> None:
-        """The request's futures are done: what was not inference was queueing."""
-        if self.submitted and self.finished:
-            self.queue = max(0.0, (self.finished - self.submitted) - self.inference)
-
-    def total(self, now: float | None = None) -> float:
-        """Seconds since the request arrived; never less than its parts."""
-        total = max(0.0, (time.perf_counter() if now is None else now) - self.started)
-        return max(total, self.tokenization + self.queue + self.inference)
-
-    def headers(self, total: float) -> list[tuple[bytes, bytes]]:
-        """The four ``X-*-Time`` headers, milliseconds."""
-        return [
-            (b"x-total-time", f"{total * 1e3:.3f}".encode()),
-            (b"x-tokenization-time", f"{self.tokenization * 1e3:.3f}".encode()),
-            (b"x-queue-time", f"{self.queue * 1e3:.3f}".encode()),
-            (b"x-inference-time", f"{self.inference * 1e3:.3f}".encode()),
-        ]
-
-    def phases(self, total: float) -> dict[str, float]:
-        return {
-            "total": total,
-            "tokenization": self.tokenization,
-            "queue": self.queue,
-            "inference": self.inference,
-        }

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from elmo_api.batcher import Batcher, DirectRunner
+from elmo_api.batcher import Batcher
 from elmo_api.cache import CacheBackend, SentenceCache
 from elmo_api.metrics import Metrics
 from elmo_api.served import ServedModel
@@ -110,31 +110,24 @@ def load_served_model(
 
     embedder = build()
     name = path.name
-    runner: Batcher | DirectRunner
-    if settings.batching:
-        interactive_fn = None
-        if settings.interactive_thread and embedder.device.type == "cpu":
-            # the interactive lane's own model thread needs its own kernel instance (packed
-            # weights, token cache, lock) over the same weights: two calls may then run at
-            # once (docs/serving.md "Priority lanes")
-            interactive_fn = build().run_batch
-        runner = Batcher(
-            embedder.run_batch,  # the batcher plans; the embedder runs what it is handed
-            batch_tokens=settings.batch_tokens,
-            max_batch_sentences=settings.max_batch_sentences,
-            max_queue=settings.max_queue,
-            batch_max_queue=settings.batch_max_queue,
-            slice_tokens=settings.batch_slice_tokens,
-            batch_share=settings.batch_share,
-            topup_tokens=settings.interactive_topup_tokens,
-            max_fill_wait=settings.batch_fill_wait_ms / 1000.0,
-            metrics=metrics,
-            name=f"batcher-{name}",
-            interactive_fn=interactive_fn,
-            batch_nice=settings.batch_nice,
-        )
-    else:
-        runner = DirectRunner(embedder.embed_tokens, max_queue=settings.max_queue, metrics=metrics)
+    interactive_fn = None
+    if settings.interactive_thread and embedder.device.type == "cpu":
+        # the express thread needs its own kernel instance (packed weights, token cache,
+        # lock) over the same weights: two calls may then run at once (docs/serving.md)
+        interactive_fn = build().run_batch
+    runner = Batcher(
+        embedder.run_batch,  # the batcher plans; the embedder runs what it is handed
+        batch_tokens=settings.batch_tokens,
+        max_batch_sentences=settings.max_batch_sentences,
+        max_queue=settings.max_queue,
+        batch_max_queue=settings.batch_max_queue,
+        batch_share=settings.batch_share,
+        max_fill_wait=settings.batch_fill_wait_ms / 1000.0,
+        metrics=metrics,
+        name=f"batcher-{name}",
+        interactive_fn=interactive_fn,
+        batch_nice=settings.batch_nice,
+    )
     cache = SentenceCache(
         backend,
         key_prefix=settings.redis_prefix,

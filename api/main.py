@@ -24,6 +24,8 @@ from fastapi_offline import FastAPIOffline
 
 from elmo_api.activation import load_warm
 from elmo_api.cache import CacheBackend, LocalCache, NullCache, RedisCache
+from elmo_api.dialects import ErrorDialectMiddleware
+from elmo_api.documents import DocumentStreams
 from elmo_api.encoding import JSONBytesResponse
 from elmo_api.errors import install_error_handlers
 from elmo_api.fleet import FleetAgent, fleet_store, load_startup_model
@@ -36,7 +38,18 @@ from elmo_api.middleware import (
     RequestGuardMiddleware,
     TimingMiddleware,
 )
-from elmo_api.routers import document, embed, health, jobs, limits, models, openai, selftest, tasks
+from elmo_api.routers import (
+    document,
+    embed,
+    health,
+    jobs,
+    limits,
+    models,
+    openai,
+    selftest,
+    tasks,
+    tei,
+)
 from elmo_api.settings import Settings, load_settings
 from elmo_jobs import JobService
 from elmo_service.errors import ElmoServiceError
@@ -94,6 +107,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         log.error("%s", e.message)
         raise
     app.state.settings = settings
+    app.state.documents = DocumentStreams.from_settings(settings)
+    app.state.documents.start()
     metrics: Metrics = app.state.metrics
     backend = make_cache_backend(settings, metrics)
     io = ThreadPoolExecutor(max_workers=8, thread_name_prefix="elmo-io")
@@ -194,6 +209,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         jobs.router,
         selftest.router,
         health.router,
+        tei.router,
     ):
         app.include_router(r)
 
@@ -213,6 +229,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(
         MetricsMiddleware, metrics=lambda: app.state.metrics, routes=lambda: app.routes
     )
+    # OpenAI's and TEI's error bodies on their routes (every error decided by errors.py)
+    app.add_middleware(ErrorDialectMiddleware)
     # opt-in traces (ELMO_OTEL): before the app starts, so its middleware is in the stack
     otel = settings.otel if settings is not None else _env_flag("ELMO_OTEL")
     if otel:

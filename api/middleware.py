@@ -12,11 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from elmo_api.dialects import TEI_PATHS
 from elmo_api.encoding import dumps
 from elmo_api.errors import error_body
-from elmo_api.lanes import TIMING_KEY, RequestTiming
 from elmo_api.metrics import ASGIApp, Message, Metrics, Receive, Scope, Send
 from elmo_api.served import SERVED_KEY
+from elmo_api.timing import TIMING_KEY, RequestTiming
 
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
 TICKET_KEY = "elmo.batch_ticket"
@@ -211,7 +212,7 @@ class TimingMiddleware:
     """``X-Total-Time``, ``X-Tokenization-Time``, ``X-Queue-Time``, ``X-Inference-Time``
     (milliseconds, TEI's names) on every answer that ran an embedding path.
 
-    Every ``POST /v1/...`` gets an :class:`elmo_api.lanes.RequestTiming` in its scope as it
+    Every ``POST /v1/...`` gets an :class:`elmo_api.timing.RequestTiming` in its scope as it
     arrives (before its body is read: the total counts reading it); the embedding path
     (``elmo_api.routers.common.embed_request`` -> ``ServedModel.embed``) fills in the lane and
     the parts, and marks it used. The total is taken when the status line goes out (a
@@ -227,7 +228,7 @@ class TimingMiddleware:
         if (
             scope["type"] != "http"
             or scope.get("method") != "POST"
-            or not scope.get("path", "").startswith("/v1/")
+            or not (scope.get("path", "").startswith("/v1/") or scope.get("path") in TEI_PATHS)
         ):
             await self.app(scope, receive, send)
             return

@@ -6,32 +6,67 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator
 
-from elmo_service.values import check_text
+from elmo_service.values import invalid_text
 
 
-def _text_or_tokens(v: Any, message: str, item: str) -> str | list[str]:
-    """A text or a list of them under the library's text rules (``check_text``: a lone
-    surrogate or a NUL is a 422; the field is pydantic's location, ``item j`` in the message)."""
-    if not isinstance(v, str) and not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
-        raise ValueError(message)
-    check_text(v, "text", where=lambda j: "the text" if j is None else f"{item} {j}")
-    return v
+def _valid_text(s: str) -> str:
+    why = invalid_text(s)  # the one text rule: the library and the client apply it too
+    if why is not None:
+        raise ValueError(why)
+    return s
+
+
+def _text_or_tokens(v: Any, message: str) -> str | list[str]:
+    if isinstance(v, str):
+        return _valid_text(v)
+    if isinstance(v, list) and all(isinstance(x, str) for x in v):
+        for x in v:
+            _valid_text(x)
+        return v
+    raise ValueError(message)
 
 
 def _sentence(v: Any) -> str | list[str]:
-    return _text_or_tokens(v, "must be a string or a list of token strings", "word")
+    return _text_or_tokens(v, "must be a string or a list of token strings")
 
 
-def _input(v: Any) -> str | list[str]:
+_MAX_TOKEN_ID = 2**31 - 1
+
+
+def _token_ids(v: list, where: str) -> list[int]:
+    for j, t in enumerate(v):
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= _MAX_TOKEN_ID:
+            raise ValueError(f"{where}[{j}] must be a token id (an integer >= 0)")
+    return v
+
+
+def _input(v: Any) -> str | list[str] | list[list[int]]:
+    """OpenAI's ``input``: a string, a list of strings, a list of token ids (one input) or a
+    list of such lists; ids come back as ``list[list[int]]`` (api/token_ids.py decodes them)."""
+    if isinstance(v, list) and v and all(isinstance(x, int) for x in v):
+        return [_token_ids(v, "input")]
+    if isinstance(v, list) and v and all(isinstance(x, list) for x in v):
+        for i, row in enumerate(v):
+            if not row:
+                raise ValueError(f"input[{i}] is an empty list of token ids")
+            _token_ids(row, f"input[{i}]")
+        return v
     return _text_or_tokens(
-        v, "must be a string or a list of strings (token-id arrays are not supported)", "entry"
+        v, "must be a string, a list of strings, a list of token ids or a list of such lists"
     )
 
 
+TokenIds = Annotated[list[int], Field(min_length=1)]
 # the schema says what the route enforces (an empty list is a 422 naming the field)
 OpenAIInput = Annotated[
-    str | list[str],
-    PlainValidator(_input, json_schema_input_type=str | Annotated[list[str], Field(min_length=1)]),
+    str | list[str] | list[list[int]],
+    PlainValidator(
+        _input,
+        json_schema_input_type=str
+        | Annotated[list[str], Field(min_length=1)]
+        | TokenIds
+        | Annotated[list[TokenIds], Field(min_length=1)],
+    ),
 ]
 
 
@@ -198,11 +233,17 @@ class EmbeddingsRequest(BaseModel):
     )
 
     input: OpenAIInput = Field(
-        ..., description="A string or a list of strings (token-id arrays are not supported)."
+        ...,
+        description="A string, a list of strings (up to ELMO_OPENAI_MAX_INPUTS, 2048), or "
+        "OpenAI token ids (a list, or a list of lists), decoded with tiktoken.",
     )
     model: str = Field(..., description="The served model's id (GET /v1/models).")
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, description="Only the model's own width is supported.")
+    dimensions: int | None = Field(
+        None,
+        description="Only the model's own width (or omitted): ELMo's vectors have no "
+        "shorter prefix trained to stand alone, so a cut one would not be an embedding.",
+    )
     user: str | None = None
     priority: Literal["interactive", "batch"] = Field(
         "interactive",
@@ -540,3 +581,37 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         503: "Not ready, or timed out waiting for the model",
     }.items()
 }
+
+
+class OpenAIError(BaseModel):
+    message: str
+    type: str = Field(..., examples=["invalid_request_error"])
+    param: str | None = Field(None, examples=["input[2]"])
+    code: str | None = Field(None, examples=["limit_exceeded"])
+
+
+class OpenAIErrorOut(BaseModel):
+    """OpenAI's error body, on ``/v1/embeddings`` (``api/dialects.py``)."""
+
+    error: OpenAIError
+
+
+class TeiErrorOut(BaseModel):
+    """TEI's error body, on its routes (``api/dialects.py``)."""
+
+    error: str
+    error_type: str = Field(..., examples=["Validation"])
+
+
+def _in_dialect(
+    model: type[BaseModel], bad_request_is_400: bool
+) -> dict[int | str, dict[str, Any]]:
+    out = {s: {**r, "model": model} for s, r in ERROR_RESPONSES.items()}
+    if bad_request_is_400:  # OpenAI answers a bad request with 400, never 422
+        out[400] = {**out[400], "description": "Invalid request (OpenAI's status for it)"}
+        out.pop(422)
+    return out
+
+
+OPENAI_ERROR_RESPONSES = _in_dialect(OpenAIErrorOut, bad_request_is_400=True)
+TEI_ERROR_RESPONSES = _in_dialect(TeiErrorOut, bad_request_is_400=False)

@@ -93,10 +93,9 @@ async def ensure_selftest(served: ServedModel) -> dict[str, Any]:
     an error and not kept: the next call tries again."""
     if served.selftest is not None:
         return served.selftest
-    task = getattr(served, "_selftest_run", None)
+    task = served.selftest_run
     if task is None:
-        task = asyncio.ensure_future(run_selftest(served))
-        served._selftest_run = task  # type: ignore[attr-defined]
+        task = served.selftest_run = asyncio.ensure_future(run_selftest(served))
     try:
         return await asyncio.shield(task)
     except (QueueFull, ModelTimeout, BatcherClosed) as e:
@@ -109,7 +108,7 @@ async def ensure_selftest(served: ServedModel) -> dict[str, Any]:
         }
     finally:
         if task.done():
-            served._selftest_run = None  # type: ignore[attr-defined]
+            served.selftest_run = None
 
 
 def summary(served: ServedModel | None) -> dict[str, Any] | None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from elmo_api.batcher import Runner, Ticket
+from elmo_api.batcher import Batcher, Ticket
 from elmo_api.cache import SentenceCache
 from elmo_api.metrics import Metrics
 from elmo_api.responses import check_response_floats
@@ -110,7 +110,7 @@ class ServedModel:
     name: str
     path: Path
     embedder: Any  # elmo_service.embedder.Embedder
-    runner: Runner
+    runner: Batcher
     cache: SentenceCache
     tasks: TaskRegistry
     io: ThreadPoolExecutor
@@ -121,6 +121,7 @@ class ServedModel:
     loaded_at: float = field(default_factory=time.time)
     warmed: bool = False
     selftest: dict[str, Any] | None = None  # the last self-test's result (api/selftest.py)
+    selftest_run: Any = field(default=None, repr=False)  # the self-test running now (a Task)
     _default_mix: tuple | None = field(default=None, repr=False)
 
     @property
@@ -171,7 +172,7 @@ class ServedModel:
         answer ``spec`` would make by ``max_floats`` before any work (ResponseTooLarge
         naming ``field``), then the layers (:meth:`layers`) in priority ``lane``. A sentence
         with no tokens (``""``, ``[]``) gets ``[L+1, 0, D]``, as from the library (#51).
-        ``timing`` (``elmo_api.lanes.RequestTiming``) gets the tokenization, queue and model time."""
+        ``timing`` (``elmo_api.timing.RequestTiming``) gets the tokenization, queue and model time."""
         t0 = time.perf_counter()
         token_lists = self.tokenize(sentences, field)
         if timing is not None:
@@ -182,7 +183,7 @@ class ServedModel:
             floats, detail = answer_floats(token_lists, spec, self.dim)
             if max_floats is not None:
                 check_response_floats(floats, max_floats, field, detail)
-        texts = [[t.text for t in toks] for toks in token_lists]
+        texts = [[t.piece for t in toks] for toks in token_lists]
         try:
             layers, hits, misses = await self.layers(texts, ticket, lane, timing)
         except TimeoutError as e:
@@ -295,8 +296,12 @@ class ServedModel:
         await self.runner.embed(WARMUP_SENTENCES, timeout=timeout)
         # one sentence alone takes another path of the CPU kernel
         await self.runner.embed(WARMUP_SENTENCES[:1], timeout=timeout)
-        # the batch lane may have a model thread (and kernel instance) of its own
-        await self.runner.embed(WARMUP_SENTENCES, timeout=timeout, lane="batch")
+        # the express thread's kernel instance, on its own thread: a request reaches it only
+        # beside batch work, and must not be the one that pays its first call
+        run_on_each = getattr(self.runner, "run_on_each", None)
+        if run_on_each is not None:
+            for done in run_on_each(lambda fn: (fn(WARMUP_SENTENCES), fn(WARMUP_SENTENCES[:1]))):
+                await asyncio.wait_for(asyncio.wrap_future(done), timeout)
         # off the event loop: the kernel's per-machine route (fp32) and a rounded-weights
         # path's error against fp32 are measured now, not on a request
         await in_transient_thread_async(self.embedder.prepare)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import socket
 from pathlib import Path
 from typing import Any
@@ -91,10 +92,11 @@ def run(
 
     sock = listen(host, port)  # before the model loads: a port in use is one line, at once
     try:
-        app, settings = build(model_dir, **overrides)
+        # before the app is built: its start lines (tracing's) are said too
         logging.basicConfig(
             level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )
+        app, settings = build(model_dir, **overrides)
         log = logging.getLogger("api")
         log.info("model directory: %s", settings.resolved_model_path)
         # uvicorn is handed a bound socket and cannot say where it is: say it here
@@ -109,9 +111,30 @@ def run(
             timeout_graceful_shutdown=30,
             **uvicorn_options(settings),
         )
-        uvicorn.Server(config).run(sockets=[sock])
+        _server_class()(config).run(sockets=[sock])
     finally:
         sock.close()
+
+
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, but a stop asked for before it serves (model load, warm-up) is
+        obeyed at once: uvicorn would first finish the start-up (tens of seconds on a CPU), and
+        an orchestrator's grace period would run out. Nothing is served yet, so nothing drains."""
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if not self.started:
+                logging.getLogger("api").info(
+                    "signal %d during start-up: exiting now (nothing is served yet)", sig
+                )
+                for h in logging.getLogger().handlers:
+                    h.flush()
+                os._exit(0)
+            super().handle_exit(sig, frame)
+
+    return Server
 
 
 def listen(host: str, port: int) -> socket.socket:

@@ -37,11 +37,12 @@ from elmo_api.admission import DEFAULT_FILL_WAIT_MS, DEFAULT_MAX_QUEUE
 from elmo_api.lanes import (
     DEFAULT_BATCH_NICE,
     DEFAULT_BATCH_SHARE,
-    DEFAULT_BATCH_SLICE_TOKENS,
-    DEFAULT_TOPUP_TOKENS,
 )
-from elmo_service.batching import DEFAULT_BATCH_TOKENS, DEFAULT_MAX_BATCH_SENTENCES
-from elmo_service.bilm.config import DEFAULT_TOKEN_CACHE_SIZE
+from elmo_service.bilm.config import (
+    DEFAULT_BATCH_TOKENS,
+    DEFAULT_MAX_BATCH_SENTENCES,
+    DEFAULT_TOKEN_CACHE_SIZE,
+)
 from elmo_service.errors import ConfigError
 
 log = logging.getLogger("elmo_api.settings")
@@ -123,10 +124,6 @@ class Settings(BaseSettings):
     warmup: bool = True
 
     # -- batching --------------------------------------------------------------
-    batching: bool = Field(
-        True,
-        description="Micro-batch across requests. false = one forward pass per request (benchmark baseline).",
-    )
     batch_tokens: int = Field(
         DEFAULT_BATCH_TOKENS, ge=16, description="Padded-token budget of one model batch."
     )
@@ -154,41 +151,27 @@ class Settings(BaseSettings):
         description="Batch-lane sentences waiting for the model (priority=batch); more -> 429. "
         "Default: ELMO_MAX_QUEUE (which bounds the interactive lane).",
     )
-    batch_slice_tokens: int = Field(
-        DEFAULT_BATCH_SLICE_TOKENS,
-        ge=16,
-        description="While interactive traffic is live, batch-lane work runs in batches of at "
-        "most this many padded tokens: what an interactive request may wait behind.",
-    )
-    interactive_topup_tokens: int = Field(
-        DEFAULT_TOPUP_TOKENS,
-        ge=1,
-        description="Padded tokens of waiting batch work an interactive batch takes along (at "
-        "most ELMO_BATCH_SLICE_TOKENS). Small: the interactive batch stays short (latency); up "
-        "to a slice: it rides in a slice the batch lane runs anyway (batch throughput).",
-    )
     interactive_thread: bool = Field(
         True,
-        description="The interactive lane runs on a model thread of its own (a second kernel "
-        "instance over the same weights, one intra-op thread; CPU only): an interactive request "
-        "never waits behind a batch already computing, and batch work runs in full batches. "
-        "False: one model thread, batch work in slices (ELMO_BATCH_SLICE_TOKENS).",
+        description="CPU: an express model thread (a second kernel instance over the same weights, "
+        "one intra-op thread) runs interactive requests while the main thread computes batch "
+        "work, so they never wait behind a batch; with no batch work the main thread runs them "
+        "on every core. False: one model thread, interactive work first between batches.",
     )
     batch_nice: int = Field(
         DEFAULT_BATCH_NICE,
         ge=0,
         le=19,
-        description="With ELMO_INTERACTIVE_THREAD: the batch lane's model thread (and the kernel "
-        "threads it starts) runs this much nicer (Linux), so the interactive thread and the "
-        "event loop get the CPU first when they need it (docs/serving.md: measured). 0 = same "
-        "priority.",
+        description="With the express thread: the main model thread (and the kernel threads it "
+        "starts) runs this much nicer (Linux), so the express thread and the event loop get the "
+        "CPU first when both compute (docs/serving.md: measured). 0 = same priority.",
     )
     batch_share: float = Field(
         DEFAULT_BATCH_SHARE,
         ge=0,
         le=1,
-        description="The batch lane's least share of the model (in tokens, over recent "
-        "batches) while both lanes have work waiting: batch work is never starved.",
+        description="Without the express thread: the batch lane's least share of the model (in "
+        "tokens, over recent batches) while both lanes have work waiting: never starved.",
     )
 
     # -- observability -------------------------------------------------------------
@@ -332,6 +315,41 @@ class Settings(BaseSettings):
     max_document_chars: int = Field(
         4 * 1024 * 1024, ge=1, description="Characters of one document (POST /v1/embed/document)."
     )
+    # POST /v1/embeddings (OpenAI's API, as its SDK and the frameworks call it)
+    openai_max_inputs: int = Field(
+        2048, ge=1, description="Inputs per /v1/embeddings request (OpenAI's limit)."
+    )
+    openai_max_chars: int = Field(
+        1_600_000, ge=1, description="Characters per /v1/embeddings request, inputs together."
+    )
+    openai_token_encoding: str = Field(
+        "cl100k_base",
+        description="tiktoken encoding of token-id input when the request's model name is not "
+        "one of OpenAI's (tiktoken's table decides for those).",
+    )
+    openai_normalize: bool = Field(
+        True,
+        description="/v1/embeddings answers unit-length vectors, as OpenAI's are (dot product = "
+        "cosine); false: the mean of the default mix as is. /v1/embed is never normalised.",
+    )
+    # what documents hold at once (api/documents.py): past any, a 429 with Retry-After
+    max_document_streams: int = Field(
+        4, ge=1, description="Documents streamed at once; each holds a thread until it ends."
+    )
+    max_document_tokens_in_flight: int = Field(
+        2_000_000, ge=1, description="Tokens of all the documents streamed at once."
+    )
+    max_document_spill_bytes: int = Field(
+        16 * 1024**3,
+        ge=0,
+        description="Bytes all the documents streamed at once may spill to disk (4 (2L+1) P a "
+        "token: ~1.5 KB for the bundled model, ~10 KB for the original ELMo).",
+    )
+    document_spill_dir: str | None = Field(
+        None,
+        description="Where documents spill (a folder per process, swept at start when its "
+        "process is gone); default: <system temp>/elmo-service-spill.",
+    )
 
     # -- auth ------------------------------------------------------------------------
     api_keys: Annotated[list[str], NoDecode] = Field(
@@ -438,7 +456,7 @@ class Settings(BaseSettings):
     @classmethod
     def _model_name(cls, v: str) -> str:
         from elmo_service.errors import InputError
-        from elmo_service.names import check_model_name
+        from elmo_service.settings_base import check_model_name
 
         try:
             return check_model_name(v, "model")
@@ -506,12 +524,25 @@ def known_variables() -> set[str]:
     return names | {"ELMO_REDIS_URL"} | OTHER_VARIABLES
 
 
+# settings a release retired, and why (said instead of "not a setting")
+RETIRED_VARIABLES = {
+    "ELMO_BATCH_SLICE_TOKENS": "batch work is no longer cut into slices: interactive requests "
+    "run on the express thread (ELMO_INTERACTIVE_THREAD)",
+    "ELMO_INTERACTIVE_TOPUP_TOKENS": "interactive batches no longer carry batch work along",
+    "ELMO_BATCHING": "every server batches; ELMO_MAX_BATCH_SENTENCES=1 with "
+    "ELMO_BATCH_FILL_WAIT_MS=0 gives one forward pass per sentence",
+}
+
+
 def unknown_variables(names: Iterable[str]) -> list[str]:
     """One line per ``ELMO_*`` name nothing reads, with a did-you-mean when one is close."""
     known = known_variables()
     out = []
     for name in sorted(set(names)):
         if not name.upper().startswith(ENV_PREFIX) or name.upper() in known:
+            continue
+        if name.upper() in RETIRED_VARIABLES:
+            out.append(f"{name} was retired and is ignored: {RETIRED_VARIABLES[name.upper()]}")
             continue
         close = difflib.get_close_matches(name.upper(), known, n=1, cutoff=0.75)
         hint = f" (did you mean {close[0]}?)" if close else ""

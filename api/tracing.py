@@ -11,10 +11,14 @@ batch's attributes say what else rode with it.
 When off (the default) nothing of OpenTelemetry is imported: :func:`capture`
 answers None and :func:`model_call` a no-op, each after one global read.
 
-Exporting is the process's tracer provider's business (OpenTelemetry's own
-``OTEL_*`` variables, or ``opentelemetry-instrument``); when none is set up and
-the OTLP exporter is installed, :func:`enable` sets up an SDK provider that
-exports over OTLP/HTTP (``OTEL_EXPORTER_OTLP_ENDPOINT``).
+Where spans go follows OpenTelemetry's standard variables: unless the process
+already has a tracer provider (``opentelemetry-instrument``, a test's), :func:`enable`
+sets up an SDK one from ``OTEL_TRACES_EXPORTER`` (``otlp``, the default; ``console``:
+each span printed as JSON on stdout; ``none``), ``OTEL_EXPORTER_OTLP_ENDPOINT`` and
+``OTEL_EXPORTER_OTLP_PROTOCOL`` (``http/protobuf``; ``grpc`` with its exporter
+installed), ``OTEL_SERVICE_NAME`` (default ``elmo-service``), ``OTEL_RESOURCE_ATTRIBUTES``
+and ``OTEL_TRACES_SAMPLER``/``_ARG``. One start line says tracing is on and where
+spans go.
 """
 
 from __future__ import annotations
@@ -95,28 +99,89 @@ def model_call(items: Sequence[Any]) -> contextlib.AbstractContextManager[None]:
     return _active.model_call(items)
 
 
-def _default_provider() -> None:
-    """An SDK provider exporting over OTLP/HTTP, when nobody set one up and both are here."""
+def _exporters() -> list[str]:
+    """OpenTelemetry's ``OTEL_TRACES_EXPORTER``: a comma-separated list, ``otlp`` unset."""
+    raw = os.environ.get("OTEL_TRACES_EXPORTER", "").strip() or "otlp"
+    return [e.strip().lower() for e in raw.split(",") if e.strip()]
+
+
+def _otlp_exporter() -> tuple[Any, str]:
+    """The OTLP span exporter ``OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL`` asks for, and where it
+    sends (the exporters read the endpoint, headers and timeout variables themselves)."""
+    from elmo_service.errors import ConfigError
+
+    protocol = (
+        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "http/protobuf"
+    ).strip()
+    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    try:
+        if protocol == "http/protobuf":
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            where = endpoint or "http://localhost:4318"
+        elif protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+            where = endpoint or "http://localhost:4317"
+        else:
+            raise ConfigError(
+                f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: use http/protobuf or grpc",
+                field="OTEL_EXPORTER_OTLP_PROTOCOL",
+            )
+    except ImportError as e:
+        pkg = "opentelemetry-exporter-otlp-proto-" + ("grpc" if protocol == "grpc" else "http")
+        raise ConfigError(
+            f"OTEL_TRACES_EXPORTER=otlp over {protocol} needs {pkg} (pip install {pkg})",
+            field="OTEL_TRACES_EXPORTER",
+        ) from e
+    return OTLPSpanExporter(), f"OTLP {protocol} at {where}"
+
+
+def _default_provider() -> str:
+    """An SDK provider exporting where OpenTelemetry's standard variables say, unless one is
+    set up already; answers where spans go, for the one start line."""
     from opentelemetry import trace
 
-    if type(trace.get_tracer_provider()).__name__ != "ProxyTracerProvider":
-        return  # the operator's (opentelemetry-instrument, a test's in-memory exporter)
-    try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    except ImportError:
-        log.warning(
-            "ELMO_OTEL=true but no tracer provider is set up and the OTLP exporter is not "
-            "installed: spans are made and dropped (pip install "
-            "opentelemetry-exporter-otlp-proto-http, or run under opentelemetry-instrument)"
+    from elmo_service.errors import ConfigError
+
+    names = _exporters()
+    unknown = [n for n in names if n not in ("otlp", "console", "none")]
+    if unknown:
+        raise ConfigError(
+            f"OTEL_TRACES_EXPORTER={','.join(unknown)!r}: use otlp, console or none",
+            field="OTEL_TRACES_EXPORTER",
         )
-        return
-    name = os.environ.get("OTEL_SERVICE_NAME") or "elmo-service"  # the operator's wins
-    provider = TracerProvider(resource=Resource.create({"service.name": name}))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    if type(trace.get_tracer_provider()).__name__ != "ProxyTracerProvider":
+        # the operator's (opentelemetry-instrument, a test's in-memory exporter)
+        return "the tracer provider already set up in this process"
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        ConsoleSpanExporter,
+        SimpleSpanProcessor,
+    )
+
+    # Resource.create reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, the provider
+    # OTEL_TRACES_SAMPLER(_ARG); only the service name's fallback is ours
+    attrs = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "elmo-service"}
+    provider = TracerProvider(resource=Resource.create(attrs))
+    where = []
+    if "none" not in names:
+        if "console" in names:
+            # one JSON object per span on stdout, as each ends (a look, not a pipeline)
+            provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+            where.append("the console (stdout)")
+        if "otlp" in names:
+            exporter, to = _otlp_exporter()
+            provider.add_span_processor(BatchSpanProcessor(exporter))
+            where.append(to)
     trace.set_tracer_provider(provider)
+    return " and ".join(where) or "nowhere (OTEL_TRACES_EXPORTER=none: spans are made and dropped)"
 
 
 def enable(app: Any) -> None:
@@ -131,8 +196,10 @@ def enable(app: Any) -> None:
             "ELMO_OTEL=true needs the otel extra: pip install 'elmo-service[otel]'",
             field="ELMO_OTEL",
         ) from e
-    _default_provider()
+    where = _default_provider()
     FastAPIInstrumentor.instrument_app(app, excluded_urls="healthz,readyz,metrics")
+    if _active is None:  # once a process (importing elmo_api.main builds an app too)
+        log.info("tracing on (ELMO_OTEL=true): spans go to %s", where)
     _active = _Tracing()
 
 

@@ -64,7 +64,7 @@ def main() -> int:
     sents = inputs(rng, emb.max_sentence_tokens)
     toks = []
     for s in sents:
-        t = [x.text for x in emb.tokenize([s])[0]][: emb.max_sentence_tokens]
+        t = [x.piece for x in emb.tokenize([s])[0]][: emb.max_sentence_tokens]
         toks.append(t)
     t0 = time.monotonic()
     alone = [emb.run_batch([t])[0] for t in toks]

@@ -9,8 +9,9 @@
    ``cache_bytes`` (epoch 1 fills it, later epochs run the mixes and the tagger),
    epochs interleaved side by side. Prints each epoch's time and the total.
 2. **The weights watch's cost** (``WeightsWatch``: each frozen forward checks the
-   biLM's weights for writes): a frozen forward with it and with it switched off
-   (the kernel kept as is), alternating, at batch 1 and batch 32.
+   biLM's weights for writes, by integer reads): a frozen forward with it and with it
+   switched off (the kernel kept as is), alternating, at batch 1 and batch 32, and how
+   many times it read a weight's content (0 expected: nothing handed out).
 
 Prints the CPU, its ISA, torch's version and the load: on a shared machine compare
 the two sides of one run.
@@ -31,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import fair  # noqa: E402
+from elmo_service.bilm import layer_cache  # noqa: E402
 from elmo_service.elmo import Elmo, batch_to_ids  # noqa: E402
 
 
@@ -115,6 +117,14 @@ def watch_cost(args) -> None:
     rng = np.random.default_rng(1)
     elmo = Elmo.from_pretrained(args.model, 1, dropout=0.0).eval()
     follow = elmo._follow_weights
+    reads = [0]  # content reads of a weight by the watch (none while no handle is out)
+    fingerprint = layer_cache._fingerprint
+
+    def counted(t):
+        reads[0] += 1
+        return fingerprint(t)
+
+    layer_cache._fingerprint = counted
     for batch in (1, 32):
         ids = batch_to_ids(sentences(rng, batch))
         with torch.no_grad():
@@ -129,10 +139,12 @@ def watch_cost(args) -> None:
         w, o = statistics.median(t["watch"]), statistics.median(t["off"])
         print(
             f"batch {batch:2d} ({int(ids.shape[1])} tokens max): forward with the watch "
-            f"{w * 1e3:7.2f} ms, without {o * 1e3:7.2f} ms: +{100 * (w / o - 1):.1f} %",
+            f"{w * 1e3:7.2f} ms, without {o * 1e3:7.2f} ms: +{100 * (w / o - 1):.1f} % "
+            f"(target: +10 % at most); content reads {reads[0]}",
             flush=True,
         )
     elmo._follow_weights = follow
+    layer_cache._fingerprint = fingerprint
     n = sum(p.numel() for p in elmo._elmo_lstm.parameters())
     t0 = time.perf_counter()
     for _ in range(args.rounds):

@@ -412,10 +412,10 @@ def main() -> None:
 def warm_cache(emb: Embedder, sentences: list[list[str]]) -> None:
     """Fill the token cache as a stream of ``sentences`` would, CNN only (fast)."""
     distinct = list(dict.fromkeys(t for s in sentences for t in s))
-    with torch.inference_mode():
+    with emb.runner.session():
         for k in range(0, len(distinct), 512):
-            emb._token_vectors(distinct[k : k + 512])
-    emb.cache_hits = emb.cache_misses = 0
+            emb.runner.token_vectors(distinct[k : k + 512])
+    emb.runner.cache_hits = emb.runner.cache_misses = 0
 
 
 def make_embedder(art: Artifact, precision: str, cache: int, compile: bool = False) -> Embedder:

@@ -15,7 +15,7 @@ load <= 3x idle p99; batch throughput with interactive traffic >= 85 % of alone.
 
     .venv/bin/python bench/bench_lanes.py                      # ~1.5 min
     .venv/bin/python bench/bench_lanes.py --duration 20 --rounds 3 --fifo --json out.json
-    .venv/bin/python bench/bench_lanes.py --server-env ELMO_BATCH_SLICE_TOKENS=512
+    .venv/bin/python bench/bench_lanes.py --server-env ELMO_INTERACTIVE_THREAD=false
     .venv/bin/python bench/bench_lanes.py --slices     # in process: what slicing costs per token
     .venv/bin/python bench/bench_lanes.py --interactive-rate 10   # light interactive traffic
 """
@@ -165,12 +165,12 @@ def model_slices(args) -> dict:
     the full budget (the throughput price of slicing), and a lone sentence's time (what an
     interactive request costs the model in a batch of its own). Sizes interleaved per round;
     medians of per-round ratios."""
-    from elmo_service.batching import BatchBudget, plan_batches
+    from elmo_service.bilm.runner import BatchBudget, plan_batches
     from elmo_service.embedder import Embedder
 
     emb = Embedder.load(args.model, threads=args.threads)
     emb.warm_up()
-    sents = [[t.text for t in toks] for toks in emb.tokenize(make_sentences(4000, seed=3))]
+    sents = [[t.piece for t in toks] for toks in emb.tokenize(make_sentences(4000, seed=3))]
     costs = [len(s) + 2 for s in sents]
     budgets = sorted({256, 512, 1024, 2048, 4096, *args.slice_sizes})
     cuts = {b: plan_batches(costs, BatchBudget(b, 256)) for b in budgets}

@@ -238,13 +238,11 @@ class OursSide:
 def cache_reset(emb):
     """A function that puts ``emb``'s token cache back to its current (warmed) contents,
     so that every round meets the measured sentences for the first time."""
-    from cachetools import LRUCache
-
-    snapshot = list(emb._cache.items())
+    snapshot, size = emb.runner.cache_items(), emb.runner.cache_size
 
     def reset() -> None:
-        emb._cache = LRUCache(emb._cache.maxsize)
-        emb._cache.update(snapshot)
+        emb.runner.resize_cache(size)
+        emb.runner.fill_cache(snapshot)
 
     return reset
 
@@ -441,9 +439,10 @@ def cell_row(shape, batch, cfg, requests, rates, hits, diff, lim) -> str:
 
 
 def phase_table(args, emit) -> None:
-    """Our fp32 side (no token cache) per request: the character CNN (``_token_vectors``),
+    """Our fp32 side (no token cache) per request: the character CNN (``token_vectors``),
     the biLSTM (``BiLstmKernel``) and the rest of ``embed_tokens``, median over rounds."""
     import elmo_service.bilm.kernels.bilstm as bilstm
+    from elmo_service.bilm.runner import Runner
     from elmo_service.embedder import Embedder as Emb
 
     spent: dict[str, float] = {}
@@ -467,7 +466,7 @@ def phase_table(args, emit) -> None:
     emit("| shape | batch | whole call | character CNN | biLSTM | rest |")
     emit("|---|---|---|---|---|---|")
     saved = [
-        (Emb, "_token_vectors", timed_method(Emb, "_token_vectors", "cnn")),
+        (Runner, "token_vectors", timed_method(Runner, "token_vectors", "cnn")),
         (bilstm.BiLstmKernel, "__call__", timed_method(bilstm.BiLstmKernel, "__call__", "lstm")),
     ]
     try:

@@ -4,7 +4,8 @@ One run measures, against real uvicorn servers in subprocesses:
 
   (a) cold cache  -- the batching server, every request carries sentences it has never seen;
   (b) warm cache  -- the same server, replaying sentences served in (a);
-  (c) naive       -- a server with ELMO_BATCHING=false and no cache: one forward pass per request;
+  (c) naive       -- a server that never merges requests (ELMO_MAX_BATCH_SENTENCES = sentences per
+                     request, ELMO_BATCH_FILL_WAIT_MS=0) and no cache: one forward pass per request;
   (d) in-process  -- ``Embedder.embed_tokens`` on the same sentences (as the server tokenizes them), big sorted batches, no HTTP;
 
 and reports throughput and p50/p95/p99 latency for each, plus the targets:
@@ -274,7 +275,7 @@ def model_tokens(emb, sentences: list[list[str]]) -> list[list[str]]:
     """The token sequences the server runs for these sentences: its tokenizer's pieces (a
     sentencepiece model splits some words and the final "."), so that the in-process side
     does the same model work the server does and counts tokens as its ``usage`` does."""
-    return [[t.text for t in toks] for toks in emb.tokenize(sentences)]
+    return [[t.piece for t in toks] for toks in emb.tokenize(sentences)]
 
 
 # -- a minimal keep-alive HTTP/1.1 client ------------------------------------------------------
@@ -769,7 +770,10 @@ def main(argv: list[str] | None = None) -> int:
             srv.stop()
         naive = None
         if not args.skip_naive:
-            srv = Server(model_dir, args.threads, tmp, batching=False, cache=False, **common)
+            srv = Server(
+                model_dir, args.threads, tmp, cache=False, batch_fill_wait_ms=0,
+                max_batch_sentences=args.per_request, **common,
+            )  # fmt: skip
             try:
                 srv.wait_ready()
                 asyncio.run(load_phase(srv.port, 4, 2.0, warm_pool, 1, extra, replay=True))

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from elmo_service.batching import DEFAULT_BATCH_TOKENS
+from elmo_service.bilm.config import DEFAULT_BATCH_TOKENS
 from elmo_service.errors import ConfigError, InputError
 
 OUTPUTS = ("layers", "mix")

@@ -351,7 +351,7 @@ def _chunks(
             yield i, [_document_layers(emb, ts)]
         return
     for i in range(0, len(toks), chunk):
-        yield i, emb.embed_tokens([[t.text for t in ts] for ts in toks[i : i + chunk]])
+        yield i, emb.embed_tokens([[t.piece for t in ts] for ts in toks[i : i + chunk]])
 
 
 def _document_tokens(emb: Any, sent: Any, file: str, line: int) -> list[Any]:
@@ -370,10 +370,10 @@ def _document_layers(emb: Any, toks: list[Any]) -> np.ndarray:
     from elmo_service.document import DocTokens, embed_document_chunks
     from elmo_service.outputs import plan_output
 
-    texts = list(dict.fromkeys(t.text for t in toks))
+    texts = list(dict.fromkeys(t.piece for t in toks))
     where = {k: i for i, k in enumerate(texts)}
     cols = np.array([(t.start, t.end, t.word) for t in toks], dtype=np.int64)
-    ids = np.array([where[t.text] for t in toks], dtype=np.int32)
+    ids = np.array([where[t.piece] for t in toks], dtype=np.int32)
     doc = DocTokens(texts, ids, cols[:, 0], cols[:, 1], cols[:, 2], "")
     spec = plan_output(emb.n_layers, output="layers")
     return np.concatenate([c.layers for c in embed_document_chunks(emb, doc, spec)], axis=1)

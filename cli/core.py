@@ -10,10 +10,11 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from elmo_service.batching import DEFAULT_BATCH_TOKENS
-from elmo_service.bilm.config import PRECISIONS, WEIGHT_MODES
+from elmo_service.bilm.config import DEFAULT_BATCH_TOKENS, PRECISIONS, WEIGHT_MODES
 from elmo_service.errors import PATH_ERRORS, ElmoServiceError
 from elmo_service.process import configure_process
 
@@ -181,7 +182,8 @@ def _granularity(args: argparse.Namespace) -> str:
     return args.granularity or default_granularity(args.whitespace)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(more: Callable[[Any, Any], None] | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser; ``more(parser, subparsers)`` adds commands (cli/main.py: the server's)."""
     p = argparse.ArgumentParser(prog="elmo-service", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -351,6 +353,8 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="print an artifact's config, version and provenance")
     i.add_argument("model", help="an artifact folder, e.g. models/default")
     i.set_defaults(func=cmd_info)
+    if more is not None:
+        more(p, sub)
     return p
 
 

@@ -45,9 +45,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return run_worker(load_settings(), burst=args.burst) or 0
 
 
-def parser() -> argparse.ArgumentParser:
-    p = build_parser()
-    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+def _server_commands(p: argparse.ArgumentParser, sub) -> None:
     s = sub.add_parser("serve", help="run the HTTP service (FastAPI + uvicorn)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
@@ -59,7 +57,10 @@ def parser() -> argparse.ArgumentParser:
     w.set_defaults(func=cmd_worker, role="worker")
     # the core parser's description names only its own commands: say all of them
     p.description = "elmo-service: " + ", ".join(sub.choices) + " (one command per line below)."
-    return p
+
+
+def parser() -> argparse.ArgumentParser:
+    return build_parser(more=_server_commands)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,9 +15,10 @@ How (``docs/documents.md``):
    ~24 bytes a token, no ``Token`` objects held);
 2. **pass 1**, the two directions at once (on the two direction workers, as a sentence's
    are): the forward one walks the chunks from the first, the backward one from the last,
-   each handing its LSTM state ``(h, c)`` per layer from chunk to chunk
-   (:class:`_NativeStream`: the native row loop with a state in and out; :class:`_TorchStream`:
-   the model's own layers, any device). Each chunk's outputs go to a spill
+   each handing its LSTM state ``(h, c)`` per layer from chunk to chunk (the kernel's
+   ``stream``: for one document the native row loop with a state in and out, for several
+   advanced together (:func:`advance`) one batched step, a row per document and
+   direction; the torch kernel runs the model's own layers). Each chunk's outputs go to a spill
    (:class:`_Spill`: memory for a short document, an unlinked temporary file for a long
    one, written and read with ``pwrite``/``pread``, so none of it is in the process's RSS);
    each direction is computed once;
@@ -35,7 +36,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -44,8 +45,7 @@ from torch import Tensor
 
 from elmo_service.errors import InputError, LimitError
 from elmo_service.outputs import OutputSpec, pool, positions, render
-from elmo_service.tokenizers import Token
-from elmo_service.values import check_text
+from elmo_service.values import Token, check_document, check_text
 
 DEFAULT_CHUNK_TOKENS = 1024
 # a "word" (a run without whitespace) longer than this is refused: no text has one, and a
@@ -53,8 +53,6 @@ DEFAULT_CHUNK_TOKENS = 1024
 MAX_WORD_CHARS = 1000
 # characters per tokenizer call (cut at whitespace); bounds the transient Token objects
 SEGMENT_CHARS = 1 << 16
-# input-gate rows computed at once by the native stream (bounds its buffer, not the speed)
-GATE_ROWS = 128
 # a spill up to this size stays in memory
 SPILL_IN_MEMORY_BYTES = 8 << 20
 
@@ -66,7 +64,8 @@ _LONG_WORD = re.compile(rf"\S{{{MAX_WORD_CHARS + 1}}}")
 
 @dataclass
 class DocTokens:
-    """A document's tokens as arrays: ``texts[ids[i]]`` is token i's text."""
+    """A document's tokens as arrays: ``texts[ids[i]]`` is token i's piece (what the model
+    reads), ``shown[ids[i]]`` its text (``Token``; None: the pieces)."""
 
     texts: list[str]
     ids: np.ndarray  # [T] int32
@@ -74,15 +73,17 @@ class DocTokens:
     end: np.ndarray  # [T] int64
     word: np.ndarray  # [T] int64
     text: str  # the document's text (pre-tokenized words: joined by single spaces)
+    shown: list[str] | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def tokens(self, lo: int, hi: int) -> list[Token]:
-        t = self.texts
+        p, t = self.texts, self.shown or self.texts
         cols = (self.ids[lo:hi], self.start[lo:hi], self.end[lo:hi], self.word[lo:hi])
         return [
-            Token(t[i], s, e, w) for i, s, e, w in zip(*(c.tolist() for c in cols), strict=True)
+            Token(t[i], s, e, w, p[i])
+            for i, s, e, w in zip(*(c.tolist() for c in cols), strict=True)
         ]
 
     def keys(self, lo: int, hi: int) -> list[str]:
@@ -99,7 +100,7 @@ class DocTokens:
 
 class _TokenArrays:
     def __init__(self) -> None:
-        self.index: dict[str, int] = {}
+        self.index: dict[tuple[str, str], int] = {}  # (text, piece) -> id
         self.ids: list[np.ndarray] = []
         self.cols: list[np.ndarray] = []
 
@@ -109,7 +110,9 @@ class _TokenArrays:
             return word_base
         idx = self.index
         self.ids.append(
-            np.fromiter((idx.setdefault(t.text, len(idx)) for t in toks), np.int32, len(toks))
+            np.fromiter(
+                (idx.setdefault((t.text, t.piece), len(idx)) for t in toks), np.int32, len(toks)
+            )
         )
         cols = np.array([(t.start, t.end, t.word) for t in toks], dtype=np.int64)
         cols[:, :2] += offset
@@ -120,7 +123,9 @@ class _TokenArrays:
     def done(self, text: str) -> DocTokens:
         cols = np.concatenate(self.cols) if self.cols else np.zeros((0, 3), np.int64)
         ids = np.concatenate(self.ids) if self.ids else np.zeros(0, np.int32)
-        return DocTokens(list(self.index), ids, cols[:, 0], cols[:, 1], cols[:, 2], text)
+        pieces = [piece for _, piece in self.index]
+        shown = [shown for shown, _ in self.index]
+        return DocTokens(pieces, ids, cols[:, 0], cols[:, 1], cols[:, 2], text, shown)
 
 
 def _segments(text: str, size: int) -> Iterator[tuple[int, str]]:
@@ -140,13 +145,14 @@ def _segments(text: str, size: int) -> Iterator[tuple[int, str]]:
 def tokenize_document(
     tokenizer, document: str | Sequence[str], *, field: str = "document", max_tokens: int | None
 ) -> DocTokens:
-    """The document's tokens, or an error naming ``field``: not text or words, outside the
-    text rules (``values.text_problem``: a lone surrogate, a NUL), empty, a word over :data:`MAX_WORD_CHARS`, more than ``max_tokens`` tokens."""
+    """The document's tokens, or an error naming ``field``: not text or words, empty,
+    a word over :data:`MAX_WORD_CHARS`, more than ``max_tokens`` tokens."""
     if isinstance(document, str):
-        text = document
+        text = check_text(document, field)
         words = None
     elif isinstance(document, Sequence) and all(isinstance(w, str) for w in document):
         words = list(document)
+        check_document(words, field)
         for j, w in enumerate(words):
             if not w.strip():
                 raise InputError(
@@ -156,7 +162,6 @@ def tokenize_document(
         text = " ".join(words)
     else:
         raise InputError(f"{field} must be a string or a list of strings", field=field)
-    check_text(document if words is None else words, field)  # before any tokenizer sees it
     if not text.strip():
         raise InputError(f"{field} is empty: a document needs a character to embed", field=field)
     m = _LONG_WORD.search(text)
@@ -218,6 +223,7 @@ class _Spill:
         self.row_bytes = width * 4
         self.mem: np.ndarray | None = None
         self.fd: int | None = None
+        self.written = 0
         if rows * self.row_bytes <= SPILL_IN_MEMORY_BYTES:
             self.mem = np.empty((rows, width), np.float32)
         else:
@@ -231,6 +237,7 @@ class _Spill:
             return
         data = np.ascontiguousarray(x, np.float32).data.cast("B")
         at, done = lo * self.row_bytes, 0
+        self.written = max(self.written, at + len(data))
         while done < len(data):
             done += os.pwrite(self.fd, data[done:], at + done)
 
@@ -247,72 +254,18 @@ class _Spill:
             done += got
         return out
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the array in memory, or the file's written extent."""
+        if self.mem is not None:
+            return self.mem.nbytes
+        return self.written if self.fd is not None else 0
+
     def close(self) -> None:
         self.mem = None
         if self.fd is not None:
             self._file.close()
             self.fd = None
-
-
-# ------------------------------------------------------------------ the streams
-
-
-class _NativeStream:
-    """One direction's layers through the CPU kernel (``kernels/bilstm.py``
-    ``ScaledLayer``), its state carried from call to call (kernel layout: doubled cell)."""
-
-    def __init__(self, kernel, d: int) -> None:
-        self.layers = [pair[d] for pair in kernel.layers]
-        self.residual = kernel.residual
-        self.state = [
-            (torch.zeros(1, sl.w_proj.n), torch.zeros(1, sl.w_proj.k)) for sl in self.layers
-        ]
-
-    def run(self, x: Tensor) -> list[Tensor]:
-        """``x [n, P]`` in this direction's reading order -> each layer's ``[n, P]``."""
-        outs = []
-        for i, sl in enumerate(self.layers):
-            y = x.new_empty(x.shape[0], self.state[i][0].shape[1])
-            # the input gates a block of steps at a time: [GATE_ROWS, 4C] (2 MB for a
-            # 1024-cell layer) whatever the chunk; a chunk's [n, 4C] at once, allocated on
-            # each worker per chunk, was kept by the allocator and grew the RSS by 16 MB steps
-            for lo in range(0, x.shape[0], GATE_ROWS):
-                hi = min(lo + GATE_ROWS, x.shape[0])
-                xg = sl.w_ih(x[lo:hi])
-                h, c2 = self.state[i]
-                if sl.row is not None:  # the native loop, from the carried state (fp32)
-                    sl.run_row_from(xg, y[lo:hi], h[0], c2[0])
-                else:  # int8 weights: the batched step at one row
-                    for s in range(hi - lo):
-                        h = sl.step(xg[s : s + 1], h, c2)
-                        y[lo + s] = h[0]
-                    self.state[i] = (h, c2)
-            if self.residual and i > 0:
-                y.add_(x)
-            outs.append(y)
-            x = y
-        return outs
-
-
-class _TorchStream:
-    """One direction through the model's own layers (any device, dtype, compile)."""
-
-    def __init__(self, model, direction: str) -> None:
-        self.model, self.direction, self.state = model, direction, None
-
-    def run(self, x: Tensor) -> list[Tensor]:
-        outs, self.state = self.model.run_direction(self.direction, x[None], self.state)
-        return [o[0] for o in outs]
-
-
-def _streams(embedder):
-    kernel = embedder.kernel
-    bilstm = getattr(kernel, "_bilstm", None)
-    if bilstm is not None:  # CpuBiLM
-        k = bilstm()
-        return _NativeStream(k, 0), _NativeStream(k, 1), True
-    model = embedder.model
-    return _TorchStream(model, "forward"), _TorchStream(model, "backward"), False
 
 
 # ------------------------------------------------------------------ the passes
@@ -330,104 +283,6 @@ class _Stats:
         x64 = x.astype(np.float64)
         self.s1[layer] += times * x64.sum()
         self.s2[layer] += times * np.square(x64).sum()
-
-
-def _contextualize(embedder, doc: DocTokens, chunk: int, spills, stats) -> None:
-    """Pass 1: both directions over the whole document, chunk by chunk, into the spills
-    (forward rows ``[e, f_1 .. f_L]``, backward rows ``[b_1 .. b_L]``, by sequence position)."""
-    from elmo_service.bilm.kernels.bilstm import direction_pool
-
-    n_seq = len(doc) + 2  # <S> tokens </S>
-    starts = list(range(0, n_seq, chunk))
-    fwd, bwd, native = _streams(embedder)
-    pool = direction_pool() if native else None
-    fwd_spill, bwd_spill = spills
-
-    def vectors(lo: int, hi: int) -> tuple[Tensor, Tensor]:
-        """Token vectors of sequence positions ``[lo, hi)`` (markers at 0 and n_seq - 1),
-        in reading order and reversed: rows of a small table (the markers, then the
-        chunk's distinct tokens), picked without torch's threads on the CPU."""
-        t_lo, t_hi = max(lo - 1, 0), min(hi - 1, len(doc))
-        ids = doc.ids[t_lo:t_hi]
-        uniq, inverse = np.unique(ids, return_inverse=True)
-        table = embedder._token_vectors([doc.texts[i] for i in uniq.tolist()])
-        markers = embedder._marker_vectors()
-        idx = inverse.reshape(-1).astype(np.int64) + 2
-        if lo == 0:
-            idx = np.concatenate([[0], idx])
-        if hi == n_seq:
-            idx = np.concatenate([idx, [1]])
-        if table.device.type == "cpu" and table.dtype == torch.float32:
-            # numpy: a torch op here would wake torch's thread team between chunks
-            t = np.concatenate([markers.numpy(), table.numpy()])
-            return torch.from_numpy(t[idx]), torch.from_numpy(t[idx[::-1]].copy())
-        table = torch.cat([markers, table])
-        i = torch.from_numpy(idx).to(table.device)
-        return table[i], table[i.flip(0)]
-
-    def token_rows(lo: int, hi: int) -> slice:
-        """The rows of a chunk ``[lo, hi)`` that are tokens (not the markers)."""
-        return slice(1 if lo == 0 else 0, (hi - lo) - (1 if hi == n_seq else 0))
-
-    streams = (fwd, bwd)
-    rounds = [  # (forward chunk, backward chunk): the backward direction walks from the end
-        ((lo, min(lo + chunk, n_seq)), (b, min(b + chunk, n_seq)))
-        for lo, b in zip(starts, reversed(starts), strict=True)
-    ]
-
-    def prepare(k: int):
-        if k >= len(rounds):
-            return None
-        (f_lo, f_hi), (b_lo, b_hi) = rounds[k]
-        return vectors(f_lo, f_hi)[0], vectors(b_lo, b_hi)[1]
-
-    def run(d: int, x, out: list) -> None:
-        with torch.inference_mode(), torch.no_grad():  # both thread-local: set on the worker
-            out[d] = streams[d].run(x[d])
-
-    def finish(k: int, x, out: list) -> None:
-        """A round's outputs into the spills (and the layer norm's sums)."""
-        (f_lo, f_hi), (b_lo, b_hi) = rounds[k]
-        ef = x[0].float().cpu().numpy()
-        fo = [y.float().cpu().numpy() for y in out[0]]
-        bo = [y.float().cpu().numpy()[::-1] for y in out[1]]
-        fwd_spill.write(f_lo, np.concatenate([ef, *fo], axis=1))
-        bwd_spill.write(b_lo, np.concatenate(bo, axis=1))
-        if stats is not None:
-            rf, rb = token_rows(f_lo, f_hi), token_rows(b_lo, b_hi)
-            stats.add(0, ef[rf], times=2)  # layer 0 is [e ; e]
-            for i, (f, b) in enumerate(zip(fo, bo, strict=True), start=1):
-                stats.add(i, f[rf])
-                stats.add(i, b[rb])
-
-    from elmo_service.runtime import autocast
-
-    with torch.inference_mode(), autocast(embedder.device, embedder.precision):
-        with embedder._lock:
-            x = prepare(0)
-        pending = None
-        for k in range(len(rounds)):
-            out: list = [None, None]
-            # under the embedder's lock, as a batch is (a server's sentence requests run
-            # between two rounds); while the two workers run round k, this thread gets
-            # round k + 1's vectors and writes round k - 1's rows
-            with embedder._lock:
-                if pool is not None:
-                    futures = [pool.submit(run, d, x, out) for d in (0, 1)]
-                    nxt = prepare(k + 1)
-                    if pending is not None:
-                        finish(*pending)
-                    for f in futures:
-                        f.result()
-                else:
-                    run(0, x, out)
-                    run(1, x, out)
-                    nxt = prepare(k + 1)
-                    if pending is not None:
-                        finish(*pending)
-            pending = (k, x, out)
-            x = nxt
-        finish(*pending)
 
 
 def _normalized(layers: np.ndarray, stats: _Stats, count: int, eps: float = 1e-12) -> np.ndarray:
@@ -450,28 +305,166 @@ class DocumentChunk:
     mix: np.ndarray | None
 
 
-def embed_document_chunks(
-    embedder,
-    doc: DocTokens,
-    spec: OutputSpec,
-    chunk_tokens: int | None = None,
-    *,
-    spill_dir: str | None = None,
-) -> Iterator[DocumentChunk]:
-    """A tokenized document's answer, chunk by chunk in document order (see the module)."""
-    chunk = DEFAULT_CHUNK_TOKENS if chunk_tokens is None else int(chunk_tokens)
-    if chunk < 1:
-        raise InputError("chunk_tokens must be >= 1", field="chunk_tokens")
-    if spec.pending is not None:
-        raise ValueError(f"output spec has task {spec.pending!r} still to look up")
-    p = embedder.cfg.projection_dim
-    n_out = embedder.n_layers  # L + 1
-    n_seq = len(doc) + 2
-    norm = spec.mix is not None and spec.mix.layer_norm
-    stats = _Stats(n_out) if norm else None
-    spills = (_Spill(n_seq, n_out * p, spill_dir), _Spill(n_seq, (n_out - 1) * p, spill_dir))
-    try:
-        _contextualize(embedder, doc, chunk, spills, stats)
+class DocumentCancelled(Exception):
+    """The caller stopped wanting the answer (``cancelled()`` said so between two rounds)."""
+
+
+class DocumentRun:
+    """One document's two passes, steppable: :func:`advance` computes pass 1 a round at a
+    time (several documents' rounds in one batched step), :meth:`answer` is pass 2.
+
+    A round is a chunk of each direction: the forward one from the document's start, the
+    backward one from its end, each from the state the previous round left. Each round's
+    rows go to the spills as the next round computes (so the last round's are written
+    when :attr:`done` turns true).
+    """
+
+    def __init__(
+        self,
+        embedder,
+        doc: DocTokens,
+        spec: OutputSpec,
+        chunk_tokens: int | None = None,
+        *,
+        spill_dir: str | None = None,
+    ) -> None:
+        chunk = DEFAULT_CHUNK_TOKENS if chunk_tokens is None else int(chunk_tokens)
+        if chunk < 1:
+            raise InputError("chunk_tokens must be >= 1", field="chunk_tokens")
+        if spec.pending is not None:
+            raise ValueError(f"output spec has task {spec.pending!r} still to look up")
+        self.embedder, self.doc, self.spec, self.chunk = embedder, doc, spec, chunk
+        self._p = embedder.cfg.projection_dim
+        self._n_out = embedder.n_layers  # L + 1
+        n_seq = len(doc) + 2  # <S> tokens </S>
+        self._n_seq = n_seq
+        self._norm = spec.mix is not None and spec.mix.layer_norm
+        self._stats = _Stats(self._n_out) if self._norm else None
+        starts = list(range(0, n_seq, chunk))
+        # (forward chunk, backward chunk): the backward direction walks from the end
+        self._rounds = [
+            ((lo, min(lo + chunk, n_seq)), (b, min(b + chunk, n_seq)))
+            for lo, b in zip(starts, reversed(starts), strict=True)
+        ]
+        self._spills: tuple[_Spill, _Spill] | None = (
+            _Spill(n_seq, self._n_out * self._p, spill_dir),
+            _Spill(n_seq, (self._n_out - 1) * self._p, spill_dir),
+        )
+        self._k = 0  # the next round to compute
+        self._state = None  # the kernel's carried state (created on the first round)
+        self._x: tuple[Tensor, Tensor] | None = None  # round k's inputs, prepared
+        self._pending: tuple | None = None  # a computed round whose rows are not written yet
+        self._next: tuple[Tensor, Tensor] | None = None  # round k + 1's, prepared meanwhile
+
+    @property
+    def rounds(self) -> int:
+        return len(self._rounds)
+
+    @property
+    def tokens(self) -> int:
+        return len(self.doc)
+
+    @property
+    def done(self) -> bool:
+        """Pass 1 finished: every round computed and written."""
+        return self._k == len(self._rounds) and self._pending is None
+
+    @property
+    def spill_bytes(self) -> int:
+        return 0 if self._spills is None else sum(s.nbytes for s in self._spills)
+
+    def close(self) -> None:
+        """Free the spills (idempotent; from any thread once no :func:`advance` runs it)."""
+        spills, self._spills = self._spills, None
+        if spills is not None:
+            for s in spills:
+                s.close()
+
+    # -- pass 1, driven by advance() ------------------------------------------------
+    def _vectors(self, lo: int, hi: int) -> tuple[Tensor, Tensor]:
+        """Token vectors of sequence positions ``[lo, hi)`` (markers at 0 and n_seq - 1),
+        in reading order and reversed: rows of a small table (the markers, then the
+        chunk's distinct tokens), picked without torch's threads on the CPU."""
+        doc, runner, n_seq = self.doc, self.embedder.runner, self._n_seq
+        t_lo, t_hi = max(lo - 1, 0), min(hi - 1, len(doc))
+        uniq, inverse = np.unique(doc.ids[t_lo:t_hi], return_inverse=True)
+        table = runner.token_vectors([doc.texts[i] for i in uniq.tolist()])
+        markers = runner.marker_vectors()
+        idx = inverse.reshape(-1).astype(np.int64) + 2
+        if lo == 0:
+            idx = np.concatenate([[0], idx])
+        if hi == n_seq:
+            idx = np.concatenate([idx, [1]])
+        if table.device.type == "cpu" and table.dtype == torch.float32:
+            # numpy: a torch op here would wake torch's thread team between rounds
+            t = np.concatenate([markers.numpy(), table.numpy()])
+            return torch.from_numpy(t[idx]), torch.from_numpy(t[idx[::-1]].copy())
+        table = torch.cat([markers, table])
+        i = torch.from_numpy(idx).to(table.device)
+        return table[i], table[i.flip(0)]
+
+    def _prepare(self, k: int) -> tuple[Tensor, Tensor] | None:
+        if k >= len(self._rounds):
+            return None
+        (f_lo, f_hi), (b_lo, b_hi) = self._rounds[k]
+        return self._vectors(f_lo, f_hi)[0], self._vectors(b_lo, b_hi)[1]
+
+    def _token_rows(self, lo: int, hi: int) -> slice:
+        """The rows of a chunk ``[lo, hi)`` that are tokens (not the markers)."""
+        return slice(1 if lo == 0 else 0, (hi - lo) - (1 if hi == self._n_seq else 0))
+
+    def _flush(self) -> None:
+        """The pending round's outputs into the spills (and the layer norm's sums)."""
+        if self._pending is None:
+            return
+        k, x, out = self._pending
+        self._pending = None
+        (f_lo, f_hi), (b_lo, b_hi) = self._rounds[k]
+        ef = x[0].float().cpu().numpy()
+        fo = [y.float().cpu().numpy() for y in out[0]]
+        bo = [y.float().cpu().numpy()[::-1] for y in out[1]]
+        assert self._spills is not None, "the run was closed"
+        self._spills[0].write(f_lo, np.concatenate([ef, *fo], axis=1))
+        self._spills[1].write(b_lo, np.concatenate(bo, axis=1))
+        if self._stats is not None:
+            rf, rb = self._token_rows(f_lo, f_hi), self._token_rows(b_lo, b_hi)
+            self._stats.add(0, ef[rf], times=2)  # layer 0 is [e ; e]
+            for i, (f, b) in enumerate(zip(fo, bo, strict=True), start=1):
+                self._stats.add(i, f[rf])
+                self._stats.add(i, b[rb])
+
+    def _start_round(self) -> tuple[tuple[Tensor, Tensor], object]:
+        if self._spills is None:
+            raise ValueError("the document run was closed")
+        if self._k >= len(self._rounds):
+            raise ValueError("the document run has no round left (pass 1 is done)")
+        if self._state is None:
+            self._state = self.embedder.runner.stream_state()
+        if self._x is None:
+            self._x = self._prepare(self._k)
+        return self._x, self._state
+
+    def _meanwhile(self) -> None:
+        """While the kernel computes round k: round k + 1's inputs, round k - 1's rows."""
+        self._next = self._prepare(self._k + 1)
+        self._flush()
+
+    def _end_round(self, out) -> None:
+        self._pending = (self._k, self._x, out)
+        self._k += 1
+        self._x, self._next = self._next, None
+        if self._k == len(self._rounds):
+            self._flush()
+
+    # -- pass 2 ------------------------------------------------------------------
+    def answer(self) -> Iterator[DocumentChunk]:
+        """The answer, chunk by chunk in document order (pass 1 must be done)."""
+        if not self.done:
+            raise ValueError("the document's first pass is not done")
+        if self._spills is None:
+            raise ValueError("the document run was closed")
+        doc, spec, chunk, p, n_out = self.doc, self.spec, self.chunk, self._p, self._n_out
+        spills, stats, norm = self._spills, self._stats, self._norm
         if norm:  # normalised here, with the document's statistics; the mix then has none
             spec = replace(spec, mix=replace(spec.mix, layer_norm=False))
         pooled = spec.pooling != "none"
@@ -500,16 +493,65 @@ def embed_document_chunks(
             else:
                 for i, v in enumerate((x, m)):
                     if v is not None:
-                        axis = 1 if i == 0 else 0
-                        acc[i] = _pool_add(acc[i], v, spec.pooling, axis)
+                        acc[i] = _pool_add(acc[i], v, spec.pooling, 1 if i == 0 else 0)
                 n_pos += len(pos)
             lo = hi
         if pooled:
             out = [None if a is None else _pool_done(a, spec.pooling, n_pos) for a in acc]
             yield DocumentChunk(0, [], out[0], out[1])
+
+
+def advance(runs: Sequence[DocumentRun]) -> None:
+    """One round of each run (none done, all of one embedder), computed together: a row
+    per document and direction, in one batched step (one document alone: the native row
+    loop), under the embedder's one model lock."""
+    runs = list(runs)
+    if not runs:
+        return
+    emb = runs[0].embedder
+    if any(r.embedder is not emb for r in runs):
+        raise ValueError("documents advanced together must share one embedder")
+    if len({id(r) for r in runs}) != len(runs):
+        raise ValueError("a document run appears twice in one round")
+    runner = emb.runner
+    with runner.session():
+        started = [r._start_round() for r in runs]
+
+        def meanwhile() -> None:
+            for r in runs:
+                r._meanwhile()
+
+        outs = runner.stream([s[0] for s in started], [s[1] for s in started], meanwhile)
+        for r, out in zip(runs, outs, strict=True):
+            r._end_round(out)
+
+
+def embed_document_chunks(
+    embedder,
+    doc: DocTokens,
+    spec: OutputSpec,
+    chunk_tokens: int | None = None,
+    *,
+    spill_dir: str | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> Iterator[DocumentChunk]:
+    """A tokenized document's answer, chunk by chunk in document order (see the module):
+    a :class:`DocumentRun` advanced alone until done, then its answer. ``cancelled``:
+    asked between rounds of pass 1 (and chunks of pass 2); True stops the work with
+    :class:`DocumentCancelled` and frees the spills."""
+    run = DocumentRun(embedder, doc, spec, chunk_tokens, spill_dir=spill_dir)
+    try:
+        while not run.done:
+            # a caller that left stops the work within one round
+            if cancelled is not None and cancelled():
+                raise DocumentCancelled
+            advance([run])
+        for c in run.answer():
+            if cancelled is not None and cancelled():
+                raise DocumentCancelled
+            yield c
     finally:
-        for s in spills:
-            s.close()
+        run.close()
 
 
 def _pool_add(acc, v: np.ndarray, how: str, axis: int):

@@ -26,6 +26,10 @@ AllenNLP itself by ``tests/elmo_service/test_elmo_module.py``), with these choic
   write to the biLM's weights (``bilm.layer_cache.WeightsWatch``, checked each forward);
   ``cache_bytes`` keeps a frozen biLM's layers per sentence; neither is pickled.
   Under ``torch.compile`` the biLM runs eager; ``.double()`` runs it in float64.
+* **AllenNLP's checkpoints**: ``load_state_dict`` also takes AllenNLP's ``Elmo`` names
+  (``elmo_service/allennlp_names.py``), alone or inside a whole model's checkpoint;
+  :meth:`Elmo.allennlp_state_dict` writes them. ``_ElmoBiLm`` and ``_ElmoCharacterEncoder``
+  (at the end of this file) are AllenNLP's inner modules under their names.
 """
 
 from __future__ import annotations
@@ -37,9 +41,18 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from elmo_service.allennlp_names import (
+    BILM_LAYOUT,
+    ELMO_LAYOUT,
+    ENCODER_LAYOUT,
+    MIXES_ONLY,
+    ResetHandle,
+    allennlp_keys,
+)
 from elmo_service.bilm.char_ids import bos_ids, eos_ids, token_ids
 from elmo_service.bilm.layer_cache import LayerCache, WeightsWatch, sentence_key, weights_id
-from elmo_service.bilm.model import N_CHAR_IDS, BiLM, BiLMState, carried_keep, carried_rows
+from elmo_service.bilm.model import N_CHAR_IDS, BiLM
+from elmo_service.bilm.runner import CarriedState, Runner
 from elmo_service.errors import ConfigError, InputError
 from elmo_service.scalar_mix import MAX_MIX_WEIGHT, ScalarMix
 from elmo_service.tokenizers import Tokenizer
@@ -230,6 +243,8 @@ class Elmo(nn.Module):
         them back instead of running the biLM. Not bounded: delete it freely.
     """
 
+    _allennlp_layout = ELMO_LAYOUT  # where AllenNLP's checkpoints keep the parts
+
     def __init__(
         self,
         options_file: str | Path | None,
@@ -268,7 +283,8 @@ class Elmo(nn.Module):
                 f"bilm_dropout must be in [0, 1), got {bilm_dropout}", field="bilm_dropout"
             )
         self.tokenizer = tokenizer
-        self._module = module
+        # not a second submodule: the module's weights are _elmo_lstm's, as in AllenNLP
+        self.__dict__["_module"] = module
         if module is None:
             if bilm is None:
                 from elmo_service.convert import load_bilm  # h5py: only for hdf5 files
@@ -285,8 +301,13 @@ class Elmo(nn.Module):
             if not requires_grad:
                 bilm.requires_grad_(False)
         self._elmo_lstm = module if module is not None else bilm
+        if module is None:
+            # AllenNLP's path to the carried state: elmo._elmo_lstm._elmo_lstm.reset_states()
+            bilm.__dict__["_elmo_lstm"] = ResetHandle(self)
+        # a checkpoint written with AllenNLP's Elmo loads under its own names
+        self.register_load_state_dict_pre_hook(self._allennlp_keys)
         self.stateful = stateful
-        self._states: tuple[Tensor, Tensor] | None = None
+        self._carried = CarriedState()  # stateful=True: each row's LSTM state
         self._keep_sentence_boundaries = keep_sentence_boundaries
         self._dropout = nn.Dropout(p=dropout)
         self._do_layer_norm = do_layer_norm
@@ -300,7 +321,7 @@ class Elmo(nn.Module):
             self._scalar_mixes.append(mix)
         self._kernel = None  # the serving kernel, built on the first frozen forward
         # the kernel's packed copies and the cached layers follow the weights (see WeightsWatch)
-        self._watch = WeightsWatch()
+        self._watch = WeightsWatch(() if module is not None else bilm.parameters())
         self._layer_cache = _new_cache(cache_bytes, requires_grad, stateful, module, cache_dir)
         self._word_embedding: nn.Embedding | None = None
         if vocab_to_cache:
@@ -317,7 +338,7 @@ class Elmo(nn.Module):
         """An ``Elmo`` over one of this project's artifact folders (``load_artifact``).
 
         The artifact's tokenizer is :attr:`tokenizer`: ``batch_to_ids`` must get the
-        tokens it gives (``[t.text for t in elmo.tokenizer(text)]``): words for a
+        tokens it gives (``[t.piece for t in elmo.tokenizer(text)]``): words for a
         converted bilm-tf model, sentencepiece pieces for a model trained here.
         """
         from elmo_service.artifact import load_artifact
@@ -338,18 +359,22 @@ class Elmo(nn.Module):
             return self._module.get_output_dim()
         return self._elmo_lstm.cfg.output_dim
 
+    def allennlp_state_dict(self) -> dict[str, Tensor]:
+        """This module's weights under ``allennlp.modules.elmo.Elmo``'s names (its
+        ``load_state_dict`` takes them, strict); for a model that holds this module, use
+        ``elmo_service.allennlp_names.to_allennlp(model.state_dict())``."""
+        from elmo_service.allennlp_names import to_allennlp
+
+        return to_allennlp(self.state_dict())
+
+    def _allennlp_keys(self, module, state_dict: dict, prefix: str, *args) -> None:
+        """The pre-hook: AllenNLP's names read as ours (a module of the caller's: the mixes)."""
+        layout = self._allennlp_layout if self._module is None else MIXES_ONLY
+        allennlp_keys(state_dict, prefix, layout)
+
     def reset_states(self, mask: Tensor | None = None) -> None:
         """Zero the carried state (``stateful=True``): all rows, or those where ``mask [B]``."""
-        if mask is None or self._states is None:
-            self._states = None
-            return
-        if mask.shape[0] != self._states[0].shape[2]:
-            raise InputError(
-                f"reset_states: mask has {mask.shape[0]} rows, the state {self._states[0].shape[2]}",
-                field="mask",
-            )
-        keep = (~mask.bool()).to(self._states[0].dtype).view(1, 1, -1, 1)
-        self._states = tuple(s * keep for s in self._states)
+        self._carried.reset(mask)
 
     def forward(self, inputs: Tensor, word_inputs: Tensor | None = None) -> dict:
         """``inputs [B, T, 50]`` character ids (``batch_to_ids``; more leading dims are
@@ -449,12 +474,9 @@ class Elmo(nn.Module):
             tokens, distinct = self._encode(full, fast)
         with torch.set_grad_enabled(torch.is_grad_enabled() and not fast):
             if self.stateful:
-                layers, final = bilm.contextualize_from(
-                    tokens, lengths + 2, self._initial(ids.shape[0])
-                )
-                self._keep(final)
+                layers = self._runner().run_from(tokens, lengths + 2, self._carried)
             elif fast:
-                layers = self._serving_kernel().contextualize(tokens, lengths + 2, distinct)
+                layers = self._runner().contextualize(tokens, lengths + 2, distinct)
             else:
                 layers = bilm.contextualize(tokens, lengths + 2)
         return layers
@@ -497,7 +519,7 @@ class Elmo(nn.Module):
         bilm: BiLM = self._elmo_lstm
         if self._watch.changed(list(bilm.parameters())):
             self._kernel = None
-            bilm.token_encoder._tables = None  # the torch path's lookup tables (model.py)
+            bilm.token_encoder.forget_tables()  # the torch path's lookup tables (model.py)
             cache = self._layer_cache
             if cache is not None and cache.directory is not None:
                 cache.scope(weights_id(bilm.parameters()))  # on disk: a folder per weights
@@ -515,20 +537,18 @@ class Elmo(nn.Module):
             table = self._elmo_lstm.token_encoder(uniq)
         else:
             with torch.no_grad():
-                table = self._serving_kernel().encode(uniq)
+                table = self._runner().encode(uniq)
         return table[index].reshape(b, t, -1), (table, index.reshape(b, t))
 
-    def _serving_kernel(self):
-        """The native CPU kernels for an fp32 model on the CPU, else the model's own
-        inference loop; rebuilt when the device or dtype changes."""
-        from elmo_service.bilm.kernels.select import choose_kernel
-
+    def _runner(self) -> Runner:
+        """The biLM's runner (``bilm/runner.py``: the native CPU kernels for an fp32 model on
+        the CPU, else the model's own inference loop); rebuilt when the device or dtype
+        changes, or a weight (``_follow_weights``)."""
         p = self._elmo_lstm.token_encoder.projection.weight
         key = (p.device, p.dtype)
         if self._kernel is None or self._kernel[0] != key:
             precision = "fp32" if p.dtype == torch.float32 else "auto"
-            kernel = choose_kernel(self._elmo_lstm, p.device, precision, "fp32", False)
-            self._kernel = (key, kernel)
+            self._kernel = (key, Runner(self._elmo_lstm, device=p.device, precision=precision))
         return self._kernel[1]
 
     def _cache_vocab(self, vocab: list[str], requires_grad: bool) -> None:
@@ -547,15 +567,85 @@ class Elmo(nn.Module):
             table[2:].clone(), freeze=not requires_grad, padding_idx=0
         )
 
-    # ------------------------------------------------------------------ carried state
-    def _initial(self, batch: int) -> BiLMState | None:
-        """AllenNLP's ``_get_initial_states``: the carried state of the first ``batch``
-        rows, new rows from zero (the store grows to the larger batch)."""
-        if not self.stateful or self._states is None:
-            return None
-        self._states, state = carried_rows(self._states, batch)
-        return state
 
-    def _keep(self, final: BiLMState) -> None:
-        """Store the final state of this call's rows (detached); rows beyond it keep theirs."""
-        self._states = carried_keep(self._states, final)
+# ---------------------------------------------------------------------- AllenNLP's inner modules
+# ``_ElmoBiLm(options, weights)(char_ids) -> {"activations": [L+1 x [B, T+2, 2P]], "mask"}`` and
+# ``_ElmoCharacterEncoder(options, weights)(char_ids) -> {"token_embedding", "mask"}``, as
+# AllenNLP 2.10 names and calls them: the same biLM code as Elmo's (the bilm is Elmo without
+# its mixes), frozen by default and stateless unless ``stateful=True`` (AllenNLP's carries).
+class _ElmoBiLm(Elmo):
+    """AllenNLP's ``_ElmoBiLm``: character ids -> every biLM layer, with the boundaries."""
+
+    _allennlp_layout = BILM_LAYOUT
+
+    def __init__(
+        self,
+        options_file: str | Path,
+        weight_file: str | Path,
+        requires_grad: bool = False,
+        vocab_to_cache: list[str] | None = None,
+        *,
+        stateful: bool = False,
+    ) -> None:
+        super().__init__(
+            options_file,
+            weight_file,
+            1,
+            requires_grad=requires_grad,
+            dropout=0.0,
+            vocab_to_cache=vocab_to_cache,
+            stateful=stateful,
+        )
+        del self.scalar_mix_0  # the layers themselves are the output
+        self._scalar_mixes = []
+        self.num_layers = self._elmo_lstm.n_output_layers
+
+    def get_output_dim(self) -> int:
+        return 2 * self._elmo_lstm.cfg.projection_dim
+
+    def forward(self, inputs: Tensor, word_inputs: Tensor | None = None) -> dict:
+        ids = _check_char_ids(inputs, self._elmo_lstm.cfg.max_chars_per_token)
+        words = word_inputs if self._word_embedding is not None else None
+        layers, lengths = self._bilm_layers(ids, words)
+        mask = torch.arange(layers.shape[2], device=ids.device) < lengths.unsqueeze(1)
+        return {"activations": list(layers.unbind(0)), "mask": mask}
+
+
+class _ElmoCharacterEncoder(nn.Module):
+    """AllenNLP's ``_ElmoCharacterEncoder``: character ids -> context-free token vectors
+    (the biLM's character CNN alone; its weights under ``token_encoder.``)."""
+
+    _allennlp_layout = ENCODER_LAYOUT
+    _module = None  # for the checkpoint pre-hook, as on Elmo
+
+    def __init__(
+        self, options_file: str | Path, weight_file: str | Path, requires_grad: bool = False
+    ) -> None:
+        super().__init__()
+        from elmo_service.convert import load_bilm  # h5py: only for hdf5 files
+
+        bilm, _ = load_bilm(options_file, weight_file)
+        if bilm.token_encoder.lexicon:
+            raise ConfigError(
+                "an ELMoForManyLangs model reads its own character lexicon, not "
+                "batch_to_ids' bytes",
+                field="weight_file",
+            )
+        self.token_encoder = bilm.token_encoder.requires_grad_(requires_grad)
+        self.register_load_state_dict_pre_hook(
+            lambda module, sd, prefix, *args: allennlp_keys(sd, prefix, ENCODER_LAYOUT)
+        )
+
+    def get_output_dim(self) -> int:
+        return self.token_encoder.cfg.projection_dim
+
+    def forward(self, inputs: Tensor) -> dict:
+        w = self.token_encoder.cfg.max_chars_per_token
+        ids = _check_char_ids(inputs, w)
+        mask = (ids > 0).any(-1)
+        bos, eos = (torch.from_numpy(f(w)).to(ids.device) for f in (bos_ids, eos_ids))
+        full, lengths = _boundaries(ids, mask, bos, eos)
+        b, t = full.shape[:2]
+        vectors = self.token_encoder(full.reshape(b * t, w)).reshape(b, t, -1)
+        mask = torch.arange(t, device=ids.device) < lengths.unsqueeze(1)
+        return {"token_embedding": vectors, "mask": mask}

@@ -10,11 +10,11 @@ Positions and mixes are ``elmo_service/outputs.py``'s, as on every other surface
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from elmo_service.atomic import atomic_path
-from elmo_service.batching import chunks
 from elmo_service.errors import ConfigError, ElmoServiceError, InputError, at_line
 from elmo_service.outputs import GRANULARITIES, OutputSpec, plan_output, render
 from elmo_service.scalar_mix import MixSpec
@@ -140,7 +140,7 @@ def write_hdf5(
             token_lists = emb.tokenize(
                 inputs, field="input", where=at_line(input_file, 1), offset=index
             )
-            layers = emb.embed_tokens([[t.text for t in toks] for toks in token_lists])
+            layers = emb.embed_tokens([[t.piece for t in toks] for toks in token_lists])
             for line, toks, x in zip(chunk, token_lists, layers, strict=True):
                 # a blank line (or one the tokenizer empties, e.g. U+200B) is a sentence with
                 # no tokens: its dataset has no positions, as the library answers it (#51)
@@ -205,3 +205,18 @@ def _write_document(
             ds[at : at + k] = data
         at += k
     assert at == n, (at, n)
+
+
+T = TypeVar("T")
+
+
+def chunks(items: Iterable[T], n: int) -> Iterator[list[T]]:
+    """Lists of ``n`` items (the last one shorter), reading ``items`` only as far as needed."""
+    chunk: list[T] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == n:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk

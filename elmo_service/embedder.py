@@ -3,7 +3,7 @@
 ``Embedder.embed`` tokenizes, then ``embed_tokens`` does the work:
 
 1. sentences are sorted by length and cut into batches under a token budget
-   (padded cost ``n * max_len``, ``elmo_service/batching.py``), so padding stays
+   (padded cost ``n * max_len``, ``elmo_service/bilm/runner.py`` ``plan_batches``), so padding stays
    small; each batch is one ``run_batch`` call (the server's batcher plans
    with the same function and calls ``run_batch`` directly);
 2. each batch's distinct tokens are looked up in the token-vector cache (the
@@ -31,43 +31,39 @@ what ``ElmoEmbedder`` returned).
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
-import torch
-from cachetools import LRUCache
 
 from elmo_service.artifact import Artifact, default_model_dir, load_artifact
-from elmo_service.batching import (
+from elmo_service.bilm.char_ids import bos_ids, eos_ids, token_ids
+from elmo_service.bilm.config import DEFAULT_TOKEN_CACHE_SIZE
+from elmo_service.bilm.kernels.packed import check_weights_mode
+from elmo_service.bilm.runner import (
     DEFAULT_BATCH_TOKENS,
     DEFAULT_MAX_BATCH_SENTENCES,
     BatchBudget,
-    chunks,
+    Runner,
     plan_batches,
 )
-from elmo_service.bilm.char_ids import bos_ids, eos_ids, token_ids
-from elmo_service.bilm.config import DEFAULT_TOKEN_CACHE_SIZE
-from elmo_service.bilm.kernels.packed import KernelCache, check_weights_mode
-from elmo_service.bilm.kernels.select import choose_kernel
+from elmo_service.embed_file import chunks
 from elmo_service.errors import ConfigError, InputError, LimitError, UnknownTask
 from elmo_service.outputs import OutputSpec, positions, render, resolve_output
-from elmo_service.runtime import autocast, pick_device, resolve_precision, set_threads
+from elmo_service.runtime import pick_device, resolve_precision, set_threads
 from elmo_service.scalar_mix import MixSpec, apply_mix  # noqa: F401 - re-exported
-from elmo_service.tokenizers import Token
-from elmo_service.values import EmbeddedSentence, check_text  # shared with the client
-from elmo_service.words import words_of
+from elmo_service.values import (  # shared with the client
+    EmbeddedSentence,
+    Token,
+    invalid_text,
+    words_of,
+)
 
 __all__ = ["EmbeddedSentence", "Embedder", "apply_mix", "words_of"]
 
 Sentence = str | Sequence[str]
 # how an error names sentence i (word j) of the caller's input: "line 7 of a.txt, word 2"
 Where = Callable[[int, "int | None"], str]
-# rows of a batch's token table: 0 the zero vector (padding), 1 and 2 the sentence markers,
-# then the batch's distinct token texts. The markers are rows, never keys: no token text
-# (not even "\x00<S>") can reach their vectors
-_PAD, _BOS_ROW, _EOS_ROW, _FIRST_TOKEN_ROW = 0, 1, 2, 3
 # what warm_up embeds: a batch, then one sentence alone (another path of the CPU kernel)
 WARMUP_SENTENCES = (
     ("Hello", "world", "."),
@@ -173,19 +169,22 @@ class Embedder:
         self.cfg = artifact.config
         # token texts -> character ids: the model's own lexicon (ELMoForManyLangs), else bytes
         lexicon = getattr(self.tokenizer, "lexicon", None)
-        self._ids = (
+        ids = (
             (token_ids, bos_ids, eos_ids)
             if lexicon is None
             else (lexicon.token_ids, lexicon.bos_ids, lexicon.eos_ids)
         )
         self.max_sentence_tokens = max_sentence_tokens or self.cfg.max_sentence_tokens
-        self._cache: LRUCache | None = LRUCache(token_cache_size) if token_cache_size > 0 else None
-        self.cache_hits = 0
-        self.cache_misses = 0
-        self._lock = threading.Lock()
-        self._compiled = compile  # padded lengths go in steps of 8 then (see _forward)
-        self.kernel = choose_kernel(self.model, self.device, self.precision, weights, compile)
-        self._markers = KernelCache()  # the sentence markers' vectors, per weight version
+        # the kernel (chosen once), the token-vector cache and the one model lock
+        self.runner = Runner(
+            self.model,
+            device=self.device,
+            precision=self.precision,
+            weights=weights,
+            compile=compile,
+            token_cache_size=token_cache_size,
+            char_ids=ids,
+        )
         self._certificate: dict | None = None
         log.info("kernel: %s", self.kernel.name)
 
@@ -244,7 +243,7 @@ class Embedder:
                 ref = Embedder(self.artifact, device="cpu", weights="fp32", token_cache_size=0)
                 limit = min(cert_mod.MAX_TOKENS, self.max_sentence_tokens)
                 texts = [
-                    [t.text for t in self.tokenizer(s)][:limit]
+                    [t.piece for t in self.tokenizer(s)][:limit]
                     for s in cert_mod.certificate_texts()
                 ]
                 return cert_mod.certify(
@@ -262,6 +261,25 @@ class Embedder:
         return self._certificate
 
     # -- properties the service reports ---------------------------------
+    @property
+    def kernel(self):
+        """The kernel the runner chose (``elmo_service/bilm/kernels``)."""
+        return self.runner.kernel
+
+    @property
+    def lock(self):
+        """The one lock of every model call (the runner's)."""
+        return self.runner.lock
+
+    @property
+    def cache_hits(self) -> int:
+        """Token-vector cache hits so far (the runner's)."""
+        return self.runner.cache_hits
+
+    @property
+    def cache_misses(self) -> int:
+        return self.runner.cache_misses
+
     @property
     def kernel_name(self) -> str:
         """Which kernel runs the model: ``"cpu-native fp32"``, ``"cpu-native int8"``, ``"torch"``..."""
@@ -321,7 +339,12 @@ class Embedder:
                     field=f"{field}[{i}]",
                     index=i,
                 )
-            check_text(s, f"{field}[{i}]", where=lambda j, i=i: where(i, j), index=i)
+            for j, text in enumerate([s] if isinstance(s, str) else s):
+                why = invalid_text(text)
+                if why is not None:
+                    word = None if isinstance(s, str) else j
+                    at = f"{field}[{i}]" if word is None else f"{field}[{i}][{j}]"
+                    raise InputError(f"{where(i, word)} {why}", field=at, index=i, word=word)
             toks = self.tokenizer(s)
             if not isinstance(s, str):
                 _check_words_kept(s, toks, i, field, where)
@@ -357,7 +380,7 @@ class Embedder:
         spec = self.output_spec(mix, granularity)
         sentences = list(sentences)
         token_lists = self.tokenize(sentences, where=where, offset=offset)
-        layers = self.embed_tokens([[t.text for t in toks] for toks in token_lists])
+        layers = self.embed_tokens([[t.piece for t in toks] for toks in token_lists])
         return [
             self._answer(sent, toks, x, spec)
             for sent, toks, x in zip(sentences, token_lists, layers, strict=True)
@@ -385,9 +408,10 @@ class Embedder:
     @staticmethod
     def _answer(sent: Sentence, toks: list[Token], x: np.ndarray, spec: OutputSpec):
         layers, mixed = render(x, toks, spec)
+        text = sent if isinstance(sent, str) else " ".join(sent)  # what the offsets point into
         if spec.granularity == "word":
-            toks = positions(toks, spec, sent if isinstance(sent, str) else " ".join(sent))
-        return EmbeddedSentence(toks, layers, mixed)
+            toks = positions(toks, spec, text)
+        return EmbeddedSentence(toks, layers, mixed, text)
 
     # -- AllenNLP's ElmoEmbedder names ------------------------------------
     def embed_sentence(self, sentence: Sentence, **options) -> EmbeddedSentence:
@@ -455,7 +479,7 @@ class Embedder:
         chunks_ = embed_document_chunks(
             self, doc, spec, chunk_tokens, spill_dir=None if spill_dir is None else str(spill_dir)
         )
-        return (EmbeddedSentence(c.tokens, c.layers, c.mix) for c in chunks_)
+        return (EmbeddedSentence(c.tokens, c.layers, c.mix, doc.text) for c in chunks_)
 
     def embed_tokens(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """Token texts -> ``[L+1, T, D]`` float32 per sentence, in input order.
@@ -480,78 +504,4 @@ class Embedder:
         (1e-5 x its largest value: the float32 sums' order)."""
         if not sentences:
             return []
-        return self._forward(list(sentences))
-
-    # -- internals --------------------------------------------------------
-    def _token_vectors(self, keys: list[str]) -> torch.Tensor:
-        """``[U, P]`` layer-0 vectors for distinct token keys, cache first."""
-        if not keys:
-            return torch.zeros(0, self.cfg.projection_dim, device=self.device)
-        if self._cache is None:  # every key computed, in order: nothing to merge
-            self.cache_misses += len(keys)
-            return self._encode_keys(keys)
-        vecs: list[torch.Tensor | None] = [None] * len(keys)
-        missing: list[int] = []
-        for i, k in enumerate(keys):
-            v = self._cache.get(k)
-            if v is None:
-                missing.append(i)
-            else:
-                vecs[i] = v
-        self.cache_hits += len(keys) - len(missing)
-        self.cache_misses += len(missing)
-        if missing:
-            computed = self._encode_keys([keys[i] for i in missing])
-            for j, i in enumerate(missing):
-                vecs[i] = computed[j]
-                self._cache[keys[i]] = computed[j].clone()
-        return torch.stack(vecs)  # type: ignore[arg-type]
-
-    def _marker_vectors(self) -> torch.Tensor:
-        """``[2, P]``: the vectors of ``<S>`` and ``</S>``, in every sentence and fixed by the
-        weights, so computed once per weight version (not in every batch's CNN call)."""
-        w = self.cfg.max_chars_per_token
-        return self._markers.get_or_build(
-            "markers",
-            list(self.model.token_encoder.parameters()),
-            lambda: self._encode_ids(np.stack([self._ids[1](w), self._ids[2](w)])),
-        )
-
-    def _encode_keys(self, keys: list[str]) -> torch.Tensor:
-        """Token texts -> ``[N, P]`` through the CNN."""
-        w = self.cfg.max_chars_per_token
-        return self._encode_ids(np.stack([self._ids[0](k, w) for k in keys]))
-
-    def _encode_ids(self, ids: np.ndarray) -> torch.Tensor:
-        """Character ids ``[N, W]`` -> ``[N, P]`` through the CNN."""
-        with autocast(self.device, self.precision):
-            return self.kernel.encode(torch.from_numpy(ids).to(self.device)).float()
-
-    def _forward(self, sentences: list[Sequence[str]]) -> list[np.ndarray]:
-        lengths = [len(s) + 2 for s in sentences]
-        b, t = len(sentences), max(lengths)
-        if self._compiled:  # the batch dim is dynamic, lengths go in steps of 8
-            b_pad, t_pad = max(b, 2), -(-t // 8) * 8
-        else:
-            b_pad, t_pad = b, t
-        keys: dict[str, int] = {}  # distinct token texts -> their row - _FIRST_TOKEN_ROW
-        index = np.full((b_pad, t_pad), _PAD, dtype=np.int64)
-        for r, sent in enumerate(sentences):
-            index[r, 0], index[r, len(sent) + 1] = _BOS_ROW, _EOS_ROW
-            for c, tok in enumerate(sent, start=1):
-                index[r, c] = keys.setdefault(tok, len(keys)) + _FIRST_TOKEN_ROW
-        with self._lock, torch.inference_mode():
-            markers = self._marker_vectors()
-            table = self._token_vectors(list(keys))
-            table = torch.cat([markers.new_zeros(1, markers.shape[1]), markers, table])
-            index_t = torch.from_numpy(index).to(self.device)
-            tokens = table[index_t]
-            lens = torch.tensor(lengths + [0] * (b_pad - b), device=self.device)
-            if self._compiled:  # one graph per length bucket, whatever the batch size
-                torch._dynamo.mark_dynamic(tokens, 0)
-                torch._dynamo.mark_dynamic(lens, 0)
-            with autocast(self.device, self.precision):
-                # distinct: the CPU kernel runs the first layer's input matmul per distinct token
-                layers = self.kernel.contextualize(tokens, lens, distinct=(table, index_t))
-            layers = layers.float().cpu().numpy()
-        return [np.ascontiguousarray(layers[:, r, 1 : lengths[r] - 1]) for r in range(b)]
+        return self.runner.run_tokens(list(sentences))

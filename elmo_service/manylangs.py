@@ -17,10 +17,15 @@ AllenNLP's (rows are the sentences sorted longest first within each batch of
 ``batch_size``, its order; batches in that sorted order, not shuffled), and
 :meth:`reset_states` zeroes it. One call of at most ``batch_size`` sentences after a
 stateful one equals ELMoForManyLangs' second call exactly.
+
+Length: sentences of any length, as ELMoForManyLangs takes them (the model's own
+``max_sentence_tokens``, which bounds the service's requests, is not applied here);
+``max_sentence_tokens=N`` refuses longer sentences with a ``LimitError`` naming them.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,7 +33,7 @@ import numpy as np
 import torch
 
 from elmo_service.artifact import Artifact, load_artifact
-from elmo_service.bilm.model import BiLM, BiLMState, carried_keep, carried_rows
+from elmo_service.bilm.runner import CarriedState
 from elmo_service.embedder import Embedder
 from elmo_service.errors import InputError
 
@@ -38,18 +43,33 @@ class ManyLangsEmbedder:
     this project reads the words with its own tokenizer)."""
 
     def __init__(
-        self, model: str | Path | Artifact, batch_size: int = 64, *, stateful: bool = False
+        self,
+        model: str | Path | Artifact,
+        batch_size: int = 64,
+        *,
+        stateful: bool = False,
+        max_sentence_tokens: int | None = None,
     ) -> None:
         if batch_size < 1:
             raise InputError("batch_size must be >= 1", field="batch_size")
+        if max_sentence_tokens is not None and (
+            isinstance(max_sentence_tokens, bool)
+            or not isinstance(max_sentence_tokens, int)
+            or max_sentence_tokens < 1
+        ):
+            raise InputError(
+                f"max_sentence_tokens must be an int >= 1 or None, got {max_sentence_tokens!r}",
+                field="max_sentence_tokens",
+            )
         art = model if isinstance(model, Artifact) else load_artifact(model)
-        self.embedder = Embedder(art)
+        # no limit unless the caller sets one: ELMoForManyLangs has none
+        self.embedder = Embedder(art, max_sentence_tokens=max_sentence_tokens or sys.maxsize)
         self.batch_size = batch_size
         self.stateful = stateful
-        self._states: tuple[torch.Tensor, torch.Tensor] | None = None  # [2, L, rows, P|C]
+        self._carried = CarriedState()  # the rows' LSTM state (stateful=True)
 
     def reset_states(self) -> None:
-        self._states = None
+        self._carried.reset()
 
     def sents2elmo(
         self, sents: Sequence[Sequence[str]], output_layer: int = -1
@@ -76,42 +96,28 @@ class ManyLangsEmbedder:
     # ------------------------------------------------------------------ carried state
     def _stateful(self, sents: Sequence[Sequence[str]]) -> list[np.ndarray]:
         emb = self.embedder
-        bilm: BiLM = emb.model
+        runner = emb.runner
         toks = emb.tokenize([list(s) for s in sents])
-        texts = [[t.text for t in ts] for ts in toks]
+        texts = [[t.piece for t in ts] for ts in toks]
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # its stable sort
         out: list[np.ndarray | None] = [None] * len(texts)
         for lo in range(0, len(order), self.batch_size):
             rows = order[lo : lo + self.batch_size]
-            vectors = [self._token_vectors(texts[i]) for i in rows]
+            with runner.session():  # ``[<bos>] + words + [<eos>]``: the CNN and its cache
+                markers = runner.marker_vectors()
+                vectors = [
+                    torch.cat([markers[:1], runner.token_vectors(texts[i]), markers[1:]])
+                    .float()
+                    .cpu()
+                    for i in rows
+                ]
             lengths = torch.tensor([len(v) for v in vectors])
             tokens = torch.nn.utils.rnn.pad_sequence(vectors, batch_first=True)
             with torch.inference_mode():
-                layers, final = bilm.contextualize_from(tokens, lengths, self._initial(len(rows)))
-            self._keep(final)
+                layers = runner.run_from(tokens, lengths, self._carried)
             for r, i in enumerate(rows):
                 out[i] = layers[:, r, 1 : int(lengths[r]) - 1].float().numpy().copy()
         return out  # type: ignore[return-value]
-
-    def _token_vectors(self, words: list[str]) -> torch.Tensor:
-        """``[<bos>] + words + [<eos>]`` -> ``[T + 2, P]`` (the embedder's CNN and cache)."""
-        emb = self.embedder
-        with emb._lock, torch.inference_mode():
-            markers = emb._marker_vectors()
-            inner = emb._token_vectors(words) if words else markers[:0]
-            return torch.cat([markers[:1], inner, markers[1:]]).float().cpu()
-
-    def _initial(self, batch: int) -> BiLMState | None:
-        """The carried state of the first ``batch`` rows; rows never seen start from zero."""
-        if self._states is None:
-            return None
-        self._states, state = carried_rows(self._states, batch)
-        return state
-
-    def _keep(self, final: BiLMState) -> None:
-        """This batch's rows take their final state; rows past it keep theirs."""
-        h, c = carried_keep(self._states, final)
-        self._states = (h.float(), c.float())
 
 
 __all__ = ["ManyLangsEmbedder"]

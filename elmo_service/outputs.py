@@ -5,7 +5,7 @@ The library (``Embedder.embed``), ``embed-file``, ``embed-bulk``, ``POST /v1/emb
 task lookup: :func:`resolve_output`, or :meth:`OutputSpec.with_mix` where the lookup is the
 caller's own, e.g. async) and turn each sentence's ``[L+1, T, D]`` layers into the answer
 with :func:`render`. Numpy only (the mix and the word averages are
-``elmo_service.scalar_mix`` and ``elmo_service.words``).
+``elmo_service.scalar_mix`` and ``elmo_service.values``' word grouping).
 
 The one order: **select or mix the model's token layers, then average a word's pieces, then
 pool.** The mix is defined on the biLM's token positions, and its layer norm normalises a
@@ -27,8 +27,7 @@ import numpy as np
 
 from elmo_service.errors import ConfigError, InputError, UnknownTask
 from elmo_service.scalar_mix import MixSpec, apply_mix
-from elmo_service.tokenizers import Token
-from elmo_service.words import average_words, word_tokens
+from elmo_service.values import Token, average_words, word_tokens  # also the client's
 
 OUTPUTS = ("layers", "mix", "both")
 GRANULARITIES = ("token", "word")

@@ -78,7 +78,7 @@ def write_selftest(directory: str | Path, embedder: Any = None) -> dict[str, Any
     # the model's tokens (a small sentencepiece vocabulary splits the long sentence into
     # more pieces than a small model takes: cut to its limit; the check runs tokens anyway)
     limit = embedder.max_sentence_tokens
-    tokens = [[t.text for t in embedder.tokenizer(s)][:limit] for s in SENTENCES]
+    tokens = [[t.piece for t in embedder.tokenizer(s)][:limit] for s in SENTENCES]
     vectors = [embedder.run_batch([toks])[0] for toks in tokens]  # each alone
     tensors = {f"s{i}": torch.from_numpy(np.ascontiguousarray(v)) for i, v in enumerate(vectors)}
     with atomic.atomic_path(directory / VECTORS) as tmp:

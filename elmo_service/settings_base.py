@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 from pydantic.fields import FieldInfo
 
-from elmo_service.errors import ConfigError, ElmoServiceError
+from elmo_service.errors import ConfigError, ElmoServiceError, InputError
 
 __all__ = [
     "Cli",
@@ -352,3 +353,25 @@ def from_args(model: type[StrictModel], args: argparse.Namespace, **extra: Any) 
     """``model`` from the parsed flags that :func:`add_arguments` added (plus ``extra``)."""
     values = {n: getattr(args, n) for n in model.model_fields if hasattr(args, n)}
     return model(**{**values, **extra})
+
+
+# ------------------------------------------------------------------ names users give
+# A model name is a folder name inside the models folder, a URL segment and a cache/task
+# namespace: a whitelist, so NUL, separators, '..', hidden names and control characters
+# never reach the filesystem (where NUL raises ValueError deep inside os.path).
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check_model_name(name: object, field: str = "name") -> str:
+    """``name`` if it is a valid model (artifact folder) name; InputError naming ``field``.
+
+    Every model name that comes from a user goes through here: ``ELMO_MODEL``,
+    ``POST /v1/models/{name}/activate`` and a job's artifact ``name``.
+    """
+    if not isinstance(name, str) or not MODEL_NAME.fullmatch(name):
+        raise InputError(
+            f"{field}: {name!r} is not a model name: 1-64 characters, letters, digits, "
+            "'.', '_', '-', starting with a letter or digit",
+            field=field,
+        )
+    return name

@@ -98,14 +98,14 @@ class WordTokenizer(Tokenizer):
 
     def tokenize(self, text: str) -> list[Token]:
         return [
-            Token(self._norm(m.group()), m.start(), m.end(), i)
+            Token(m.group(), m.start(), m.end(), i, self._norm(m.group()))
             for i, m in enumerate(_WORD_RE.finditer(text))
         ]
 
     def tokenize_words(self, words: Sequence[str]) -> list[Token]:
         out, pos = [], 0
         for i, w in enumerate(words):
-            out.append(Token(self._norm(w), pos, pos + len(w), i))
+            out.append(Token(w, pos, pos + len(w), i, self._norm(w)))
             pos += len(w) + 1
         return out
 
@@ -148,24 +148,36 @@ class SentencePieceTokenizer(Tokenizer):
         return self.sp.id_to_piece(i)
 
     def _pieces(self, text: str, offset: int, word_base: int) -> tuple[list[Token], int]:
-        """Tokens of ``text``, offsets shifted by ``offset``; returns next word index."""
+        """Tokens of ``text``, offsets shifted by ``offset``; returns next word index.
+
+        A token's span is the characters its piece encodes, leading whitespace aside. A
+        piece that encodes no whole character of its own (the leading bytes of a character
+        in byte pieces, a bare ``▁`` before one) shares the span of the piece that
+        completes the character (or, failing one, of the piece before): no token is empty,
+        and its text is always its span's (see ``Token``)."""
         if not text:
             return [], word_base
         proto = self.sp.encode(text, return_type="proto")
         char_of = _char_offsets(text)
         starts = word_starts(text)
-        out: list[Token] = []
+        pieces: list[tuple[str, int, int, int]] = []
         word = word_base - 1
         open_word = False  # the current word holds a character (a bare "▁" holds none)
         for p in proto.pieces:
             start, end = char_of[p.begin], char_of[p.end]
             start += len(text[start:end]) - len(text[start:end].lstrip())
+            end = max(start, end)
             # a new word at a space or where raw text's words begin (punctuation split off)
-            if not out or (open_word and (p.piece.startswith(SP_SPACE) or start in starts)):
+            if not pieces or (open_word and (p.piece.startswith(SP_SPACE) or start in starts)):
                 word += 1
                 open_word = False
             open_word = open_word or end > start
-            out.append(Token(p.piece, offset + start, offset + max(start, end), word))
+            pieces.append((p.piece, start, end, word))
+        spans = _shared_spans([(start, end) for _, start, end, _ in pieces])
+        out = []
+        for (piece, _, _, w), (start, end) in zip(pieces, spans, strict=True):
+            mark = SP_SPACE if piece.startswith(SP_SPACE) else ""
+            out.append(Token(mark + text[start:end], offset + start, offset + end, w, piece))
         return out, word + 1
 
     def tokenize(self, text: str) -> list[Token]:
@@ -185,7 +197,7 @@ class SentencePieceTokenizer(Tokenizer):
             # encoding each word alone, at a fraction of the per-call cost
             starts = list(itertools.accumulate((len(w) + 1 for w in words[:-1]), initial=0))
             toks = [
-                Token(t.text, t.start, t.end, bisect.bisect_right(starts, t.start) - 1)
+                Token(t.text, t.start, t.end, bisect.bisect_right(starts, t.start) - 1, t.piece)
                 for t in self.tokenize(joined)
             ]
             if len({t.word for t in toks}) == len(words):  # else some word lost its pieces
@@ -196,7 +208,7 @@ class SentencePieceTokenizer(Tokenizer):
         for i, w in enumerate(words):
             pieces, _ = self._pieces(w, pos, i)
             # a word is one word, whatever pieces say
-            out.extend(Token(t.text, t.start, t.end, i) for t in pieces)
+            out.extend(Token(t.text, t.start, t.end, i, t.piece) for t in pieces)
             pos += len(w) + 1
         return out
 
@@ -226,6 +238,36 @@ class LexiconTokenizer(WordTokenizer):
 
     def save(self, directory: Path) -> dict[str, Any]:
         return {"type": "lexicon", **self.lexicon.save(directory)}
+
+
+def _shared_spans(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Empty spans filled: with the next non-empty span when it starts there (a character's
+    leading byte pieces, a bare ``▁`` before it), else the previous non-empty one (a piece
+    that normalisation made of the character before), else the next one at all."""
+    out = list(spans)
+    if all(s < e for s, e in spans):
+        return out
+    after: tuple[int, int] | None = None
+    for i in range(len(out) - 1, -1, -1):
+        s, e = out[i]
+        if s < e:
+            after = (s, e)
+        elif after is not None and after[0] == s:
+            out[i] = after
+    before: tuple[int, int] | None = None
+    for i, (s, e) in enumerate(out):
+        if s < e:
+            before = (s, e)
+        elif before is not None:
+            out[i] = before
+    after = None
+    for i in range(len(out) - 1, -1, -1):
+        s, e = out[i]
+        if s < e:
+            after = (s, e)
+        elif after is not None:
+            out[i] = after
+    return out
 
 
 def _char_offsets(text: str) -> Sequence[int]:

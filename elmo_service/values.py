@@ -11,9 +11,7 @@ holds that, and that the two names are one file.
 * ``word_tokens``, ``average_words``, ``words_of``: a word's vector is its pieces' mean;
 * ``encode_array``, ``decode_array``: ``{"shape", "dtype", "data"}`` (base64 of the
   little-endian C-order bytes, or nested lists), checked both ways;
-* ``ElmoServiceError``, ``InputError``: errors that carry the offending ``field``;
-* ``text_problem``, ``check_text``: the text rules every surface applies to what it is
-  given to embed (the library, the API's bodies, the client before it sends).
+* ``ElmoServiceError``, ``InputError``: errors that carry the offending ``field``.
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ import base64
 import binascii
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -64,47 +62,37 @@ class InputError(ElmoServiceError, ValueError):
         self.index, self.word = index, word
 
 
-# ------------------------------------------------------------------ the text rules
-
-
-def text_problem(text: str) -> str | None:
-    """What makes ``text`` unusable as text to embed, or None. The one rule of the library
-    (``Embedder.embed``/``tokenize``, ``embed_document``), the API's bodies (``/v1/embed``,
-    ``/v1/embeddings``, ``/v1/embed/document``) and the client: a lone surrogate (not
-    Unicode: it has no UTF-8, so no JSON body can carry it and sentencepiece raises deep
-    in C++), and a NUL character (never text: a binary file read as text, and the end of
-    a string to any C code it reaches). Sizes are each surface's own limits."""
+def invalid_text(text: str) -> str | None:
+    """Why ``text`` cannot be embedded, or None: the text rule of every surface (the library,
+    every route, the client), written once. A lone surrogate (``"\\ud800"``, which JSON can
+    carry) has no UTF-8 form: the tokenizer would fail deep inside with a traceback. A NUL is
+    never text (a binary file read as text) and ends a string for any C code it reaches."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        return (
-            f"holds a lone surrogate (U+{ord(text[e.start]):04X}) at character {e.start:,}: "
-            "not valid Unicode"
-        )
+        return f"is not valid Unicode (a lone surrogate at character {e.start})"
     if (at := text.find("\x00")) >= 0:
-        return f"holds a NUL character at character {at:,}"
+        return f"is not text (a NUL character at character {at})"
     return None
 
 
-def check_text(
-    value: str | Sequence[str],
-    field: str,
-    *,
-    where: Any = None,
-    index: int | None = None,
-) -> None:
-    """``value`` (a text, or a list of words) under :func:`text_problem`, or an
-    ``InputError`` naming ``field`` (word ``j``: ``field[j]``, and ``word=j``). ``where(j)``
-    names it in the message (``j`` None: the whole text); default ``field`` / ``field[j]``."""
-    if where is None:
-        where = lambda j: field if j is None else f"{field}[{j}]"  # noqa: E731
-    if isinstance(value, str):
-        if (problem := text_problem(value)) is not None:
-            raise InputError(f"{where(None)} {problem}", field=field, index=index)
+def check_text(text: str, field: str, name: str | None = None) -> str:
+    """``text``, or :class:`InputError` naming ``field`` (its message says ``name``, default
+    ``field``) when :func:`invalid_text` refuses it."""
+    why = invalid_text(text)
+    if why is not None:
+        raise InputError(f"{name or field} {why}", field=field)
+    return text
+
+
+def check_document(document: Any, field: str = "document") -> None:
+    """A document (text, or its words) holds only text every surface can embed."""
+    if isinstance(document, str):
+        check_text(document, field)
         return
-    for j, w in enumerate(value):
-        if (problem := text_problem(w)) is not None:
-            raise InputError(f"{where(j)} {problem}", field=f"{field}[{j}]", index=index, word=j)
+    for j, w in enumerate(document):
+        if isinstance(w, str):
+            check_text(w, f"{field}[{j}]")
 
 
 # ------------------------------------------------------------------ tokens and words
@@ -112,23 +100,44 @@ def check_text(
 
 @dataclass(frozen=True, slots=True)
 class Token:
-    """A model token: its text (what the character CNN reads), the span
-    ``[start, end)`` in the original string, and the index of its word."""
+    """A model token: ``text``, the text of its span ``[start, end)`` of the input, always
+    (with sentencepiece's ``▁`` in front where the piece begins a word: the text less that
+    mark is the span); the index of its word; and ``piece``, what the model reads (the
+    character CNN's input) where it differs from ``text``: a byte piece (``<0xC3>``),
+    sentencepiece's NFKC form (``fi`` for ``ﬁ``), a lowercasing model's ``the``.
+
+    A character the model reads as several byte pieces gives that many tokens, one per
+    model position, each with the character's span and text (``é``, ``é``): the positions
+    are the model's and each keeps its own vector; a word's text and vector take each
+    character once (:func:`word_tokens`, :func:`average_words`). ``piece`` is not compared,
+    printed or sent: a client's tokens (text and span) equal the library's."""
 
     text: str
     start: int
     end: int
     word: int
+    piece: str = field(default="", compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.piece:
+            object.__setattr__(self, "piece", self.text)
 
     def to_dict(self) -> dict[str, Any]:
         return {"text": self.text, "start": self.start, "end": self.end, "word": self.word}
+
+    @property
+    def surface(self) -> str:
+        """The text of the span: ``text`` less sentencepiece's word mark."""
+        n = self.end - self.start
+        return self.text[len(self.text) - n :] if 0 <= n <= len(self.text) else self.text
 
 
 def word_tokens(tokens: Sequence[Token], text: str | None = None) -> list[Token]:
     """One token per word: spans from its first to its last piece.
 
-    The text is the word's span in ``text`` when given, else its pieces joined
-    without sentencepiece's space marker.
+    The text is the word's span in ``text`` when given, else its tokens' spans joined,
+    each character once (pieces of one character share its span): the same words as long
+    as the word's span holds no character the tokenizer dropped.
     """
     groups: dict[int, list[Token]] = {}
     for t in tokens:
@@ -136,9 +145,19 @@ def word_tokens(tokens: Sequence[Token], text: str | None = None) -> list[Token]
     out = []
     for w, pieces in sorted(groups.items()):
         start, end = pieces[0].start, pieces[-1].end
-        word = text[start:end] if text is not None else "".join(p.text for p in pieces)
-        out.append(Token(word.replace("\u2581", ""), start, end, w))
+        word = text[start:end] if text is not None else _joined(pieces)
+        out.append(Token(word, start, end, w))
     return out
+
+
+def _joined(pieces: Sequence[Token]) -> str:
+    """A word's text from its tokens: each token's span once, in order."""
+    parts, covered = [], pieces[0].start
+    for p in pieces:
+        if p.end > covered:
+            parts.append(p.surface[max(0, covered - p.start) :])
+        covered = max(covered, p.end)
+    return "".join(parts)
 
 
 def word_groups(tokens: Sequence[Token]) -> tuple[np.ndarray, int]:
@@ -175,10 +194,13 @@ class EmbeddedSentence:
     tokens: list[Token]  # words when embedded with granularity="word"
     layers: np.ndarray  # [L+1, T, D] float32
     mix: np.ndarray | None = None  # [T, D] when a mix was asked for
+    # the sentence the offsets point into (pre-tokenized words: joined by single spaces)
+    text: str | None = field(default=None, repr=False)
 
     def words(self) -> tuple[list[str], np.ndarray]:
-        """Word-level vectors: a word's pieces averaged. ``[L+1, W, D]``."""
-        return words_of(self.tokens, self.layers)
+        """Word-level vectors: a word's pieces averaged. ``[L+1, W, D]``. The words are
+        their spans of the sentence: what ``granularity="word"`` answers."""
+        return words_of(self.tokens, self.layers, self.text)
 
 
 # ------------------------------------------------------------------ arrays on the wire

@@ -30,8 +30,7 @@ from elmo_pretrain.adapt_options import AdaptOptions, train_config_for
 from elmo_pretrain.prepare import FORMAT as PREPARED_FORMAT
 from elmo_pretrain.prepare import JOB_FIELDS, PrepareOptions
 from elmo_service.errors import ArtifactError, ConfigError, InputError
-from elmo_service.names import MODEL_NAME
-from elmo_service.settings_base import StrictModel, to_argv
+from elmo_service.settings_base import MODEL_NAME, StrictModel, to_argv
 
 NAME_PATTERN = f"^{MODEL_NAME.pattern}$"  # the artifact's folder: one rule for every model name
 # directory corpora are walked to find symlinks that leave the data folder; bounded

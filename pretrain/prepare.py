@@ -50,6 +50,13 @@ SPECIALS = (BOS, EOS, UNK)
 BOS_ID, EOS_ID, UNK_ID = 0, 1, 2
 
 
+# The character coverage chosen for the script (``coverage_for``; the one rule that
+# docs/languages.md, ``prepare --help`` and tests/pretrain/test_prepare.py repeat). Latin
+# text keeps sentencepiece's default, as every preparation did before the choice by script
+# (the bundled model's recipe, and their params hashes, stay as they were).
+RICH_SCRIPT_COVERAGE, LATIN_COVERAGE, ALPHABET_COVERAGE = 0.9995, 0.9995, 1.0
+
+
 class PrepareOptions(StrictModel):
     """Options of ``elmo-pretrain prepare`` (its flags are derived from these fields).
 
@@ -80,9 +87,12 @@ class PrepareOptions(StrictModel):
         None,
         gt=0,
         le=1,
-        description="sentencepiece: share of characters kept as pieces; default: chosen for "
-        "the script (0.9995 for text mostly in Chinese/Japanese characters, whose rare ones "
-        "become bytes, else 1.0: every character of an alphabet)",
+        description="sentencepiece: share of characters kept as pieces (the rest become byte "
+        "pieces); default: chosen for the script of the training text: "
+        f"{RICH_SCRIPT_COVERAGE} for text mostly in Chinese/Japanese/Korean characters, "
+        f"{LATIN_COVERAGE} for Latin text (sentencepiece's default: a rare character such as "
+        f"'?' in a small corpus becomes bytes), {ALPHABET_COVERAGE} for another alphabet "
+        "(Cyrillic, Greek, ...: every character a piece)",
     )
     sp_input_sentences: int = Field(
         2_000_000, ge=1, description="sentencepiece trains on a sample this large"
@@ -439,9 +449,6 @@ def _encode_file(path: Path, encode, writer: ShardWriter, progress: bool, desc: 
 # advice is a coverage of 0.9995 for them, 1.0 for alphabets
 _RICH_SCRIPT = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
 _LATIN = re.compile("[A-Za-z\u00c0-\u024f]")
-# Latin text keeps sentencepiece's default, as every preparation did before the choice by
-# script (the bundled model's recipe, and their params hashes, stay as they were)
-RICH_SCRIPT_COVERAGE, LATIN_COVERAGE, ALPHABET_COVERAGE = 0.9995, 0.9995, 1.0
 
 
 def coverage_for(train: Path, opts: PrepareOptions, sample_chars: int = 2_000_000) -> float:
@@ -533,7 +540,7 @@ def _word_split(opts: PrepareOptions):
     from elmo_service.tokenizers import WordTokenizer
 
     tok = WordTokenizer(lowercase=opts.lowercase)
-    return lambda s: [t.text for t in tok.tokenize(s)]
+    return lambda s: [t.piece for t in tok.tokenize(s)]
 
 
 def _tokenize_words(shard_dir, paths, opts: PrepareOptions, progress):

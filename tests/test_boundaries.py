@@ -20,7 +20,7 @@ The picture (``docs/architecture.md``)::
 * no two modules import each other, directly or around a loop;
 * LSTM math (gate nonlinearities, the fused LSTM ops) lives in the core only;
 * every ``torch.load`` reads tensors only (``weights_only=True``), and a foreign checkpoint's
-  header is read by a module that imports no torch (``elmo_service/tensor_header.py``);
+  header is read by a module that imports no torch (``elmo_service/bilm/tensor_header.py``);
 * every third-party import of a product module is a declared dependency, and the core's
   are the library's own (``pip install elmo-service``: no server packages).
 
@@ -323,13 +323,11 @@ _SCALED_LOOPS = {
     "lstmp_row",
     "lstmp_row_from",
     "_cell_row",
-    "lstmp_row_i8",
-    "lstmp_row_bf16",
 }
 _SCALED_HOME = {
     "elmo_service.bilm.kernels.bilstm",
     "elmo_service.bilm.kernels.native_step",
-    "elmo_service.bilm.kernels.native_rounded",  # the same loop on compact weights
+    "elmo_service.bilm.kernels.native_rounded",  # the compact weights' products
 }
 
 
@@ -502,7 +500,7 @@ def _loads_without_weights_only(tree: ast.AST) -> list[int]:
 
 def test_no_pickle_is_read_but_as_tensors():
     """Every ``torch.load`` passes ``weights_only=True``; the reader of a foreign
-    checkpoint's header (``elmo_service/tensor_header.py``, run before any ``torch.load`` of
+    checkpoint's header (``elmo_service/bilm/tensor_header.py``, run before any ``torch.load`` of
     a converted model) imports only the standard library and the core's errors: nothing a
     pickle names is imported and no tensor is built while its sizes are unchecked (#56)."""
     assert _loads_without_weights_only(
@@ -515,6 +513,136 @@ def test_no_pickle_is_read_but_as_tensors():
     ]
     assert not bad, "torch.load without weights_only=True: " + "; ".join(bad)
     allowed = set(sys.stdlib_module_names) | {"__future__", "elmo_service"}
-    header = [i.target for i in imports_of("elmo_service.tensor_header")]
+    header = [i.target for i in imports_of("elmo_service.bilm.tensor_header")]
     assert header and all(t.split(".")[0] in allowed for t in header), header
     assert {t for t in header if t.startswith("elmo_service")} == {"elmo_service.errors"}
+
+
+def _token_texts_batched(tree: ast.AST) -> list[int]:
+    """Lines building a batch of token texts, ``[[t.text for t in ts] for ts in ...]``: the
+    shape of a model's input, which must be the tokens' pieces."""
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ListComp) or not isinstance(node.elt, ast.ListComp):
+            continue
+        inner = node.elt
+        targets = {g.target.id for g in inner.generators if isinstance(g.target, ast.Name)}
+        elt = inner.elt
+        if (
+            isinstance(elt, ast.Attribute)
+            and elt.attr == "text"
+            and isinstance(elt.value, ast.Name)
+            and elt.value.id in targets
+        ):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_the_model_is_fed_token_pieces_not_texts():
+    """A token's ``text`` is its span of the input; what the model reads is its ``piece``
+    (a byte piece, sentencepiece's NFKC form, a lowercased word: #57). A batch of token
+    texts handed to a model would compute other vectors for those tokens."""
+    assert _token_texts_batched(ast.parse("[[t.text for t in ts] for ts in x]")) == [1]
+    assert _token_texts_batched(ast.parse("[[t.piece for t in ts] for ts in x]")) == []
+    bad = [
+        f"{m}:{line}"
+        for m, path in {**modules(), **_bench_modules()}.items()
+        for line in _token_texts_batched(ast.parse(path.read_text(encoding="utf-8")))
+    ]
+    assert not bad, "feed the model t.piece: " + "; ".join(bad)
+
+
+# ------------------------------------------------------------------ the core's shape
+
+# the core package: top-level modules, a subpackage (``bilm/``) counted as one node
+CORE_MODULES_AT_MOST = 22
+CORE_ARROWS_AT_MOST = 75
+
+
+def _core_node(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def core_graph() -> tuple[set[str], set[tuple[str, str]]]:
+    core = [m for m in modules() if package_of(m) == "elmo_service"]
+    nodes = {_core_node(m) for m in core}
+    arrows = {
+        (_core_node(m), _core_node(t))
+        for m in core
+        for t in edges(m)
+        if package_of(t) == "elmo_service" and _core_node(m) != _core_node(t)
+    }
+    return nodes, arrows
+
+
+def test_the_core_stays_small():
+    """At most 22 modules (``bilm/`` one of them) and 75 import arrows among them."""
+    nodes, arrows = core_graph()
+    print(f"elmo_service: {len(nodes)} modules, {len(arrows)} import arrows")
+    assert "elmo_service.bilm" in nodes and "elmo_service.embedder" in nodes  # the scan sees it
+    assert ("elmo_service.embedder", "elmo_service.bilm") in arrows
+    assert len(nodes) <= CORE_MODULES_AT_MOST, sorted(nodes)
+    assert len(arrows) <= CORE_ARROWS_AT_MOST, sorted(arrows)
+
+
+# a namedtuple's underscore names are its public interface
+_NAMEDTUPLE = {"_replace", "_asdict", "_fields", "_make"}
+
+
+def private_reach_ins(path: Path) -> list[str]:
+    """``obj._name`` where ``obj`` is not ``self``/``cls``/``super()``, not a module
+    imported with ``import`` (or a chain from one: a third party's), and ``_name`` is defined nowhere in this
+    module (so not this module's own class reading its own kind)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    own, imported = set(), set()
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            own.add(n.name)
+        elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
+            if isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"):
+                own.add(n.attr)
+        elif isinstance(n, (ast.Assign, ast.AnnAssign)):
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            own.update(t.id for t in targets if isinstance(t, ast.Name))
+        elif isinstance(n, ast.Import):
+            imported.update(a.asname or a.name.split(".")[0] for a in n.names)
+    found = []
+    where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+    for n in ast.walk(tree):
+        if not isinstance(n, ast.Attribute) or not n.attr.startswith("_"):
+            continue
+        if n.attr.startswith("__") or n.attr in own or n.attr in _NAMEDTUPLE:
+            continue
+        root = n.value
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        if isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"):
+            continue
+        if isinstance(root, ast.Name) and root.id in imported:  # a module's (a third party's)
+            continue
+        if isinstance(n.value, ast.Call) and getattr(n.value.func, "id", None) == "super":
+            continue
+        found.append(f"{where}:{n.lineno}: {ast.unparse(n)}")
+    return found
+
+
+def test_the_private_scan_finds_a_reach_in(tmp_path):
+    p = tmp_path / "probe.py"
+    p.write_text(
+        "import torch\n\nclass A:\n    def f(self, emb):\n        self._own = torch._C\n"
+        "        return emb._lock, emb.lock, self.emb._cache, other._own\n"
+    )
+    assert [f.split(": ")[1] for f in private_reach_ins(p)] == ["emb._lock", "self.emb._cache"]
+
+
+def test_no_module_outside_bilm_reads_another_objects_privates():
+    """``bilm/`` is the model and how it runs; everything else (the core, the server, the
+    CLI, pretraining, the jobs) uses its public names (``Runner``, the kernel protocol), and
+    each other's."""
+    found = [
+        f
+        for m, path in modules().items()
+        if not m.startswith("elmo_service.bilm")
+        for f in private_reach_ins(path)
+    ]
+    assert found == [], "\n".join(found)

@@ -10,10 +10,10 @@ from typing import TypeVar
 from starlette.requests import Request
 
 from elmo_api.errors import ApiError
-from elmo_api.lanes import TIMING_KEY
 from elmo_api.middleware import TICKET_KEY
 from elmo_api.served import Embedded, ServedModel
 from elmo_api.settings import Settings
+from elmo_api.timing import TIMING_KEY
 from elmo_service.outputs import OutputSpec
 
 T = TypeVar("T")
@@ -45,6 +45,19 @@ def check_request_limits(
             "limit_exceeded",
             f"{chars} characters in one request; the limit is {settings.max_chars}",
             field,
+        )
+
+
+def check_dimensions(dimensions: int | None, served: ServedModel, hint: str = "") -> None:
+    """OpenAI's and TEI's ``dimensions``: this model's vector size, or omitted (no Matryoshka
+    truncation: an ELMo vector cut short is not a smaller embedding)."""
+    if dimensions is not None and dimensions != served.dim:
+        raise ApiError(
+            422,
+            "invalid_input",
+            f"dimensions={dimensions} is not supported: this model's vectors have "
+            f"{served.dim} dimensions{hint}",
+            "dimensions",
         )
 
 

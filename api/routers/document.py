@@ -15,10 +15,21 @@ Limits: the document's own (``ELMO_MAX_DOCUMENT_TOKENS``, ``ELMO_MAX_DOCUMENT_CH
 the body guard's ``ELMO_MAX_BODY_BYTES`` first); each chunk is held to ``/v1/embed``'s
 per-sentence token limit and answer-size bound (``chunk_tokens`` is what a 413 names).
 
-The work runs on a thread of its own that ends with the document (``runtime``'s reason:
-no OpenMP pool outlives it), chunk by chunk under the embedder's lock, so sentence
-requests interleave with a long document; a bounded queue holds at most two chunks'
-lines ahead of the client, and a client that leaves stops the work at the next chunk.
+Bounded (``elmo_api.documents``): the streams at once, their tokens in flight and their
+spill bytes have settings; past one, a 429 with ``Retry-After`` before any work starts.
+Pass 1 is batch-lane work of the model's runner (``elmo_api.document_rounds``): a round
+at a time, computed on the batcher's model thread -- the server's only model caller --
+together with the other documents' rounds in one batched step, never before queued
+interactive sentences and taking turns with batch-lane ones; a round that waits over
+``ELMO_REQUEST_TIMEOUT`` for the model ends the stream with a ``timeout`` error. The
+document's own thread (it ends with the document) waits for the rounds and then reads
+pass 2 from the spills; a bounded queue holds at most two chunks' lines ahead of the
+client. A client that leaves stops the work within one round, in pass 1
+too (the route watches for the disconnect), and its slot and spills are freed.
+
+Timing: ``X-Tokenization-Time`` (and ``X-Total-Time`` so far) in the headers; the done
+line's ``timings`` has the rest (``total_ms``, ``tokenization_ms``, ``contextualize_ms``:
+pass 1 with its waits for the model, ``answer_ms``: pass 2 as the client read it).
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -36,12 +48,22 @@ from starlette.responses import StreamingResponse
 
 from elmo_api import outputs
 from elmo_api.deps import ServingDep
+from elmo_api.document_rounds import RoundTimeout
+from elmo_api.documents import DocumentStreams, spill_bytes
 from elmo_api.encoding import dumps
 from elmo_api.errors import ApiError, answer_of, error_body
+from elmo_api.lanes import BATCH
 from elmo_api.responses import check_response_floats
 from elmo_api.routers.embed import mix_cause, output_options
-from elmo_api.schemas import ERROR_RESPONSES, REQUEST_CONFIG, Number
-from elmo_service.document import DEFAULT_CHUNK_TOKENS, embed_document_chunks, tokenize_document
+from elmo_api.schemas import ERROR_RESPONSES, REQUEST_CONFIG, Number, Sentence
+from elmo_api.served import ModelTimeout
+from elmo_api.timing import TIMING_KEY
+from elmo_service.document import (
+    DEFAULT_CHUNK_TOKENS,
+    DocumentCancelled,
+    DocumentRun,
+    tokenize_document,
+)
 from elmo_service.outputs import positions as answer_positions
 
 router = APIRouter(prefix="/v1", tags=["embed"])
@@ -49,6 +71,7 @@ log = logging.getLogger("api")
 
 NDJSON = "application/x-ndjson"
 _AHEAD = 2  # chunks' lines encoded ahead of the client
+_WATCH_S = 0.2  # how often a running document asks whether its client is still there
 
 
 class DocumentRequest(BaseModel):
@@ -64,7 +87,7 @@ class DocumentRequest(BaseModel):
         },
     )
 
-    document: str | list[str] = Field(
+    document: Sentence = Field(
         ..., description="The document: text (tokenized by the model) or a list of words."
     )
     chunk_tokens: int | None = Field(
@@ -90,8 +113,8 @@ class DocumentRequest(BaseModel):
     dtype: Literal["float32", "float16"] = "float32"
     priority: Literal["interactive", "batch"] = Field(
         "interactive",
-        description="Accepted as /v1/embed's; a document runs on a thread of its own, a chunk "
-        "at a time between the batcher's batches, whatever its lane.",
+        description="Accepted as /v1/embed's; a document's rounds are batch-lane work whatever "
+        "it says (never before queued interactive sentences).",
     )
 
 
@@ -162,7 +185,9 @@ async def embed_document(req: DocumentRequest, request: Request, ctx: ServingDep
         )
     spec = await served.output_spec(**output_options(req))  # type: ignore[arg-type]
     chunk = _chunk_size(req, spec, served, settings)
-    embedder = served.embedder
+    embedder, runner = served.embedder, served.runner
+    timing = request.scope.get(TIMING_KEY)
+    t0 = time.perf_counter()
     # tokenizing a long document takes a while: off the event loop; errors are 4xx here
     doc = await asyncio.to_thread(
         tokenize_document,
@@ -171,6 +196,12 @@ async def embed_document(req: DocumentRequest, request: Request, ctx: ServingDep
         field="document",
         max_tokens=settings.max_document_tokens,
     )
+    tokenization = time.perf_counter() - t0
+    if timing is not None:  # X-Tokenization-Time now; the rest on the done line
+        timing.lane, timing.tokenization, timing.used = BATCH, tokenization, True
+    streams: DocumentStreams = request.app.state.documents
+    cfg = embedder.cfg
+    slot = streams.take(len(doc), spill_bytes(len(doc), embedder.n_layers, cfg.projection_dim))
     cause = mix_cause(req, spec.task)
     loop = asyncio.get_running_loop()
     lines: asyncio.Queue[bytes | None] = asyncio.Queue(_AHEAD)
@@ -190,18 +221,43 @@ async def embed_document(req: DocumentRequest, request: Request, ctx: ServingDep
     def work() -> None:
         n = positions = 0
         try:
-            gen = embed_document_chunks(embedder, doc, spec, chunk)
+            started = time.perf_counter()
+            first = None
+            # pass 1 a round at a time on the model thread, batched with other documents'
+            # rounds (elmo_api.document_rounds); pass 2 reads the spills here
+            run = DocumentRun(embedder, doc, spec, chunk, spill_dir=streams.spill_dir)
             try:
-                for c in gen:
+                while not run.done:
+                    try:
+                        runner.document_round(run, stop.is_set, served.request_timeout)
+                    except RoundTimeout:
+                        raise ModelTimeout(
+                            f"a round of the document waited over {served.request_timeout:g}s "
+                            "for the model; retry later"
+                        ) from None
+                for c in run.answer():
+                    if stop.is_set():
+                        return  # the client left
+                    first = first or time.perf_counter()
                     if not put(_line(c, req, spec, cause, doc.text)):
                         return  # the client left
                     n += 1
                     positions += len(c.tokens)
             finally:
-                gen.close()  # the spill file goes now
+                run.close()  # the spill files go now (no round of it is in the model)
             # "tokens": the positions the chunk lines listed (a reader checks it against
             # what came): the document's tokens, its words at word granularity, 0 pooled
-            put(dumps({"done": True, "chunks": n, "tokens": positions}) + b"\n")
+            done = {"done": True, "chunks": n, "tokens": positions}
+            end = time.perf_counter()
+            timings = {  # milliseconds; the headers went out before the work began
+                "total_ms": (end - t0) * 1e3,
+                "tokenization_ms": tokenization * 1e3,
+                "contextualize_ms": ((first or end) - started) * 1e3,  # pass 1, waits included
+                "answer_ms": (end - (first or end)) * 1e3,  # pass 2 and the client's reading
+            }
+            put(dumps({**done, "timings": {k: round(v, 3) for k, v in timings.items()}}) + b"\n")
+        except DocumentCancelled:
+            return  # the client left while pass 1 ran: nothing to say, nobody to say it to
         except Exception as e:  # noqa: BLE001 - the stream has begun: an error line, then the end
             status, code, message, field, _ = answer_of(e)  # api/errors.py's one table
             if status >= 500:
@@ -209,15 +265,28 @@ async def embed_document(req: DocumentRequest, request: Request, ctx: ServingDep
             put(dumps({"error": {**error_body(code, message, field), "status": status}}) + b"\n")
         finally:
             put(None)
+            # the slot frees when the work does (whether or not the answer was ever read)
+            loop.call_soon_threadsafe(streams.give_back, slot)
+
+    async def watch_client() -> None:
+        """The client leaving stops the work within one round, before any line exists."""
+        while not stop.is_set():
+            if await request.is_disconnected():
+                stop.set()
+                return
+            await asyncio.sleep(_WATCH_S)
+
+    thread = threading.Thread(target=work, name="elmo-document", daemon=True)
+    thread.start()
+    watcher = asyncio.create_task(watch_client())
 
     async def body() -> AsyncIterator[bytes]:
-        thread = threading.Thread(target=work, name="elmo-document", daemon=True)
-        thread.start()
         try:
             while (line := await lines.get()) is not None:
                 yield line
         finally:
             stop.set()
+            watcher.cancel()
             with contextlib.suppress(asyncio.QueueEmpty):
                 while True:
                     lines.get_nowait()

@@ -21,6 +21,10 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 WEIGHT_MODES: tuple[str, ...] = ("fp32", "int8", "bf16")
 # the embedder's token-vector cache: distinct tokens whose CNN vectors are kept
 DEFAULT_TOKEN_CACHE_SIZE = 100_000
+# a batch's budget: padded tokens (n x longest) and sentences (bilm/runner.py plans with it;
+# here, torch-free, so that settings and CLIs read the defaults without importing torch)
+DEFAULT_BATCH_TOKENS = 4096
+DEFAULT_MAX_BATCH_SENTENCES = 256
 
 # AllenNLP-small / bilm-tf default character CNN: 2048 filters.
 ELMO_FILTERS: tuple[tuple[int, int], ...] = (
@@ -163,4 +167,12 @@ class BiLMConfig(StrictModel):
             raise ConfigError(f"options.json lacks {e.args[0]!r}", field=str(e.args[0])) from e
 
 
-__all__ = ["DEFAULT_TOKEN_CACHE_SIZE", "BiLMConfig", "ELMO_FILTERS", "PRECISIONS", "WEIGHT_MODES"]
+__all__ = [
+    "DEFAULT_BATCH_TOKENS",
+    "DEFAULT_MAX_BATCH_SENTENCES",
+    "DEFAULT_TOKEN_CACHE_SIZE",
+    "BiLMConfig",
+    "ELMO_FILTERS",
+    "PRECISIONS",
+    "WEIGHT_MODES",
+]

@@ -10,9 +10,10 @@ every epoch; the biLM's answer for a sentence depends on the sentence alone
 mixes. Bounded memory: least recently used entries go first once the stored
 tensors pass ``max_bytes``. ``Elmo`` clears it whenever a biLM weight changes.
 
-:class:`WeightsWatch` is how ``Elmo`` knows: checked on every frozen forward, it
-sees any write to the weights (``p.data`` included), after which the serving
-kernel's packed copies are rebuilt and this cache emptied.
+:class:`WeightsWatch` is how ``Elmo`` knows: checked on every frozen forward at the
+cost of a few integer reads per weight, it sees any write to the weights (``p.data``
+included), after which the serving kernel's packed copies are rebuilt and this cache
+emptied.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
+import weakref
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 log = logging.getLogger(__name__)
 
@@ -177,52 +179,169 @@ class LayerCache:
 
 # ---------------------------------------------------------------- weights that change
 _CHUNK = 256  # elements per fingerprint entry: the fingerprint is 1/256 of the weights
+_DATA = torch._C.TensorBase.data  # the getter and setter every tensor's ``.data`` runs
+_NUMPY = torch._C.TensorBase.numpy
 
 
 class WeightsWatch:
     """Whether a model's weights changed since the last look, however they were written.
 
-    ``_version`` and ``data_ptr`` (free to read) see every write through the
-    parameter itself: in-place ops, ``copy_`` under ``no_grad``, ``load_state_dict``,
-    optimizer steps, ``.to()``. A write through ``p.data`` goes to a tensor with
-    a version counter of its own, so the content is checked too: each run of
-    ``_CHUNK`` elements' weighted sum (one matrix-vector product over the weights,
-    distinct weights per position, so scaling, copying, swapping rows or elements
-    all show). A change smaller than float32 rounding of such a sum can pass
-    unseen; it moves the outputs by less than that rounding.
+    A look costs a few integer reads per tensor, never a pass over the weights:
+
+    * ``_version`` and ``data_ptr`` see every write through the tensor itself: in-place
+      ops, ``copy_`` under ``no_grad``, ``load_state_dict``, optimizer steps, ``.to()``,
+      ``.data = ...``, and writes through ``detach()`` or a view (they share the counter);
+    * what hands the storage out with a version counter of its own (``.data``, ``numpy()``,
+      the tensor given to ``.data = ...``) is seen being handed out: the watch gives its
+      tensors a subclass (:class:`WatchedParameter`, :class:`WatchedTensor`: the same
+      tensor otherwise; plain again when pickled) whose ``.data`` and ``numpy()`` note the
+      handle and the tensor's content fingerprint at that moment. The next look compares
+      the fingerprint, and keeps doing so only while such a handle lives.
+
+    The fingerprint: each run of ``_CHUNK`` elements' weighted sum (one matrix-vector
+    product, distinct weights per position, so scaling, copying, swapping rows or elements
+    all show). A change smaller than float32 rounding of such a sum can pass unseen; it
+    moves the outputs by less than that rounding. Not seen: writes through memory that
+    aliased a weight before the watch was made (a ``.data`` tensor taken before, a numpy
+    array a tensor was made from), or through a ``detach().numpy()`` view: they bypass the
+    tensor entirely. ``Elmo`` makes its watch with the module.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, tensors: Iterable[Tensor] = ()) -> None:
+        """``tensors``: follow their handles from now on, before the first look (a ``.data``
+        tensor kept from before the watch saw a weight could be written unseen)."""
         self._key: tuple | None = None
-        self._prints: list[tuple[Tensor, Tensor]] | None = None
-        self._weights: dict[tuple, Tensor] = {}
+        for t in tensors:
+            if not isinstance(t, _Hooks):
+                _hook(t)
 
     def changed(self, tensors: list[Tensor]) -> bool:
         """True on the first call and whenever any tensor differs from the last call."""
-        key = tuple((t.data_ptr(), t._version, t.dtype, t.device, t.shape) for t in tensors)
-        with torch.no_grad():
-            prints = [self._fingerprint(t.detach()) for t in tensors]
-        same = (
-            key == self._key
-            and self._prints is not None
-            and all(
-                torch.equal(a, c) and torch.equal(b, d)
-                for (a, b), (c, d) in zip(prints, self._prints, strict=True)
-            )
-        )
-        self._key, self._prints = key, prints
-        return not same
+        key = []
+        for t in tensors:
+            if not isinstance(t, _Hooks):
+                _hook(t)
+            opened = _OPENED.get(id(t))
+            writes = 0 if opened is None else opened.look(t)
+            key.append((t.data_ptr(), t._version, t.dtype, t.device, t.shape, writes))
+        key = tuple(key)
+        moved = key != self._key
+        self._key = key
+        return moved
 
     def reset(self) -> None:
-        self._key = self._prints = None
+        self._key = None
 
-    def _fingerprint(self, t: Tensor) -> tuple[Tensor, Tensor]:
-        flat = t.reshape(-1)
-        rows = flat.numel() // _CHUNK
-        wkey = (t.dtype, t.device)
-        w = self._weights.get(wkey)
-        if w is None:
-            w = torch.linspace(1.0, 2.0, _CHUNK, dtype=t.dtype, device=t.device)
-            self._weights[wkey] = w
-        head = flat[: rows * _CHUNK].view(rows, _CHUNK) @ w
-        return head, flat[rows * _CHUNK :].clone()
+
+class _Opened:
+    """A watched tensor whose storage went out: its fingerprint when it first went out
+    since the last look (None: nothing out), weak references to the handles (``.data``
+    tensors, numpy arrays) still out, and how many content changes looks have found: part
+    of every watch's key, so each watch of the tensor sees a change whichever one found it."""
+
+    __slots__ = ("baseline", "handles", "writes")
+
+    def __init__(self) -> None:
+        self.baseline: tuple[Tensor, Tensor] | None = None
+        self.handles: list[Callable[[], object]] = []
+        self.writes = 0
+
+    def look(self, t: Tensor) -> int:
+        """Compare the content with the fingerprint taken when the storage went out; keep
+        comparing at later looks only while a handle lives (it may still be written)."""
+        if self.baseline is None:
+            return self.writes
+        now = _fingerprint(_DATA.__get__(t))
+        if not _same(now, self.baseline):
+            self.writes += 1
+        self.handles = [h for h in self.handles if h() is not None]
+        self.baseline = now if self.handles else None
+        return self.writes
+
+
+_OPENED: dict[int, _Opened] = {}  # id(watched tensor) -> its handles (dropped with it)
+
+
+def _handed_out(t: Tensor, handle: object) -> None:
+    opened = _OPENED.get(id(t))
+    if opened is None:
+        opened = _OPENED[id(t)] = _Opened()
+        weakref.finalize(t, _OPENED.pop, id(t), None)
+    if opened.baseline is None:  # what the last look saw, unless version or pointer moved
+        opened.baseline = _fingerprint(_DATA.__get__(t))
+    try:
+        opened.handles.append(weakref.ref(handle))
+    except TypeError:  # cannot be followed: the content is compared at every look
+        opened.handles.append(lambda: True)
+
+
+class _Hooks:
+    """``.data`` and ``numpy()`` that tell the watch their storage went out."""
+
+    @property
+    def data(self) -> Tensor:
+        out = _DATA.__get__(self)
+        _handed_out(self, out)
+        return out
+
+    @data.setter
+    def data(self, value: Tensor) -> None:
+        _DATA.__set__(self, value)
+        _handed_out(self, value)  # the storage is now also ``value``'s, with its own counter
+
+    def numpy(self, *, force: bool = False) -> np.ndarray:
+        out = _NUMPY(self, force=force)
+        _handed_out(self, out)
+        return out
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        plain = _DATA.__get__(self).requires_grad_(self.requires_grad)
+        text = repr(plain)
+        return f"Parameter containing:\n{text}" if isinstance(self, nn.Parameter) else text
+
+
+class WatchedParameter(_Hooks, nn.Parameter):
+    """A parameter a :class:`WeightsWatch` follows (pickled, it is a plain Parameter)."""
+
+
+class WatchedTensor(_Hooks, Tensor):
+    """A tensor a :class:`WeightsWatch` follows."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # ops give plain tensors
+
+
+_WATCHED: dict[type, type] = {nn.Parameter: WatchedParameter, Tensor: WatchedTensor}
+
+
+def _hook(t: Tensor) -> None:
+    """Give ``t`` the watched class of its own; where that cannot be done (a tensor
+    subclass with a layout of its own), its content is compared at every look."""
+    cls = type(t)
+    watched = _WATCHED.get(cls)
+    if watched is None:
+        watched = _WATCHED[cls] = type(f"Watched{cls.__name__}", (_Hooks, cls), {})
+    try:
+        t.__class__ = watched
+    except TypeError:
+        _handed_out(t, lambda: True)  # never freed: always compared
+
+
+def _same(a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor]) -> bool:
+    return all(x.shape == y.shape and torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+_WEIGHTS: dict[tuple, Tensor] = {}
+
+
+@torch.no_grad()
+def _fingerprint(t: Tensor) -> tuple[Tensor, Tensor]:
+    flat = t.reshape(-1)
+    rows = flat.numel() // _CHUNK
+    if not flat.is_floating_point():
+        return flat.clone(), flat[:0]
+    wkey = (t.dtype, t.device)
+    w = _WEIGHTS.get(wkey)
+    if w is None:
+        w = _WEIGHTS[wkey] = torch.linspace(1.0, 2.0, _CHUNK, dtype=t.dtype, device=t.device)
+    head = flat[: rows * _CHUNK].view(rows, _CHUNK) @ w
+    return head, flat[rows * _CHUNK :].clone()

@@ -48,6 +48,12 @@ from torch import Tensor, nn
 from elmo_service.bilm.config import BiLMConfig
 
 LstmState = tuple[Tensor, Tensor]  # (h [B, P], c [B, C])
+# a stream's chunks (``BiLMKernel.stream``): per row (forward [n, P], backward [m, P]), each in
+# its reading order -> per row, per direction, each layer's output; ``Meanwhile``: run while
+# the rows compute
+Chunks = list[tuple[Tensor, Tensor]]
+ChunkLayers = list[tuple[list[Tensor], list[Tensor]]]
+Meanwhile = Callable[[], None] | None
 
 
 def cell_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -40,35 +40,6 @@ from elmo_service.bilm.lstm import LstmLayer, LstmState
 
 # per direction (forward, backward), per layer: (h [B, P], c [B, C])
 BiLMState = tuple[list[LstmState], list[LstmState]]
-# a carried state, stored: (h [2, L, rows, P], c [2, L, rows, C]) over every row seen so far
-StoredState = tuple[torch.Tensor, torch.Tensor]
-
-
-def carried_rows(stored: StoredState, batch: int) -> tuple[StoredState, BiLMState]:
-    """The carried state of a batch's first ``batch`` rows (AllenNLP's
-    ``_get_initial_states``): rows never seen start from zero, and the store grows to hold
-    them. Returns (the store, the state to start from)."""
-    h, c = stored
-    if batch > h.shape[2]:
-        grow = batch - h.shape[2]
-        h = torch.cat([h, h.new_zeros(*h.shape[:2], grow, h.shape[3])], 2)
-        c = torch.cat([c, c.new_zeros(*c.shape[:2], grow, c.shape[3])], 2)
-    state = tuple([(h[d, k, :batch], c[d, k, :batch]) for k in range(h.shape[1])] for d in (0, 1))
-    return (h, c), state  # type: ignore[return-value]
-
-
-def carried_keep(stored: StoredState | None, final: BiLMState) -> StoredState:
-    """The store after a batch: its rows take their final state (detached); rows past it
-    keep theirs."""
-    h = torch.stack([torch.stack([s[0] for s in d]) for d in final]).detach()
-    c = torch.stack([torch.stack([s[1] for s in d]) for d in final]).detach()
-    if stored is not None and stored[0].shape[2] > h.shape[2]:
-        b = h.shape[2]
-        h = torch.cat([h, stored[0][:, :, b:]], 2)
-        c = torch.cat([c, stored[1][:, :, b:]], 2)
-    return h, c
-
-
 N_CHAR_IDS = 262  # 256 bytes + 5 markers, shifted by one so that row 0 is "no token"
 
 
@@ -181,6 +152,11 @@ class CharCNN(nn.Module):
                 torch.einsum("cd,ndk->kcn", emb, conv.weight.to(work)).reshape(-1, n).to(dtype)
                 for (_, n), conv in zip(self.cfg.filters, self.convs, strict=True)
             ]
+
+    def forget_tables(self) -> None:
+        """Drop the lookup tables (rebuilt on the next call): after a weight write that the
+        version counters do not see (``layer_cache.WeightsWatch`` tells)."""
+        self._tables = None
 
     def _lookup_tables(self) -> list[Tensor]:
         """:meth:`build_lookup_tables`, rebuilt when a weight changes (in-place edits bump

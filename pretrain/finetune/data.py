@@ -174,7 +174,7 @@ def split_layers(
             log(f"[features] {start:,}/{len(sentences):,} sentences, ~{eta:.0f}s left")
         chunk = [list(s) for s in sentences[start : start + CHUNK_SENTENCES]]
         toks = emb.tokenize(chunk)
-        layers = emb.embed_tokens([[t.text for t in ts] for ts in toks])
+        layers = emb.embed_tokens([[t.piece for t in ts] for ts in toks])
         for i, (ts, x) in enumerate(zip(toks, layers, strict=True), start=start):
             words = average_pieces(x, ts)
             assert words.shape[1] == offsets[i + 1] - offsets[i], "one vector per given word"

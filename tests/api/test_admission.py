@@ -10,24 +10,14 @@ import asyncio
 import threading
 import time
 
-import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from elmo_api.batcher import Batcher, BatcherClosed, DirectRunner, Overloaded, WorkEstimate
+from elmo_api.batcher import Batcher, Overloaded, WorkEstimate
 from elmo_api.main import create_app
 from elmo_api.metrics import Metrics
 from elmo_api.settings import load_settings
-
-
-class GatedModel:
-    def __init__(self) -> None:
-        self.gate, self.started = threading.Event(), threading.Event()
-
-    def __call__(self, sentences):
-        self.started.set()
-        assert self.gate.wait(10)
-        return [np.zeros((1, len(s), 1), dtype=np.float32) for s in sentences]
+from tests.support.fake_models import FakeModel
 
 
 def test_estimate_starts_at_the_prior_then_follows_real_batches_weighted_by_tokens():
@@ -56,7 +46,7 @@ def test_check_refuses_what_cannot_finish_and_says_when_to_retry():
 
 
 def test_batcher_refuses_at_submit_when_queued_work_exceeds_the_timeout():
-    model = GatedModel()
+    model = FakeModel(threading.Event())
     metrics = Metrics()
     b = Batcher(model, metrics=metrics, estimate=WorkEstimate(prior=1.0, headroom=1.0))  # 1 s/tok
 
@@ -89,7 +79,7 @@ def test_batcher_refuses_at_submit_when_queued_work_exceeds_the_timeout():
 def test_a_request_that_would_overtake_a_queued_one_past_its_deadline_is_refused():
     """Takes are sorted by length: a longer request queued later runs first, so admitting
     it must leave the queued request's deadline intact, whatever its own timeout."""
-    model = GatedModel()
+    model = FakeModel(threading.Event())
     b = Batcher(model, estimate=WorkEstimate(prior=1.0, headroom=1.0))
 
     async def main():
@@ -108,63 +98,20 @@ def test_a_request_that_would_overtake_a_queued_one_past_its_deadline_is_refused
     b.close()
 
 
-def test_direct_runner_admits_the_same_way():
-    model = GatedModel()
-    r = DirectRunner(model, estimate=WorkEstimate(prior=1.0))
-
-    async def main():
-        first = asyncio.ensure_future(r.embed([["a", "b"]], timeout=5))  # cost 4
-        await asyncio.to_thread(model.started.wait, 5)
-        with pytest.raises(Overloaded):
-            await r.embed([["c", "d"]], timeout=5)  # 4 + 4 = 8 s > 5
-        model.gate.set()
-        await first
-
-    asyncio.run(main())
-
-
-def test_direct_runner_calls_the_model_on_one_persistent_thread():
-    """Not the event loop's default executor, whose several threads would each keep an
-    OpenMP team (more OpenMP threads than cores: libgomp stops spinning)."""
-    seen: list[threading.Thread] = []
-
-    def model(sentences):
-        seen.append(threading.current_thread())
-        return [np.zeros((1, len(s), 2), np.float32) for s in sentences]
-
-    r = DirectRunner(model)
-
-    async def main():
-        await asyncio.gather(*(r.embed([["a"] * n]) for n in range(1, 9)))
-        await r.embed([["b"]])
-
-    asyncio.run(main())
-    assert len(seen) == 9 and len(set(seen)) == 1 and seen[0].name.startswith("elmo-model")
-    assert seen[0] is not threading.current_thread()
-    r.close()
-
-    async def after():
-        with pytest.raises(BatcherClosed):
-            await r.embed([["c"]])
-
-    asyncio.run(after())
-
-
 def test_http_overload_is_429_with_retry_after_before_any_wait(tiny_model_dir, tmp_path):
     s = load_settings(model_path=tiny_model_dir, threads=1, data_dir=tmp_path, request_timeout=30)
     app = create_app(s)
     with TestClient(app) as c:
         served = app.state.holder.current
-        # interactive requests: their own model thread's function, by default
-        attr = "interactive_fn" if served.runner.split else "embed_fn"
-        real, gate, started = getattr(served.runner, attr), threading.Event(), threading.Event()
+        # interactive requests without batch work: the main model thread's function
+        real, gate, started = served.runner.embed_fn, threading.Event(), threading.Event()
 
         def blocked(sentences):
             started.set()
             assert gate.wait(20)
             return real(sentences)
 
-        setattr(served.runner, attr, blocked)
+        served.runner.embed_fn = blocked
         slow = WorkEstimate(prior=1.0)  # a slow model: 1 s per token
         served.runner.estimate = served.runner.interactive_estimate = slow
         results = {}

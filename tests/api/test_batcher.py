@@ -16,32 +16,8 @@ from elmo_api.batcher import Batcher, BatcherClosed, QueueFull
 from elmo_api.main import create_app
 from elmo_api.metrics import Metrics
 from elmo_api.settings import load_settings
+from tests.support.fake_models import FakeModel, token_values
 from tests.support.live_server import LiveServer
-
-
-class FakeModel:
-    """Returns [1, T, 1] arrays whose values encode each token; records batches."""
-
-    def __init__(self, gate: threading.Event | None = None, delay: float = 0.0) -> None:
-        self.batches: list[list[list[str]]] = []
-        self.gate = gate
-        self.delay = delay
-        self.started = threading.Event()
-
-    def __call__(self, sentences):
-        self.started.set()
-        if self.gate is not None:
-            assert self.gate.wait(10)
-        if self.delay:
-            time.sleep(self.delay)
-        self.batches.append([list(s) for s in sentences])
-        return [
-            np.array([[[float(hash(t) % 1000)] for t in s]], dtype=np.float32) for s in sentences
-        ]
-
-
-def _expect(tokens):
-    return np.array([[[float(hash(t) % 1000)] for t in tokens]], dtype=np.float32)
 
 
 def run(coro):
@@ -64,7 +40,7 @@ def test_concurrent_requests_merge_into_one_batch_and_get_their_own_answers():
         results = await asyncio.gather(*tasks)
         for req, res in zip(reqs, results, strict=True):
             for toks, arr in zip(req, res, strict=True):
-                assert np.array_equal(arr, _expect(toks))
+                assert np.array_equal(arr, token_values(toks))
 
     run(main())
     b.close()
@@ -153,7 +129,7 @@ def test_cancelled_and_timed_out_work_never_reaches_the_model():
         await asyncio.sleep(0.01)
         gate.set()
         await busy
-        assert np.array_equal((await kept)[0], _expect(["kept"]))
+        assert np.array_equal((await kept)[0], token_values(["kept"]))
 
     run(main())
     b.close()
@@ -224,9 +200,9 @@ def _block_model(app):
 
 
 def _model_attr(runner) -> str:
-    """The runner's function that computes interactive requests: their own thread's
-    (``ELMO_INTERACTIVE_THREAD``, the default) or the one model thread's."""
-    return "interactive_fn" if runner.split else "embed_fn"
+    """The runner's function that computes interactive requests when no batch work waits:
+    the main model thread's (the express thread takes them only beside batch work)."""
+    return "embed_fn"
 
 
 def test_http_queue_full_is_429_json(tiny_model_dir, tmp_path):

@@ -39,7 +39,7 @@ def emb():
 
 
 def test_batched_equals_alone_within_the_bound(emb):
-    toks = [[t.text for t in ts] for ts in emb.tokenize(HARD)]
+    toks = [[t.piece for t in ts] for ts in emb.tokenize(HARD)]
     alone = [emb.run_batch([t])[0] for t in toks]
     rng = random.Random(15)
     worst = 0.0

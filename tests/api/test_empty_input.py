@@ -92,7 +92,7 @@ def test_openai_route_an_empty_input_is_the_zero_vector(client, ref):
     b = _ok(client.post("/v1/embeddings", json={**ok, "input": "", "encoding_format": "base64"}))
     assert b["usage"]["prompt_tokens"] == 0
     r = client.post("/v1/embeddings", json={**ok, "input": []})
-    assert r.status_code == 422 and r.json()["field"] == "input", r.text
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input", r.text
 
 
 def test_an_empty_list_is_refused_naming_the_field_and_the_schema_says_so(client):

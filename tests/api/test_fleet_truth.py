@@ -133,6 +133,37 @@ def _check_truth(c, rc, redis, name: str, stop_after: float) -> int:
 
 
 @pytest.mark.slow
+def _activate_with_its_record_stalled(c, redis, name: str):
+    """POST activate with Redis stopped (SIGSTOP) just as the record goes out, and started
+    again (SIGCONT) once the agent reads the record back: events, not sleeps, so however
+    loaded the machine, the record stalls past its timeout and the read-back finds Redis."""
+    store = c.app.state.fleet.store
+    record, desired = store.record, store.desired
+    failed = threading.Event()
+
+    def stalled_record(*args):
+        redis.pause()  # the record is sent on a live connection to a Redis that answers nothing
+        try:
+            return record(*args)
+        except Exception:
+            failed.set()
+            raise
+
+    def read_back():
+        if failed.is_set():
+            redis.resume()  # the stalled record lands first, then this read
+        return desired()
+
+    store.record, store.desired = stalled_record, read_back
+    try:
+        r = c.post(f"/v1/models/{name}/activate", headers=ADMIN)
+    finally:
+        store.record, store.desired = record, desired
+        redis.resume()
+    assert failed.is_set(), "the record did not stall: the read-back was not exercised"
+    return r
+
+
 def test_an_activation_whose_record_stalled_reads_it_back(models, redis_server_factory, tmp_path):
     """The agent's loops idle (a long interval): the record goes out on a live connection,
     stalls, lands when Redis resumes, and the read-back says so: 200, not 503."""
@@ -141,8 +172,16 @@ def test_an_activation_whose_record_stalled_reads_it_back(models, redis_server_f
     settings = settings.model_copy(update={"fleet_interval": 30.0, "fleet_ttl": 60.0})
     with TestClient(create_app(settings)) as c:
         rc = redis.client()
-        codes = [_check_truth(c, rc, redis, name, 0.0) for name in ("beta", "gamma")]
-        assert codes == [200, 200], codes
+        for name in ("beta", "gamma"):
+            r = _activate_with_its_record_stalled(c, redis, name)
+            assert r.status_code == 200, r.text
+            desired = json.loads(rc.get("elmo:fleet:desired"))
+            assert r.json()["fleet"]["recorded"]["id"] == name == desired["name"]
+            assert _served(c) == name
+            r2 = c.post(f"/v1/models/{name}/activate", headers=ADMIN)  # the retry is safe
+            assert r2.status_code == 200, r2.text
+            again = json.loads(rc.get("elmo:fleet:desired"))
+            assert (again["name"], again["generation"]) == (name, desired["generation"])
         rc.close()
 
 

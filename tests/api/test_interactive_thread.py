@@ -1,6 +1,7 @@
-"""The interactive lane's own model thread (``ELMO_INTERACTIVE_THREAD``): an interactive
-request is answered while a batch computes, on its own thread with one intra-op thread,
-and a sentence's vectors are the same whichever lane (and kernel instance) computed it."""
+"""The express thread (``ELMO_INTERACTIVE_THREAD``, the default on CPU): an interactive
+request is answered while a batch computes, on the express thread with one intra-op
+thread; without batch work the main thread runs it on every core; a sentence's vectors
+are the same whichever thread (and kernel instance) computed it."""
 
 from __future__ import annotations
 
@@ -60,18 +61,17 @@ def test_interactive_request_is_answered_while_a_batch_computes():
         async def scenario():
             bulk = asyncio.ensure_future(b.embed([["b0", "x"], ["b1", "y"]], lane=BATCH))
             await asyncio.to_thread(main.started.wait, 5)  # the batch computes, held
-            t0 = time.perf_counter()
-            urgent = await asyncio.wait_for(b.embed([["now"]]), 5)
-            waited = time.perf_counter() - t0
-            assert not bulk.done()  # answered while the batch is still in the model
+            # answered while the gate holds the batch (30 s: a deadline, not a timing)
+            urgent = await asyncio.wait_for(b.embed([["now"]]), 30)
+            assert not bulk.done()  # ... still in the model
             gate.set()
-            return urgent, await bulk, waited
+            return urgent, await bulk
 
-        urgent, bulk, waited = asyncio.run(scenario())
+        urgent, bulk = asyncio.run(scenario())
         b.close()
     finally:
         torch.set_num_threads(default)
-    assert waited < 5 and urgent[0].shape == (1, 1, 1)
+    assert urgent[0].shape == (1, 1, 1)
     assert [len(x) for x in bulk] == [1, 1]
     assert inter.batches == [[("now",)]]  # interactive work only on its own thread ...
     assert sorted(main.batches[0]) == [("b0", "x"), ("b1", "y")]  # ... batch work only here
@@ -83,18 +83,16 @@ def test_interactive_request_is_answered_while_a_batch_computes():
 
 
 def test_with_its_own_thread_batch_work_runs_in_full_batches():
-    """No slices, no top-up: an interactive request never waits behind batch work, so the
-    batch lane keeps its efficient batches even while interactive traffic is live."""
+    """An interactive request never waits behind batch work, so the batch lane keeps its
+    efficient full batches while interactive requests arrive."""
     main, inter = Recorder(threading.Event()), Recorder()
-    # budget 64 padded tokens; without a thread of its own, slices would be 16 (4 sentences)
-    b = Batcher(main, interactive_fn=inter, batch_tokens=64, slice_tokens=16, max_fill_wait=0)
+    b = Batcher(main, interactive_fn=inter, batch_tokens=64, max_fill_wait=0)
 
     async def scenario():
-        await b.embed([["i0"]])  # interactive traffic is live from now
         bulk = asyncio.ensure_future(b.embed([[f"b{i}", "y"] for i in range(32)], lane=BATCH))
         await asyncio.to_thread(main.started.wait, 5)
-        more = [asyncio.ensure_future(b.embed([[f"i{k}"]])) for k in range(1, 4)]
-        await asyncio.gather(*more)
+        more = [asyncio.ensure_future(b.embed([[f"i{k}"]])) for k in range(4)]
+        await asyncio.gather(*more)  # answered while the main thread is held
         main.gate.set()
         await bulk
 
@@ -102,8 +100,29 @@ def test_with_its_own_thread_batch_work_runs_in_full_batches():
     b.close()
     assert all(s[0].startswith("b") for batch in main.batches for s in batch)
     assert sum(len(batch) for batch in main.batches) == 32
-    assert max(len(batch) for batch in main.batches) == 16  # 16 x 4 = 64 tokens, not 16
+    assert max(len(batch) for batch in main.batches) == 16  # 16 x 4 = 64 tokens: full
     assert sorted(s for batch in inter.batches for s in batch) == [(f"i{k}",) for k in range(4)]
+
+
+def test_without_batch_work_interactive_work_runs_on_the_main_thread_on_every_core():
+    """A server with no batch work computes interactive requests with every intra-op thread
+    (the express thread's one would leave a core idle), several requests in one batch."""
+    main, inter = Recorder(), Recorder()
+    default = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        b = Batcher(main, interactive_fn=inter, max_fill_wait=0, name="t")
+
+        async def scenario():
+            return await asyncio.gather(*(b.embed([[f"i{k}"]]) for k in range(3)))
+
+        asyncio.run(scenario())
+        b.close()
+    finally:
+        torch.set_num_threads(default)
+    assert inter.batches == []
+    assert sorted(s for batch in main.batches for s in batch) == [("i0",), ("i1",), ("i2",)]
+    assert {t for t in main.threads} == {("t", 2)}
 
 
 def test_admission_counts_only_the_interactive_lane_for_interactive_work():
@@ -136,7 +155,7 @@ def test_two_kernel_instances_at_once_give_the_same_vectors():
         first, second = Embedder(artifact), Embedder(artifact)
         texts = [f"Sentence number {i} talks about banks , rivers and money ." for i in range(48)]
         texts += ["The long one . " * 40, "short", "中文句子，混合 English 🙂"]
-        toks = [[t.text for t in ts] for ts in first.tokenize(texts)]
+        toks = [[t.piece for t in ts] for ts in first.tokenize(texts)]
         alone = [first.run_batch([t])[0] for t in toks]
         spans: dict[str, list[tuple[float, float]]] = {"main": [], "interactive": []}
 
@@ -184,7 +203,7 @@ def test_http_interactive_answer_while_a_batch_request_is_held(tiny_model_dir, t
     assert s.interactive_thread  # the default
     with TestClient(create_app(s)) as c:
         runner = c.app.state.holder.current.runner
-        assert runner.split
+        assert runner.express
         real, gate, started = runner.embed_fn, threading.Event(), threading.Event()
 
         def held(sentences):
@@ -222,5 +241,45 @@ def test_http_one_model_thread_when_switched_off(tiny_model_dir, tmp_path):
     )
     with TestClient(create_app(s)) as c:
         runner = c.app.state.holder.current.runner
-        assert not runner.split and runner.interactive_fn is None
+        assert not runner.express and runner.interactive_fn is None
         assert c.post("/v1/embed", json={"sentences": ["a b"]}).status_code == 200
+
+
+def test_the_warm_up_reaches_the_express_threads_kernel_instance_on_its_thread():
+    """A request reaches the express thread only beside batch work: the warm-up runs each
+    thread's model function on that thread, before queued work."""
+    main, inter = Recorder(), Recorder()
+    b = Batcher(main, interactive_fn=inter, max_fill_wait=0, name="w")
+    done = b.run_on_each(lambda fn: fn([["warm", "up"]]))
+    assert [len(f.result(10)) for f in done] == [1, 1]
+    b.close()
+    assert main.batches == [[("warm", "up")]] and inter.batches == [[("warm", "up")]]
+    assert [t for t, _ in main.threads] == ["w"] and [t for t, _ in inter.threads] == [
+        "w-interactive"
+    ]
+
+
+def test_an_interactive_request_while_the_main_thread_fills_a_batch_goes_to_the_express_thread():
+    """The main thread waits (the fill) for batch requests on their way; an interactive
+    request meanwhile does not wait for that batch."""
+    main, inter = Recorder(), Recorder()
+    # any batch's time x 1e9: after the first one, the fill may wait up to 30 s
+    b = Batcher(main, interactive_fn=inter, max_fill_wait=30.0, fill_ratio=1e9)
+
+    async def scenario():
+        await b.embed([["warm"]])
+        announced = b.announce()  # a request on its way: the fill waits for it
+        bulk = asyncio.ensure_future(b.embed([["b0"]], lane=BATCH))
+        for _ in range(3000):  # the main thread took the batch work and fills
+            if b.lane_depth(BATCH) == 0:
+                break
+            await asyncio.sleep(0.01)
+        urgent = await asyncio.wait_for(b.embed([["now"]]), 30)
+        assert not bulk.done()  # the batch is still waiting for the announced request
+        announced.retire()
+        await bulk
+        return urgent
+
+    asyncio.run(scenario())
+    b.close()
+    assert inter.batches == [[("now",)]] and main.batches == [[("warm",)], [("b0",)]]

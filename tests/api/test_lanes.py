@@ -1,4 +1,4 @@
-"""Priority lanes in the batcher: ordering, no starvation, slices, per-lane limits, and
+"""Priority lanes in the batcher: ordering, no starvation, preemption, per-lane limits, and
 where a request's time went -- unit tests with a fake model, then one live server."""
 
 from __future__ import annotations
@@ -9,40 +9,32 @@ import threading
 import time
 
 import httpx
-import numpy as np
 import pytest
 
 from elmo_api.batcher import Batcher, QueueFull
-from elmo_api.lanes import BATCH, INTERACTIVE, LaneShare, RequestTiming
+from elmo_api.lanes import BATCH, INTERACTIVE, LaneShare
 from elmo_api.main import create_app
 from elmo_api.metrics import Metrics
 from elmo_api.settings import load_settings
+from elmo_api.timing import RequestTiming
+from tests.support.fake_models import FakeModel
 from tests.support.live_server import LiveServer
-
-
-class GatedModel:
-    """Records every batch as (tokens...) tuples; the first call waits for ``gate``."""
-
-    def __init__(self, gate: threading.Event | None = None, delay: float = 0.0) -> None:
-        self.batches: list[list[tuple[str, ...]]] = []
-        self.gate = gate
-        self.delay = delay
-        self.started = threading.Event()
-        self.lock = threading.Lock()
-
-    def __call__(self, sentences):
-        self.started.set()
-        if self.gate is not None:
-            assert self.gate.wait(10)
-        if self.delay:
-            time.sleep(self.delay)
-        with self.lock:
-            self.batches.append([tuple(s) for s in sentences])
-        return [np.full((1, len(s), 1), float(len(s)), np.float32) for s in sentences]
 
 
 def run(coro):
     return asyncio.run(coro)
+
+
+WAIT = 30  # seconds an event may take at most on a loaded machine (a deadline, not a timing)
+
+
+async def queued(b: Batcher, lane, n: int) -> None:
+    """Until ``lane`` holds ``n`` sentences (a poll with a deadline, not a sleep)."""
+    for _ in range(WAIT * 100):
+        if b.lane_depth(lane) >= n:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{lane}: {b.lane_depth(lane)} queued, not {n}, within {WAIT}s")
 
 
 def _first_batch_with(batches, token: str) -> int:
@@ -50,18 +42,19 @@ def _first_batch_with(batches, token: str) -> int:
 
 
 def test_interactive_work_runs_before_batch_work_queued_earlier():
+    """One model thread (no express thread): the batch queued first waits for the
+    interactive requests queued after it."""
     gate = threading.Event()
-    model = GatedModel(gate)
-    # slices of 64 padded tokens; an interactive batch takes batch work along up to 16
-    b = Batcher(model, batch_tokens=4096, slice_tokens=64, topup_tokens=16, max_fill_wait=0)
+    model = FakeModel(gate)
+    b = Batcher(model, batch_tokens=4096, max_fill_wait=0)
 
     async def main():
         warm = asyncio.ensure_future(b.embed([["warm"]]))
         await asyncio.to_thread(model.started.wait, 5)
         bulk = [asyncio.ensure_future(b.embed([[f"b{i}", "x"]], lane=BATCH)) for i in range(20)]
-        await asyncio.sleep(0.02)  # all batch work queued first
+        await queued(b, BATCH, 20)  # all batch work queued first
         urgent = [asyncio.ensure_future(b.embed([[f"i{i}"]])) for i in range(3)]
-        await asyncio.sleep(0.02)
+        await queued(b, INTERACTIVE, 3)
         gate.set()
         await warm
         await asyncio.gather(*urgent, *bulk)
@@ -69,14 +62,9 @@ def test_interactive_work_runs_before_batch_work_queued_earlier():
     run(main())
     b.close()
     after = model.batches[1:]
-    # every interactive sentence is in the first batch after the one that was running
-    assert {s for s in after[0] if s[0].startswith("i")} == {("i0",), ("i1",), ("i2",)}
-    # ... topped up with the oldest batch work up to 16 padded tokens: 4 sentences x 4 tokens
-    assert sorted(after[0]) == [("b0", "x"), ("i0",), ("i1",), ("i2",)]  # (planned by length)
-    assert len(after) > 2  # the rest of the batch lane ran after, in slices
-    for batch in after[1:]:
-        assert all(s[0].startswith("b") for s in batch)
-        assert len(batch) * max(len(s) + 2 for s in batch) <= 64
+    # every interactive sentence, alone, in the first batch after the one that was running
+    assert sorted(after[0]) == [("i0",), ("i1",), ("i2",)]
+    assert all(s[0].startswith("b") for batch in after[1:] for s in batch)  # full batches
     assert sum(len(batch) for batch in after) == 23
 
 
@@ -84,7 +72,7 @@ def test_interactive_work_preempts_the_rest_of_a_batch_take():
     """Batch work alone runs in full batches (no interactive traffic yet); an interactive
     request arriving meanwhile waits for the batch running now, not for the whole take."""
     gate = threading.Event()
-    model = GatedModel(gate)
+    model = FakeModel(gate)
     # budget of 12 padded tokens: 4 sentences of 1 token (+2 markers) per batch
     b = Batcher(model, batch_tokens=12, take_batches=8, max_fill_wait=0)
 
@@ -92,7 +80,7 @@ def test_interactive_work_preempts_the_rest_of_a_batch_take():
         bulk = asyncio.ensure_future(b.embed([[f"b{i}"] for i in range(16)], lane=BATCH))
         await asyncio.to_thread(model.started.wait, 5)  # the first of 4 batches computes
         urgent = asyncio.ensure_future(b.embed([["now"]]))
-        await asyncio.sleep(0.02)
+        await queued(b, INTERACTIVE, 1)
         gate.set()
         await asyncio.gather(bulk, urgent)
 
@@ -104,43 +92,45 @@ def test_interactive_work_preempts_the_rest_of_a_batch_take():
 
 
 def test_flooded_interactive_lane_does_not_starve_batch_work():
-    """Interactive requests keep their lane full; the batch lane still gets its share.
-    With a share of 0 (the control) the same batch work waits for the flood to end."""
+    """Interactive requests fill their lane; the batch lane still gets its share of the
+    model's batches. With a share of 0 (the control) the same batch work waits for the
+    flood to end. Both lanes are queued while the model is held, then the model thread
+    runs them on its own: the order of its batches is the policy's, whatever the load."""
 
-    def flood(share: float) -> tuple[float, float, list[tuple[int, int]]]:
-        model = GatedModel(delay=0.002)
-        # interactive sentences of 20 tokens fill a slice alone: no top-up, only the share
-        b = Batcher(model, batch_tokens=64, slice_tokens=16, batch_share=share, max_fill_wait=0)
+    def flood(share: float) -> list[str]:
+        gate = threading.Event()
+        model = FakeModel(gate)
+        # two interactive sentences of 20 tokens fill a batch: only the share lets batch work in
+        b = Batcher(model, batch_tokens=64, batch_share=share, max_fill_wait=0)
         long = [f"w{k}" for k in range(20)]
 
         async def main():
-            stop = time.perf_counter() + 1.0
-            done_at: list[float] = []
+            warm = asyncio.ensure_future(b.embed([["warm"]]))
+            await asyncio.to_thread(model.started.wait, WAIT)
+            inter = [asyncio.ensure_future(b.embed([long, long])) for _ in range(30)]
+            await queued(b, INTERACTIVE, 60)
+            bulk = asyncio.ensure_future(b.embed([[f"b{i}", "y"] for i in range(8)], lane=BATCH))
+            await queued(b, BATCH, 8)
+            gate.set()
+            await asyncio.gather(warm, bulk, *inter)
 
-            async def producer(i: int):
-                while time.perf_counter() < stop:
-                    await b.embed([long, long])
-
-            async def bulk():
-                await asyncio.sleep(0.05)  # the interactive lane is busy first
-                await b.embed([[f"b{i}", "y"] for i in range(8)], lane=BATCH)
-                done_at.append(time.perf_counter())
-
-            t0 = time.perf_counter()
-            await asyncio.gather(*(producer(i) for i in range(6)), bulk())
-            return done_at[0] - t0, time.perf_counter() - t0
-
-        bulk_done, flood_done = run(main())
+        run(main())
         b.close()
-        return bulk_done, flood_done, list(b.lanes_run)
+        # each batch after the warm-up: "b" (batch lane only), "i" (interactive), "ib" (both)
+        return [
+            "".join(sorted({"b" if s[0].startswith("b") else "i" for s in batch}))
+            for batch in model.batches[1:]
+        ]
 
-    bulk_done, flood_done, lanes = flood(0.2)
-    assert bulk_done < 0.5 * flood_done, (bulk_done, flood_done)
-    # while it waited, the batch lane got roughly its share of batches, not one at the end
-    batch_runs = [i for i, (_, nb) in enumerate(lanes) if nb]
-    assert batch_runs and batch_runs[0] < len(lanes) // 2
-    control_done, control_flood, _ = flood(0.0)
-    assert control_done > 0.9 * control_flood, (control_done, control_flood)
+    order = flood(0.2)
+    last_batch = max(i for i, k in enumerate(order) if "b" in k)
+    last_inter = max(i for i, k in enumerate(order) if "i" in k)
+    # the batch lane's work was done while interactive work still waited, early on
+    assert last_batch < last_inter and last_batch < len(order) // 2, order
+    control = flood(0.0)
+    first_batch = min(i for i, k in enumerate(control) if "b" in k)
+    assert all(k == "i" for k in control[:first_batch]) and first_batch > 0, control
+    assert all(k == "b" for k in control[first_batch:]), control  # after the whole flood
 
 
 def test_lane_share_is_a_bounded_share_of_tokens():
@@ -158,7 +148,7 @@ def test_lane_share_is_a_bounded_share_of_tokens():
 
 def test_per_lane_queue_limits_and_refusals_are_counted_per_lane():
     gate = threading.Event()
-    model = GatedModel(gate)
+    model = FakeModel(gate)
     metrics = Metrics()
     b = Batcher(model, max_queue=6, batch_max_queue=3, metrics=metrics, max_fill_wait=0)
 
@@ -190,7 +180,7 @@ def test_interactive_admission_does_not_count_queued_batch_work():
     """Interactive work waits only for its lane and the batch running now: a big batch-lane
     backlog does not get it refused as overloaded, while batch work behind it is."""
     gate = threading.Event()
-    model = GatedModel(gate)
+    model = FakeModel(gate)
     b = Batcher(model, max_fill_wait=0)
     b.estimate.observe(1.0, 100)  # 10 ms per token
 
@@ -210,7 +200,7 @@ def test_interactive_admission_does_not_count_queued_batch_work():
 
 
 def test_timing_parts_add_up_within_the_wall_time():
-    model = GatedModel(delay=0.02)
+    model = FakeModel(delay=0.02)
     b = Batcher(model, max_fill_wait=0)
 
     async def main():

@@ -125,6 +125,16 @@ def test_every_route_returns_what_the_document_says(api):
     )
     ok("POST", "/v1/embeddings", r)
     ok("POST", "/v1/embeddings", c.post("/v1/embeddings", json={"input": "x", "model": "gpt"}))
+    r = c.post("/v1/embeddings", json={"input": [[9906, 1917]], "model": "default"})  # ids
+    ok("POST", "/v1/embeddings", r)
+    ok("POST", "/v1/embeddings", c.post("/v1/embeddings", json={"input": [[-1]], "model": "x"}))
+    # TEI's routes, answers and errors in TEI's shapes
+    for path in ("/embed", "/embed_all", "/"):
+        ok("POST", path, c.post(path, json={"inputs": ["A river bank.", "x"]}))
+        ok("POST", path, c.post(path, json={"inputs": 7}))  # 422
+    ok("POST", "/tokenize", c.post("/tokenize", json={"inputs": "A river bank."}))
+    ok("POST", "/tokenize", c.post("/tokenize", json={"inputs": []}))  # 422
+    ok("GET", "/info", c.get("/info"))
 
     ok("GET", "/v1/models", c.get("/v1/models"))
     limits = ok("GET", "/v1/limits", c.get("/v1/limits"))

@@ -179,7 +179,7 @@ def test_a_run_the_model_cannot_take_now_is_not_kept(with_selftest):
     io = ThreadPoolExecutor(1)
     served = SimpleNamespace(
         name="tiny", version="v", path=with_selftest, io=io, runner=Refusing(),
-        request_timeout=1.0, selftest=None,
+        request_timeout=1.0, selftest=None, selftest_run=None,
         embedder=SimpleNamespace(precision="fp32", weights="fp32"),
     )  # fmt: skip
 

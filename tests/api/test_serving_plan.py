@@ -1,6 +1,6 @@
 """One batching owner on the serving path, and the serving weight mode.
 
-The server's batcher plans batches with ``elmo_service.batching.plan_batches`` and hands
+The server's batcher plans batches with ``elmo_service.bilm.runner.plan_batches`` and hands
 each one to ``Embedder.run_batch``; the embedder must not plan again. ``ELMO_WEIGHTS``
 picks the int8 / bf16 paths, whose vectors never share cache entries with fp32 ones.
 """
@@ -15,7 +15,7 @@ from elmo_api.cache import cache_key
 from elmo_api.encoding import decode_array
 from elmo_api.main import create_app
 from elmo_api.settings import load_settings
-from elmo_service.batching import BatchBudget, plan_batches
+from elmo_service.bilm.runner import BatchBudget, plan_batches
 from elmo_service.embedder import Embedder
 from elmo_service.errors import ConfigError
 

@@ -1,7 +1,8 @@
 """The text rules on a live server (#56 item 3): a lone surrogate or a NUL in ``/v1/embed``,
-``/v1/embeddings`` and ``/v1/embed/document`` is a 422 naming the field, never a 500 with
-sentencepiece's traceback in the log. The library and the client: tests/elmo_service/
-test_text_rules.py; the one rule: ``elmo_service/values.py`` ``text_problem``."""
+``/v1/embeddings``, ``/v1/embed/document`` and TEI's routes is a 422 naming the field, never
+a 500 with sentencepiece's traceback in the log. The library and the client:
+tests/elmo_service/test_text_rule.py; the one rule: ``elmo_service/values.py``
+``invalid_text``."""
 
 from __future__ import annotations
 
@@ -50,6 +51,11 @@ def test_every_route_answers_422_naming_the_field(live, bad, caplog):
             assert r.status_code == 422, (path, body, r.status_code, r.text)
             got = r.json()
             assert got["field"] == field and says in got["message"], (path, got)
+        for path in ("/embed", "/embed_all", "/tokenize"):  # TEI's dialect: its error body
+            raw = json.dumps({"inputs": ["fine", text]}).encode()
+            r = http.post(path, content=raw, headers={"content-type": "application/json"})
+            assert r.status_code == 422, (path, r.status_code, r.text)
+            assert says in r.json()["error"], (path, r.text)
         # the server still serves, and logged no failure
         assert http.post("/v1/embed/document", json={"document": "A document."}).status_code == 200
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]

@@ -767,8 +767,11 @@ def test_e2e_restart_check(tmp_path):
 # --------------------------------------------------------------------------- make stack
 
 
-def _fake_bin(tmp_path: Path, *, plugin: bool, standalone: bool, engine: bool = True) -> Path:
-    """A PATH with stub `docker` (and `docker-compose`) that log their arguments."""
+def _fake_bin(
+    tmp_path: Path, *, plugin: bool, standalone: bool, engine: bool = True, published: str = ""
+) -> Path:
+    """A PATH with stub `docker` (and `docker-compose`) that log their arguments; `compose port`
+    answers ``published``."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(parents=True)
     log = tmp_path / "calls.log"
@@ -777,6 +780,7 @@ echo "docker $*" >> {log}
 case "$1 $2" in
   "info "*) exit {0 if engine else 1} ;;
   "compose version") exit {0 if plugin else 1} ;;
+  "compose port") echo "{published}" ;;
 esac
 exit 0
 """
@@ -788,20 +792,23 @@ exit 0
     return bin_dir
 
 
-def _make_stack(tmp_path: Path, target: str = "stack", **kw) -> tuple[int, str, str]:
+def _make_stack(
+    tmp_path: Path, target: str = "stack", env: dict | None = None, **kw
+) -> tuple[int, str, str]:
     bin_dir = _fake_bin(tmp_path, **kw)
     make = shutil.which("make")
     assert make, "make is needed for this test"
     proc = subprocess.run(  # PATH: the stubs alone, so no real docker is ever found
         [make, "--no-print-directory", "-C", str(ROOT), target],
-        env={"PATH": str(bin_dir)},
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", **(env or {})},
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
     log = tmp_path / "calls.log"
-    return proc.returncode, log.read_text() if log.exists() else "", proc.stderr
+    calls = log.read_text() if log.exists() else ""
+    return proc.returncode, calls, proc.stderr + proc.stdout
 
 
 @pytest.mark.parametrize(
@@ -822,3 +829,61 @@ def test_make_stack_uses_whichever_compose_there_is(tmp_path, plugin, standalone
 def test_make_stack_without_an_engine_says_so(tmp_path):
     rc, calls, err = _make_stack(tmp_path, plugin=True, standalone=False, engine=False)
     assert rc != 0 and "no Docker engine answers" in err and "up" not in calls
+
+
+def test_make_stack_prints_the_port_compose_published(tmp_path):
+    """#57: not 8000 when API_PORT says otherwise: compose is asked where `lb` is published."""
+    rc, calls, out = _make_stack(
+        tmp_path, plugin=True, standalone=False, published="127.0.0.1:8123"
+    )
+    assert rc == 0 and "docker compose port lb 8000" in calls.splitlines(), out
+    assert "API on http://127.0.0.1:8123 " in out, out
+    # compose has no answer (an old one): API_BIND/API_PORT as compose reads them, shell first
+    rc, calls, out = _make_stack(
+        tmp_path / "env", plugin=True, standalone=False, env={"API_PORT": "9123"}
+    )
+    assert rc == 0 and "API on http://127.0.0.1:9123 " in out, out
+
+
+def test_compose_project_follows_the_checkout(raw):
+    """#57: no fixed project name: two checkouts' stacks never share containers or volumes
+    (compose names the project after the folder; COMPOSE_PROJECT_NAME chooses one)."""
+    assert "name" not in raw
+    env = compose_env() | {"COMPOSE_PROJECT_NAME": "elmo-other"}
+    proc = run(tool("docker-compose"), "--env-file", os.devnull, "-f", str(COMPOSE_FILE),
+               "config", "--format", "json", env=env)  # fmt: skip
+    assert proc.returncode == 0 and json.loads(proc.stdout)["name"] == "elmo-other", proc.stderr
+    assert "COMPOSE_PROJECT_NAME" in (ROOT / ".env.example").read_text()
+
+
+def test_traces_are_one_switch():
+    """#57: ELMO_OTEL=true builds the otel extra into the image and reaches the containers,
+    with OpenTelemetry's standard variables."""
+    otel_vars = (
+        "OTEL_SERVICE_NAME", "OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG",
+    )  # fmt: skip
+    base = {k: v for k, v in compose_env().items() if not k.startswith("OTEL_")}
+    off = compose_model_env(base)
+    on = compose_model_env(
+        base | {"ELMO_OTEL": "true", "OTEL_TRACES_EXPORTER": "console", "ELMO_EXTRAS": "server"}
+    )
+    for name in ELMO_SERVICES:
+        assert off["services"][name]["environment"]["ELMO_OTEL"] == "false"
+        env = on["services"][name]["environment"]
+        assert env["ELMO_OTEL"] == "true" and env["OTEL_TRACES_EXPORTER"] == "console", name
+        assert all(k in env for k in otel_vars), (name, sorted(env))
+    assert off["services"]["api"]["build"]["args"]["OTEL"] == "false"
+    assert off["services"]["api"]["build"]["args"]["EXTRAS"] == "server,hdf5,openai"
+    args = on["services"]["api"]["build"]["args"]
+    assert (args["OTEL"], args["EXTRAS"]) == ("true", "server")
+    dockerfile = DOCKERFILE.read_text()
+    assert "ARG EXTRAS=server,hdf5" in dockerfile and "ARG OTEL=false" in dockerfile
+    assert 'extras="$extras,otel"' in dockerfile and '".[$extras]"' in dockerfile
+
+
+def compose_model_env(env: dict[str, str]) -> dict:
+    proc = run(tool("docker-compose"), "--env-file", os.devnull, "-f", str(COMPOSE_FILE),
+               "--profile", "gpu", "config", "--format", "json", env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)

@@ -88,3 +88,36 @@ def test_every_backticked_repository_path_exists(page):
     assert not bad, f"{page.relative_to(ROOT)} names paths that do not exist: " + ", ".join(
         sorted(set(bad))
     )
+
+
+# a documented command that runs one of the repository's scripts: `python bench/x.py ...`
+SCRIPT_COMMAND = re.compile(r"\bpython3?(?:\s+-[A-Za-z]\S*)*\s+([\w./-]+\.py)\b")
+
+
+def _scripts_run(text: str) -> set[str]:
+    """The repository scripts a page's commands run (code blocks included): paths under one
+    of the repository's own folders, or a bare name (which must then be at the root)."""
+    out = set()
+    for path in SCRIPT_COMMAND.findall(text):
+        if path.startswith(("/", "~")):
+            continue
+        if "/" not in path or path.split("/")[0] in SOURCE_DIRS:
+            out.add(path)
+    return out
+
+
+def test_script_commands_are_found_in_prose_and_code_blocks():
+    text = (
+        "run `OMP_NUM_THREADS=2 .venv/bin/python bench/gone.py --rounds 5`\n```\npython3 x.py\n```"
+    )
+    assert _scripts_run(text) == {"bench/gone.py", "x.py"}
+    assert _scripts_run("python /tmp/mine.py; python -m pytest tests/a.py") == set()
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_script_a_command_runs_exists(page):
+    """A retired script keeps no runnable command in the docs (#57)."""
+    bad = sorted(
+        p for p in _scripts_run(page.read_text(encoding="utf-8")) if not (ROOT / p).is_file()
+    )
+    assert not bad, f"{page.relative_to(ROOT)} runs scripts that do not exist: {', '.join(bad)}"

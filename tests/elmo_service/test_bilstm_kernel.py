@@ -294,15 +294,19 @@ def test_rounded_weights_error_is_the_rounding_alone(monkeypatch, mode, b):
     exact fp32 on the rounded weights (so the error is the rounding, nothing else), and
     they differ from fp32's by a bounded, non-zero amount."""
     calls = []
-    real = bilstm.lstmp_row_i8 if mode == "int8" else bilstm.lstmp_row_bf16
-    name = "lstmp_row_i8" if mode == "int8" else "lstmp_row_bf16"
-    monkeypatch.setattr(bilstm, name, lambda *a: calls.append(1) or real(*a))
+    real = bilstm.lstmp_row  # one loop; the compact weights' dtype says the format
+    dtype = np.int8 if mode == "int8" else np.uint16
+    monkeypatch.setattr(
+        bilstm, "lstmp_row", lambda *a: calls.append(a[1].dtype == dtype) or real(*a)
+    )
     model = random_bilm()
     tokens, lengths = batch(b, 10, model.cfg.projection_dim)
     if b == 1:
         lengths[:] = 10
-    ref, got = fast(model, tokens, lengths), fast(model, tokens, lengths, mode)
-    assert (len(calls) > 0) == (b == 1)
+    ref = fast(model, tokens, lengths)
+    calls.clear()  # the fp32 reference runs the same loop on its fp32 weights
+    got = fast(model, tokens, lengths, mode)
+    assert (len(calls) > 0) == (b == 1) and all(calls)
     exact_on_rounded = fast(rounded_model(model, mode), tokens, lengths)
     assert (got - exact_on_rounded).abs().max() <= TOL
     rel = float((got - ref).abs().max() / ref.abs().max())

@@ -13,7 +13,7 @@ import pytest
 
 from elmo_service.bilm.kernels import certificate as cert_mod
 from elmo_service.embedder import Embedder
-from elmo_service.values import text_problem
+from elmo_service.values import invalid_text
 from tests.support.core_fixtures import tiny_artifact
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ def test_the_set_is_generated_deterministically_and_varied():
     assert texts == cert_mod.certificate_texts() and len(texts) == cert_mod.N_SENTENCES
     assert texts[: len(cert_mod.SENTENCES)] == list(cert_mod.SENTENCES)
     joined = "".join(texts)
-    assert all(text_problem(t) is None for t in texts)  # text every surface accepts
+    assert all(invalid_text(t) is None for t in texts)  # text every surface accepts
     for lo, hi in [
         (0x400, 0x4FF),
         (0x370, 0x3FF),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import random
+import re
 
 import numpy as np
 import orjson
@@ -362,3 +363,84 @@ def test_wait_raises_the_jobs_error():
 def test_wait_gives_up_at_its_timeout():
     with pytest.raises(TimeoutError, match="still running"):
         _poll(_records(*[("running", 1, 1.0)] * 3), progress=False, timeout=0)
+
+
+# ------------------------------------------------------------------ an inline mix (#57)
+def test_a_mix_is_a_list_a_dict_or_a_mixspec_and_they_send_one_body():
+    from elmo_client.wire import output_body
+    from elmo_service.scalar_mix import MixSpec
+
+    def body(mix):
+        return output_body(mix=mix, output="mix", granularity="token", pooling="none")
+
+    want = {"mix": [0.0, 1.0, 2.0], "gamma": 1.0, "per_direction": False, "layer_norm": False}
+    assert {k: body([0, 1, 2])[k] for k in want} == want
+    assert body((0.0, 1.0, 2.0)) == body(np.array([0.0, 1.0, 2.0])) == body([0, 1, 2])
+    spec = {"weights": [0.0, 1.0, 2.0], "gamma": 0.5, "layer_norm": True}
+    assert body(spec) == body(MixSpec([0.0, 1.0, 2.0], gamma=0.5, layer_norm=True))
+    assert body(spec)["gamma"] == 0.5 and body(spec)["layer_norm"] is True
+    assert body("pos")["task"] == "pos" and "mix" not in body("pos")
+
+
+@pytest.mark.parametrize(
+    "mix, says",
+    [
+        ({"weight": [1.0]}, "no key 'weight'"),
+        ({"gamma": 2.0}, "needs 'weights'"),
+        ({"weights": [1.0], "layer_norm": "yes"}, "layer_norm must be true or false"),
+        ({"weights": [1.0], "gamma": "big"}, "gamma must be a number"),
+        ([], "non-empty list"),
+        (["a", 1.0], "weights[0] must be a number"),
+        ([1.0, float("inf")], "weights[1] must be finite"),
+        (3, "not int"),
+        (object(), "not object"),
+    ],
+)
+def test_a_bad_mix_is_a_value_error_naming_mix_before_any_request(mix, says):
+    # nothing listens on port 9: a request would be ServiceUnreachable, not this
+    with Client("http://127.0.0.1:9", retries=0) as c, pytest.raises(ValueError) as e:
+        c.embed(["the river bank"], mix=mix)
+    assert isinstance(e.value, InputError) and e.value.field == "mix"
+    assert says in e.value.message
+
+
+def test_a_task_is_stored_from_a_list_a_dict_or_a_mixspec():
+    from elmo_client.ops import Tasks
+    from elmo_service.scalar_mix import MixSpec
+
+    sent = []
+
+    def run(op):
+        sent.append(next(op))
+
+    tasks = Tasks(run)
+    tasks.put("a", [0.1, 0.5, 0.4])
+    tasks.put("b", {"weights": [0.1, 0.5, 0.4], "gamma": 0.8, "meta": {"by": "me"}})
+    tasks.put("c", MixSpec([0.1, 0.5, 0.4], gamma=0.8))
+    a, b, c = (call.json for call in sent)
+    assert a == {"weights": [0.1, 0.5, 0.4], "gamma": 1.0, "per_direction": False,
+                 "layer_norm": False}  # fmt: skip
+    assert b == {**a, "gamma": 0.8, "meta": {"by": "me"}} and c == {**a, "gamma": 0.8}
+    assert [call.path for call in sent] == ["/v1/tasks/a", "/v1/tasks/b", "/v1/tasks/c"]
+    with pytest.raises(InputError) as e:
+        tasks.put("d", {"weights": "0.1"})
+    assert e.value.field == "spec"
+
+
+def test_the_docs_name_every_package_the_client_installs():
+    """README.md, docs/client.md, docs/architecture.md and the client's README say what
+    ``pip install ./clients/python`` brings (#57: orjson was missing)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    project = (root / "clients" / "python" / "pyproject.toml").read_text()
+    listed = re.search(r"^dependencies = \[(.*?)^\]", project, flags=re.M | re.S).group(1)
+    deps = {re.split(r"[<>=!~ \[]", d)[0] for d in re.findall(r'^\s*"([^"]+)"', listed, re.M)}
+    assert deps == {"httpx", "numpy", "orjson"}
+    for page in ("README.md", "docs/client.md", "docs/architecture.md", "clients/python/README.md"):
+        text = (root / page).read_text(encoding="utf-8")
+        said = [
+            line for line in text.splitlines() if "clients/python" in line or "elmo_client" in line
+        ]
+        said = " ".join(said + [s for s in text.split("\n\n") if "no torch" in s])
+        assert all(d in said for d in deps), (page, sorted(d for d in deps if d not in said))

@@ -147,8 +147,8 @@ def test_torch_kernel_path(model_dir: Path) -> None:
     """The model's own layers (any device or precision), state carried the same way."""
     e = Embedder.load(model_dir)
     ref_e = Embedder.load(model_dir, max_sentence_tokens=100_000)
-    e.kernel = TorchBiLM(e.model)
-    ref_e.kernel = TorchBiLM(ref_e.model)
+    e.runner.kernel = TorchBiLM(e.model)
+    ref_e.runner.kernel = TorchBiLM(ref_e.model)
     ref = ref_e.embed([TEXT])[0]
     _, layers, _ = joined(list(e.embed_document(TEXT, chunk_tokens=7)))
     assert_close(layers, ref.layers)
@@ -191,3 +191,76 @@ def test_bad_input_is_refused_before_the_first_chunk(
         embedder.embed_document(doc, **options)  # not iterated: refused at the call
     assert e.value.field == field
     assert "\n" not in str(e.value)
+
+
+# -- several documents advanced together (the server's batched rounds) ----------------
+
+DOCS = (TEXT, "Extraordinary bridges", TEXT[: len(TEXT) // 3], "a", TEXT[len(TEXT) // 2 :])
+
+
+def run_together(emb: Embedder, texts, chunk: int, spec) -> list[tuple]:
+    """Every document advanced together while it has rounds left (documents of different
+    lengths finish at different rounds), then each one's answer."""
+    runs = [
+        document.DocumentRun(
+            emb, document.tokenize_document(emb.tokenizer, t, max_tokens=None), spec, chunk
+        )
+        for t in texts
+    ]
+    try:
+        assert [r.tokens for r in runs] == [len(r.doc) for r in runs]
+        while not all(r.done for r in runs):
+            document.advance([r for r in runs if not r.done])
+        return [joined(list(r.answer())) for r in runs]
+    finally:
+        for r in runs:
+            r.close()
+            r.close()  # idempotent
+            assert r.spill_bytes == 0
+
+
+@pytest.mark.parametrize("chunk", (1, 7, 64))
+@pytest.mark.parametrize("weights", ("fp32", "int8"))
+def test_documents_advanced_together_equal_each_alone_and_one_pass(
+    model_dir: Path, torch_threads, chunk: int, weights: str
+) -> None:
+    torch_threads(2)  # the directions on the two workers, as a server runs them
+    emb = Embedder.load(model_dir, weights=weights)
+    ref_e = Embedder.load(model_dir, weights=weights, max_sentence_tokens=100_000)
+    spec = emb.output_spec("norm")
+    together = run_together(emb, DOCS, chunk, spec)
+    for text, (tokens, layers, mix) in zip(DOCS, together, strict=True):
+        alone = joined(list(emb.embed_document(text, chunk, mix="norm")))
+        ref = ref_e.embed([text], mix="norm")[0]
+        assert tokens == alone[0] == ref.tokens
+        assert_close(layers, alone[1])
+        assert_close(layers, ref.layers)
+        assert_close(mix, ref.mix)
+
+
+def test_a_run_steps_a_round_at_a_time(embedder: Embedder) -> None:
+    doc = document.tokenize_document(embedder.tokenizer, TEXT, max_tokens=None)
+    run = document.DocumentRun(embedder, doc, embedder.output_spec(None), 64)
+    assert run.rounds == -(-(len(doc) + 2) // 64) and not run.done
+    assert run.spill_bytes > 0
+    with pytest.raises(ValueError, match="not done"):
+        next(run.answer())
+    for _ in range(run.rounds):
+        assert not run.done
+        document.advance([run])
+    assert run.done
+    with pytest.raises(ValueError, match="no round left"):
+        document.advance([run])
+    assert sum(c.layers.shape[1] for c in run.answer()) == len(doc)
+    run.close()
+    with pytest.raises(ValueError, match="closed"):
+        next(run.answer())
+
+
+def test_the_torch_kernel_advances_documents_together(model_dir: Path) -> None:
+    e = Embedder.load(model_dir)
+    ref_e = Embedder.load(model_dir, max_sentence_tokens=100_000)
+    e.runner.kernel = TorchBiLM(e.model)
+    together = run_together(e, DOCS[:3], 7, e.output_spec(None))
+    for text, (_, layers, _) in zip(DOCS[:3], together, strict=True):
+        assert_close(layers, ref_e.embed([text])[0].layers)

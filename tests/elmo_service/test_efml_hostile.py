@@ -17,10 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from elmo_service.convert_efml import convert_efml
-from elmo_service.efml_folder import MAX_JSON_BYTES, MAX_JSON_DEPTH
+from elmo_service.bilm.tensor_header import LEGACY_MAGIC
+from elmo_service.convert_efml import MAX_JSON_BYTES, MAX_JSON_DEPTH, convert_efml
 from elmo_service.errors import ArtifactError, ConfigError
-from elmo_service.tensor_header import LEGACY_MAGIC
 from tests.support.efml_fixtures import write_efml_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]  # the package's classes; a hang fails
@@ -173,6 +172,8 @@ def test_a_tensor_the_config_does_not_describe(valid, tmp_path):
         ("encoder", "dim", 10**12, "must be in [1, 65,536]"),
         ("encoder", "projection_dim", 4096, "needs [4096"),  # within the maxima: the tensors say no
         ("token_embedder", "char_dim", 2**40, "must be in"),
+        ("encoder", "projection_dim", -3, "must be in"),
+        ("token_embedder", "char_dim", 1.5, "must be"),
     ],
 )
 def test_huge_sizes_in_the_network_config(valid, tmp_path, part, key, value, says):
@@ -298,3 +299,15 @@ def test_the_legacy_format_of_published_models_converts_to_the_same_weights(vali
     a = load_file(str(tmp_path / "zip" / "weights.safetensors"))
     b = load_file(str(tmp_path / "legacy" / "weights.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_folder_as_published_finds_its_config_in_the_installed_package(tmp_path):
+    """Published folders' config.json names a file on their authors' machine that they do not
+    ship: the converter reads it from an installed elmoformanylangs' configs/ (#57 item 8)."""
+    from elmo_service.convert_efml import read_network_config
+
+    name = "cnn_50_100_512_4096_sample.json"
+    (tmp_path / "config.json").write_text(json.dumps({"config_path": f"/home/a/configs/{name}"}))
+    net, found = read_network_config(tmp_path)
+    assert found.name == name and found.parent.name == "configs"
+    assert net["encoder"]["projection_dim"] == 512 and net["encoder"]["dim"] == 4096

@@ -18,6 +18,7 @@ from elmo_service.bilm.lstm import LstmpFunction
 from elmo_service.bilm.model import BiLM
 from elmo_service.errors import ArtifactError, ConfigError, InputError
 from tests.support import reference
+from tests.support.allennlp_shim import allennlp_fixture  # noqa: F401 (allennlp)
 from tests.support.bilm_fixtures import write_bilm
 from tests.support.core_fixtures import tiny_artifact, tiny_model
 
@@ -32,16 +33,6 @@ TOL = 1e-5  # float rounding: the two sides sum in different orders
 
 
 # --------------------------------------------------------------------------- AllenNLP
-@pytest.fixture(scope="module")
-def allennlp():
-    from tests.support.allennlp_shim import import_allennlp_elmo
-
-    try:
-        return import_allennlp_elmo()
-    except ImportError as e:  # pragma: no cover - the message is the point
-        pytest.fail(f"AllenNLP is not importable ({e}); run tests/install_parity_deps.sh")
-
-
 @pytest.fixture(scope="module")
 def bilm_files(tmp_path_factory):
     return write_bilm(tmp_path_factory.mktemp("bilm"), n_characters=262, n_highway=2, seed=5)
@@ -312,7 +303,7 @@ def test_dropout_only_in_train_mode(model):
 def test_from_pretrained_reads_an_artifact_and_its_tokenizer(tmp_path):
     directory = tiny_artifact(tmp_path / "m")
     elmo = Elmo.from_pretrained(directory, 2, dropout=0.0)
-    tokens = [t.text for t in elmo.tokenizer("The bank, of the river.")]
+    tokens = [t.piece for t in elmo.tokenizer("The bank, of the river.")]
     out = elmo(batch_to_ids([tokens]))
     assert out["elmo_representations"][0].shape == (1, len(tokens), elmo.get_output_dim())
     assert out["mask"].all()

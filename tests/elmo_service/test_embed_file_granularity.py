@@ -44,7 +44,7 @@ def test_whitespace_input_gives_one_vector_per_word_by_default(tmp_path, sp_mode
         np.testing.assert_array_equal(a, b)
     # each word's vector is the mean of its pieces' vectors
     for toks, got in zip(pieces, default, strict=True):
-        (ref,) = emb.embed_tokens([[t.text for t in toks]])
+        (ref,) = emb.embed_tokens([[t.piece for t in toks]])
         np.testing.assert_allclose(got, words_of(toks, ref)[1], atol=1e-5, rtol=0)
 
 

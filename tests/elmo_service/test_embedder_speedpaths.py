@@ -20,6 +20,7 @@ from elmo_service.bilm.char_ids import batch_ids, sentence_ids
 from elmo_service.bilm.config import BiLMConfig
 from elmo_service.bilm.kernels.cpu_bilm import CpuBiLM
 from elmo_service.bilm.model import N_CHAR_IDS, BiLM
+from elmo_service.bilm.runner import Runner
 from elmo_service.embedder import Embedder
 from elmo_service.tokenizers import WordTokenizer
 from tests.support.configs import small_test_config
@@ -174,9 +175,9 @@ def test_sentence_markers_go_through_the_cnn_once_per_weight_version(monkeypatch
     model = make_model()
     emb = make_embedder(model, token_cache_size=cache)
     asked: list[int] = []  # rows of each CNN call
-    real = Embedder._encode_ids
+    real = Runner._encode_ids
     monkeypatch.setattr(
-        Embedder, "_encode_ids", lambda self, ids: asked.append(len(ids)) or real(self, ids)
+        Runner, "_encode_ids", lambda self, ids: asked.append(len(ids)) or real(self, ids)
     )
     markers = 2  # the markers' call has two rows; the sentences' tokens come in other calls
     first = emb.embed_tokens(SENTENCES)
@@ -189,7 +190,7 @@ def test_sentence_markers_go_through_the_cnn_once_per_weight_version(monkeypatch
         assert np.abs(got - ref_bilm(model, sent)[:, 1:-1].detach().numpy()).max(initial=0) <= 1e-5
     with torch.no_grad():
         model.token_encoder.char_embed.weight.mul_(1.5)  # a new weight version
-    emb._cache = None if cache == 0 else type(emb._cache)(cache)
+    emb.runner.resize_cache(cache)
     again = emb.embed_tokens(SENTENCES[:1])[0]
     assert asked.count(markers) == 1
     assert (

@@ -34,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[2]
 ADMIN = {"authorization": "Bearer admin"}
 # words a vocabulary of 80 pieces splits into many pieces
 SENTENCES = [
-    "The naïve café owners watched boats sail slowly past",
+    # ﬁ: sentencepiece's NFKC gives the model f, i (a token's piece, not its text)
+    "The naïve café owners watched ﬁve boats sail slowly past",
     "Extraordinary bridges",
     "a",
     "Every morning people walk to the old stone bridge near the river bank",
@@ -128,7 +129,7 @@ def raw(emb):
     out = {}
     for kind, inputs in (("text", SENTENCES), ("words", [s.split() for s in SENTENCES])):
         toks = emb.tokenize(inputs)
-        out[kind] = [(t, emb.embed_tokens([[p.text for p in t]])[0]) for t in toks]
+        out[kind] = [(t, emb.embed_tokens([[p.piece for p in t]])[0]) for t in toks]
     assert sum(len(t) for t, _ in out["text"]) >= 2 * sum(len(s.split()) for s in SENTENCES), (
         "the sweep needs a sub-word-heavy model"
     )
@@ -224,7 +225,8 @@ def test_api_embed_sweep(client, raw):
 
 
 def test_api_embeddings_is_the_default_mix_mean_pooled(client, raw, emb):
-    """``/v1/embeddings`` pools the default mix: the average, then the stored 'default'."""
+    """``/v1/embeddings`` pools the default mix (the average, then the stored 'default'),
+    unit length."""
     for default in (None, TASKS["dirs_norm"]):
         if default is not None:
             r = client.put("/v1/tasks/default", json=default.to_dict(), headers=ADMIN)
@@ -237,7 +239,9 @@ def test_api_embeddings_is_the_default_mix_mean_pooled(client, raw, emb):
             _, want = ref_answer(
                 layers, toks, idx=None, mix=spec, granularity="token", pooling="mean"
             )
-            close(np.array(d["embedding"], dtype=np.float32), want, f"embeddings {i}")
+            # unit length, as OpenAI's are (ELMO_OPENAI_NORMALIZE)
+            unit = want / np.float32(np.linalg.norm(want.astype(np.float64)))
+            close(np.array(d["embedding"], dtype=np.float32), unit, f"embeddings {i}")
             close(lib[i].mix.mean(axis=0), want, f"library default {i}")
     assert client.delete("/v1/tasks/default", headers=ADMIN).status_code == 200
 
@@ -379,7 +383,7 @@ def test_issue_36_layer_normed_task_at_word_granularity_agrees(tmp_path):
     lib = emb.embed(sentences, mix=MixSpec(**task), granularity="word")
     for i, toks in enumerate(emb.tokenize(sentences)):
         assert len({t.word for t in toks}) < len(toks), "the reproducer needs split words"
-        (layers,) = emb.embed_tokens([[t.text for t in toks]])
+        (layers,) = emb.embed_tokens([[t.piece for t in toks]])
         _, want = ref_answer(
             layers, toks, idx=None, mix=MixSpec(**task), granularity="word", pooling="none"
         )
@@ -402,7 +406,7 @@ def doc_raw(emb):
     """The document's tokens and its layers by one unchunked pass over the whole text."""
     toks = emb.tokenizer(DOCUMENT)
     assert len(toks) > 64, "the sweep needs a document longer than the middle chunk size"
-    return toks, emb.embed_tokens([[t.text for t in toks]])[0]
+    return toks, emb.embed_tokens([[t.piece for t in toks]])[0]
 
 
 def test_document_library_sweep(emb, doc_raw):
@@ -562,7 +566,7 @@ def test_embed_file_documents(tmp_path, model, emb, doc_raw):
     toks, layers = doc_raw
     other = SENTENCES[1]
     other_toks = emb.tokenizer(other)
-    other_layers = emb.embed_tokens([[t.text for t in other_toks]])[0]
+    other_layers = emb.embed_tokens([[t.piece for t in other_toks]])[0]
     for (flag, idx, spec), gran, chunk in itertools.product(
         [("--all", range(N_LAYERS), None), ("--task=norm", None, TASKS["norm"])],
         GRANULARITIES,

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from elmo_pretrain.cli import main
 from elmo_pretrain.data import Corpus
-from elmo_pretrain.prepare import PrepareOptions, prepare
+from elmo_pretrain.prepare import (
+    ALPHABET_COVERAGE,
+    LATIN_COVERAGE,
+    RICH_SCRIPT_COVERAGE,
+    PrepareOptions,
+    coverage_for,
+    prepare,
+)
 from elmo_pretrain.sources.synthetic import write_corpus
 from elmo_pretrain.text import split_sentences
 from elmo_service.errors import InputError
@@ -265,3 +274,59 @@ def test_a_file_without_blank_lines_is_warned_about_under_split_paragraphs(tmp_p
                 PrepareOptions(**words, split="none"), progress=False, log=said.append)  # fmt: skip
     assert not any("no blank line" in x for x in said)
     assert m["summary"]["train_sentences"] == 60
+
+
+# ------------------------------------------------------------- the one character-coverage rule
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _coverage_table(page: str) -> dict[str, float]:
+    """docs/languages.md's table of the coverage chosen for the script: row -> number."""
+    rows = re.findall(r"^\s*\| ([^|]+?) \| ([0-9.]+) \|$", page, flags=re.M)
+    return {name: float(value) for name, value in rows}
+
+
+def test_the_docs_help_and_configs_say_the_coverage_the_code_chooses(capsys):
+    """docs/languages.md's table, `prepare --help` and the Spanish recipe say what
+    ``coverage_for`` does (#57): one rule, stated from the code's constants."""
+    page = (ROOT / "docs" / "languages.md").read_text(encoding="utf-8")
+    table = _coverage_table(page)
+    assert len(table) == 3, table
+    by_row = {
+        "Chinese, Japanese or Korean": RICH_SCRIPT_COVERAGE,
+        "Latin": LATIN_COVERAGE,
+        "another alphabet": ALPHABET_COVERAGE,
+    }
+    for words, want in by_row.items():
+        (row,) = [name for name in table if words in name]
+        assert table[row] == want, (row, table[row], want)
+    with pytest.raises(SystemExit):
+        main(["prepare", "--help"])
+    helptext = " ".join(capsys.readouterr().out.split())
+    assert (
+        f"{RICH_SCRIPT_COVERAGE} for text mostly in Chinese/Japanese/Korean characters, "
+        f"{LATIN_COVERAGE} for Latin text" in helptext
+    )
+    assert f"{ALPHABET_COVERAGE} for another alphabet" in helptext
+    # the Spanish model: the table's coverage is the one its commands give (Latin text:
+    # given, since the default would be LATIN_COVERAGE)
+    (said,) = re.findall(r"\| tokenizer \| sentencepiece unigram, [\d,]+ pieces, character "
+                         r"coverage ([0-9.]+)", page)  # fmt: skip
+    steps = page.split("## Train a model in another language")[1].split("```")[1]
+    config = (ROOT / "configs" / "lang-small.yaml").read_text(encoding="utf-8")
+    for recipe in (steps, config):
+        (prep,) = [line for line in recipe.splitlines() if "elmo-pretrain prepare" in line]
+        given = re.search(r"--character-coverage ([0-9.]+)", prep)
+        assert float(given.group(1) if given else LATIN_COVERAGE) == float(said), prep
+
+
+def test_coverage_for_follows_the_script(tmp_path):
+    texts = {
+        "Die Straße in Köln ist schön, oder? " * 50: LATIN_COVERAGE,
+        "Старый солдат видит реку у дома. " * 50: ALPHABET_COVERAGE,
+        "毎日猫は東京タワーを見ます。" * 50: RICH_SCRIPT_COVERAGE,
+    }
+    for i, (text, want) in enumerate(texts.items()):
+        (tmp_path / f"{i}.txt").write_text(text, encoding="utf-8")
+        assert coverage_for(tmp_path / f"{i}.txt", PrepareOptions()) == want
+    assert coverage_for(tmp_path / "0.txt", PrepareOptions(character_coverage=1.0)) == 1.0

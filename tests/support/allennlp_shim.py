@@ -51,6 +51,8 @@ import sys
 import tempfile
 import types
 
+import pytest
+
 STUBBED = (
     "transformers",
     "spacy",
@@ -172,3 +174,13 @@ def _withdraw() -> None:
             and isinstance(getattr(real_parent, child, None), _StubModule)
         ):
             delattr(real_parent, child)
+
+
+@pytest.fixture(scope="module", name="allennlp")
+def allennlp_fixture() -> types.ModuleType:
+    """``allennlp``: ``allennlp.modules.elmo``; a test fails (never skips) without it.
+    A test module imports this function, and its tests take ``allennlp``."""
+    try:
+        return import_allennlp_elmo()
+    except ImportError as e:  # pragma: no cover - the message is the point
+        pytest.fail(f"AllenNLP is not importable ({e}); run tests/install_parity_deps.sh")

@@ -47,7 +47,8 @@ class Replica:
             )
         return self
 
-    def wait_ready(self, timeout: float = 60.0) -> dict:
+    def wait_ready(self, timeout: float = 300.0) -> dict:
+        # a deadline, not a timing: a loaded 2-core machine took over 60 s to load and warm up
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is None or self.proc.poll() is not None:

@@ -146,7 +146,8 @@ def decode_one(
     widths = {a.shape[-1] for a in (layers, mix) if a is not None}
     if len(widths) > 1:
         raise BadAnswer(f"{where}: layers and mix differ in width ({sorted(widths)})")
-    return EmbeddedSentence(tokens, layers, mix), (k, *widths)
+    text = sentence if sentence is None or isinstance(sentence, str) else " ".join(sentence)
+    return EmbeddedSentence(tokens, layers, mix, text), (k, *widths)
 
 
 def _array(d: dict[str, Any], key: str, where: str) -> np.ndarray:

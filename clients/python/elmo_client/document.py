@@ -16,7 +16,7 @@ from typing import Any
 
 from elmo_client.answers import BadAnswer, Expect, document_line
 from elmo_client.errors import ServiceError, bad_answer
-from elmo_client.shared import EmbeddedSentence, InputError, check_text
+from elmo_client.shared import EmbeddedSentence, InputError, check_document
 from elmo_client.wire import MALFORMED, Call, check_priority, output_body
 
 PATH = "/v1/embed/document"
@@ -89,7 +89,7 @@ def document_call(
         isinstance(document, Sequence) and all(isinstance(w, str) for w in document)
     ):
         raise InputError("document must be a string or a list of strings", field="document")
-    check_text(document, "document")  # the library's text rules, before anything is sent
+    check_document(document)  # the library's text rule (a lone surrogate: no UTF-8 form)
     if chunk_tokens is not None and (
         not isinstance(chunk_tokens, int) or isinstance(chunk_tokens, bool) or chunk_tokens < 1
     ):

@@ -29,6 +29,7 @@ from elmo_client.wire import (
     embed_body,
     floats_per_position,
     is_empty,
+    mix_spec,
     plan_chunks,
     shift_error,
 )
@@ -98,6 +99,8 @@ def embed(
     sentences = list(sentences)
     check_sentences(sentences)
     check_priority(priority)
+    if mix is not None and not isinstance(mix, str):
+        mix_spec(mix)  # a bad mix is the caller's ValueError, before any request
     result = EmbedResult()
     if not sentences:
         return result
@@ -315,8 +318,13 @@ class Tasks:
         return self._run(one(Call("GET", f"/v1/tasks/{_path(name)}")))
 
     def put(self, name: str, spec: Any):
-        """Store a task: a ``MixSpec`` or its dict (``weights``, ``gamma``, ...)."""
-        body = spec if isinstance(spec, dict) else spec.to_dict()
+        """Store a task: a list of layer weights, a dict (``weights``, ``gamma``,
+        ``per_direction``, ``layer_norm``, and ``meta``), or a ``MixSpec``."""
+        meta = spec.get("meta") if isinstance(spec, dict) else getattr(spec, "meta", None)
+        mix = {k: v for k, v in spec.items() if k != "meta"} if isinstance(spec, dict) else spec
+        body: dict[str, Any] = mix_spec(mix, field="spec")
+        if meta:
+            body["meta"] = meta
         return self._run(one(Call("PUT", f"/v1/tasks/{_path(name)}", body)))
 
     def delete(self, name: str):

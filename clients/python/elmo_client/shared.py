@@ -13,7 +13,7 @@ try:
         EmbeddedSentence,
         InputError,
         Token,
-        check_text,
+        check_document,
         decode_array,
     )
 except ImportError:  # the client installed alone (pip install ./clients/python)
@@ -22,10 +22,15 @@ except ImportError:  # the client installed alone (pip install ./clients/python)
         EmbeddedSentence,
         InputError,
         Token,
-        check_text,
+        check_document,
         decode_array,
     )
 
 __all__ = [
-    "ElmoServiceError", "EmbeddedSentence", "InputError", "Token", "check_text", "decode_array",
-]  # fmt: skip
+    "ElmoServiceError",
+    "EmbeddedSentence",
+    "InputError",
+    "Token",
+    "check_document",
+    "decode_array",
+]

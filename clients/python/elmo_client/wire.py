@@ -11,6 +11,7 @@ asyncio), so the retry rule, the splitting of large inputs and the checks of eve
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import time
@@ -21,7 +22,7 @@ from typing import Any
 import orjson
 
 from elmo_client.errors import ServiceError, ServiceUnreachable, bad_answer, service_error
-from elmo_client.shared import InputError, check_text
+from elmo_client.shared import InputError, check_document
 
 # refusals that did nothing: retried for every call, job submission included
 REFUSALS = (429, 503)
@@ -223,11 +224,6 @@ def is_empty(s: str | Sequence[str]) -> bool:
     return not s.strip() if isinstance(s, str) else len(s) == 0
 
 
-def _where(i: int, j: int | None) -> str:
-    # as the library names them (Embedder.tokenize): "sentence 3, word 1"
-    return f"sentence {i}" if j is None else f"sentence {i}, word {j}"
-
-
 def check_sentences(sentences: Sequence[Any]) -> None:
     """What the library refuses before tokenizing, refused before any request."""
     for i, s in enumerate(sentences):
@@ -237,8 +233,8 @@ def check_sentences(sentences: Sequence[Any]) -> None:
             raise InputError(
                 f"sentence {i} must be a string or a list of strings", field=f"sentences[{i}]"
             )
-        # the library's text rules (a lone surrogate has no UTF-8 to send)
-        check_text(s, f"sentences[{i}]", where=lambda j, i=i: _where(i, j), index=i)
+        # the library's text rule, before any request (a lone surrogate has no UTF-8 to send)
+        check_document(s, f"sentences[{i}]")
 
 
 def _chars(s: str | Sequence[str]) -> int:
@@ -320,8 +316,9 @@ def output_body(*, mix: Any, output: str | None, granularity: str, pooling: str)
     """The output options of ``/v1/embed`` (and ``/v1/embed/document``): base64 float32
     arrays (bit-exact, never float lists).
 
-    ``mix``: None, a task name, or a MixSpec (anything with ``weights``, ``gamma``,
-    ``per_direction``, ``layer_norm``)."""
+    ``mix``: None, a task name, a list of layer weights, a dict with ``weights`` (and
+    ``gamma``, ``per_direction``, ``layer_norm``), or a MixSpec (anything with those
+    attributes)."""
     body: dict[str, Any] = {
         "output": output_of(mix, output),
         "granularity": granularity,
@@ -332,11 +329,63 @@ def output_body(*, mix: Any, output: str | None, granularity: str, pooling: str)
     if isinstance(mix, str):
         body["task"] = mix
     elif mix is not None:
-        body["mix"] = [float(w) for w in mix.weights]
-        body["gamma"] = float(mix.gamma)
-        body["per_direction"] = bool(mix.per_direction)
-        body["layer_norm"] = bool(mix.layer_norm)
+        spec = mix_spec(mix)
+        body["mix"] = spec.pop("weights")
+        body.update(spec)
     return body
+
+
+MIX_KEYS = ("weights", "gamma", "per_direction", "layer_norm")
+_MIX_FORMS = (
+    "a task name, a list of layer weights, or a dict with 'weights' (and 'gamma', "
+    "'per_direction', 'layer_norm')"
+)
+
+
+def mix_spec(mix: Any, field: str = "mix") -> dict[str, Any]:
+    """An inline mix as ``{"weights", "gamma", "per_direction", "layer_norm"}``: a list of
+    layer weights (gamma 1), a dict of those keys (``weights`` required), or anything with
+    them as attributes (the library's ``MixSpec``). Anything else, an unknown key or a value
+    that is not a finite number: ``InputError`` (a ``ValueError``) naming ``field``, before
+    any request is sent."""
+    if isinstance(mix, Mapping):
+        unknown = [k for k in mix if k not in MIX_KEYS]
+        if unknown:
+            raise InputError(
+                f"{field} has no key {unknown[0]!r}: a mix is {_MIX_FORMS}", field=field
+            )
+        if "weights" not in mix:
+            raise InputError(f"{field} needs 'weights': a mix is {_MIX_FORMS}", field=field)
+        given = dict(mix)
+    elif isinstance(mix, (list, tuple)) or (hasattr(mix, "ndim") and hasattr(mix, "tolist")):
+        given = {"weights": mix}
+    elif not isinstance(mix, (str, bytes)) and all(hasattr(mix, k) for k in MIX_KEYS):
+        given = {k: getattr(mix, k) for k in MIX_KEYS}
+    else:
+        raise InputError(f"{field} must be {_MIX_FORMS}, not {type(mix).__name__}", field=field)
+    weights = given["weights"]
+    weights = weights.tolist() if hasattr(weights, "tolist") else weights
+    if not isinstance(weights, (list, tuple)) or not weights:
+        raise InputError(f"{field} weights must be a non-empty list of numbers", field=field)
+    out = {
+        "weights": [_number(w, f"{field} weights[{i}]", field) for i, w in enumerate(weights)],
+        "gamma": _number(given.get("gamma", 1.0), f"{field} gamma", field),
+    }
+    for flag in ("per_direction", "layer_norm"):
+        value = given.get(flag, False)
+        if not isinstance(value, bool) and type(value).__name__ != "bool_":
+            raise InputError(f"{field} {flag} must be true or false", field=field)
+        out[flag] = bool(value)
+    return out
+
+
+def _number(x: Any, what: str, field: str) -> float:
+    if isinstance(x, (bool, str, bytes)) or not hasattr(x, "__float__"):
+        raise InputError(f"{what} must be a number, not {type(x).__name__}", field=field)
+    value = float(x)
+    if not math.isfinite(value):
+        raise InputError(f"{what} must be finite, not {value}", field=field)
+    return value
 
 
 def embed_body(

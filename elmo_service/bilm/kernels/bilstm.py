@@ -52,10 +52,13 @@ import torch
 from torch import Tensor
 
 from elmo_service.bilm.kernels import tuning
-from elmo_service.bilm.kernels.native_rounded import lstmp_row_bf16, lstmp_row_i8, round_weight
+from elmo_service.bilm.kernels.native_rounded import round_weight
 from elmo_service.bilm.kernels.native_step import lstm_cell, lstmp_row, lstmp_row_from
 from elmo_service.bilm.kernels.packed import PackedLinear
-from elmo_service.bilm.lstm import LstmLayer
+from elmo_service.bilm.lstm import ChunkLayers, Chunks, LstmLayer, LstmState, Meanwhile
+
+# input-gate rows computed at once by a stream (bounds its buffer, not the speed)
+STREAM_GATE_ROWS = 128
 
 
 class ScaledLayer:
@@ -93,13 +96,15 @@ class ScaledLayer:
         w_ih = layer.w_ih.weight * scale[:, None]
         w_hh = layer.w_hh.weight * scale[:, None]  # [4C, P]
         w_proj = 2.0 * layer.w_proj.weight
-        # the single-sentence loop's compact weights: (mode, W_hh^T, its scales, W_proj^T, ...)
-        self.compact: tuple | None = None
+        # the single-sentence loop's weights (W_hh^T, its scales, 2 W_proj^T, its scales): fp32,
+        # or the compact int8 / bf16 forms (native_step.lstmp_row: one loop, per format)
+        none = np.zeros(0, np.float32)
+        compact = None
         if weights != "fp32":  # the scaling by powers of 2 commutes with the rounding
             w_ih = round_weight(w_ih, weights)[0]
             w_hh, hh_q, hh_s = round_weight(w_hh, weights)
             w_proj, proj_q, proj_s = round_weight(w_proj, weights)
-            self.compact = (weights, hh_q, hh_s, proj_q, proj_s)
+            compact = (hh_q, hh_s, proj_q, proj_s)
         # the input matmul always has several rows (all steps): oneDNN only
         self.w_ih = PackedLinear(w_ih, layer.w_ih.bias * scale).pack_now()
         self.w_hh = PackedLinear(w_hh)
@@ -108,41 +113,23 @@ class ScaledLayer:
         w_hh_t = w_hh.t().contiguous()
         self.w_hh.use_transposed(w_hh_t)
         self.w_hh.pack_now()
-        # the fp32 single-sentence loop's (W_hh^T [P, 4C], 2 W_proj^T [C, P])
-        self.row: tuple[np.ndarray, np.ndarray] | None = None
-        if self.compact is None:
-            self.row = (w_hh_t.detach().numpy(), w_proj.t().contiguous().detach().numpy())
+        self.row: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] = compact or (
+            w_hh_t.detach().numpy(),
+            none,
+            w_proj.t().contiguous().detach().numpy(),
+            none,
+        )
 
     def run_row(self, x_gates: Tensor, out: Tensor) -> None:
         """One sentence's whole step loop in native code: the input gates ``[T, 4C]``
         (from :attr:`w_ih`) -> ``out [T, P]``, written in place."""
-        xg, y = x_gates.numpy(), out.numpy()
-        if self.compact is None:
-            assert self.row is not None
-            w_hh_t, w_proj_t = self.row
-            lstmp_row(xg, w_hh_t, w_proj_t, self.cell_clip2, self.proj_clip, y)
-            return
-        mode, hh_q, hh_s, proj_q, proj_s = self.compact
-        if mode == "int8":
-            lstmp_row_i8(xg, hh_q, hh_s, proj_q, proj_s, self.cell_clip2, self.proj_clip, y)
-        else:
-            lstmp_row_bf16(xg, hh_q, proj_q, self.cell_clip2, self.proj_clip, y)
+        lstmp_row(x_gates.numpy(), *self.row, self.cell_clip2, self.proj_clip, out.numpy())
 
     def run_row_from(self, x_gates: Tensor, out: Tensor, h: Tensor, c2: Tensor) -> None:
         """:meth:`run_row` from the state ``h [P]``, ``c2 [C]`` (the doubled cell, this
         layout's), updated in place to the state after the last step (document mode)."""
-        assert self.row is not None, "the single-sentence loop is fp32 only"
-        w_hh_t, w_proj_t = self.row
-        lstmp_row_from(
-            x_gates.numpy(),
-            w_hh_t,
-            w_proj_t,
-            self.cell_clip2,
-            self.proj_clip,
-            h.numpy(),
-            c2.numpy(),
-            out.numpy(),
-        )
+        xg, hn, cn, y = x_gates.numpy(), h.numpy(), c2.numpy(), out.numpy()
+        lstmp_row_from(xg, *self.row, self.cell_clip2, self.proj_clip, hn, cn, y)
 
     def step(self, x_gates: Tensor, h: Tensor, c2: Tensor) -> Tensor:
         """One batched step: input gates ``[n, 4C]``, ``h [n, P]``, the doubled cell
@@ -212,6 +199,110 @@ class BiLstmKernel:
         on_both_workers(
             pool, lambda d: self._direction_stack(d, x[d], active, offset, rows, outs, gather)
         )
+        return outs
+
+    # -- streams: rows with a state carried from call to call (documents) ----------
+    def stream_state(self) -> list[list[tuple[Tensor, Tensor]]]:
+        """A row's zero state: per direction, per layer ``(h [1, P], c2 [1, C])`` (the
+        doubled cell of this layout)."""
+        return [
+            [(torch.zeros(1, sl.w_proj.n), torch.zeros(1, sl.w_proj.k)) for sl in pair_d]
+            for pair_d in zip(*self.layers, strict=True)
+        ]
+
+    def stream(
+        self, inputs: Chunks, states: list[list[list[LstmState]]], meanwhile: Meanwhile = None
+    ) -> ChunkLayers:
+        """Rows of their own length, each from its carried state (updated in place to
+        the state after its last real step): ``inputs[r] = (forward x [n, P], backward
+        x [m, P])``, each in its direction's reading order -> per row, per direction,
+        each layer's ``[n, P]``. The directions run on the two workers when there are;
+        ``meanwhile`` runs on this thread as they do."""
+        outs: list[list] = [[None, None] for _ in inputs]
+        inference = torch.is_inference_mode_enabled()
+
+        def run(d: int) -> None:
+            with torch.inference_mode(inference), torch.no_grad():  # thread-local
+                ys = self._stream_direction(d, [x[d] for x in inputs], [s[d] for s in states])
+                for r, y in enumerate(ys):
+                    outs[r][d] = y
+
+        pool = direction_pool()
+        if pool is None:
+            run(0)
+            run(1)
+            if meanwhile is not None:
+                meanwhile()
+        else:
+            futures = [pool.submit(run, d) for d in (0, 1)]
+            try:
+                if meanwhile is not None:
+                    meanwhile()
+            finally:
+                for f in futures:
+                    f.result()
+        return [(o[0], o[1]) for o in outs]
+
+    def _stream_direction(
+        self, d: int, xs: list[Tensor], states: list[list[tuple[Tensor, Tensor]]]
+    ) -> list[list[Tensor]]:
+        layers = [pair[d] for pair in self.layers]
+        if len(xs) == 1:  # the native loop, any weight format
+            return [self._stream_row(layers, xs[0], states[0])]
+        return self._stream_batch(layers, xs, states)
+
+    def _stream_row(
+        self, layers: list[ScaledLayer], x: Tensor, state: list[tuple[Tensor, Tensor]]
+    ) -> list[Tensor]:
+        """One row in the native loop from its state: as fast as a sentence alone."""
+        outs = []
+        for i, sl in enumerate(layers):
+            y = x.new_empty(x.shape[0], sl.w_proj.n)
+            h, c2 = state[i]
+            # the input gates a block of steps at a time: [STREAM_GATE_ROWS, 4C] whatever the
+            # chunk; a chunk's [n, 4C] at once was kept by the allocator and grew the RSS
+            for lo in range(0, x.shape[0], STREAM_GATE_ROWS):
+                hi = min(lo + STREAM_GATE_ROWS, x.shape[0])
+                sl.run_row_from(sl.w_ih(x[lo:hi]), y[lo:hi], h[0], c2[0])
+            if self.residual and i > 0:
+                y.add_(x)
+            outs.append(y)
+            x = y
+        return outs
+
+    def _stream_batch(
+        self, layers: list[ScaledLayer], xs: list[Tensor], states: list[list[tuple[Tensor, Tensor]]]
+    ) -> list[list[Tensor]]:
+        """Rows of different lengths in batched steps: sorted longest first, a row drops
+        off after its last real step, so its carried state is that step's."""
+        order = sorted(range(len(xs)), key=lambda r: -xs[r].shape[0])
+        lens = [xs[r].shape[0] for r in order]
+        b, t = len(xs), lens[0]
+        active = [sum(1 for n in lens if n > s) for s in range(t)]
+        x = xs[0].new_zeros(t, b, xs[0].shape[1])  # time-major: a step's rows are contiguous
+        for j, r in enumerate(order):
+            x[: lens[j], j] = xs[r]
+        block = max(1, STREAM_GATE_ROWS // b)  # steps whose input gates are computed at once
+        outs: list[list[Tensor]] = [[] for _ in xs]
+        for i, sl in enumerate(layers):
+            h = torch.cat([states[r][i][0] for r in order])
+            c2 = torch.cat([states[r][i][1] for r in order])
+            y = x.new_zeros(t, b, sl.w_proj.n)
+            for lo in range(0, t, block):
+                hi = min(lo + block, t)
+                xg = sl.w_ih(x[lo:hi].reshape(-1, x.shape[2]))
+                for s in range(lo, hi):
+                    n = active[s]
+                    at = (s - lo) * b
+                    h[:n] = sl.step(xg[at : at + n], h[:n], c2[:n])  # c2[:n] updated in place
+                    y[s, :n] = h[:n]
+            for j, r in enumerate(order):
+                states[r][i] = (h[j : j + 1].clone(), c2[j : j + 1].clone())
+            if self.residual and i > 0:
+                y.add_(x)
+            for j, r in enumerate(order):
+                outs[r].append(y[: lens[j], j])
+            x = y
         return outs
 
     def _single(self, x: Tensor, length: int) -> list[Tensor]:

@@ -26,10 +26,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from elmo_service.bilm.kernels import native_filters, native_rounded, native_step, tuning
+from elmo_service.bilm.kernels import native_filters, native_step, tuning
 from elmo_service.bilm.kernels.bilstm import BiLstmKernel, direction_pool, on_both_workers
 from elmo_service.bilm.kernels.native_rounded import round_weight
 from elmo_service.bilm.kernels.packed import KernelCache, PackedLinear, check_weights_mode
+from elmo_service.bilm.lstm import ChunkLayers, Chunks, Meanwhile
 from elmo_service.bilm.model import N_CHAR_IDS, BiLM, SortedBatch
 from elmo_service.errors import ConfigError
 
@@ -47,7 +48,6 @@ def compile_kernels() -> None:
     with _compile_lock:
         if not _compiled:
             native_step.compile_now()
-            native_rounded.compile_now()
             native_filters.compile_now()
             _compiled = True
 
@@ -201,6 +201,17 @@ class CpuBiLM:
             kernel_distinct = (table, index.transpose(1, 2).contiguous())
         ys = [y.transpose(1, 2) for y in kernel(x, batch.active, kernel_distinct)]  # [2, B, T, P]
         return batch.layers([y[0] for y in ys], [y[1] for y in ys])
+
+    def stream_state(self) -> object:
+        """A new row's zero state for :meth:`stream`."""
+        compile_kernels()
+        return self._bilstm().stream_state()
+
+    @torch.no_grad()
+    def stream(self, inputs: Chunks, states: list, meanwhile: Meanwhile = None) -> ChunkLayers:
+        """Rows from their carried states (``BiLstmKernel.stream``): one row in the native
+        loop, several in batched steps."""
+        return self._bilstm().stream(inputs, states, meanwhile)
 
     def _one(self, kernel: BiLstmKernel, tokens: Tensor) -> Tensor:
         """One unpadded sentence ``[T, P]``: no sorting, masking or gathers (a

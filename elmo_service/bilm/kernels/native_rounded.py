@@ -1,6 +1,5 @@
-"""One sentence's LSTMP step loop on compact weights (int8 or bf16), in native code (numba).
-
-    xg [T, 4C] (input gates, hoisted) --> out [T, P], like ``native_step.lstmp_row``
+"""Compact weights (int8 or bf16) and their matrix-vector products, in native code (numba):
+the weight formats of ``native_step.lstmp_row``'s one step loop.
 
 At one row a step streams the recurrent weights (``W_hh``, ``W_proj``): its
 speed is their bytes over the memory's (or the cache's) bandwidth. fp32 is at
@@ -19,8 +18,8 @@ The weights are stored in blocks of outputs, ``[N / n, K, n]`` (:func:`blocked`)
 each block one contiguous stream, its partial sums in L1, each of its rows
 :data:`BLOCK_BYTES` long (64 bf16 or 128 int8 outputs: on the AMD EPYC here,
 256-byte rows streamed from memory at half the speed; 128 or less at full). Products are summed in a fixed order: the same numbers on every call.
-Only :class:`~elmo_service.bilm.kernels.bilstm.ScaledLayer` calls these (it holds the
-pre-scaled layout ``native_step._cell_row`` reads).
+Only ``native_step``'s loop calls the products (through
+:class:`~elmo_service.bilm.kernels.bilstm.ScaledLayer`, which holds the pre-scaled layout).
 """
 
 from __future__ import annotations
@@ -29,15 +28,13 @@ import numba
 import numpy as np
 import torch
 from numba.core import types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
-from elmo_service.bilm.kernels.jit import JIT_OPTIONS, compile_checked, enable_caching
-from elmo_service.bilm.kernels.native_step import _cell_row
+from elmo_service.bilm.kernels.jit import JIT_OPTIONS
 
 # bytes of a block's row (see the module docstring); the most outputs of a block
 BLOCK_BYTES = 128
 BLOCK = BLOCK_BYTES  # the most outputs of a block (int8), the partial sums' length
-_F = np.float32
 
 
 def blocked(wt: np.ndarray) -> np.ndarray:
@@ -71,32 +68,6 @@ def round_weight(w: torch.Tensor, mode: str) -> tuple[torch.Tensor, np.ndarray, 
     raise ValueError(f"no compact form for {mode!r}")
 
 
-@numba.njit(**JIT_OPTIONS)
-def _matvec_i8(
-    out: np.ndarray, x: np.ndarray, w: np.ndarray, scale: np.ndarray, acc: np.ndarray
-) -> None:  # pragma: no cover (compiled)
-    """``out[j] = scale[j] * sum_k x[k] q[k, j]`` for ``w`` the blocked int8 ``q``."""
-    nb, k_all, jb = w.shape
-    n = out.shape[0]
-    k4 = k_all - k_all % 4
-    for b in range(nb):
-        for j in range(jb):
-            acc[j] = 0.0
-        wb = w[b]
-        for k in range(0, k4, 4):
-            x0, x1, x2, x3 = x[k], x[k + 1], x[k + 2], x[k + 3]
-            w0, w1, w2, w3 = wb[k], wb[k + 1], wb[k + 2], wb[k + 3]
-            for j in range(jb):
-                acc[j] += (x0 * _F(w0[j]) + x1 * _F(w1[j])) + (x2 * _F(w2[j]) + x3 * _F(w3[j]))
-        for k in range(k4, k_all):
-            xk, wk = x[k], wb[k]
-            for j in range(jb):
-                acc[j] += xk * _F(wk[j])
-        base = b * jb
-        for j in range(min(jb, n - base)):
-            out[base + j] = acc[j] * scale[base + j]
-
-
 @intrinsic
 def _widen_bf16(typingctx, bits):  # pragma: no cover (compiled)
     """bf16 bits (uint16) -> float32: the bits shifted to the top half, reinterpreted
@@ -111,11 +82,23 @@ def _widen_bf16(typingctx, bits):  # pragma: no cover (compiled)
     return sig, codegen
 
 
+def _widen(v):  # pragma: no cover - numba's overload below is the code
+    """A compact weight -> float32: int8 converted, bf16 bits widened (both exact)."""
+
+
+@overload(_widen, jit_options=JIT_OPTIONS)
+def _widen_of(v):  # pragma: no cover (compiled)
+    if v == types.uint16:
+        return lambda v: _widen_bf16(v)
+    return lambda v: np.float32(v)
+
+
 @numba.njit(**JIT_OPTIONS)
-def _matvec_bf16(
-    out: np.ndarray, x: np.ndarray, w: np.ndarray, acc: np.ndarray
+def matvec_compact(
+    out: np.ndarray, x: np.ndarray, w: np.ndarray, scale: np.ndarray, acc: np.ndarray
 ) -> None:  # pragma: no cover (compiled)
-    """``out[j] = sum_k x[k] w[k, j]`` for ``w`` the blocked bf16 bits (uint16)."""
+    """``out[j] = scale[j] * sum_k x[k] w[k, j]`` for ``w`` a blocked compact ``W^T``
+    (int8 ``q``, or bf16 bits with ``scale`` ones: exact), summed in fp32."""
     nb, k_all, jb = w.shape
     n = out.shape[0]
     k4 = k_all - k_all % 4
@@ -127,97 +110,13 @@ def _matvec_bf16(
             x0, x1, x2, x3 = x[k], x[k + 1], x[k + 2], x[k + 3]
             w0, w1, w2, w3 = wb[k], wb[k + 1], wb[k + 2], wb[k + 3]
             for j in range(jb):
-                acc[j] += (x0 * _widen_bf16(w0[j]) + x1 * _widen_bf16(w1[j])) + (
-                    x2 * _widen_bf16(w2[j]) + x3 * _widen_bf16(w3[j])
+                acc[j] += (x0 * _widen(w0[j]) + x1 * _widen(w1[j])) + (
+                    x2 * _widen(w2[j]) + x3 * _widen(w3[j])
                 )
         for k in range(k4, k_all):
             xk, wk = x[k], wb[k]
             for j in range(jb):
-                acc[j] += xk * _widen_bf16(wk[j])
+                acc[j] += xk * _widen(wk[j])
         base = b * jb
         for j in range(min(jb, n - base)):
-            out[base + j] = acc[j]
-
-
-@numba.njit(**JIT_OPTIONS)
-def lstmp_row_i8(
-    xg: np.ndarray,
-    w_hh: np.ndarray,
-    s_hh: np.ndarray,
-    w_proj: np.ndarray,
-    s_proj: np.ndarray,
-    cell_clip2: float,
-    proj_clip: float,
-    out: np.ndarray,
-) -> None:  # pragma: no cover (compiled)
-    """``native_step.lstmp_row`` with blocked int8 ``W_hh^T``, ``W_proj^T`` and their
-    per-output scales ``s_hh [4C]``, ``s_proj [P]``."""
-    steps, gates = xg.shape
-    p = out.shape[1]
-    c = gates // 4
-    clip2, pclip = _F(cell_clip2), _F(proj_clip)
-    h = np.zeros(p, np.float32)
-    c2 = np.zeros(c, np.float32)
-    g = np.empty(gates, np.float32)
-    m = np.empty(c, np.float32)
-    bits = np.empty(gates, np.int32)
-    acc = np.empty(BLOCK, np.float32)
-    for s in range(steps):
-        _matvec_i8(g, h, w_hh, s_hh, acc)
-        for j in range(gates):
-            g[j] += xg[s, j]
-        _cell_row(g, c2, clip2, m, bits)
-        _matvec_i8(h, m, w_proj, s_proj, acc)
-        for k in range(p):
-            if pclip > 0:
-                h[k] = min(max(h[k], -pclip), pclip)
-            out[s, k] = h[k]
-
-
-@numba.njit(**JIT_OPTIONS)
-def lstmp_row_bf16(
-    xg: np.ndarray,
-    w_hh: np.ndarray,
-    w_proj: np.ndarray,
-    cell_clip2: float,
-    proj_clip: float,
-    out: np.ndarray,
-) -> None:  # pragma: no cover (compiled)
-    """``native_step.lstmp_row`` with blocked bf16 (uint16) ``W_hh^T``, ``W_proj^T``."""
-    steps, gates = xg.shape
-    p = out.shape[1]
-    c = gates // 4
-    clip2, pclip = _F(cell_clip2), _F(proj_clip)
-    h = np.zeros(p, np.float32)
-    c2 = np.zeros(c, np.float32)
-    g = np.empty(gates, np.float32)
-    m = np.empty(c, np.float32)
-    bits = np.empty(gates, np.int32)
-    acc = np.empty(BLOCK, np.float32)
-    for s in range(steps):
-        _matvec_bf16(g, h, w_hh, acc)
-        for j in range(gates):
-            g[j] += xg[s, j]
-        _cell_row(g, c2, clip2, m, bits)
-        _matvec_bf16(h, m, w_proj, acc)
-        for k in range(p):
-            if pclip > 0:
-                h[k] = min(max(h[k], -pclip), pclip)
-            out[s, k] = h[k]
-
-
-enable_caching(lstmp_row_i8)
-enable_caching(lstmp_row_bf16)
-
-
-def compile_now() -> None:
-    """Compile (or load from numba's cache) both loops."""
-    z = np.zeros
-    xg, out = z((1, 8), np.float32), z((1, 2), np.float32)
-    compile_checked(
-        lstmp_row_i8, xg, z((1, 2, BLOCK), np.int8), z(8, np.float32),
-        z((1, 2, BLOCK), np.int8), z(2, np.float32), 0.0, 0.0, out,
-    )  # fmt: skip
-    compile_checked(
-        lstmp_row_bf16, xg, z((1, 2, 64), np.uint16), z((1, 2, 64), np.uint16), 0.0, 0.0, out
-    )
+            out[base + j] = acc[j] * scale[base + j]

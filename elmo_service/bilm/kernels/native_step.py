@@ -2,6 +2,11 @@
 
     xg [T, 4C] (input gates, hoisted) --> out [T, P] (the layer's output for one direction)
 
+One loop for the three weight formats (fp32, and the compact int8 / bf16 of
+``native_rounded.py``): the format's two products (``_gates``, ``_project``) are
+chosen at compile time from the weights' array type, so numba compiles one
+specialisation per format, each with the products inlined, as the three loops were.
+
 At one row each step of a layer is a matrix-vector product that streams the
 recurrent weights (2.5 MB for a 1024/128 layer) plus ~10 element-wise ops on
 4C values. Written as torch calls, that is ~12 Python-level calls a step,
@@ -27,8 +32,10 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from numba.extending import overload
 
 from elmo_service.bilm.kernels.jit import JIT_OPTIONS, compile_checked, enable_caching
+from elmo_service.bilm.kernels.native_rounded import BLOCK, matvec_compact
 
 # float32 constants, so that the arithmetic stays in float32 (8 lanes of AVX2)
 _F = np.float32
@@ -112,34 +119,85 @@ def _cell_row(
         m[j] = (m[j] - _HALF) * g[2 * c + j]  # o * tanh(c) / 2
 
 
+def _gates(g, xs, h, w, s, acc):  # pragma: no cover - numba's overload below is the code
+    """``g = xs + h W_hh^T`` for one step, in the weight format of ``w``."""
+
+
+def _project(h, m, w, s, acc):  # pragma: no cover - numba's overload below is the code
+    """``h = m (2 W_proj^T)`` for one step, in the weight format of ``w``."""
+
+
+@overload(_gates, jit_options=JIT_OPTIONS)
+def _gates_of(g, xs, h, w, s, acc):  # pragma: no cover (compiled)
+    # each format keeps its own order of sums: fp32 (``W^T [K, N]``) adds the products to
+    # the input gates; a compact one (blocked ``[N / n, K, n]``) sums the products from zero
+    # (scaled once) and adds the input after
+    if w.ndim == 2:
+
+        def fp32(g, xs, h, w, s, acc):
+            for j in range(g.shape[0]):
+                g[j] = xs[j]
+            _add_matvec(g, h, w)
+
+        return fp32
+
+    def compact(g, xs, h, w, s, acc):
+        matvec_compact(g, h, w, s, acc)
+        for j in range(g.shape[0]):
+            g[j] += xs[j]
+
+    return compact
+
+
+@overload(_project, jit_options=JIT_OPTIONS)
+def _project_of(h, m, w, s, acc):  # pragma: no cover (compiled)
+    if w.ndim == 2:
+
+        def fp32(h, m, w, s, acc):
+            for k in range(h.shape[0]):
+                h[k] = 0.0
+            _add_matvec(h, m, w)
+
+        return fp32
+
+    return lambda h, m, w, s, acc: matvec_compact(h, m, w, s, acc)
+
+
 @numba.njit(**JIT_OPTIONS)
 def lstmp_row(
     xg: np.ndarray,
-    w_hh_t: np.ndarray,
-    w_proj_t: np.ndarray,
+    w_hh: np.ndarray,
+    s_hh: np.ndarray,
+    w_proj: np.ndarray,
+    s_proj: np.ndarray,
     cell_clip2: float,
     proj_clip: float,
     out: np.ndarray,
 ) -> None:  # pragma: no cover (compiled; tests call it through BiLstmKernel)
     """One direction of one layer for one sentence, in place, from a zero state.
 
-    ``xg [T, 4C]``: the input gates ``x W_ih^T + b`` (g rows doubled);
-    ``w_hh_t [P, 4C]``: ``W_hh^T`` (g columns doubled); ``w_proj_t [C, P]``:
-    ``2 W_proj^T``; ``cell_clip2``: twice the cell clip (0: none);
-    ``proj_clip`` (0: none); ``out [T, P]`` receives ``h`` of every step.
+    ``xg [T, 4C]``: the input gates ``x W_ih^T + b`` (g rows doubled); the recurrent
+    weights in one of three formats (one loop, compiled per format): fp32 ``w_hh
+    [P, 4C]`` = ``W_hh^T`` (g columns doubled) and ``w_proj [C, P]`` = ``2 W_proj^T``;
+    or their int8 / bf16 compact forms (``native_rounded.round_weight``) with the
+    per-output scales ``s_hh [4C]``, ``s_proj [P]`` (bf16: ones; fp32: unused);
+    ``cell_clip2``: twice the cell clip (0: none); ``proj_clip`` (0: none);
+    ``out [T, P]`` receives ``h`` of every step.
     """
-    p = w_hh_t.shape[0]
+    p = out.shape[1]
     c = xg.shape[1] // 4
     h = np.zeros(p, np.float32)
     c2 = np.zeros(c, np.float32)  # 2 * cell state
-    lstmp_row_from(xg, w_hh_t, w_proj_t, cell_clip2, proj_clip, h, c2, out)
+    lstmp_row_from(xg, w_hh, s_hh, w_proj, s_proj, cell_clip2, proj_clip, h, c2, out)
 
 
 @numba.njit(**JIT_OPTIONS)
 def lstmp_row_from(
     xg: np.ndarray,
-    w_hh_t: np.ndarray,
-    w_proj_t: np.ndarray,
+    w_hh: np.ndarray,
+    s_hh: np.ndarray,
+    w_proj: np.ndarray,
+    s_proj: np.ndarray,
     cell_clip2: float,
     proj_clip: float,
     h: np.ndarray,
@@ -150,25 +208,20 @@ def lstmp_row_from(
     are updated in place to the state after the last step (document mode,
     ``elmo_service/document.py``, hands it from chunk to chunk)."""
     steps, gates = xg.shape
-    p = w_hh_t.shape[0]
+    p = out.shape[1]
     c = gates // 4
     clip2, pclip = _F(cell_clip2), _F(proj_clip)
     g = np.empty(gates, np.float32)
     m = np.empty(c, np.float32)
     bits = np.empty(gates, np.int32)
+    acc = np.empty(BLOCK, np.float32)  # a compact format's partial sums
     for s in range(steps):
-        # g = xg[s] + h W_hh^T, in a fixed order (rows of W_hh^T are contiguous)
-        for j in range(gates):
-            g[j] = xg[s, j]
-        _add_matvec(g, h, w_hh_t)
+        _gates(g, xg[s], h, w_hh, s_hh, acc)
         _cell_row(g, c2, clip2, m, bits)
+        _project(h, m, w_proj, s_proj, acc)
         for k in range(p):
-            h[k] = 0.0
-        _add_matvec(h, m, w_proj_t)
-        if pclip > 0:
-            for k in range(p):
+            if pclip > 0:
                 h[k] = min(max(h[k], -pclip), pclip)
-        for k in range(p):
             out[s, k] = h[k]
 
 
@@ -195,14 +248,21 @@ enable_caching(lstm_cell)
 
 
 def compile_now() -> None:
-    """Compile (or load from numba's cache) :func:`lstmp_row`, :func:`lstmp_row_from`, :func:`lstm_cell`."""
+    """Compile (or load from numba's cache) :func:`lstmp_row` and :func:`lstmp_row_from` for
+    the three weight formats, and :func:`lstm_cell`."""
     z = np.zeros
-    args = (z((1, 8), np.float32), z((2, 8), np.float32), z((2, 2), np.float32), 0.0, 0.0)
+    xg, out, none = z((1, 8), np.float32), z((1, 2), np.float32), z(0, np.float32)
+    formats = (
+        (z((2, 8), np.float32), none, z((2, 2), np.float32), none),
+        (z((1, 2, BLOCK), np.int8), z(8, np.float32), z((1, 2, BLOCK), np.int8), z(2, np.float32)),
+        (z((1, 2, 64), np.uint16), z(8, np.float32), z((1, 2, 64), np.uint16), z(2, np.float32)),
+    )
     # lstmp_row calls lstmp_row_from: the callee first, so a damaged cache file of its own
     # is met (and recompiled) by its own check
-    state = (z(2, np.float32), z(2, np.float32))
-    compile_checked(lstmp_row_from, *args, *state, z((1, 2), np.float32))
-    compile_checked(lstmp_row, *args, z((1, 2), np.float32))
+    for w in formats:
+        state = (z(2, np.float32), z(2, np.float32))
+        compile_checked(lstmp_row_from, xg, *w, 0.0, 0.0, *state, out)
+        compile_checked(lstmp_row, xg, *w, 0.0, 0.0, out)
     compile_checked(
         lstm_cell, z((1, 8), np.float32), z((1, 2), np.float32), 0.0, z((1, 2), np.float32)
     )

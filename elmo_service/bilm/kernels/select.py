@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import Tensor
 
+from elmo_service.bilm.lstm import ChunkLayers, Chunks, Meanwhile
+
 if TYPE_CHECKING:
     from elmo_service.bilm.model import BiLM
 
@@ -26,6 +28,16 @@ class BiLMKernel(Protocol):
 
     def warm_up(self) -> None:
         """Compile whatever compiles ahead of time."""
+
+    def stream_state(self) -> object:
+        """A new row's zero state for :meth:`stream` (opaque to the caller)."""
+
+    def stream(self, inputs: Chunks, states: list, meanwhile: Meanwhile = None) -> ChunkLayers:
+        """A long sequence in chunks, both directions: ``inputs[r] = (forward x [n, P],
+        backward x [m, P])`` of row ``r``, each in its direction's reading order, from
+        ``states[r]`` (updated in place to the state after the row's last step) -> per
+        row, per direction, each layer's ``[n, P]``. ``meanwhile`` runs on the calling
+        thread while the rows compute (where they compute elsewhere)."""
 
 
 class TorchBiLM:
@@ -59,6 +71,23 @@ class TorchBiLM:
 
     def warm_up(self) -> None:
         pass  # torch.compile compiles per shape, on the first batch of each
+
+    def stream_state(self) -> list:
+        return [None, None]  # per direction the model's LstmStates, none before the first chunk
+
+    def stream(self, inputs: Chunks, states: list, meanwhile: Meanwhile = None) -> ChunkLayers:
+        # row by row through the model's own layers (any device, dtype): rows of a batch
+        # would need each one's state at its own last step, which LstmLayer does not keep
+        outs = []
+        for (xf, xb), state in zip(inputs, states, strict=True):
+            row = []
+            for d, (direction, x) in enumerate((("forward", xf), ("backward", xb))):
+                ys, state[d] = self.bilm.run_direction(direction, x[None], state[d])
+                row.append([y[0] for y in ys])
+            outs.append((row[0], row[1]))
+        if meanwhile is not None:
+            meanwhile()
+        return outs
 
 
 def choose_kernel(

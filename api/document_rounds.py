@@ -1,0 +1,130 @@
+"""Documents as batch-lane work of the batcher: a round at a time, several documents' rounds
+in one batched step.
+
+A document's pass 1 (``elmo_service.document.DocumentRun``) is a sequence of rounds, each a
+chunk of both directions from the state the previous round left. The route's thread asks
+for one round at a time (:meth:`DocumentRounds.wait_round`); the batcher's model thread --
+the server's only model caller -- takes every round waiting at once and computes them as
+one step (``elmo_service.document.advance``: a row per document and direction). The
+batcher decides when (``Batcher._doc_rounds``): never before queued interactive work, and
+taking turns with batch-lane sentences, so a document waits behind at most one take of
+batch work and an interactive request behind at most one round.
+
+A caller that stops wanting its round (the client left, the request timed out) withdraws
+it while it is queued; a round already in the model is waited for, so the caller may close
+its run (and free its spills) the moment ``wait_round`` returns or raises.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from elmo_api.admission import BatcherClosed
+from elmo_service.document import DocumentCancelled, DocumentRun, advance
+
+POLL_S = 0.05  # how often a waiting round asks whether its caller still wants it
+
+
+class RoundTimeout(TimeoutError):
+    """A round waited past its timeout without reaching the model."""
+
+
+class _Round:
+    __slots__ = ("done", "error", "run")
+
+    def __init__(self, run: DocumentRun) -> None:
+        self.run = run
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+class DocumentRounds:
+    """Rounds waiting for the model, under the batcher's condition ``cond``."""
+
+    def __init__(self, cond: threading.Condition) -> None:
+        self._cond = cond
+        self.waiting: list[_Round] = []
+        self.turn = False  # the documents' turn next when batch sentences wait too
+        self.steps = 0  # batched steps run
+        self.rounds_run = 0  # rounds computed (a step computes one per document)
+        self.active = 0  # callers waiting for a round (queued or in the model)
+
+    def wait_round(
+        self,
+        run: DocumentRun,
+        cancelled: Callable[[], bool] = lambda: False,
+        timeout: float | None = None,
+        closed: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """Compute one round of ``run`` on the model thread; block until it is done.
+        Raises DocumentCancelled when ``cancelled()`` turns true (within ``POLL_S``),
+        RoundTimeout when the round waited ``timeout`` seconds without starting."""
+        r = _Round(run)
+        with self._cond:
+            if closed():
+                raise self.closed_error()
+            self.waiting.append(r)
+            self.active += 1
+            self._cond.notify_all()
+        try:
+            self._wait(r, cancelled, timeout)
+        finally:
+            with self._cond:
+                self.active -= 1
+
+    def _wait(self, r: _Round, cancelled: Callable[[], bool], timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not r.done.wait(POLL_S):
+            gone = cancelled()
+            late = deadline is not None and time.monotonic() > deadline
+            if not (gone or late):
+                continue
+            with self._cond:
+                queued = r in self.waiting
+                if queued:
+                    self.waiting.remove(r)
+            if queued:
+                raise DocumentCancelled if gone else RoundTimeout(timeout)
+            r.done.wait()  # in the model now: the run is not ours to close until it ends
+            if gone:
+                raise DocumentCancelled
+        if r.error is not None:
+            raise r.error
+
+    @staticmethod
+    def closed_error() -> BaseException:
+        return BatcherClosed("the model is shutting down")
+
+    def take(self, tokens: int | None = None) -> list[_Round]:
+        """Under the lock: the rounds waiting, oldest first, while their rows (a chunk each
+        way) fit in ``tokens`` (always one; all with None), to run as one step: a step is
+        no longer than a batch, so work that arrives meanwhile waits for no more."""
+        n, used = 0, 0
+        for r in self.waiting:
+            rows = 2 * r.run.chunk
+            if tokens is not None and n and used + rows > tokens:
+                break
+            n, used = n + 1, used + rows
+        taken, self.waiting = self.waiting[:n], self.waiting[n:]
+        return taken
+
+    def fail(self, error: BaseException) -> None:
+        """Under the lock: fail every waiting round (the batcher closes)."""
+        for r in self.take():
+            r.error = error
+            r.done.set()
+
+    def run(self, taken: list[_Round]) -> None:
+        """On the model thread, without the lock: one batched step of ``taken``'s rounds."""
+        try:
+            advance([r.run for r in taken])
+            self.steps += 1
+            self.rounds_run += len(taken)
+        except Exception as e:  # noqa: BLE001 - a failed step fails its documents, not the worker
+            for r in taken:
+                r.error = e
+        finally:
+            for r in taken:
+                r.done.set()
