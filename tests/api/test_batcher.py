@@ -7,7 +7,6 @@ import asyncio
 import threading
 import time
 
-import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
@@ -17,7 +16,6 @@ from elmo_api.main import create_app
 from elmo_api.metrics import Metrics
 from elmo_api.settings import load_settings
 from tests.support.fake_models import FakeModel, token_values
-from tests.support.live_server import LiveServer
 
 
 def run(coro):
@@ -241,42 +239,6 @@ def test_http_timeout_is_503_json(tiny_model_dir, tmp_path):
             assert r.json()["code"] == "timeout"
         finally:
             gate.set()
-
-
-@pytest.mark.slow
-def test_http_client_gone_is_dropped_before_the_model(tiny_model_dir, tmp_path):
-    app = create_app(_settings(tiny_model_dir, tmp_path))
-    with LiveServer(app) as srv:
-        gate, started = _block_model(app)
-        served = app.state.holder.current
-        seen = []
-        blocked = getattr(served.runner, _model_attr(served.runner))
-
-        def recording(sentences):
-            seen.extend(tuple(s) for s in sentences)
-            return blocked(sentences)
-
-        setattr(served.runner, _model_attr(served.runner), recording)
-        busy = threading.Thread(
-            target=lambda: httpx.post(
-                srv.url + "/v1/embed", json={"sentences": ["busy"]}, timeout=20
-            )
-        )
-        busy.start()
-        assert started.wait(5)
-        with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes its connection
-            httpx.post(
-                srv.url + "/v1/embed", json={"sentences": ["abandoned request"]}, timeout=0.3
-            )
-        time.sleep(0.5)  # the server notices the disconnect and cancels the queued sentence
-        gate.set()
-        busy.join(10)
-        ok = httpx.post(srv.url + "/v1/embed", json={"sentences": ["after"]}, timeout=20)
-        assert ok.status_code == 200
-        assert ("abandoned", "request") not in seen
-        assert ("busy",) in seen and ("after",) in seen
-        metrics = httpx.get(srv.url + "/metrics").text
-        assert 'elmo_dropped_sentences_total{reason="cancelled"} 1.0' in metrics
 
 
 @pytest.mark.slow
