@@ -19,9 +19,11 @@ import pytest
 
 from tests.support.replicas import Replica
 
-pytestmark = pytest.mark.slow  # two server processes, ~45 s of fuzzing each
+pytestmark = pytest.mark.slow  # two server processes, a few hundred cases each
 
-SECONDS = 45  # per server: about 1,500 requests each on 2 loaded cores
+# A count, not a time budget: the same exploration on an idle or a loaded machine (a time
+# budget generated 3,000 cases idle and a few hundred loaded). Per operation and phase.
+EXAMPLES = 25
 CHECKS = ",".join(
     [
         "not_a_server_error",
@@ -61,11 +63,13 @@ def test_the_fuzzer_finds_no_server_error_and_no_schema_violation(tiny_model_dir
         server.wait_ready()
         cmd = [
             _st(), "run", server.url + "/openapi.json", "--checks", CHECKS,
-            "--max-time", str(SECONDS), "--workers", "2", "--request-timeout", "30",
+            # one worker: two raced compile() in threads (CPython 3.11's "AST constructor
+            # recursion depth mismatch", a runtime error that is no finding of ours)
+            "--max-examples", str(EXAMPLES), "--workers", "1", "--request-timeout", "30",
             "--phases", "examples,coverage,fuzzing", "--no-color", *headers,
         ]  # fmt: skip
         run = subprocess.run(  # in tmp_path: schemathesis writes its cache where it runs
-            cmd, capture_output=True, text=True, timeout=SECONDS + 120, cwd=tmp_path
+            cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path
         )
     finally:
         server.stop()
