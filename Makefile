@@ -68,9 +68,12 @@ system-deps:
 serve: $(STAMP)
 	$(BIN)/elmo-service serve --host $(HOST) --port $(PORT)
 
-# the full suite (every marker): what CI runs
+# the full suite (every marker): what CI runs. Two workers (pytest-xdist), a file at a time each:
+# most slow tests wait on processes they start, so two overlap even on 2 cores; TEST_WORKERS=0
+# runs it in one process (docs/testing.md)
+TEST_WORKERS ?= 2
 test: $(TEST_STAMP) system-deps
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 # the loop while working (~1.5 min on an idle 2-core machine): all but the `slow` tests (live servers, subprocess
 # CLIs, training runs, AllenNLP parity, DDP). Markers and folders: docs/testing.md
