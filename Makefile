@@ -7,7 +7,7 @@ TEST_STAMP := $(VENV)/.installed-test
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: setup serve test test-fast lint format bench chaos system-deps clean deploy-check e2e stack stack-down docker-engine torch-plan k8s compose-cmd gpu-check
+.PHONY: setup serve test test-all test-fast lint format bench chaos system-deps clean deploy-check e2e stack stack-down docker-engine torch-plan k8s compose-cmd gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -68,9 +68,17 @@ system-deps:
 serve: $(STAMP)
 	$(BIN)/elmo-service serve --host $(HOST) --port $(PORT)
 
-# the full suite (every marker): what CI runs
+# the suite in parallel (pytest-xdist), a file at a time per worker: most slow tests wait on
+# processes they start, so three workers overlap even on 2 cores; TEST_WORKERS=0 runs it in one
+# process. `make test` leaves out the few `heavy` checks (a minute or more each); `make test-all`
+# runs every test (what CI runs). docs/testing.md
+TEST_WORKERS ?= 3
+XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 test: $(TEST_STAMP) system-deps
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(XDIST) -m "not heavy"
+
+test-all: $(TEST_STAMP) system-deps
+	$(BIN)/python -m pytest -q $(XDIST)
 
 # the loop while working (~1.5 min on an idle 2-core machine): all but the `slow` tests (live servers, subprocess
 # CLIs, training runs, AllenNLP parity, DDP). Markers and folders: docs/testing.md

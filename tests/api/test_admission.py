@@ -56,10 +56,8 @@ def test_batcher_refuses_at_submit_when_queued_work_exceeds_the_timeout():
         queued = asyncio.ensure_future(b.embed([["b", "c"]], timeout=10))  # 3 + 4 = 7 s <= 10
         await asyncio.sleep(0)
         assert b.pending_tokens == 7
-        t0 = time.perf_counter()
-        with pytest.raises(Overloaded) as e:
+        with pytest.raises(Overloaded) as e:  # at the door: submit_nowait never waits
             b.submit_nowait([["d", "e", "f", "g"]], timeout=10)  # 7 + 6 = 13 s > 10
-        assert time.perf_counter() - t0 < 0.5  # at the door
         # 13 s of work; the queued request's deadline is (just under) 10 s away
         assert e.value.retry_after in (3, 4)
         assert b.pending_tokens == 7 and b.depth == 1  # nothing of it was queued
@@ -122,9 +120,10 @@ def test_http_overload_is_429_with_retry_after_before_any_wait(tiny_model_dir, t
         try:
             assert started.wait(10)
             long = " ".join(["word"] * 30)  # 32 tokens + 3 ahead = 35 s > 0.8 x 30 s
-            t0 = time.perf_counter()
             r = c.post("/v1/embed", json={"sentences": [long]})
-            assert time.perf_counter() - t0 < 5  # refused at the door, not after 30 s
+            # refused at the door, not after its 30 s: answered while the model is still held
+            # (no clock: a timeout would be a 504 after the gate, not a 429 before it)
+            assert "busy" not in results and not gate.is_set()
             assert r.status_code == 429, r.text
             assert r.json()["code"] == "overloaded" and r.headers["retry-after"] == "3"
             assert "timeout" in r.json()["message"]

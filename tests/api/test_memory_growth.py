@@ -18,7 +18,8 @@ import pytest
 from tests.jobs.test_jobs import job_body, write_corpus
 from tests.support.replicas import Replica
 
-pytestmark = pytest.mark.slow  # a server process and ~30,000 requests
+# a server process and ~30,000 requests (~90 s): make test-all (docs/testing.md)
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 SEGMENTS, PER_SEGMENT = 3, 10_000
 JOBS, JOB_SEGMENTS = 100, 4

@@ -24,6 +24,7 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.heavy  # ~80 s: make test-all (docs/testing.md)
 def test_cpu_dry_run_writes_a_passing_report(tmp_path):
     p = subprocess.run(
         [sys.executable, str(SCRIPT), "--device", "cpu", "--quick", "--out", str(tmp_path)],

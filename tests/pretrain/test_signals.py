@@ -61,15 +61,15 @@ def test_sigterm_while_compiling_the_first_step_stops_within_seconds(corpus_dir,
     line = proc.stdout.readline()  # "training ... + compile; ...": the loop starts next
     assert line.startswith("training ") and "compile" in line, line
     time.sleep(1.0)  # inside the first step's compilation (tens of seconds on a CPU)
-    sent = time.time()
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
-    took = time.time() - sent
     assert proc.returncode == 0, err
-    assert took < 10, f"{took:.1f} s to act on SIGTERM"
     assert "Traceback" not in err
     rec = stop_record(run)
     assert rec["event"] == "stop" and rec["reason"] == "signal"
+    # acted on inside the compilation, not once the first step was done: step 0 (no clock,
+    # so a loaded machine, whose compilation only takes longer, cannot break it)
+    assert rec["step"] == 0, rec
     assert rec["detail"].startswith("signal SIGTERM")
 
 
