@@ -104,6 +104,8 @@ __all__ = [
 MAIN, EXPRESS = "main", "express"  # the model threads
 ROUNDS = "rounds"  # what the main thread may pick besides a lane: the documents' rounds
 CALL = "call"  # a run_on_each call
+# with the express thread: how long after batch work the main thread still counts as on it
+BATCH_QUIET_S = 0.25
 
 
 class Batcher:
@@ -145,6 +147,9 @@ class Batcher:
     batch_nice : `int`, optional (default = `0`)
         With an express thread: the main thread (and the kernel threads it starts) runs
         this much nicer (Linux).
+    batch_quiet : `float`, optional (default = `BATCH_QUIET_S`)
+        With an express thread: seconds after batch work during which interactive work
+        still goes to the express thread.
     """
 
     quiet_for = 0.05  # idle this long before a drain may close the batcher
@@ -167,6 +172,7 @@ class Batcher:
         interactive_fn: EmbedFn | None = None,
         interactive_threads: int | None = 1,
         batch_nice: int = 0,
+        batch_quiet: float = BATCH_QUIET_S,
     ) -> None:
         self.embed_fn = embed_fn
         self.interactive_fn = interactive_fn
@@ -182,6 +188,7 @@ class Batcher:
         self.max_fill_wait = max_fill_wait
         self.fill_ratio = fill_ratio
         self.batch_nice = batch_nice
+        self.batch_quiet = batch_quiet
         self.estimate = estimate or WorkEstimate()
         # the express thread's seconds per token: lone sentences cost more per token
         self.interactive_estimate = WorkEstimate() if self.express else self.estimate
@@ -196,6 +203,7 @@ class Batcher:
         }  # run_on's calls, before any queued work
         self._running_batch = 0  # batch-lane tokens in the model now
         self._busy_since = {MAIN: time.perf_counter(), EXPRESS: time.perf_counter()}
+        self._last_batch = -float("inf")  # when batch work last arrived or ran
         self._batch_seconds = 0.0  # moving average of the main thread's batch durations
         self._incoming = 0  # announced requests not yet submitted
         self._returning = 0  # sentences answered by the last batch not yet matched by arrivals
@@ -248,11 +256,15 @@ class Batcher:
                 self._cond.notify_all()
 
     def _main_on_batch(self) -> bool:
-        """Under the lock: the main thread computes, or is about to compute, batch work."""
+        """Under the lock: the main thread is committed to batch work: computing it, with
+        some waiting, or within ``BATCH_QUIET_S`` of the last (closed-loop batch clients and
+        documents come back within it: an interactive request meanwhile must not wait for
+        the main thread, nor run there beside their next batch)."""
         return (
             self._computing[MAIN] in (BATCH, ROUNDS)
             or bool(self._queues[BATCH])
-            or bool(self.rounds.waiting)
+            or self.rounds.active > 0
+            or time.perf_counter() - self._last_batch < self.batch_quiet
         )
 
     def _express_takes(self) -> bool:
@@ -325,6 +337,8 @@ class Batcher:
                     it.deadline = now + estimate.headroom * timeout
             if timing is not None:
                 timing.submitted = now
+            if lane == BATCH:
+                self._last_batch = now
             self._pending_cost[lane] += cost
             self._queued_cost[lane] += cost
             queue.extend(items)
@@ -389,10 +403,10 @@ class Batcher:
         interactive, batch, rounds = self._queues[INTERACTIVE], self._queues[BATCH], self.rounds
         if worker == EXPRESS:
             return INTERACTIVE if interactive and self._main_on_batch() else None
-        if interactive and (
-            not (batch or rounds.waiting)
-            or (not self.express and not (batch and self.share.batch_due()))
-        ):
+        if self.express:
+            if interactive and not self._main_on_batch():
+                return INTERACTIVE
+        elif interactive and not (batch and self.share.batch_due()):
             return INTERACTIVE
         if rounds.waiting and (not batch or rounds.turn):
             return ROUNDS  # documents and batch takes take turns
@@ -410,7 +424,9 @@ class Batcher:
                         if worker == MAIN:
                             self.rounds.fail(self.rounds.closed_error())
                         return None
-                    self._cond.wait()
+                    # interactive work the main thread leaves to the express thread for now
+                    # becomes its own once batch work has been quiet for BATCH_QUIET_S
+                    self._cond.wait(self.batch_quiet if self._queues[INTERACTIVE] else None)
                 if what is None:
                     continue  # a call came
                 self._busy_since[worker] = time.perf_counter()  # work waits: busy from now
@@ -493,6 +509,8 @@ class Batcher:
                     self._run_take(worker, what, taken)
             finally:
                 with self._cond:
+                    if self._computing[worker] in (BATCH, ROUNDS):
+                        self._last_batch = time.perf_counter()
                     self._computing[worker] = None
                     self._cond.notify_all()
             if not reniced:

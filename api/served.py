@@ -309,9 +309,10 @@ class ServedModel:
         if forget is not None:
             # admission must not judge the model by its first calls (kernel caches, compiles)
             # nor start from its slow prior: once more, measured
-            forget()
-            await self.runner.embed(WARMUP_SENTENCES, timeout=timeout, lane="batch")
+            forget()  # (interactive lane: no batch activity that would send requests to the
+            # express thread for a moment after start)
             await self.runner.embed(WARMUP_SENTENCES, timeout=timeout)
+            await self.runner.embed(WARMUP_SENTENCES[:1], timeout=timeout)
         self.warmed = True
 
     def info(self, full: bool = True) -> dict[str, Any]:

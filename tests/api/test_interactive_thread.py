@@ -283,3 +283,25 @@ def test_an_interactive_request_while_the_main_thread_fills_a_batch_goes_to_the_
     asyncio.run(scenario())
     b.close()
     assert inter.batches == [[("now",)]] and main.batches == [[("warm",)], [("b0",)]]
+
+
+def test_between_a_batch_clients_requests_interactive_work_stays_on_the_express_thread():
+    """Closed-loop batch clients leave the batch queue empty for a moment after each answer:
+    an interactive request then still goes to the express thread (batch work was recent),
+    and to the main thread once batch work has been quiet for ``batch_quiet``."""
+    main, inter = Recorder(), Recorder()
+    b = Batcher(main, interactive_fn=inter, max_fill_wait=0, batch_quiet=3600.0)
+
+    async def scenario():
+        await b.embed([["b0"]], lane=BATCH)  # answered: the batch queue is empty now
+        await b.embed([["now"]])
+
+    asyncio.run(scenario())
+    b.close()
+    assert main.batches == [[("b0",)]] and inter.batches == [[("now",)]]
+
+    main, inter = Recorder(), Recorder()
+    b = Batcher(main, interactive_fn=inter, max_fill_wait=0, batch_quiet=0.0)
+    asyncio.run(scenario())
+    b.close()
+    assert main.batches == [[("b0",)], [("now",)]] and inter.batches == []
