@@ -17,16 +17,11 @@ import yaml
 from elmo_pretrain import checkpoint as ckpt
 from elmo_pretrain.cli import main
 from elmo_pretrain.config import TrainConfig, apply_overrides
-from elmo_pretrain.prepare import PrepareOptions, prepare
-from elmo_pretrain.sources.synthetic import write_corpus
 from elmo_pretrain.train import run_training
+from tests.support.corpora import prepared_corpus, quiet
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"
-
-
-def quiet(*_a, **_k):
-    pass
 
 
 def state(step: int) -> dict:
@@ -164,11 +159,7 @@ def test_a_crash_between_hash_and_rename_leaves_the_previous_checkpoint_usable(
 
 @pytest.fixture(scope="module")
 def corpus_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("corpus")
-    text = write_corpus(d / "book.txt", n_sentences=400, seed=5)
-    opts = PrepareOptions(vocab_size=200, byte_fallback=False, heldout_fraction=0.05)
-    prepare([str(text)], d / "prepared", opts, progress=False, log=quiet)
-    return d / "prepared"
+    return prepared_corpus(tmp_path_factory.mktemp("corpus"), 400, 200, seed=5)
 
 
 def tiny_sets(corpus_dir: Path, steps: int) -> list[str]:

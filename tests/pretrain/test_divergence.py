@@ -17,9 +17,8 @@ import yaml
 from elmo_pretrain import checkpoint as ckpt
 from elmo_pretrain.cli import main
 from elmo_pretrain.evaluate import _ppl_record
-from elmo_pretrain.prepare import PrepareOptions, prepare
-from elmo_pretrain.sources.synthetic import write_corpus
 from elmo_pretrain.tracking import dumps
+from tests.support.corpora import prepared_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -28,17 +27,9 @@ TINY = ROOT / "configs" / "tiny.yaml"
 BLOW_UP = ["optim.name=sgd", "optim.clip_norm=0", "optim.warmup_steps=0", "train.log_every=1"]
 
 
-def quiet(*_a, **_k):
-    pass
-
-
 @pytest.fixture(scope="module")
 def corpus_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("corpus")
-    text = write_corpus(d / "book.txt", n_sentences=300, seed=3)
-    opts = PrepareOptions(vocab_size=120, byte_fallback=False, heldout_fraction=0.05)
-    prepare([str(text)], d / "prepared", opts, progress=False, log=quiet)
-    return d / "prepared"
+    return prepared_corpus(tmp_path_factory.mktemp("corpus"), 300, 120, seed=3)
 
 
 def train(corpus_dir: Path, run: Path, *sets: str) -> int:

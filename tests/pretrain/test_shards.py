@@ -19,27 +19,18 @@ from elmo_pretrain import checkpoint as ckpt
 from elmo_pretrain.cli import main
 from elmo_pretrain.config import TrainConfig, apply_overrides
 from elmo_pretrain.data import Corpus
-from elmo_pretrain.prepare import PrepareOptions, prepare
-from elmo_pretrain.sources.synthetic import write_corpus
 from elmo_pretrain.train import CorpusMissing, run_training
 from elmo_service.atomic import sha256_file
 from elmo_service.errors import InputError
+from tests.support.corpora import prepared_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"
 
 
-def quiet(*_a, **_k):
-    pass
-
-
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory):
-    d = tmp_path_factory.mktemp("corpus")
-    text = write_corpus(d / "book.txt", n_sentences=300, seed=3)
-    opts = PrepareOptions(vocab_size=120, byte_fallback=False, heldout_fraction=0.05)
-    prepare([str(text)], d / "prepared", opts, progress=False, log=quiet)
-    return d / "prepared"
+    return prepared_corpus(tmp_path_factory.mktemp("corpus"), 300, 120, seed=3)
 
 
 @pytest.fixture

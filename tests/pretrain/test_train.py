@@ -23,28 +23,19 @@ from elmo_pretrain.data import BucketBatcher, Corpus
 from elmo_pretrain.evaluate import evaluate, load_run
 from elmo_pretrain.export import export
 from elmo_pretrain.optim import lr_at
-from elmo_pretrain.prepare import PrepareOptions, prepare
 from elmo_pretrain.softmax import LinearSoftmax
-from elmo_pretrain.sources.synthetic import write_corpus
 from elmo_pretrain.train import build_model, run_training
 from elmo_service.bilm.char_ids import bos_ids, eos_ids, token_ids
 from elmo_service.errors import ConfigError
+from tests.support.corpora import prepared_corpus, quiet
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"
 
 
-def quiet(*_a, **_k):
-    pass
-
-
 @pytest.fixture(scope="module")
 def corpus_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("corpus")
-    text = write_corpus(d / "book.txt", n_sentences=800, seed=3)
-    opts = PrepareOptions(vocab_size=200, byte_fallback=False, heldout_fraction=0.05)
-    prepare([str(text)], d / "prepared", opts, progress=False, log=quiet)
-    return d / "prepared"
+    return prepared_corpus(tmp_path_factory.mktemp("corpus"), 800, 200, seed=3)
 
 
 def tiny(corpus_dir, *sets: str) -> TrainConfig:

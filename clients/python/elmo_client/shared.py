@@ -8,23 +8,13 @@ client uses its copy of the same source. Neither path imports torch.
 """
 
 try:
-    from elmo_service.values import (
-        ElmoServiceError,
-        EmbeddedSentence,
-        InputError,
-        Token,
-        check_document,
-        decode_array,
-    )
+    from elmo_service import values as _values
 except ImportError:  # the client installed alone (pip install ./clients/python)
-    from elmo_client.values import (
-        ElmoServiceError,
-        EmbeddedSentence,
-        InputError,
-        Token,
-        check_document,
-        decode_array,
-    )
+    from elmo_client import values as _values
+
+ElmoServiceError, InputError = _values.ElmoServiceError, _values.InputError
+EmbeddedSentence, Token = _values.EmbeddedSentence, _values.Token
+check_document, decode_array = _values.check_document, _values.decode_array
 
 __all__ = [
     "ElmoServiceError",

@@ -85,6 +85,17 @@ class Http:
 MALFORMED = (ValueError, KeyError, TypeError, IndexError, AttributeError)
 
 
+def _wait_after(
+    policy: RetryPolicy, attempt: int, e: ServiceUnreachable, call: Call, first: float
+) -> float:
+    """Seconds to wait before retrying ``call`` after the failure ``e`` (raised when the
+    policy says not to retry: not retryable, not idempotent, or out of time)."""
+    wait = policy.after_failure(attempt, e.retryable and call.idempotent, time.monotonic() - first)
+    if wait is None:
+        raise e
+    return wait
+
+
 def attempts(call: Call, policy: RetryPolicy, base_url: str):
     """``call`` until it is answered, retried as ``policy`` says: its parsed answer, or the
     :class:`ServiceError` of the last refusal (the ServiceUnreachable of the last failure)."""
@@ -94,12 +105,8 @@ def attempts(call: Call, policy: RetryPolicy, base_url: str):
         try:
             reply = yield Http(call)
         except ServiceUnreachable as e:
-            elapsed = time.monotonic() - first
-            wait = policy.after_failure(attempt, e.retryable and call.idempotent, elapsed)
-            if wait is None:
-                raise
+            yield Sleep(_wait_after(policy, attempt, e, call, first))
             attempt += 1
-            yield Sleep(wait)
             continue
         if reply.status < 400:
             try:
@@ -439,13 +446,8 @@ def opening(call: Call, policy: RetryPolicy, base_url: str):
         try:
             reply, response = yield Open(call)
         except ServiceUnreachable as e:
-            wait = policy.after_failure(
-                attempt, e.retryable and call.idempotent, time.monotonic() - first
-            )
-            if wait is None:
-                raise
+            yield Sleep(_wait_after(policy, attempt, e, call, first))
             attempt += 1
-            yield Sleep(wait)
             continue
         if reply.status < 400:
             return response
