@@ -391,6 +391,8 @@ class FleetAgent:
     async def converge(self, desired: Desired) -> None:
         """Serve ``desired`` if this replica can; else keep serving and report why."""
         async with self.lock:
+            if self._superseded(desired):
+                return  # a newer record came in while this waited (an activation here)
             if serves(self.holder.current, desired):
                 self.state, self.error, self._failed = "serving", None, None
                 return
@@ -423,9 +425,16 @@ class FleetAgent:
                 )
                 await self.beat()
                 return
+            if self._superseded(desired):  # a newer record came in during the load
+                await asyncio.to_thread(served.close)
+                return
             await self.swap(served)
             log.info("fleet: converged on %s (version %s)", desired.name, desired.version)
         await self.beat()
+
+    def _superseded(self, desired: Desired) -> bool:
+        """A newer record than ``desired`` is known here: converging on it would roll back."""
+        return self.desired is not None and self.desired.generation > desired.generation
 
     async def swap(self, served: ServedModel) -> ServedModel | None:
         """Swap in ``served`` (already loaded and warmed); call it holding ``lock``."""
