@@ -238,7 +238,11 @@ def test_a_killed_run_loses_only_the_shards_in_flight(ray_cluster, tmp_path, tin
     again = run_bulk(
         [inp], out, tiny_model_dir, BulkOptions(shard_rows=2), actors=1, progress=False
     )
-    assert (again.done_before, again.written) == (whole, len(scan.shards) - whole)
+    # every shard whole at the kill is kept, the rest written once. Under load a shard can
+    # still turn whole after the count (seen once: 4 kept against 3 counted; a process of
+    # the killed run finishing its atomic rename): it is kept too, never redone
+    assert again.done_before >= whole
+    assert again.done_before + again.written == len(scan.shards)
     assert sorted(_rows(out)) == list(range(400))
     assert not list(out.glob(".part-*.tmp"))
 
