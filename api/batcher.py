@@ -267,17 +267,12 @@ class Batcher:
             or time.perf_counter() - self._last_batch < self.batch_quiet
         )
 
-    def _express_takes(self) -> bool:
-        """Under the lock: interactive work goes to the express thread now."""
-        return self.express and self._main_on_batch()
-
-    def _ahead(self, lane: Lane) -> int:
-        """Tokens a request of ``lane`` waits for."""
+    def _ahead(self, lane: Lane, express: bool) -> int:
+        """Tokens a request of ``lane`` waits for (``express``: it goes to the express
+        thread, which runs nothing of the batch lane's)."""
         if lane == BATCH:
             return self.pending_tokens
-        if self._express_takes():  # nothing of the batch lane's
-            return self._pending_cost[INTERACTIVE]
-        return self._pending_cost[INTERACTIVE] + self._running_batch
+        return self._pending_cost[INTERACTIVE] + (0 if express else self._running_batch)
 
     def _protect(self, lane: Lane, cost: int) -> float | None:
         """Seconds left before the earliest deadline that ``cost`` more tokens could push back.
@@ -323,11 +318,11 @@ class Batcher:
                 raise BatcherClosed("the model is shutting down")
             cost = sum(it.cost for it in items)
             queue = self._queues[lane]
-            express = lane == INTERACTIVE and self._express_takes()
+            express = lane == INTERACTIVE and self.express and self._main_on_batch()
             estimate = self.interactive_estimate if express else self.estimate
             admit(
                 waiting=len(queue), sentences=len(items), max_queue=self.lane_max_queue[lane],
-                estimate=estimate, pending_cost=self._ahead(lane), cost=cost,
+                estimate=estimate, pending_cost=self._ahead(lane, express), cost=cost,
                 timeout=timeout, metrics=self.metrics,
                 protect=lambda c: self._protect(lane, c), lane=lane,
             )  # fmt: skip

@@ -293,26 +293,22 @@ class ServedModel:
 
     async def warm_up(self) -> None:
         timeout = max(self.request_timeout, 120.0)
-        await self.runner.embed(WARMUP_SENTENCES, timeout=timeout)
-        # one sentence alone takes another path of the CPU kernel
-        await self.runner.embed(WARMUP_SENTENCES[:1], timeout=timeout)
-        # the express thread's kernel instance, on its own thread: a request reaches it only
-        # beside batch work, and must not be the one that pays its first call
-        run_on_each = getattr(self.runner, "run_on_each", None)
-        if run_on_each is not None:
-            for done in run_on_each(lambda fn: (fn(WARMUP_SENTENCES), fn(WARMUP_SENTENCES[:1]))):
-                await asyncio.wait_for(asyncio.wrap_future(done), timeout)
+        # each model thread's kernel instance on its own thread, a batch and a sentence alone
+        # (another path of the CPU kernel): the express thread's too, which a request
+        # reaches only beside batch work and must not be the one to pay its first call
+        for done in self.runner.run_on_each(
+            lambda fn: (fn(WARMUP_SENTENCES), fn(WARMUP_SENTENCES[:1]))
+        ):
+            await asyncio.wait_for(asyncio.wrap_future(done), timeout)
         # off the event loop: the kernel's per-machine route (fp32) and a rounded-weights
         # path's error against fp32 are measured now, not on a request
         await in_transient_thread_async(self.embedder.prepare)
-        forget = getattr(self.runner, "forget_warm_up", None)
-        if forget is not None:
-            # admission must not judge the model by its first calls (kernel caches, compiles)
-            # nor start from its slow prior: once more, measured
-            forget()  # (interactive lane: no batch activity that would send requests to the
-            # express thread for a moment after start)
-            await self.runner.embed(WARMUP_SENTENCES, timeout=timeout)
-            await self.runner.embed(WARMUP_SENTENCES[:1], timeout=timeout)
+        # admission must not judge the model by its first calls (kernel caches, compiles) nor
+        # start from its slow prior: once more through the queue, measured (interactive lane:
+        # no batch activity that would send requests to the express thread after start)
+        self.runner.forget_warm_up()
+        await self.runner.embed(WARMUP_SENTENCES, timeout=timeout)
+        await self.runner.embed(WARMUP_SENTENCES[:1], timeout=timeout)
         self.warmed = True
 
     def info(self, full: bool = True) -> dict[str, Any]:
