@@ -147,35 +147,43 @@ class SentencePieceTokenizer(Tokenizer):
     def piece(self, i: int) -> str:
         return self.sp.id_to_piece(i)
 
-    def _pieces(self, text: str, offset: int, word_base: int) -> tuple[list[Token], int]:
+    def _pieces(
+        self, text: str, offset: int, word_base: int, word_at: Sequence[int] | None = None
+    ) -> tuple[list[Token], int]:
         """Tokens of ``text``, offsets shifted by ``offset``; returns next word index.
 
         A token's span is the characters its piece encodes, leading whitespace aside. A
         piece that encodes no whole character of its own (the leading bytes of a character
         in byte pieces, a bare ``▁`` before one) shares the span of the piece that
         completes the character (or, failing one, of the piece before): no token is empty,
-        and its text is always its span's (see ``Token``)."""
+        and its text is always its span's (see ``Token``). ``word_at``: the caller's words'
+        start offsets in ``text`` (a token belongs to the last word starting at or before
+        it); else words are found in the text."""
         if not text:
             return [], word_base
         proto = self.sp.encode(text, return_type="proto")
         char_of = _char_offsets(text)
-        starts = word_starts(text)
+        starts = word_starts(text) if word_at is None else ()
         pieces: list[tuple[str, int, int, int]] = []
         word = word_base - 1
         open_word = False  # the current word holds a character (a bare "▁" holds none)
         for p in proto.pieces:
-            start, end = char_of[p.begin], char_of[p.end]
-            start += len(text[start:end]) - len(text[start:end].lstrip())
-            end = max(start, end)
+            piece, start, end = p.piece, char_of[p.begin], char_of[p.end]
+            if start < end and text[start].isspace():
+                seg = text[start:end]
+                start += len(seg) - len(seg.lstrip())
+                end = max(start, end)
             # a new word at a space or where raw text's words begin (punctuation split off)
-            if not pieces or (open_word and (p.piece.startswith(SP_SPACE) or start in starts)):
+            if not pieces or (open_word and (piece.startswith(SP_SPACE) or start in starts)):
                 word += 1
                 open_word = False
             open_word = open_word or end > start
-            pieces.append((p.piece, start, end, word))
+            pieces.append((piece, start, end, word))
         spans = _shared_spans([(start, end) for _, start, end, _ in pieces])
         out = []
         for (piece, _, _, w), (start, end) in zip(pieces, spans, strict=True):
+            if word_at is not None:
+                w = bisect.bisect_right(word_at, start) - 1
             mark = SP_SPACE if piece.startswith(SP_SPACE) else ""
             out.append(Token(mark + text[start:end], offset + start, offset + end, w, piece))
         return out, word + 1
@@ -196,10 +204,7 @@ class SentencePieceTokenizer(Tokenizer):
             # pieces never cross whitespace, so one encode of the joined words is
             # encoding each word alone, at a fraction of the per-call cost
             starts = list(itertools.accumulate((len(w) + 1 for w in words[:-1]), initial=0))
-            toks = [
-                Token(t.text, t.start, t.end, bisect.bisect_right(starts, t.start) - 1, t.piece)
-                for t in self.tokenize(joined)
-            ]
+            toks, _ = self._pieces(joined, 0, 0, starts)
             if len({t.word for t in toks}) == len(words):  # else some word lost its pieces
                 return toks
         # a word holds whitespace, is empty or lost a character: one encode per word
