@@ -25,12 +25,13 @@ def cmd_embed_file(args: argparse.Namespace) -> int:
     ``[T, D]``) plus ``sentence_to_index`` (a JSON string). Blank lines are refused, as
     ``allennlp elmo`` refuses them."""
     from elmo_service.artifact import default_model_dir
-    from elmo_service.embed_file import check_lines, check_output, file_spec
+    from elmo_service.embed_file import check_at_once, check_lines, check_output, file_spec
     from elmo_service.embedder import Embedder
 
     in_path, out = Path(args.input), Path(args.output)
     total = check_lines(in_path, args.documents)  # before loading the model: fail fast
     check_output(out)
+    check_at_once(args.documents_at_once)
     model = Path(args.model) if args.model else default_model_dir()
     emb = Embedder.load(
         model,
@@ -55,6 +56,7 @@ def cmd_embed_file(args: argparse.Namespace) -> int:
         lines=total,
         documents=args.documents,
         chunk_tokens=args.chunk_tokens,
+        documents_at_once=args.documents_at_once,
     )
     pieces = granularity == "token" and emb.tokenizer.kind == "sentencepiece"
     note = "; one vector per sub-word piece, --granularity word gives one per word" * pieces
@@ -258,6 +260,14 @@ def build_parser(more: Callable[[Any, Any], None] | None = None) -> argparse.Arg
         default=None,
         help="with --documents: tokens computed per step (bounds memory; the vectors do not "
         "depend on it)",
+    )
+    e.add_argument(
+        "--documents-at-once",
+        type=int,
+        default=None,
+        # the number is document.DOCUMENTS_AT_ONCE (that module imports torch; a test holds it)
+        help="with --documents: documents computed together, a row each per step (default 64; "
+        "the vectors do not depend on it)",
     )
     e.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     e.add_argument("--device", default="auto", help="cpu | cuda | auto (CUDA when available)")

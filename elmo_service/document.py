@@ -36,7 +36,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -48,6 +48,10 @@ from elmo_service.outputs import OutputSpec, pool, positions, render
 from elmo_service.values import Token, check_document, check_text
 
 DEFAULT_CHUNK_TOKENS = 1024
+# documents advanced together by :func:`advance_all` (embed-file, embed-bulk): a row each per
+# step, and a step's matmuls are tall only with many (64 ran at sentence mode's speed on the
+# bundled model; docs/documents.md)
+DOCUMENTS_AT_ONCE = 64
 # a "word" (a run without whitespace) longer than this is refused: no text has one, and a
 # megabyte of one would be tokenized as a single segment
 MAX_WORD_CHARS = 1000
@@ -524,6 +528,35 @@ def advance(runs: Sequence[DocumentRun]) -> None:
         outs = runner.stream([s[0] for s in started], [s[1] for s in started], meanwhile)
         for r, out in zip(runs, outs, strict=True):
             r._end_round(out)
+
+
+def advance_all(
+    runs: Iterable[DocumentRun], at_once: int = DOCUMENTS_AT_ONCE
+) -> Iterator[tuple[int, DocumentRun]]:
+    """Pass 1 of many documents: up to ``at_once`` runs (taken from ``runs`` as room frees
+    up) advance together, a row each in one batched step. Yields ``(i, run)`` as run ``i``
+    (its place in ``runs``) finishes pass 1, for the caller to read its :meth:`~DocumentRun.
+    answer`; the run is closed when the caller asks for the next one (or stops)."""
+    if isinstance(at_once, bool) or not isinstance(at_once, int) or at_once < 1:
+        raise InputError("documents_at_once must be an integer >= 1", field="documents_at_once")
+    source = enumerate(runs)
+    live: list[tuple[int, DocumentRun]] = []
+    try:
+        while True:
+            while len(live) < at_once and (nxt := next(source, None)) is not None:
+                live.append(nxt)
+            if not live:
+                return
+            advance([run for _, run in live if not run.done])
+            for i, run in [x for x in live if x[1].done]:
+                live.remove((i, run))
+                try:
+                    yield i, run
+                finally:
+                    run.close()
+    finally:
+        for _, run in live:
+            run.close()
 
 
 def embed_document_chunks(

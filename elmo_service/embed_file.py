@@ -62,6 +62,11 @@ def check_lines(path: Path, documents: bool = False) -> int:
     )
 
 
+def check_at_once(n: int | None) -> None:
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise InputError("documents_at_once must be an integer >= 1", field="documents_at_once")
+
+
 def check_output(path: Path) -> None:
     if not path.resolve().parent.is_dir():
         raise ElmoServiceError(
@@ -101,13 +106,16 @@ def write_hdf5(
     lines: int | None = None,
     documents: bool = False,
     chunk_tokens: int | None = None,
+    documents_at_once: int | None = None,
 ) -> int:
     """Embed ``input_file`` with ``emb`` into ``output_file`` (written whole or not at all);
     returns the sentences written. ``whitespace``: lines are pre-tokenized words (then
     ``granularity`` defaults to ``"word"``); ``lines``: the count :func:`check_lines`
     already gave (the file is checked here otherwise). ``documents``: each line is a
     document, embedded as one sequence (``Embedder.embed_document``, any length) and
-    written chunk by chunk (``chunk_tokens``) into its dataset, at constant memory."""
+    written chunk by chunk (``chunk_tokens``) into its dataset, at constant memory;
+    ``documents_at_once`` documents (default ``document.DOCUMENTS_AT_ONCE``) advance
+    together, a row each in one batched step."""
     import numpy as np
     from tqdm import tqdm
 
@@ -127,33 +135,34 @@ def write_hdf5(
         tqdm(total=lines, unit="sent", disable=not progress) as bar,
     ):
         if documents:
-            chunk_lines = 1  # one document at a time
-        for chunk in chunks((line.rstrip("\n") for line in fin), chunk_lines):
-            if documents:
-                (line,) = chunk
-                _write_document(emb, fout, index, line, input_file, spec, whitespace, chunk_tokens)
+            lines_in = (line.rstrip("\n") for line in fin)
+            names = _write_documents(
+                emb, fout, lines_in, input_file, spec, whitespace, chunk_tokens,
+                documents_at_once, bar,
+            )  # fmt: skip
+            for index, line in enumerate(names):  # in line order: the last of equal lines wins
                 sentence_to_index[line] = str(index)
-                index += 1
-                bar.update(1)
-                continue
-            inputs = [line.split() for line in chunk] if whitespace else chunk
-            token_lists = emb.tokenize(
-                inputs, field="input", where=at_line(input_file, 1), offset=index
-            )
-            layers = emb.embed_tokens([[t.piece for t in toks] for toks in token_lists])
-            for line, toks, x in zip(chunk, token_lists, layers, strict=True):
-                # a blank line (or one the tokenizer empties, e.g. U+200B) is a sentence with
-                # no tokens: its dataset has no positions, as the library answers it (#51)
-                data = _dataset(x, toks, spec)
-                if not np.isfinite(data).all():  # never write a NaN a reader would trust
-                    raise ElmoServiceError(
-                        f"line {index + 1} of {input_file}: the model produced non-finite values",
-                        field="input",
-                    )
-                fout.create_dataset(str(index), data=data, dtype="float32")
-                sentence_to_index[line] = str(index)
-                index += 1
-            bar.update(len(chunk))
+            index = len(names)
+        else:
+            for chunk in chunks((line.rstrip("\n") for line in fin), chunk_lines):
+                inputs = [line.split() for line in chunk] if whitespace else chunk
+                token_lists = emb.tokenize(
+                    inputs, field="input", where=at_line(input_file, 1), offset=index
+                )
+                layers = emb.embed_tokens([[t.piece for t in toks] for toks in token_lists])
+                for line, toks, x in zip(chunk, token_lists, layers, strict=True):
+                    # a blank line (or one the tokenizer empties, e.g. U+200B) is a sentence with
+                    # no tokens: its dataset has no positions, as the library answers it (#51)
+                    data = _dataset(x, toks, spec)
+                    if not np.isfinite(data).all():  # never write a NaN a reader would trust
+                        raise ElmoServiceError(
+                            f"line {index + 1} of {input_file}: the model produced non-finite values",
+                            field="input",
+                        )
+                    fout.create_dataset(str(index), data=data, dtype="float32")
+                    sentence_to_index[line] = str(index)
+                    index += 1
+                bar.update(len(chunk))
         ds = fout.create_dataset("sentence_to_index", (1,), dtype=h5py.string_dtype())
         ds[0] = json.dumps(sentence_to_index)
         fout.attrs["granularity"] = spec.granularity  # which positions the datasets hold
@@ -167,44 +176,65 @@ def _dataset(x: Any, toks: list, spec: OutputSpec) -> Any:
     return layers if spec.all_layers else layers[0]  # "top": [T, D]
 
 
-def _write_document(
+def _write_documents(
     emb: Any,
     fout: Any,
-    index: int,
-    line: str,
+    lines: Iterator[str],
     input_file: Path,
     spec: OutputSpec,
     whitespace: bool,
     chunk_tokens: int | None,
-) -> None:
-    """Line ``index`` as one document: its dataset sized from its tokens, then filled a
-    chunk at a time (``elmo_service/document.py``), so no document is ever held whole."""
+    at_once: int | None,
+    bar: Any,
+) -> list[str]:
+    """Each line a document, ``at_once`` of them advancing together
+    (``elmo_service.document.advance_all``); a document whose first pass is done is written
+    chunk by chunk into its dataset (sized from its tokens), so none is held whole. Returns
+    the lines in order."""
     import numpy as np
 
-    from elmo_service.document import embed_document_chunks, tokenize_document
+    from elmo_service.document import (
+        DOCUMENTS_AT_ONCE,
+        DocumentRun,
+        advance_all,
+        tokenize_document,
+    )
 
-    where = f"line {index + 1} of {input_file}"
-    try:
-        doc = tokenize_document(
-            emb.tokenizer, line.split() if whitespace else line, field="input", max_tokens=None
-        )
-    except InputError as e:
-        raise InputError(f"{where}: {e.message}", field="input", index=index) from e
-    n = len(doc) if spec.granularity == "token" else int(doc.word[-1] - doc.word[0]) + 1
-    shape = (len(spec.layers), n, emb.dim) if spec.all_layers else (n, emb.dim)
-    ds = fout.create_dataset(str(index), shape=shape, dtype="float32")
-    at = 0
-    for c in embed_document_chunks(emb, doc, spec, chunk_tokens):
-        data = c.mix if c.mix is not None else (c.layers if spec.all_layers else c.layers[0])
-        if not np.isfinite(data).all():  # never write a NaN a reader would trust
-            raise ElmoServiceError(f"{where}: the model produced non-finite values", field="input")
-        k = data.shape[-2]
-        if spec.all_layers:
-            ds[:, at : at + k] = data
-        else:
-            ds[at : at + k] = data
-        at += k
-    assert at == n, (at, n)
+    names: list[str] = []
+    datasets: dict[int, Any] = {}
+
+    def runs() -> Iterator[DocumentRun]:
+        for index, line in enumerate(lines):
+            where = f"line {index + 1} of {input_file}"
+            try:
+                words = line.split() if whitespace else line
+                doc = tokenize_document(emb.tokenizer, words, field="input", max_tokens=None)
+            except InputError as e:
+                raise InputError(f"{where}: {e.message}", field="input", index=index) from e
+            n = len(doc) if spec.granularity == "token" else int(doc.word[-1] - doc.word[0]) + 1
+            shape = (len(spec.layers), n, emb.dim) if spec.all_layers else (n, emb.dim)
+            datasets[index] = fout.create_dataset(str(index), shape=shape, dtype="float32")
+            names.append(line)
+            yield DocumentRun(emb, doc, spec, chunk_tokens)
+
+    for index, run in advance_all(runs(), DOCUMENTS_AT_ONCE if at_once is None else at_once):
+        ds, at = datasets.pop(index), 0
+        for c in run.answer():
+            data = c.mix if c.mix is not None else (c.layers if spec.all_layers else c.layers[0])
+            if not np.isfinite(data).all():  # never write a NaN a reader would trust
+                raise ElmoServiceError(
+                    f"line {index + 1} of {input_file}: the model produced non-finite values",
+                    field="input",
+                )
+            k = data.shape[-2]
+            if spec.all_layers:
+                ds[:, at : at + k] = data
+            else:
+                ds[at : at + k] = data
+            at += k
+        assert at == ds.shape[-2], (at, ds.shape)
+        bar.update(1)
+    return names
 
 
 T = TypeVar("T")

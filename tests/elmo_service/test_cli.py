@@ -172,3 +172,18 @@ def test_embed_file_arguments_all_have_help():
     parser = sub.choices["embed-file"]
     missing = [a.dest for a in parser._actions if a.dest != "help" and not a.help]
     assert not missing, missing
+
+
+def test_documents_at_once_help_says_the_default_and_a_bad_count_fails_first(tmp_path, capsys):
+    from elmo_service.document import DOCUMENTS_AT_ONCE
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    (opt,) = [a for a in sub.choices["embed-file"]._actions if a.dest == "documents_at_once"]
+    assert f"default {DOCUMENTS_AT_ONCE};" in opt.help
+    inp = tmp_path / "in.txt"
+    inp.write_text("one document\n")
+    # no model exists there: the count is refused before any model is looked for
+    argv = ["embed-file", str(inp), str(tmp_path / "o.h5"), "--model", str(tmp_path / "none")]
+    assert main([*argv, "--documents", "--documents-at-once", "0"]) != 0
+    err = capsys.readouterr().err
+    assert "documents_at_once must be an integer >= 1" in err and "none" not in err

@@ -264,3 +264,48 @@ def test_the_torch_kernel_advances_documents_together(model_dir: Path) -> None:
     together = run_together(e, DOCS[:3], 7, e.output_spec(None))
     for text, (_, layers, _) in zip(DOCS[:3], together, strict=True):
         assert_close(layers, ref_e.embed([text])[0].layers)
+
+
+@pytest.mark.parametrize("at_once", (1, 2, 64))
+def test_advance_all_keeps_at_most_at_once_and_equals_each_alone(
+    embedder: Embedder, monkeypatch, at_once: int
+) -> None:
+    """``advance_all`` (embed-file's documents): runs taken as room frees up, never more than
+    ``at_once`` in one step, each yielded once when done with its own vectors, and closed."""
+    spec = embedder.output_spec(None)
+    steps: list[int] = []
+    real = document.advance
+    monkeypatch.setattr(document, "advance", lambda runs: (steps.append(len(runs)), real(runs)))
+    made: list[document.DocumentRun] = []
+
+    def runs():
+        for t in DOCS:
+            doc = document.tokenize_document(embedder.tokenizer, t, max_tokens=None)
+            made.append(document.DocumentRun(embedder, doc, spec, 7))
+            yield made[-1]
+
+    got = {}
+    for i, run in document.advance_all(runs(), at_once):
+        got[i] = np.concatenate([c.layers for c in run.answer()], axis=1)
+    assert sorted(got) == list(range(len(DOCS))) and max(steps) == min(at_once, len(DOCS))
+    assert all(r.spill_bytes == 0 for r in made)  # every run closed
+    for i, t in enumerate(DOCS):
+        assert_close(got[i], joined(list(embedder.embed_document(t, 7)))[1])
+
+
+def test_advance_all_closes_every_run_when_the_caller_stops(embedder: Embedder) -> None:
+    spec = embedder.output_spec(None)
+    made = [
+        document.DocumentRun(
+            embedder, document.tokenize_document(embedder.tokenizer, t, max_tokens=None), spec, 7
+        )
+        for t in DOCS
+    ]
+    walk = document.advance_all(iter(made), 3)
+    next(walk)
+    walk.close()  # e.g. the caller found a non-finite vector and raised
+    assert all(r.spill_bytes == 0 for r in made[:3])
+    with pytest.raises(InputError, match="documents_at_once"):
+        next(document.advance_all(iter(made[3:]), 0))
+    for r in made:
+        r.close()

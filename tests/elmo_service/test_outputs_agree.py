@@ -580,6 +580,30 @@ def test_embed_file_documents(tmp_path, model, emb, doc_raw):
             close(g, want_m if spec is not None else want_x, f"embed-file {flag} {gran} {chunk}")
 
 
+def test_embed_file_documents_advanced_together_equal_each_alone(tmp_path, model, emb, doc_raw):
+    """``--documents-at-once``: documents of different lengths advance together, a row each,
+    a finished one replaced by the next line; every dataset and ``sentence_to_index`` (the
+    last of two equal lines wins) are what one document at a time gives, and the library's."""
+    toks, layers = doc_raw
+    lines = [SENTENCES[1], DOCUMENT, SENTENCES[1], SENTENCES[2], SENTENCES[0]]
+    got = {}
+    for at_once in (1, 2, 64):
+        flags = ["--all", "--documents", "--chunk-tokens", "16", "--documents-at-once"]
+        got[at_once] = _embed_file(tmp_path, model, lines, *flags, str(at_once))
+        with h5py.File(tmp_path / "out.hdf5", "r") as f:
+            index = json.loads(f["sentence_to_index"][0])
+        assert index == {SENTENCES[1]: "2", DOCUMENT: "1", SENTENCES[2]: "3", SENTENCES[0]: "4"}
+        assert list(index) == [SENTENCES[1], DOCUMENT, SENTENCES[2], SENTENCES[0]]
+    for i, line in enumerate(lines):
+        for at_once in (2, 64):
+            close(got[at_once][i], got[1][i], f"line {i}, {at_once} at once")
+        if line == DOCUMENT:
+            want, _ = ref_answer(
+                layers, toks, idx=range(N_LAYERS), mix=None, granularity="token", pooling="none"
+            )
+            close(got[1][i], want, "the document")
+
+
 def test_bulk_shard_documents(tmp_path, model, emb, doc_raw):
     """``embed-bulk --documents``: a row per document line, its vectors by document mode."""
     import pyarrow.parquet as pq
