@@ -436,7 +436,7 @@ class Batcher:
                 if (what := self._pick(worker)) is not None:
                     break
             if what == ROUNDS:
-                taken = self.rounds.take(self.budget.tokens)  # a step as long as a batch
+                taken = self.rounds.take(self.budget.sentences)  # a batch's rows
             else:
                 taken = self._pop(what, self.take_tokens)
             if what in (BATCH, ROUNDS):

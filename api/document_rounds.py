@@ -97,16 +97,13 @@ class DocumentRounds:
     def closed_error() -> BaseException:
         return BatcherClosed("the model is shutting down")
 
-    def take(self, tokens: int | None = None) -> list[_Round]:
-        """Under the lock: the rounds waiting, oldest first, while their rows (a chunk each
-        way) fit in ``tokens`` (always one; all with None), to run as one step: a step is
-        no longer than a batch, so work that arrives meanwhile waits for no more."""
-        n, used = 0, 0
-        for r in self.waiting:
-            rows = 2 * r.run.chunk
-            if tokens is not None and n and used + rows > tokens:
-                break
-            n, used = n + 1, used + rows
+    def take(self, rows: int | None = None) -> list[_Round]:
+        """Under the lock: the rounds waiting, oldest first, while their rows (two each: a
+        chunk each way) fit in ``rows`` (always one; all with None), to run as one step. A
+        step lasts a chunk's time steps whatever its rows (a row more costs little of a
+        step: the matmuls grow taller), so rows are bounded as a batch's sentences are,
+        and more documents in a step run faster each (docs/documents.md)."""
+        n = len(self.waiting) if rows is None else max(1, min(len(self.waiting), rows // 2))
         taken, self.waiting = self.waiting[:n], self.waiting[n:]
         return taken
 
