@@ -156,6 +156,7 @@ def load_served_model(
         max_tokens_per_sentence=embedder.max_sentence_tokens,
         metrics=metrics,
         created=_mtime(path / MANIFEST),
+        tokenize_off_loop=settings.tokenize_off_loop_sentences,
     )
     if metrics is not None:
         metrics.model_info.labels(name, embedder.version).set(1)
