@@ -122,7 +122,8 @@ class ServedModel:
     warmed: bool = False
     selftest: dict[str, Any] | None = None  # the last self-test's result (api/selftest.py)
     selftest_run: Any = field(default=None, repr=False)  # the self-test running now (a Task)
-    # requests of at least this many sentences are tokenized on a thread of their own (0: none)
+    # requests of at least this many sentences are tokenized (and cached) on a thread of their
+    # own (0: none)
     tokenize_off_loop: int = 0
     _default_mix: tuple | None = field(default=None, repr=False)
     _tokenizing: ThreadPoolExecutor | None = field(default=None, repr=False)
@@ -177,14 +178,12 @@ class ServedModel:
         with no tokens (``""``, ``[]``) gets ``[L+1, 0, D]``, as from the library (#51).
         ``timing`` (``elmo_api.timing.RequestTiming``) gets the tokenization, queue and model time."""
         t0 = time.perf_counter()
-        if self.tokenize_off_loop and len(sentences) >= self.tokenize_off_loop:
+        if self._large(len(sentences)):
             # a large request's tokens (~0.1 ms a sentence of Python) off the event loop, on
             # one thread: the small requests queued behind it are parsed and answered between
             # its sentences (the GIL changes hands), not after all of them
-            if self._tokenizing is None:
-                self._tokenizing = ThreadPoolExecutor(1, thread_name_prefix="elmo-tokenize")
             token_lists = await asyncio.get_running_loop().run_in_executor(
-                self._tokenizing, self.tokenize, sentences, field
+                self._off_loop(), self.tokenize, sentences, field
             )
         else:
             token_lists = self.tokenize(sentences, field)
@@ -204,6 +203,15 @@ class ServedModel:
                 f"timed out after {self.request_timeout:g}s waiting for the model; retry later"
             ) from e
         return Embedded(token_lists, layers, hits, misses, floats)
+
+    def _large(self, n: int) -> bool:
+        return 0 < self.tokenize_off_loop <= n
+
+    def _off_loop(self) -> ThreadPoolExecutor:
+        """The one thread a large request's Python work (tokens, cache entries) runs on."""
+        if self._tokenizing is None:
+            self._tokenizing = ThreadPoolExecutor(1, thread_name_prefix="elmo-tokenize")
+        return self._tokenizing
 
     def default_mix(self) -> tuple[MixSpec, str | None]:
         """The model's default mix (``elmo_service.outputs.default_mix``: the task named
@@ -293,6 +301,8 @@ class ServedModel:
                 miss_digests = [u_digests[j] for j in miss]
                 if cache.blocking:
                     await loop.run_in_executor(self.io, cache.put, computed, miss_digests)
+                elif self._large(len(miss)):  # packing and checksumming entries: Python too
+                    await loop.run_in_executor(self._off_loop(), cache.put, computed, miss_digests)
                 else:
                     cache.put(computed, miss_digests)
         if self.metrics is not None and cache.enabled:

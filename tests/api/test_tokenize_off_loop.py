@@ -69,3 +69,14 @@ def test_a_negative_count_is_refused_naming_the_variable(tiny_model_dir, tmp_pat
 
     with pytest.raises((ConfigError, ValueError), match="ELMO_TOKENIZE_OFF_LOOP_SENTENCES"):
         load_settings(model_path=tiny_model_dir, data_dir=tmp_path, tokenize_off_loop_sentences=-1)
+
+
+def test_a_large_requests_cache_entries_written_off_the_loop_are_read_back(
+    tiny_model_dir, tmp_path
+):
+    s = load_settings(model_path=tiny_model_dir, threads=1, data_dir=tmp_path)  # memory cache
+    with TestClient(create_app(s)) as c:
+        first = c.post("/v1/embed", json={"sentences": SENTENCES, "output": "mix"}).json()
+        again = c.post("/v1/embed", json={"sentences": SENTENCES, "output": "mix"}).json()
+    assert first["usage"]["cache_misses"] == again["usage"]["cache_hits"] == len(SENTENCES)
+    assert first["data"] == again["data"]
