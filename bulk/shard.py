@@ -345,10 +345,9 @@ def _chunks(
 ) -> Iterator[tuple[int, list[np.ndarray]]]:
     """(first index, ``[L+1, T, D]`` per sentence) ``chunk`` sentences at a time (each
     chunk batched under the token budget): a shard's layers are never all in memory.
-    ``documents``: one document at a time, in document mode (a row holds a document)."""
+    ``documents``: in document mode, a row a document, many advancing together."""
     if documents:
-        for i, ts in enumerate(toks):
-            yield i, [_document_layers(emb, ts)]
+        yield from _documents_layers(emb, toks)
         return
     for i in range(0, len(toks), chunk):
         yield i, emb.embed_tokens([[t.piece for t in ts] for ts in toks[i : i + chunk]])
@@ -365,18 +364,25 @@ def _document_tokens(emb: Any, sent: Any, file: str, line: int) -> list[Any]:
     return doc.tokens(0, len(doc))
 
 
-def _document_layers(emb: Any, toks: list[Any]) -> np.ndarray:
-    """One document's ``[L+1, T, D]`` by document mode (its words given back as tokens)."""
-    from elmo_service.document import DocTokens, embed_document_chunks
+def _documents_layers(emb: Any, toks: list[list[Any]]) -> Iterator[tuple[int, list[np.ndarray]]]:
+    """Each document's ``[L+1, T, D]`` by document mode (its words given back as tokens),
+    in order: ``document.advance_all`` keeps many in one batched step, a row each."""
+    from elmo_service.document import DocTokens, DocumentRun, advance_all
     from elmo_service.outputs import plan_output
 
-    texts = list(dict.fromkeys(t.piece for t in toks))
-    where = {k: i for i, k in enumerate(texts)}
-    cols = np.array([(t.start, t.end, t.word) for t in toks], dtype=np.int64)
-    ids = np.array([where[t.piece] for t in toks], dtype=np.int32)
-    doc = DocTokens(texts, ids, cols[:, 0], cols[:, 1], cols[:, 2], "")
     spec = plan_output(emb.n_layers, output="layers")
-    return np.concatenate([c.layers for c in embed_document_chunks(emb, doc, spec)], axis=1)
+
+    def runs() -> Iterator[DocumentRun]:
+        for ts in toks:
+            texts = list(dict.fromkeys(t.piece for t in ts))
+            where = {k: i for i, k in enumerate(texts)}
+            cols = np.array([(t.start, t.end, t.word) for t in ts], dtype=np.int64).reshape(-1, 3)
+            ids = np.array([where[t.piece] for t in ts], dtype=np.int32)
+            doc = DocTokens(texts, ids, cols[:, 0], cols[:, 1], cols[:, 2], "")
+            yield DocumentRun(emb, doc, spec)
+
+    for i, run in advance_all(runs(), in_order=True):
+        yield i, [np.concatenate([c.layers for c in run.answer()], axis=1)]
 
 
 def os_reason(e: OSError) -> str:

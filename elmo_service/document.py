@@ -531,31 +531,43 @@ def advance(runs: Sequence[DocumentRun]) -> None:
 
 
 def advance_all(
-    runs: Iterable[DocumentRun], at_once: int = DOCUMENTS_AT_ONCE
+    runs: Iterable[DocumentRun], at_once: int = DOCUMENTS_AT_ONCE, *, in_order: bool = False
 ) -> Iterator[tuple[int, DocumentRun]]:
     """Pass 1 of many documents: up to ``at_once`` runs (taken from ``runs`` as room frees
     up) advance together, a row each in one batched step. Yields ``(i, run)`` as run ``i``
-    (its place in ``runs``) finishes pass 1, for the caller to read its :meth:`~DocumentRun.
-    answer`; the run is closed when the caller asks for the next one (or stops)."""
+    (its place in ``runs``) finishes pass 1 -- or, ``in_order``, in ``runs``' order, a run
+    done early waiting its turn (it keeps its place among the ``at_once``) -- for the
+    caller to read its :meth:`~DocumentRun.answer`; the run is closed when the caller asks
+    for the next one (or stops)."""
     if isinstance(at_once, bool) or not isinstance(at_once, int) or at_once < 1:
         raise InputError("documents_at_once must be an integer >= 1", field="documents_at_once")
     source = enumerate(runs)
-    live: list[tuple[int, DocumentRun]] = []
+    live: dict[int, DocumentRun] = {}  # started, not yet yielded (in order of start)
+    turn = 0  # in_order: the next index to yield
     try:
         while True:
             while len(live) < at_once and (nxt := next(source, None)) is not None:
-                live.append(nxt)
+                live[nxt[0]] = nxt[1]
             if not live:
                 return
-            advance([run for _, run in live if not run.done])
-            for i, run in [x for x in live if x[1].done]:
-                live.remove((i, run))
+            active = [run for run in live.values() if not run.done]
+            if active:
+                advance(active)
+            if in_order:
+                ready = []
+                while turn in live and live[turn].done:
+                    ready.append(turn)
+                    turn += 1
+            else:
+                ready = [i for i, run in live.items() if run.done]
+            for i in ready:
+                run = live.pop(i)
                 try:
                     yield i, run
                 finally:
                     run.close()
     finally:
-        for _, run in live:
+        for run in live.values():
             run.close()
 
 
