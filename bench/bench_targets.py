@@ -97,11 +97,11 @@ def interactive_p99(port: int, seconds: float, rate: float | None = None) -> flo
     return r["p99_ms"]
 
 
-def part_b(q: bool, tmp: Path) -> list[tuple]:
+def part_b(q: bool, tmp: Path, rounds: int | None = None) -> list[tuple]:
     """Both interactive clients: back to back (its request rate grows as its answers get
     faster, and every request takes CPU from the batch clients on 2 cores), and paced at
     RATE requests a second."""
-    seconds, rounds = (1.0, 1) if q else (8.0, 3)
+    seconds, rounds = (1.0, 1) if q else (8.0, rounds or 3)
     srv = Server(MODEL, None, tmp / "b")
     got: dict[str, list[float]] = {}
     batch = {**MIX, "priority": "batch"}
