@@ -16,13 +16,8 @@ SENTENCES = [f"sentence number {i} of the request ." for i in range(9)]
 
 
 def _client(tiny_model_dir, tmp_path, off_loop: int) -> TestClient:
-    s = load_settings(
-        model_path=tiny_model_dir,
-        threads=1,
-        cache=False,
-        data_dir=tmp_path,
-        tokenize_off_loop_sentences=off_loop,
-    )
+    options = {"threads": 1, "cache": False, "tokenize_off_loop_sentences": off_loop}
+    s = load_settings(model_path=tiny_model_dir, data_dir=tmp_path, **options)
     return TestClient(create_app(s), raise_server_exceptions=False)
 
 
