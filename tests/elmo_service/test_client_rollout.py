@@ -70,8 +70,9 @@ def fleet(tmp_path_factory):
         reps.append(Replica(env, tmp, f"r{i}").start())
     lb_port = free_port()
     cfg = tmp / "haproxy.cfg"
+    names = [f"api{i}" for i in range(1, len(reps) + 1)]
     cfg.write_text(render(HAPROXY_CFG.read_text(), lb_port,
-                          {f"api{i}": r.port for i, r in enumerate(reps, 1)}))  # fmt: skip
+                          {n: r.port for n, r in zip(names, reps, strict=True)}))  # fmt: skip
     haproxy = shutil.which("haproxy")
     assert haproxy, "haproxy is needed (apt-get install haproxy)"
     with open(tmp / "haproxy.log", "ab") as log:
@@ -81,8 +82,10 @@ def fleet(tmp_path_factory):
         for r in reps:
             r.wait_ready(120)
         url = f"http://127.0.0.1:{lb_port}"
-        _until(lambda: _up(url), what="haproxy sees the replicas up")
-        time.sleep(5)  # its health checks (rise 2, 2 s apart) mark every replica up
+        # every replica in rotation (its health checks, rise 2 s apart, passed): each has
+        # answered through the balancer
+        seen: set[str] = set()
+        _until(lambda: _answered_by(url, seen) >= set(names), what=f"haproxy sends to {names}")
         versions = {n: read_manifest(shared / n)["version"] for n in ("alpha", "beta", "gamma")}
         libs = {n: Embedder.load(shared / n, threads=1) for n in versions}
         yield url, reps, versions, libs
@@ -93,11 +96,15 @@ def fleet(tmp_path_factory):
         redis.stop()
 
 
-def _up(url: str) -> bool:
+def _answered_by(url: str, seen: set[str]) -> set[str]:
+    """``seen`` plus the replica that answers one /readyz through the balancer."""
     try:
-        return httpx.get(url + "/readyz", timeout=5).status_code == 200
+        r = httpx.get(url + "/readyz", timeout=5)
     except httpx.HTTPError:
-        return False
+        return seen
+    if r.status_code == 200:
+        seen.add(r.headers.get("x-elmo-replica", ""))
+    return seen
 
 
 def _activate(reps: list[Replica], name: str, version: str) -> None:
