@@ -73,7 +73,7 @@ serve: $(STAMP)
 # process. `make test` leaves out the few `heavy` checks (a minute or more each); `make test-all`
 # runs every test (what CI runs). docs/testing.md
 TEST_WORKERS ?= 3
-XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 test: $(TEST_STAMP) system-deps
 	$(BIN)/python -m pytest -q $(XDIST) -m "not heavy"
 

@@ -42,12 +42,41 @@ if _CLIENT not in sys.path:
 REDIS_FIXTURES = {"redis_server", "redis_server_factory"}
 
 
+def file_weights() -> dict[str, float]:
+    """``tests/file_weights.txt``: seconds per slow test file, from a measured run."""
+    weights = {}
+    for line in (Path(__file__).parent / "file_weights.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            seconds, path = line.split()
+            weights[path] = float(seconds)
+    return weights
+
+
+def heaviest_files_first(items: list[pytest.Item]) -> None:
+    """Sort the files by their weight, heaviest first, keeping each file's tests together and
+    in order (unlisted files after, in collection order). xdist's loadfile scheduler hands out
+    files in collection order (`--no-loadscope-reorder`, set by the Makefile), so a long file
+    starts early instead of running alone at the end."""
+    weights = file_weights()
+    first_seen: dict[str, int] = {}
+    for item in items:
+        first_seen.setdefault(item.nodeid.split("::", 1)[0], len(first_seen))
+
+    def key(item: pytest.Item) -> tuple[float, int]:
+        path = item.nodeid.split("::", 1)[0]
+        return (-weights.get(path, 0.0), first_seen[path])
+
+    items.sort(key=key)  # stable: a file's tests keep their order
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark ``redis`` every test that starts a redis-server through the fixtures below."""
+    """Mark ``redis`` every test that starts a redis-server through the fixtures below, and put
+    the slowest files first."""
     for item in items:
         if REDIS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.redis)
+    heaviest_files_first(items)
 
 
 @pytest.fixture(autouse=True)

@@ -263,7 +263,10 @@ def test_a_replica_restarted_against_a_redis_it_cannot_read_gets_no_traffic(
         assert direct.status_code == 200 and direct.headers["x-model-version"] == alpha
         own = _fleet(r3)
         assert not own["agree"] and own["error"]
-        time.sleep(3)  # past two of HAProxy's checks (inter 2s): r3 never entered the rotation
+        # haproxy starts with every server in rotation: its checks (503) took r3 out
+        hlog = tmp_path / "haproxy.log"
+        _until(lambda: "Server api/r3 is DOWN" in hlog.read_text(errors="replace"),
+               what="haproxy took r3 out of the rotation")  # fmt: skip
         seen = set()
         with httpx.Client(base_url=f"http://127.0.0.1:{lb_port}", timeout=30) as c:
             for _ in range(60):

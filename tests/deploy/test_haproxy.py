@@ -133,6 +133,34 @@ class Stack:
                 proc.kill()
                 proc.wait(5)
 
+    def state(self, server: str) -> str | None:
+        """The state haproxy last logged for `server` (UP or DOWN), None before any change."""
+        found = re.findall(
+            rf"^Server api/{server} is (UP|DOWN)\b", self.log.read_text(errors="replace"), re.M
+        )
+        return found[-1] if found else None
+
+    def restore(self) -> None:
+        """Both replicas running and in rotation, the stub out, whatever a test left: stopped
+        replicas continued, killed ones started again."""
+        restarted = {}  # a killed replica's UP count: its new process must come UP after it
+        for name, proc in list(self.api.items()):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+            else:
+                restarted[name] = self.transitions(name, "UP")
+                self.start_api(name)
+        self.flag.unlink(missing_ok=True)
+        wait_for(
+            lambda: (
+                all(self.transitions(n, "UP") > ups for n, ups in restarted.items())
+                and self.state("api1") == self.state("api2") == "UP"
+                and self.state("stub") == "DOWN"
+            ),
+            120,
+            "api1 and api2 UP, stub DOWN",
+        )
+
     def transitions(self, server: str, state: str) -> int:
         """How often haproxy logged `server` going UP or DOWN (stdout lines, not stderr copies)."""
         pattern = rf"^Server api/{server} is {state}\b"
@@ -169,16 +197,25 @@ def lb_healthcheck(port: int) -> int:
     return subprocess.run(["bash", "-c", script], capture_output=True, timeout=10).returncode
 
 
-@pytest.fixture
-def stack(tmp_path: Path):
-    s = Stack(tmp_path)
+@pytest.fixture(scope="module")
+def shared_stack(tmp_path_factory: pytest.TempPathFactory):
+    """One stack for the module (its replicas start once); each test gets it restored."""
+    s = Stack(tmp_path_factory.mktemp("stack"))
     try:
         s.start()
         yield s
     finally:
         s.stop()
-        if s.log.exists():  # shown by pytest when the test fails
-            print(s.log.read_text(errors="replace")[-3000:])
+
+
+@pytest.fixture
+def stack(shared_stack: Stack):
+    shared_stack.restore()
+    try:
+        yield shared_stack
+    finally:
+        if shared_stack.log.exists():  # shown by pytest when the test fails
+            print(shared_stack.log.read_text(errors="replace")[-3000:])
 
 
 def test_haproxy_spreads_requests_and_drops_replicas_that_fail_readyz(stack: Stack):
@@ -250,6 +287,7 @@ def test_a_replica_killed_under_load_cuts_no_request(stack: Stack):
     """SIGKILL a replica while requests are in flight on it. Every request is
     answered: retried on the other replica (200), or a 502/503 that haproxy logged; none is cut
     (a closed connection with no answer)."""
+    start = len(stack.log.read_text(errors="replace"))  # this test's part of the shared log
     wait_for(
         lambda: all(stack.transitions(s, "UP") for s in ("api1", "api2")),
         120,
@@ -298,7 +336,7 @@ def test_a_replica_killed_under_load_cuts_no_request(stack: Stack):
     after = [o for when, o in outcomes if when > killed_at]
     assert len(after) >= 6, "the load must go on after the kill"
     # every error answer is haproxy's own, and logged (httplog: ... backend/server ... status)
-    log = stack.log.read_text(errors="replace")
+    log = stack.log.read_text(errors="replace")[start:]
     logged = Counter(int(m) for m in re.findall(r" api/\S+ \S+ (50[23]) ", log))
     for code in (502, 503):
         assert logged[code] >= statuses[code], (code, statuses, logged)

@@ -280,10 +280,19 @@ def test_a_small_corpus_is_cut_so_that_every_actor_works(tmp_path):
 def test_the_default_shard_size_gives_every_actor_a_shard(tmp_path, tiny_model_dir):
     """3 actors, 30 lines, the default --shard-rows (10,000): three shards, each done by
     its own actor; a re-run with other --actors keeps the first plan."""
-    from elmo_bulk import run_bulk
+    from elmo_bulk.cluster import ray_deps, ray_session
 
     inp = tmp_path / "in.txt"
     inp.write_text(generated_text(30, seed=6))
+    # one local cluster (the one a run starts: loopback, reaper; 3 CPUs) that the runs reuse as
+    # they reuse a caller's, instead of each run that embeds starting and ending its own
+    with ray_session(ray_deps(local=True), None, 3):
+        _default_shards_and_resumes(inp, tmp_path, tiny_model_dir)
+
+
+def _default_shards_and_resumes(inp: Path, tmp_path: Path, tiny_model_dir: Path) -> None:
+    from elmo_bulk import run_bulk
+
     s = run_bulk([inp], tmp_path / "out", tiny_model_dir, BulkOptions(), actors=3, progress=False)
     assert s.shards == 3 and len({r.worker for r in s.results}) == 3
     again = run_bulk(
@@ -293,7 +302,8 @@ def test_the_default_shard_size_gives_every_actor_a_shard(tmp_path, tiny_model_d
 
     # a folder of the previous version (no "shard_rows" in _bulk.json) still resumes
     out = tmp_path / "old"
-    run_bulk([inp], out, tiny_model_dir, BulkOptions(shard_rows=10), actors=3, progress=False)
+    # one actor (one model load): --shard-rows 10 alone cuts the 30 lines into 3 shards
+    run_bulk([inp], out, tiny_model_dir, BulkOptions(shard_rows=10), actors=1, progress=False)
     run = json.loads((out / "_bulk.json").read_text())
     del run["shard_rows"]
     (out / "_bulk.json").write_text(json.dumps(run))

@@ -70,8 +70,9 @@ def fleet(tmp_path_factory):
         reps.append(Replica(env, tmp, f"r{i}").start())
     lb_port = free_port()
     cfg = tmp / "haproxy.cfg"
+    names = [f"api{i}" for i in range(1, len(reps) + 1)]
     cfg.write_text(render(HAPROXY_CFG.read_text(), lb_port,
-                          {f"api{i}": r.port for i, r in enumerate(reps, 1)}))  # fmt: skip
+                          {n: r.port for n, r in zip(names, reps, strict=True)}))  # fmt: skip
     haproxy = shutil.which("haproxy")
     assert haproxy, "haproxy is needed (apt-get install haproxy)"
     with open(tmp / "haproxy.log", "ab") as log:
@@ -81,8 +82,10 @@ def fleet(tmp_path_factory):
         for r in reps:
             r.wait_ready(120)
         url = f"http://127.0.0.1:{lb_port}"
-        _until(lambda: _up(url), what="haproxy sees the replicas up")
-        time.sleep(5)  # its health checks (rise 2, 2 s apart) mark every replica up
+        # every replica in rotation (its health checks, rise 2 s apart, passed): each has
+        # answered through the balancer
+        seen: set[str] = set()
+        _until(lambda: _answered_by(url, seen) >= set(names), what=f"haproxy sends to {names}")
         versions = {n: read_manifest(shared / n)["version"] for n in ("alpha", "beta", "gamma")}
         libs = {n: Embedder.load(shared / n, threads=1) for n in versions}
         yield url, reps, versions, libs
@@ -93,11 +96,15 @@ def fleet(tmp_path_factory):
         redis.stop()
 
 
-def _up(url: str) -> bool:
+def _answered_by(url: str, seen: set[str]) -> set[str]:
+    """``seen`` plus the replica that answers one /readyz through the balancer."""
     try:
-        return httpx.get(url + "/readyz", timeout=5).status_code == 200
+        r = httpx.get(url + "/readyz", timeout=5)
     except httpx.HTTPError:
-        return False
+        return seen
+    if r.status_code == 200:
+        seen.add(r.headers.get("x-elmo-replica", ""))
+    return seen
 
 
 def _activate(reps: list[Replica], name: str, version: str) -> None:
@@ -122,7 +129,7 @@ def test_a_split_fleet_answers_every_sentence_from_the_desired_version(fleet):
     url, reps, versions, libs = fleet
     _activate(reps, "beta", versions["beta"])
     assert _served(reps[2]) == versions["alpha"]  # the split: r3 keeps alpha, stays ready
-    sentences = _sentences(400, seed=1)
+    sentences = _sentences(200, seed=1)
     with Client(url, batch_size=8, retry_deadline=120) as c:
         sent = 0
         for _ in range(3):
@@ -130,21 +137,47 @@ def test_a_split_fleet_answers_every_sentence_from_the_desired_version(fleet):
             assert got.model_version == versions["beta"]
             _all_from(got, libs["beta"], sentences)
             sent += got.requests
-        assert sent > 3 * (400 // 8)  # chunks were asked again: the old replica answered
+        assert sent > 3 * (200 // 8)  # chunks were asked again: the old replica answered
         # pinned to the old model (which one replica still serves): every chunk from it
         old = c.embed(sentences[:40], model_version=versions["alpha"])
         assert old.model_version == versions["alpha"]
         _all_from(old, libs["alpha"], sentences[:40])
 
 
+class _PausedClient(Client):
+    """The client as shipped, over an httpx client that holds the call after its `after`-th
+    answer until `go` is set: the rollout then lands inside the call by an event, whatever the
+    machine's speed (no call made long enough to outlast a guess)."""
+
+    def __init__(self, *a, after: int, **kw) -> None:
+        self.after, self.answers = after, 0
+        self.paused, self.go = threading.Event(), threading.Event()
+        super().__init__(*a, **kw)
+
+    def _make_http(self, **kw):
+        http = super()._make_http(**kw)
+        http.event_hooks = {"response": [self._answered]}
+        return http
+
+    def _answered(self, response: httpx.Response) -> None:
+        if response.request.url.path != "/v1/embed":
+            return
+        self.answers += 1
+        if self.answers == self.after:
+            self.paused.set()
+            assert self.go.wait(120), "the rollout never came"
+
+
 def test_a_rollout_during_a_call_ends_on_one_version(fleet):
     url, reps, versions, libs = fleet
     _activate(reps, "beta", versions["beta"])
-    sentences = _sentences(3000, seed=2)
+    sentences = _sentences(400, seed=2)
     out: dict = {}
+    # one request at a time; held after its 10th answer (of 100 at least) until the rollout
+    c = _PausedClient(url, batch_size=4, max_in_flight=1, retry_deadline=120, after=10)
 
     def call() -> None:
-        with Client(url, batch_size=4, max_in_flight=1, retry_deadline=120) as c:
+        with c:
             try:
                 out["got"] = c.embed(sentences)
             except BaseException as e:  # noqa: BLE001 - reported below
@@ -152,10 +185,13 @@ def test_a_rollout_during_a_call_ends_on_one_version(fleet):
 
     t = threading.Thread(target=call)
     t.start()
-    time.sleep(0.5)  # the call is under way (750 requests, one at a time: seconds)
-    r = httpx.post(reps[1].url + "/v1/models/gamma/activate", headers=ADMIN, timeout=60)
-    assert r.status_code == 200, r.text
-    assert t.is_alive(), "the call ended before the rollout: the test proves nothing"
+    assert c.paused.wait(120), "the call never got under way"
+    try:
+        r = httpx.post(reps[1].url + "/v1/models/gamma/activate", headers=ADMIN, timeout=60)
+        assert r.status_code == 200, r.text
+        assert t.is_alive(), "the call ended before the rollout: the test proves nothing"
+    finally:
+        c.go.set()
     t.join(300)
     assert "error" not in out, out.get("error")
     got = out["got"]

@@ -384,7 +384,7 @@ def test_killed_local_worker_job_resumes_in_the_next_worker(tiny_model_dir, tmp_
     try:
         with TestClient(create_app(s)) as c:
             first = workers.start()
-            job_id = c.post("/v1/jobs", json=job_body(steps=200), headers=ADMIN).json()["id"]
+            job_id = c.post("/v1/jobs", json=job_body(steps=100), headers=ADMIN).json()["id"]
             rec = wait_job(http_get(c), job_id, step_at_least(20), 60, "training")
             assert rec["runner"]["pid"] == first.pid  # the local worker runs jobs itself
             first.send_signal(signal.SIGKILL)

@@ -98,7 +98,7 @@ def test_rq_worker_sigkilled_mid_training_job_resumes(rq_api):
     trainer with a checkpoint and re-queues the job; the next worker resumes it."""
     c = rq_api
     first = c.workers.start()
-    job_id = c.post("/v1/jobs", json=job_body(steps=200), headers=ADMIN).json()["id"]
+    job_id = c.post("/v1/jobs", json=job_body(steps=100), headers=ADMIN).json()["id"]
     wait_job(http_get(c), job_id, step_at_least(20), 60, "training")
     first.send_signal(signal.SIGKILL)
     first.wait()
@@ -114,7 +114,7 @@ def test_rq_worker_and_horse_sigkilled_job_requeued_by_next_worker(rq_api):
     running; the next worker finds its runner dead on start and re-queues it."""
     c = rq_api
     first = c.workers.start()
-    job_id = c.post("/v1/jobs", json=job_body(steps=200), headers=ADMIN).json()["id"]
+    job_id = c.post("/v1/jobs", json=job_body(steps=100), headers=ADMIN).json()["id"]
     rec = wait_job(http_get(c), job_id, step_at_least(20), 60, "training")
     horse = rec["runner"]["pid"]
     assert horse != first.pid  # rq runs the job in a forked work-horse
@@ -141,7 +141,7 @@ def test_rq_worker_stopped_gracefully_requeues_its_job_at_once(rq_api):
     checkpoints, the job is re-queued (not counted as a loss) and the worker exits."""
     c = rq_api
     first = c.workers.start()
-    job_id = c.post("/v1/jobs", json=job_body(steps=200), headers=ADMIN).json()["id"]
+    job_id = c.post("/v1/jobs", json=job_body(steps=100), headers=ADMIN).json()["id"]
     wait_job(http_get(c), job_id, step_at_least(20), 60, "training")
     first.send_signal(signal.SIGTERM)
     first.wait(20)

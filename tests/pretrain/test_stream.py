@@ -111,7 +111,9 @@ def test_resuming_across_modes_is_refused(corpus_dir, tmp_path):  # noqa: F811
 @pytest.mark.slow
 def test_plateau_schedule_halves_lr_when_perplexity_stalls(corpus_dir, tmp_path):  # noqa: F811
     """A threshold no epoch can beat: every epoch after the first halves the lr."""
-    sets = (*STREAM, "data.unroll=16", "optim.name=sgd", "optim.lr=0.5", "optim.decay=plateau")
+    # 32 rows: an epoch of few steps (the schedule acts on epochs, not on steps)
+    sets = (*STREAM, "data.unroll=16", "data.rows=32", "optim.name=sgd", "optim.lr=0.5")
+    sets += ("optim.decay=plateau",)
     sets += ("optim.warmup_steps=0", "optim.plateau_threshold=1000000000.0", "train.log_every=1")
     run = tmp_path / "run"
     cfg = tiny(corpus_dir, *sets, "train.eval_max_sentences=20")
