@@ -329,6 +329,10 @@ class ServedModel:
         # admission must not judge the model by its first calls (kernel caches, compiles) nor
         # start from its slow prior: once more through the queue, measured (interactive lane:
         # no batch activity that would send requests to the express thread after start)
+        if self.tokenize_off_loop:  # its thread started now, not by the first large request
+            await asyncio.get_running_loop().run_in_executor(
+                self._off_loop(), self.tokenize, WARMUP_SENTENCES
+            )
         self.runner.forget_warm_up()
         await self.runner.embed(WARMUP_SENTENCES, timeout=timeout)
         await self.runner.embed(WARMUP_SENTENCES[:1], timeout=timeout)

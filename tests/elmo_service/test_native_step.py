@@ -2,6 +2,7 @@
 numba can cache nothing, recompile a damaged cache, and their sigmoid is exact enough."""
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -56,11 +57,26 @@ print(float((one[:, 0] - two[:, 0]).abs().max()) < 1e-5)
 """
 
 
-@pytest.mark.slow  # three fresh interpreters, two of them compiling (~1 min on 2 cores)
+def _seed_numba_cache(cache_dir: Path) -> None:
+    """numba's cache of the kernels as the suite's own runs wrote it beside the sources (when
+    one did), copied where ``NUMBA_CACHE_DIR=cache_dir`` looks: the first run then loads the
+    kernels instead of compiling all of them (~25 s on 2 cores); what a damaged file does is
+    unchanged. With nothing to copy, the first run compiles, as before."""
+    from numba.core.caching import UserProvidedCacheLocator
+
+    kernels = ROOT / "elmo_service" / "bilm" / "kernels"
+    sub = UserProvidedCacheLocator.get_suitable_cache_subpath(str(kernels / "native_step.py"))
+    (cache_dir / sub).mkdir(parents=True, exist_ok=True)
+    for f in (kernels / "__pycache__").glob("*.nb[ic]"):
+        shutil.copy(f, cache_dir / sub / f.name)
+
+
+@pytest.mark.slow  # three fresh interpreters, one or two of them compiling (~1 min on 2 cores)
 def test_a_damaged_cache_file_is_recompiled_with_a_warning(tmp_path):
     """#28 item 13: garbage and zero-length cache files (a real NUMBA_CACHE_DIR) used to fail
     the first call (serve's warm-up) with a raw traceback."""
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    _seed_numba_cache(tmp_path)
 
     def warm() -> subprocess.CompletedProcess:
         run = {"cwd": ROOT, "env": env, "capture_output": True, "text": True, "timeout": 300}
