@@ -97,13 +97,19 @@ class DocumentRounds:
     def closed_error() -> BaseException:
         return BatcherClosed("the model is shutting down")
 
-    def take(self, rows: int | None = None) -> list[_Round]:
+    def take(self, rows: int | None = None, tokens: int | None = None) -> list[_Round]:
         """Under the lock: the rounds waiting, oldest first, while their rows (two each: a
-        chunk each way) fit in ``rows`` (always one; all with None), to run as one step. A
-        step lasts a chunk's time steps whatever its rows (a row more costs little of a
-        step: the matmuls grow taller), so rows are bounded as a batch's sentences are,
-        and more documents in a step run faster each (docs/documents.md)."""
-        n = len(self.waiting) if rows is None else max(1, min(len(self.waiting), rows // 2))
+        chunk each way) fit in ``rows`` and their rows' tokens in ``tokens`` (always one;
+        all with None), to run as one step. A step lasts a chunk's time steps whatever its
+        rows (a row more makes the matmuls taller, not longer), so more documents in a step
+        run faster each; its buffers grow with rows x chunk, which ``tokens`` bounds."""
+        n, used = 0, 0
+        for r in self.waiting:
+            cost = 2 * r.run.chunk
+            if n and ((rows is not None and 2 * (n + 1) > rows) or
+                      (tokens is not None and used + cost > tokens)):  # fmt: skip
+                break
+            n, used = n + 1, used + cost
         taken, self.waiting = self.waiting[:n], self.waiting[n:]
         return taken
 

@@ -102,10 +102,18 @@ def test_rounds_of_several_documents_run_as_one_step_after_queued_interactive_wo
     assert b.rounds.active == 0
 
 
-def test_a_step_of_rounds_holds_at_most_a_batchs_rows(rec):
-    """Rounds of two rows each (a chunk each way) under a batch of 4 sentences: two a step,
-    oldest first, whatever their tokens; the third waits for the next step."""
-    b = Batcher(rec.embed, max_queue=100, batch_tokens=64, max_batch_sentences=4)
+@pytest.mark.parametrize(
+    "budget",
+    [
+        {"batch_tokens": 4096, "max_batch_sentences": 4},  # rows: 2 + 2 of at most 4
+        {"batch_tokens": 32, "max_batch_sentences": 100},  # tokens: 32 + 32 of twice 32
+    ],
+    ids=["rows", "tokens"],
+)
+def test_a_step_of_rounds_holds_at_most_a_batchs_rows_and_twice_its_tokens(rec, budget):
+    """Rounds of two rows of 16 tokens each (a chunk each way): two a step, oldest first,
+    bound by the batch's rows or by twice its tokens; the third waits for the next step."""
+    b = Batcher(rec.embed, max_queue=100, **budget)
     errors: list = []
 
     async def main():
@@ -113,7 +121,7 @@ def test_a_step_of_rounds_holds_at_most_a_batchs_rows(rec):
         await asyncio.to_thread(rec.started.wait, WAIT)
         threads = []
         for i in range(3):
-            threads.append(_round_thread(b, Run(f"doc{i}", chunk=1024), errors))
+            threads.append(_round_thread(b, Run(f"doc{i}", chunk=16), errors))
             await asyncio.to_thread(_until, lambda i=i: len(b.rounds.waiting) == i + 1, "queued")
         rec.gate.set()
         await busy
