@@ -303,10 +303,11 @@ class Settings(BaseSettings):
     # -- limits --------------------------------------------------------------------
     max_sentences: int = Field(256, ge=1, description="Sentences (or inputs) per request.")
     tokenize_off_loop_sentences: int = Field(
-        8,
+        0,
         ge=0,
         description="A request of at least this many sentences is tokenized on a thread of "
-        "its own, not the event loop, so small requests are not held up behind it (0: never).",
+        "its own, not the event loop, so small requests are not held up behind it (0: never; "
+        "off by default: measured, it may cost batch throughput, docs/benchmarks.md).",
     )
     max_tokens_per_sentence: int = Field(512, ge=1, description="Capped by the model's own limit.")
     max_chars: int = Field(

@@ -70,7 +70,9 @@ def test_a_negative_count_is_refused_naming_the_variable(tiny_model_dir, tmp_pat
 def test_a_large_requests_cache_entries_written_off_the_loop_are_read_back(
     tiny_model_dir, tmp_path
 ):
-    s = load_settings(model_path=tiny_model_dir, threads=1, data_dir=tmp_path)  # memory cache
+    s = load_settings(  # the memory cache
+        model_path=tiny_model_dir, threads=1, data_dir=tmp_path, tokenize_off_loop_sentences=8
+    )
     with TestClient(create_app(s)) as c:
         first = c.post("/v1/embed", json={"sentences": SENTENCES, "output": "mix"}).json()
         again = c.post("/v1/embed", json={"sentences": SENTENCES, "output": "mix"}).json()
