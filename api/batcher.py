@@ -436,8 +436,8 @@ class Batcher:
                 if (what := self._pick(worker)) is not None:
                     break
             if what == ROUNDS:
-                # a batch's rows, twice a batch's tokens (8 documents of 512-token chunks)
-                taken = self.rounds.take(self.budget.sentences, 2 * self.budget.tokens)
+                # a batch's rows and tokens (rows x chunk: 4 documents of 512-token chunks)
+                taken = self.rounds.take(self.budget.sentences, self.budget.tokens)
             else:
                 taken = self._pop(what, self.take_tokens)
             if what in (BATCH, ROUNDS):

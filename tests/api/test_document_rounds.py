@@ -106,13 +106,13 @@ def test_rounds_of_several_documents_run_as_one_step_after_queued_interactive_wo
     "budget",
     [
         {"batch_tokens": 4096, "max_batch_sentences": 4},  # rows: 2 + 2 of at most 4
-        {"batch_tokens": 32, "max_batch_sentences": 100},  # tokens: 32 + 32 of twice 32
+        {"batch_tokens": 64, "max_batch_sentences": 100},  # tokens: 32 + 32 of 64
     ],
     ids=["rows", "tokens"],
 )
-def test_a_step_of_rounds_holds_at_most_a_batchs_rows_and_twice_its_tokens(rec, budget):
+def test_a_step_of_rounds_holds_at_most_a_batchs_rows_and_tokens(rec, budget):
     """Rounds of two rows of 16 tokens each (a chunk each way): two a step, oldest first,
-    bound by the batch's rows or by twice its tokens; the third waits for the next step."""
+    bound by the batch's rows or its tokens; the third waits for the next step."""
     b = Batcher(rec.embed, max_queue=100, **budget)
     errors: list = []
 
