@@ -294,6 +294,10 @@ def test_between_a_batch_clients_requests_interactive_work_stays_on_the_express_
 
     async def scenario():
         await b.embed([["b0"]], lane=BATCH)  # answered: the batch queue is empty now
+        # the main thread has left the batch (its answer can reach us a moment before): a
+        # call on each model thread runs only once that thread took its next work
+        for done in b.run_on_each(lambda fn: None):
+            await asyncio.wrap_future(done)
         await b.embed([["now"]])
 
     asyncio.run(scenario())
