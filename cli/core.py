@@ -25,7 +25,8 @@ def cmd_embed_file(args: argparse.Namespace) -> int:
     ``[T, D]``) plus ``sentence_to_index`` (a JSON string). Blank lines are refused, as
     ``allennlp elmo`` refuses them."""
     from elmo_service.artifact import default_model_dir
-    from elmo_service.embed_file import check_at_once, check_lines, check_output, file_spec
+    from elmo_service.document import check_at_once
+    from elmo_service.embed_file import check_lines, check_output, file_spec
     from elmo_service.embedder import Embedder
 
     in_path, out = Path(args.input), Path(args.output)

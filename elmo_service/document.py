@@ -530,6 +530,12 @@ def advance(runs: Sequence[DocumentRun]) -> None:
             r._end_round(out)
 
 
+def check_at_once(n: int | None) -> None:
+    """``documents_at_once`` (None: the default) is a count of at least one."""
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise InputError("documents_at_once must be an integer >= 1", field="documents_at_once")
+
+
 def advance_all(
     runs: Iterable[DocumentRun], at_once: int = DOCUMENTS_AT_ONCE, *, in_order: bool = False
 ) -> Iterator[tuple[int, DocumentRun]]:
@@ -539,8 +545,7 @@ def advance_all(
     done early waiting its turn (it keeps its place among the ``at_once``) -- for the
     caller to read its :meth:`~DocumentRun.answer`; the run is closed when the caller asks
     for the next one (or stops)."""
-    if isinstance(at_once, bool) or not isinstance(at_once, int) or at_once < 1:
-        raise InputError("documents_at_once must be an integer >= 1", field="documents_at_once")
+    check_at_once(at_once)
     source = enumerate(runs)
     live: dict[int, DocumentRun] = {}  # started, not yet yielded (in order of start)
     turn = 0  # in_order: the next index to yield

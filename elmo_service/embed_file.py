@@ -62,11 +62,6 @@ def check_lines(path: Path, documents: bool = False) -> int:
     )
 
 
-def check_at_once(n: int | None) -> None:
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-        raise InputError("documents_at_once must be an integer >= 1", field="documents_at_once")
-
-
 def check_output(path: Path) -> None:
     if not path.resolve().parent.is_dir():
         raise ElmoServiceError(
