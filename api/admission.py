@@ -1,23 +1,13 @@
 """Admission control: the queue bound and the work estimate.
 
-A request is refused at the door (:class:`QueueFull`, a 429) when its lane's queue
-is full, or (:class:`Overloaded`, 429 with ``Retry-After``) when the work ahead of
-it -- in tokens x the measured seconds per token -- plus its own would not finish
-inside its timeout.
-
-Admission control: a request is also refused at the door (:class:`Overloaded`,
-429 with ``Retry-After``) when the work ahead of it -- queued and running
-tokens x the measured seconds per token -- plus its own would not finish inside
-its timeout (within 80% of it: headroom for the estimate's error). Admitting it
-would only make it wait and then fail with 503 after the timeout, while taking
-model time from requests that can still make it. Ahead of interactive work is
-the interactive lane and the batch running now; ahead of batch work, all of
-it. Seconds per token is a token-weighted moving average over real batches
-(:class:`WorkEstimate`), starting from a deliberately slow prior. Since each
-take is sorted by length, a later request can run before an earlier one of the
-same take, so a request is also refused when it would push the oldest queued
-request of its take past that request's deadline. A request with nothing ahead
-of it is always admitted: waiting cannot help it.
+A request is refused at the door with a 429: :class:`QueueFull` when its lane's queue is
+full, :class:`Overloaded` (with ``Retry-After``) when the work ahead of it -- queued and
+running tokens x the measured seconds per token (:class:`WorkEstimate`, from a slow prior)
+-- plus its own would not finish within 80 % of its timeout. Admitting it would only make
+it fail with 503 later while taking model time from requests that can still make it. A take
+is sorted by length, so a later request can run before an earlier one of its take: it is
+also refused when it would push the oldest queued request of its take past that request's
+deadline. A request with nothing ahead of it is always admitted.
 """
 
 from __future__ import annotations
@@ -125,7 +115,7 @@ def admit(
     protect: Callable[[int], float | None] | None = None,
     lane: str = "interactive",
 ) -> None:
-    """Both runners' admission: raise QueueFull when ``sentences`` more would pass
+    """Raise QueueFull when ``sentences`` more would pass
     ``max_queue`` waiting, Overloaded when the queued work (``pending_cost`` tokens) and
     this request's ``cost`` would not finish in time (:meth:`WorkEstimate.check`; ``protect``
     gives the earliest deadline this request could push back). Each refusal is counted,

@@ -1,38 +1,24 @@
 """Micro-batching: the server's only model callers, one policy over two priority lanes.
 
-Requests ``submit`` token lists (tokenized in the request path) and await one future
-per sentence. A model thread wakes as soon as anything is queued and it is free: there
-is no fixed batch delay, whatever queued up while the previous batch ran forms the next
-one (as TEI's next batch forms while the current one runs). A take is sorted by length
-and cut under the token budget (``elmo_service.bilm.runner.plan_batches``, the library's
-planner); sentences whose future is already done (client gone, timed out) are dropped
-before the model, also between the batches of a take.
+Requests ``submit`` token lists and await a future per sentence. A model thread wakes as
+soon as anything is queued and it is free (no fixed batch delay: what queued while the last
+batch ran forms the next, as in TEI); a take is sorted by length and cut under the token
+budget (``plan_batches``, the library's planner); sentences whose future is done (client
+gone, timed out) are dropped before the model. Each lane (``priority``: ``interactive``,
+the default, or ``batch``) has a queue, a bound and admission (:mod:`elmo_api.admission`).
+Documents are batch-lane work: every waiting document's next round is one batched step
+(:mod:`elmo_api.document_rounds`), in turns with batch-lane takes.
 
-Lanes (``priority``: ``interactive``, the default, or ``batch``) each have a queue, a
-queue bound and admission (:mod:`elmo_api.admission`). Documents (``POST
-/v1/embed/document``) are batch-lane work: every waiting document's next round is one
-batched step (:mod:`elmo_api.document_rounds`), in turns with batch-lane takes.
-
-One policy (:meth:`Batcher._pick`) decides what each model thread runs next:
-
-* **The main thread** (every intra-op thread) runs batch-lane work first, in full
-  batches, and interactive work when no batch work waits: a server without batch work
-  computes interactive requests on every core.
-* **The express thread** (CPU, ``interactive_fn``: a second kernel instance over the same
-  weights, one intra-op thread) runs interactive work only while the main thread is
-  committed to batch work, so an interactive request never waits behind a batch already
-  computing. The main thread runs ``batch_nice`` nicer, so the express thread and the
-  event loop get the CPU first when both compute.
-* **Without an express thread** (GPU, or ``ELMO_INTERACTIVE_THREAD=false``) the main
-  thread runs interactive work first, gives the batch lane at least ``batch_share`` of its
-  recent tokens (:class:`elmo_api.lanes.LaneShare`), and goes back to interactive work
-  between the batches of a batch take.
-
-Batch fill without a fixed delay: requests announce themselves as they enter the embedding
-path, and a batch about to start waits -- at most ``fill_ratio`` of the recent batch time,
-never over ``max_fill_wait`` -- for the announced ones and for as many returning clients
-as the last batch answered; an idle server never waits. Without it, closed-loop clients
-alternate batches of 1 and N-1 (docs/serving.md, where the measurements are).
+:meth:`Batcher._pick` decides what each model thread runs next. **The main thread** (every
+intra-op thread) runs batch work first, in full batches, and interactive work when no batch
+work waits. **The express thread** (CPU: a second kernel instance, one intra-op thread) runs
+interactive work only while the main thread is committed to batch work, so an interactive
+request never waits behind a batch; the main thread runs ``batch_nice`` nicer. **Without
+it** (GPU, or ``ELMO_INTERACTIVE_THREAD=false``) the main thread runs interactive work
+first, between the batches of a take too, and gives batch work ``batch_share``
+(:class:`elmo_api.lanes.LaneShare`). A batch about to start waits -- at most ``fill_ratio``
+of the recent batch time and ``max_fill_wait`` -- for announced requests and returning
+clients, or closed-loop clients alternate batches of 1 and N-1 (docs/serving.md).
 """
 
 from __future__ import annotations
@@ -55,13 +41,9 @@ from elmo_api.admission import (
     DEFAULT_MAX_QUEUE,
     BatcherClosed,
     EmbedFn,
-    Overloaded,
-    QueueFull,
     Ticket,
-    TokenLists,
     WorkEstimate,
     admit,
-    token_cost,
 )
 from elmo_api.document_rounds import DocumentRounds
 from elmo_api.lanes import (
@@ -71,8 +53,6 @@ from elmo_api.lanes import (
     LANES,
     Lane,
     LaneShare,
-    renice,
-    start_lane_thread,
 )
 from elmo_api.lanes import QueuedSentence as _Item
 from elmo_api.lanes import set_results as _set_results
@@ -83,23 +63,10 @@ from elmo_service.bilm.runner import (
     BatchBudget,
     plan_batches,
 )
+from elmo_service.runtime import renice, start_thread
 
 log = logging.getLogger("elmo_api.batcher")
 
-# re-exported: the runners' shared vocabulary lives in elmo_api.admission
-__all__ = [
-    "DEFAULT_FILL_WAIT_MS",
-    "DEFAULT_MAX_QUEUE",
-    "Batcher",
-    "BatcherClosed",
-    "EmbedFn",
-    "Overloaded",
-    "QueueFull",
-    "Ticket",
-    "TokenLists",
-    "WorkEstimate",
-    "token_cost",
-]
 
 MAIN, EXPRESS = "main", "express"  # the model threads
 ROUNDS = "rounds"  # what the main thread may pick besides a lane: the documents' rounds
@@ -111,45 +78,14 @@ BATCH_QUIET_S = 0.25
 class Batcher:
     """The lanes and the model threads of a served model (see the module docstring).
 
-    # Parameters
-
-    embed_fn : `EmbedFn`
-        Runs one planned batch (``Embedder.run_batch``) on the main thread.
-    batch_tokens : `int`, optional
-        The padded-token budget of one batch (``len(batch) * longest``, markers included).
-    max_batch_sentences : `int`, optional
-        The most sentences in one batch.
-    max_queue : `int`, optional
-        Interactive sentences queued at most; beyond, :class:`QueueFull` (a 429).
-    batch_max_queue : `int`, optional
-        Batch-lane sentences queued at most (default ``max_queue``).
-    batch_share : `float`, optional
-        Without an express thread: the batch lane's least share of the model while both
-        lanes wait (:class:`LaneShare`).
-    metrics : `Metrics`, optional
-        Prometheus metrics to update (queue depth, batch sizes, refusals).
-    take_batches : `int`, optional (default = `4`)
-        How many batches' worth of tokens a thread takes from a queue at once (sorted by
-        length together, so a take packs with little padding).
-    max_fill_wait : `float`, optional
-        Seconds a batch may wait at most for announced or returning requests.
-    fill_ratio : `float`, optional (default = `0.25`)
-        ... and at most this share of the recent batch duration.
-    name : `str`, optional (default = `"batcher"`)
-        The main thread's name (the express thread's is ``name + "-interactive"``).
-    estimate : `WorkEstimate`, optional
-        Seconds per token of the main thread, for admission (a slow prior when None).
-    interactive_fn : `EmbedFn`, optional
-        The express thread's model call: a second model instance over the same weights,
-        safe to call while ``embed_fn`` runs. None: no express thread.
-    interactive_threads : `int`, optional (default = `1`)
-        Intra-op (torch) threads of the express thread (None: torch's default).
-    batch_nice : `int`, optional (default = `0`)
-        With an express thread: the main thread (and the kernel threads it starts) runs
-        this much nicer (Linux).
-    batch_quiet : `float`, optional (default = `BATCH_QUIET_S`)
-        With an express thread: seconds after batch work during which interactive work
-        still goes to the express thread.
+    ``embed_fn`` runs one planned batch (``Embedder.run_batch``) on the main thread;
+    ``interactive_fn``, when given, is the express thread's: a second model instance over
+    the same weights, safe to call while ``embed_fn`` runs. ``batch_tokens`` (padded tokens,
+    markers included) and ``max_batch_sentences`` bound a batch; a take is ``take_batches``
+    batches' worth, sorted together. ``max_queue`` / ``batch_max_queue`` bound each lane's
+    queue (:class:`QueueFull`); ``estimate`` is the main thread's seconds per token for
+    admission. ``batch_quiet``: seconds after batch work during which interactive work still
+    goes to the express thread. The rest are described in the module docstring.
     """
 
     quiet_for = 0.05  # idle this long before a drain may close the batcher
@@ -170,7 +106,6 @@ class Batcher:
         name: str = "batcher",
         estimate: WorkEstimate | None = None,
         interactive_fn: EmbedFn | None = None,
-        interactive_threads: int | None = 1,
         batch_nice: int = 0,
         batch_quiet: float = BATCH_QUIET_S,
     ) -> None:
@@ -216,10 +151,9 @@ class Batcher:
         self.lanes_run: deque[tuple[int, int]] = deque(maxlen=512)  # (interactive, batch)
         self._threads = [threading.Thread(target=self._work, args=(MAIN,), name=name, daemon=True)]
         if self.express:
+            # one intra-op thread: beside the main thread's, within the cores
             self._threads.append(
-                start_lane_thread(
-                    lambda: self._work(EXPRESS), f"{name}-interactive", interactive_threads
-                )
+                start_thread(lambda: self._work(EXPRESS), f"{name}-interactive", 1)
             )
         self._threads[0].start()
 
@@ -367,11 +301,6 @@ class Batcher:
         if timing is not None:
             timing.close_runner()
         return out
-
-    def document_round(self, run, cancelled=lambda: False, timeout: float | None = None) -> None:
-        """One round of a document's pass 1 on the main thread (``elmo_api.document_rounds``);
-        blocks the calling (document) thread until it is done."""
-        self.rounds.wait_round(run, cancelled, timeout, closed=lambda: self._closed)
 
     def run_on_each(self, call: Callable[[EmbedFn], Any]) -> list[Future]:
         """Run ``call(model_fn)`` once on each model thread with its own model function, before
@@ -576,9 +505,6 @@ class Batcher:
         start = time.perf_counter()
         if main:
             self._running_batch = sum(it.cost for it in batch if it.lane == BATCH)
-        if self.metrics:
-            for it in batch:
-                self.metrics.queue_seconds.observe(start - it.enqueued)
         try:
             with tracing.model_call(batch):
                 out = fn([it.tokens for it in batch])
@@ -615,11 +541,7 @@ class Batcher:
             if it.timing is not None:
                 it.timing.add_batch(batch_id, took, end)
         if self.metrics:
-            m = self.metrics
-            m.batch_seconds.observe(took)
-            m.batch_sentences.observe(len(batch))
-            m.batch_tokens.observe(len(batch) * max(it.cost for it in batch))
-            m.tokens.inc(sum(len(it.tokens) for it in batch))
+            self.metrics.observe_batch(start, took, batch)
         # the estimate counts the thread's busy time, not only the model's: fill waits and
         # planning are part of what a queued request waits for (updated before the answers
         # go out, so whoever gets them sees the estimate that includes their batch)
@@ -635,7 +557,7 @@ class Batcher:
     def close(self, timeout: float = 30.0, drain: bool = True) -> None:
         """Stop taking work; run (drain) or fail what is still queued; wait for the threads."""
         with self._cond:
-            self._closed = True
+            self._closed = self.rounds.closed = True
             pending: list[_Item] = []
             if not drain:
                 for lane, queue in self._queues.items():

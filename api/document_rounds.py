@@ -1,18 +1,13 @@
-"""Documents as batch-lane work of the batcher: a round at a time, several documents' rounds
-in one batched step.
+"""Documents as batch-lane work of the batcher: several documents' rounds in one step.
 
 A document's pass 1 (``elmo_service.document.DocumentRun``) is a sequence of rounds, each a
-chunk of both directions from the state the previous round left. The route's thread asks
-for one round at a time (:meth:`DocumentRounds.wait_round`); the batcher's model thread --
-the server's only model caller -- takes every round waiting at once and computes them as
-one step (``elmo_service.document.advance``: a row per document and direction). The
-batcher decides when (``Batcher._doc_rounds``): never before queued interactive work, and
-taking turns with batch-lane sentences, so a document waits behind at most one take of
-batch work and an interactive request behind at most one round.
-
-A caller that stops wanting its round (the client left, the request timed out) withdraws
-it while it is queued; a round already in the model is waited for, so the caller may close
-its run (and free its spills) the moment ``wait_round`` returns or raises.
+chunk of both directions from the state the previous round left. The route's thread asks for
+one round at a time (:meth:`DocumentRounds.wait_round`); the batcher's main thread takes the
+waiting rounds and computes them as one step (``elmo_service.document.advance``: a row per
+document and direction), never before queued interactive work and in turns with batch-lane
+takes. A caller that stops wanting its round withdraws it while it is queued; a round in the
+model is waited for, so the caller may close its run (and its spills) once ``wait_round``
+returns or raises.
 """
 
 from __future__ import annotations
@@ -50,20 +45,20 @@ class DocumentRounds:
         self.steps = 0  # batched steps run
         self.rounds_run = 0  # rounds computed (a step computes one per document)
         self.active = 0  # callers waiting for a round (queued or in the model)
+        self.closed = False  # the batcher closed: no more rounds
 
     def wait_round(
         self,
         run: DocumentRun,
         cancelled: Callable[[], bool] = lambda: False,
         timeout: float | None = None,
-        closed: Callable[[], bool] = lambda: False,
     ) -> None:
         """Compute one round of ``run`` on the model thread; block until it is done.
         Raises DocumentCancelled when ``cancelled()`` turns true (within ``POLL_S``),
         RoundTimeout when the round waited ``timeout`` seconds without starting."""
         r = _Round(run)
         with self._cond:
-            if closed():
+            if self.closed:
                 raise self.closed_error()
             self.waiting.append(r)
             self.active += 1
@@ -98,11 +93,10 @@ class DocumentRounds:
         return BatcherClosed("the model is shutting down")
 
     def take(self, rows: int | None = None, tokens: int | None = None) -> list[_Round]:
-        """Under the lock: the rounds waiting, oldest first, while their rows (two each: a
-        chunk each way) fit in ``rows`` and their rows' tokens in ``tokens`` (always one;
-        all with None), to run as one step. A step lasts a chunk's time steps whatever its
-        rows (a row more makes the matmuls taller, not longer), so more documents in a step
-        run faster each; its buffers grow with rows x chunk, which ``tokens`` bounds."""
+        """Under the lock: the waiting rounds, oldest first, while their rows (a chunk each
+        way) fit in ``rows`` and their tokens (rows x chunk: the step's buffers) in ``tokens``;
+        at least one, all with None. A step lasts a chunk's time steps whatever its rows:
+        more documents a step run faster each."""
         n, used = 0, 0
         for r in self.waiting:
             cost = 2 * r.run.chunk

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from elmo_api.batcher import BatcherClosed, QueueFull
+from elmo_api.admission import BatcherClosed, QueueFull
 from elmo_api.encoding import JSONBytesResponse
 from elmo_api.fleet import OutcomeUnknown
 from elmo_api.served import ModelTimeout

@@ -1,4 +1,4 @@
-"""Priority lanes: the batcher's queue entries, its threads and its fairness rule.
+"""Priority lanes: the batcher's queue entries and its fairness rule.
 
 Two lanes, named by a request's ``priority``: ``interactive`` (the default) and
 ``batch`` (:mod:`elmo_api.batcher` says how one policy serves them).
@@ -7,18 +7,13 @@ Two lanes, named by a request's ``priority``: ``interactive`` (the default) and
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
-import os
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from elmo_api.admission import token_cost
-
-log = logging.getLogger("elmo_api.batcher")
 
 Lane = Literal["interactive", "batch"]
 INTERACTIVE: Lane = "interactive"
@@ -30,43 +25,6 @@ DEFAULT_BATCH_SHARE = 0.2
 # the batch lane's niceness beside the express thread: the CPU goes to interactive work and
 # the event loop first (interactive p99 1.8x idle under a batch flood, against 9.5-11.7x at 0)
 DEFAULT_BATCH_NICE = 10
-
-
-def start_lane_thread(
-    target: Callable[[], None], name: str, threads: int | None
-) -> threading.Thread:
-    """Start a lane's model thread (daemon) with ``threads`` intra-op (torch) threads of its
-    own, leaving the caller's count and torch's default for later threads as they were.
-
-    The interactive lane's thread runs beside the batch lane's, which has the process's
-    count (2 on 2 cores): one intra-op thread keeps the two lanes within the cores. None:
-    torch's default (no torch import here).
-    """
-    if threads is None:
-        thread = threading.Thread(target=target, name=name, daemon=True)
-        thread.start()
-        return thread
-    import torch  # only when asked: the lanes themselves run any embed function
-
-    pinned = threading.Event()
-
-    def run() -> None:
-        # torch sets a thread's count from its default on the thread's first parallel op:
-        # take that first, or it would undo the count set here (the pattern of
-        # elmo_service.bilm.kernels.bilstm.direction_pool)
-        torch.get_num_threads()
-        torch.set_num_threads(threads)
-        pinned.set()
-        target()
-
-    default = torch.get_num_threads()
-    thread = threading.Thread(target=run, name=name, daemon=True)
-    thread.start()
-    pinned.wait(10)
-    # torch also records the last count set as the default of threads started later: the
-    # batch lane's thread (started after this one) keeps the process's count
-    torch.set_num_threads(default)
-    return thread
 
 
 @dataclass(eq=False)
@@ -100,31 +58,13 @@ def set_results(
             fut.set_result(value)
 
 
-def renice(threads: list[threading.Thread], nice: int) -> None:
-    """Make ``threads`` at least ``nice`` (Linux: niceness is per thread; raising it needs
-    no privilege, lowering it does, so a thread already nicer stays as it is)."""
-    for t in threads:
-        try:
-            tid = t.native_id
-            if tid is not None and os.getpriority(os.PRIO_PROCESS, tid) < nice:
-                os.setpriority(os.PRIO_PROCESS, tid, nice)
-        except (AttributeError, OSError) as e:  # not Linux, or not allowed
-            log.warning("batch lane: cannot lower the priority of %s: %s", t.name, e)
-            return
-
-
 class LaneShare:
-    """The batch lane's share of the model, over recent batches, in tokens.
+    """The batch lane's share of the model over recent batches, in tokens (one model thread).
 
-    Why a bounded share and not an age rule: an age rule (batch work older than X goes
-    first) hands the whole model to batch work whenever a backlog of it has aged, which
-    under a sustained batch flood is always: interactive latency is then unbounded again.
-    A share bounds both sides at once: while both lanes have work waiting, the batch lane
-    gets at least ``batch_share`` of the model and interactive work the rest, whatever
-    either side sends. Tokens (with sentence markers) stand for model time: to first order
-    a batch's time is proportional to them, and a count keeps the rule deterministic (the
-    tests rely on it). Each batch decays the past by ``decay``: the share is over roughly
-    the last ``1 / (1 - decay)`` batches.
+    A share, not an age rule: under a sustained batch flood an age rule hands the whole model
+    to the aged backlog, always. While both lanes wait the batch lane gets at least
+    ``batch_share`` and interactive work the rest. Tokens stand for model time (and keep the
+    rule deterministic); each batch decays the past by ``decay``.
     """
 
     def __init__(self, batch_share: float = 0.2, decay: float = 0.9, floor: float = 0.0) -> None:

@@ -122,6 +122,16 @@ class Metrics:
             registry=r,
         )
 
+    def observe_batch(self, started: float, took: float, batch: list) -> None:
+        """One model call of ``batch`` (queued sentences: ``tokens``, ``cost``, ``enqueued``)
+        that started at ``started`` (perf_counter) and took ``took`` seconds."""
+        for it in batch:
+            self.queue_seconds.observe(started - it.enqueued)
+        self.batch_seconds.observe(took)
+        self.batch_sentences.observe(len(batch))
+        self.batch_tokens.observe(len(batch) * max(it.cost for it in batch))
+        self.tokens.inc(sum(len(it.tokens) for it in batch))
+
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 

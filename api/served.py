@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from elmo_api.batcher import Batcher, Ticket
+from elmo_api.admission import Ticket
+from elmo_api.batcher import Batcher
 from elmo_api.cache import SentenceCache
 from elmo_api.metrics import Metrics
 from elmo_api.responses import check_response_floats

@@ -89,6 +89,42 @@ def _start_transient(
     return thread, done
 
 
+def start_thread(target: Callable[[], None], name: str, threads: int) -> threading.Thread:
+    """Start a daemon thread with ``threads`` intra-op (torch) threads of its own, leaving
+    the caller's count and torch's default for later threads as they were (a server's
+    express thread: one intra-op thread keeps it beside the main thread within the cores)."""
+    pinned = threading.Event()
+
+    def run() -> None:
+        # torch sets a thread's count from its default on the thread's first parallel op:
+        # take that first, or it would undo the count set here
+        torch.get_num_threads()
+        torch.set_num_threads(threads)
+        pinned.set()
+        target()
+
+    default = torch.get_num_threads()
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    pinned.wait(10)
+    # torch also records the last count set as the default of threads started later
+    torch.set_num_threads(default)
+    return thread
+
+
+def renice(threads: list[threading.Thread], nice: int) -> None:
+    """Make ``threads`` at least ``nice`` (Linux: niceness is per thread; raising it needs
+    no privilege, lowering it does, so a thread already nicer stays as it is)."""
+    for t in threads:
+        try:
+            tid = t.native_id
+            if tid is not None and os.getpriority(os.PRIO_PROCESS, tid) < nice:
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+        except (AttributeError, OSError) as e:  # not Linux, or not allowed
+            log.warning("cannot lower the priority of thread %s: %s", t.name, e)
+            return
+
+
 def native_bf16(device: torch.device) -> bool:
     """Whether ``device`` computes bf16 in hardware rather than emulating it.
 

@@ -229,7 +229,7 @@ async def embed_document(req: DocumentRequest, request: Request, ctx: ServingDep
             try:
                 while not run.done:
                     try:
-                        runner.document_round(run, stop.is_set, served.request_timeout)
+                        runner.rounds.wait_round(run, stop.is_set, served.request_timeout)
                     except RoundTimeout:
                         raise ModelTimeout(
                             f"a round of the document waited over {served.request_timeout:g}s "

@@ -13,7 +13,8 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from elmo_api.batcher import Batcher, Overloaded, WorkEstimate
+from elmo_api.admission import Overloaded, WorkEstimate
+from elmo_api.batcher import Batcher
 from elmo_api.main import create_app
 from elmo_api.metrics import Metrics
 from elmo_api.settings import load_settings

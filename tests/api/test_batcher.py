@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from elmo_api.batcher import Batcher, BatcherClosed, QueueFull
+from elmo_api.admission import BatcherClosed, QueueFull
+from elmo_api.batcher import Batcher
 from elmo_api.main import create_app
 from elmo_api.metrics import Metrics
 from elmo_api.settings import load_settings

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from elmo_api import document_rounds
-from elmo_api.batcher import Batcher, BatcherClosed
+from elmo_api.admission import BatcherClosed
+from elmo_api.batcher import Batcher
 from elmo_service.document import DocumentCancelled
 
 WAIT = 30  # seconds an event may take at most on a loaded machine (a deadline, not a timing)
@@ -64,7 +65,7 @@ def _until(pred, what: str) -> None:
 def _round_thread(b: Batcher, run: Run, errors: list, cancelled=lambda: False):
     def go():
         try:
-            b.document_round(run, cancelled)
+            b.rounds.wait_round(run, cancelled)
         except BaseException as e:  # noqa: BLE001 - the test reads it
             errors.append((run.name, e))
 
@@ -206,7 +207,7 @@ def test_closing_the_batcher_fails_waiting_rounds(rec):
     asyncio.run(main())
     assert [(n, type(e)) for n, e in errors] == [("doc", BatcherClosed)]
     with pytest.raises(BatcherClosed):
-        b.document_round(Run("late"))
+        b.rounds.wait_round(Run("late"))
 
 
 def test_documents_streamed_at_once_share_steps_and_keep_the_librarys_vectors(

@@ -11,7 +11,8 @@ import time
 import httpx
 import pytest
 
-from elmo_api.batcher import Batcher, QueueFull
+from elmo_api.admission import QueueFull
+from elmo_api.batcher import Batcher
 from elmo_api.lanes import BATCH, INTERACTIVE, LaneShare
 from elmo_api.main import create_app
 from elmo_api.metrics import Metrics

@@ -166,7 +166,7 @@ def test_a_run_the_model_cannot_take_now_is_not_kept(with_selftest):
     from concurrent.futures import ThreadPoolExecutor
     from types import SimpleNamespace
 
-    from elmo_api.batcher import QueueFull
+    from elmo_api.admission import QueueFull
     from elmo_api.selftest import ensure_selftest
 
     class Refusing:
