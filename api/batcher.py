@@ -354,7 +354,10 @@ class Batcher:
                 if what is None:
                     continue  # a call came
                 self._busy_since[worker] = time.perf_counter()  # work waits: busy from now
-                if worker == EXPRESS or what == ROUNDS:
+                if what == ROUNDS:
+                    self.rounds.fill(self.max_fill_wait)
+                    break
+                if worker == EXPRESS:
                     break
                 # the fill may bring interactive work, or hand the queue to the express thread;
                 # while it waits for batch work the main thread counts as on it (an interactive

@@ -20,6 +20,10 @@ from elmo_api.admission import BatcherClosed
 from elmo_service.document import DocumentCancelled, DocumentRun, advance
 
 POLL_S = 0.05  # how often a waiting round asks whether its caller still wants it
+# the route's round (pass 1's unit; answer chunks stay ``chunk_tokens``): 8 documents' rows
+# (a round each way) fill a batch's 4,096 tokens, which bound a step's buffers. 8 streams of
+# 2,000-token documents ran 1.6x faster than with 512-token rounds (4 documents a step)
+ROUND_TOKENS = 256
 
 
 class RoundTimeout(TimeoutError):
@@ -46,6 +50,10 @@ class DocumentRounds:
         self.rounds_run = 0  # rounds computed (a step computes one per document)
         self.active = 0  # callers waiting for a round (queued or in the model)
         self.closed = False  # the batcher closed: no more rounds
+        # the runs of the last step that have rounds left: their callers queue the next one a
+        # moment after the step (their threads wake); a step waits for them (``fill``), or
+        # the documents split into groups that take turns, each step half empty
+        self.returning: set[int] = set()
 
     def wait_round(
         self,
@@ -61,6 +69,7 @@ class DocumentRounds:
             if self.closed:
                 raise self.closed_error()
             self.waiting.append(r)
+            self.returning.discard(id(run))
             self.active += 1
             self._cond.notify_all()
         try:
@@ -99,13 +108,24 @@ class DocumentRounds:
         more documents a step run faster each."""
         n, used = 0, 0
         for r in self.waiting:
-            cost = 2 * r.run.chunk
+            cost = 2 * r.run.round_tokens
             if n and ((rows is not None and 2 * (n + 1) > rows) or
                       (tokens is not None and used + cost > tokens)):  # fmt: skip
                 break
             n, used = n + 1, used + cost
         taken, self.waiting = self.waiting[:n], self.waiting[n:]
         return taken
+
+    def fill(self, seconds: float) -> None:
+        """Under the lock: wait at most ``seconds`` for the last step's documents to queue
+        their next rounds."""
+        deadline = time.monotonic() + seconds
+        while self.returning and not self.closed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._cond.wait(left)
+        self.returning.clear()
 
     def fail(self, error: BaseException) -> None:
         """Under the lock: fail every waiting round (the batcher closes)."""
@@ -123,5 +143,7 @@ class DocumentRounds:
             for r in taken:
                 r.error = e
         finally:
+            with self._cond:
+                self.returning = {id(r.run) for r in taken if r.error is None and not r.run.done}
             for r in taken:
                 r.done.set()

@@ -331,10 +331,16 @@ class DocumentRun:
         chunk_tokens: int | None = None,
         *,
         spill_dir: str | None = None,
+        round_tokens: int | None = None,
     ) -> None:
         chunk = DEFAULT_CHUNK_TOKENS if chunk_tokens is None else int(chunk_tokens)
         if chunk < 1:
             raise InputError("chunk_tokens must be >= 1", field="chunk_tokens")
+        # a round (pass 1's unit) may be shorter than an answer chunk: the rows of more
+        # documents fit one step's buffers (rows x round), and the vectors are the same
+        step = chunk if round_tokens is None else min(int(round_tokens), chunk)
+        if step < 1:
+            raise ValueError("round_tokens must be >= 1")
         if spec.pending is not None:
             raise ValueError(f"output spec has task {spec.pending!r} still to look up")
         self.embedder, self.doc, self.spec, self.chunk = embedder, doc, spec, chunk
@@ -344,10 +350,11 @@ class DocumentRun:
         self._n_seq = n_seq
         self._norm = spec.mix is not None and spec.mix.layer_norm
         self._stats = _Stats(self._n_out) if self._norm else None
-        starts = list(range(0, n_seq, chunk))
+        self.round_tokens = step
+        starts = list(range(0, n_seq, step))
         # (forward chunk, backward chunk): the backward direction walks from the end
         self._rounds = [
-            ((lo, min(lo + chunk, n_seq)), (b, min(b + chunk, n_seq)))
+            ((lo, min(lo + step, n_seq)), (b, min(b + step, n_seq)))
             for lo, b in zip(starts, reversed(starts), strict=True)
         ]
         self._spills: tuple[_Spill, _Spill] | None = (

@@ -48,7 +48,7 @@ from starlette.responses import StreamingResponse
 
 from elmo_api import outputs
 from elmo_api.deps import ServingDep
-from elmo_api.document_rounds import RoundTimeout
+from elmo_api.document_rounds import ROUND_TOKENS, RoundTimeout
 from elmo_api.documents import DocumentStreams, spill_bytes
 from elmo_api.encoding import dumps
 from elmo_api.errors import ApiError, answer_of, error_body
@@ -225,7 +225,9 @@ async def embed_document(req: DocumentRequest, request: Request, ctx: ServingDep
             first = None
             # pass 1 a round at a time on the model thread, batched with other documents'
             # rounds (elmo_api.document_rounds); pass 2 reads the spills here
-            run = DocumentRun(embedder, doc, spec, chunk, spill_dir=streams.spill_dir)
+            run = DocumentRun(
+                embedder, doc, spec, chunk, spill_dir=streams.spill_dir, round_tokens=ROUND_TOKENS
+            )
             try:
                 while not run.done:
                     try:

@@ -39,11 +39,19 @@ class Recorder:
 
     def advance(self, runs):
         self.calls.append(("docs", [r.name for r in runs]))
+        for r in runs:
+            r.left -= 1
 
 
 class Run:
-    def __init__(self, name: str, chunk: int = 1) -> None:
-        self.name, self.chunk = name, chunk
+    """A document of ``rounds`` rounds (``Recorder.advance`` counts them down)."""
+
+    def __init__(self, name: str, chunk: int = 1, rounds: int = 1) -> None:
+        self.name, self.round_tokens, self.left = name, chunk, rounds
+
+    @property
+    def done(self) -> bool:
+        return self.left == 0
 
 
 @pytest.fixture
@@ -136,6 +144,55 @@ def test_a_step_of_rounds_holds_at_most_a_batchs_rows_and_tokens(rec, budget):
         ("docs", ["doc0", "doc1"]),
         ("docs", ["doc2"]),
     ]
+
+
+def test_a_step_waits_for_the_last_steps_documents_to_queue_their_next_rounds(rec):
+    """Three documents of three rounds: after a step, their threads queue the next rounds
+    one by one; the model thread waits for all three (not taking the first alone, which
+    would split the documents into groups that take turns, each step part empty)."""
+    b = Batcher(rec.embed, max_queue=100, max_fill_wait=WAIT)
+    late = threading.Event()  # doc2 queues its next rounds only when this is set
+    errors: list = []
+
+    def document(run: Run, hold: threading.Event | None = None) -> None:
+        try:
+            b.rounds.wait_round(run)
+            while not run.done:
+                if hold is not None:
+                    assert hold.wait(WAIT)
+                b.rounds.wait_round(run)
+        except BaseException as e:  # noqa: BLE001 - the test reads it
+            errors.append((run.name, e))
+
+    async def main():
+        busy = asyncio.ensure_future(b.embed([["busy"]], lane="batch"))
+        await asyncio.to_thread(rec.started.wait, WAIT)  # held: all three first rounds queue
+        runs = [Run(f"doc{i}", rounds=3) for i in range(3)]
+        threads = [
+            threading.Thread(target=document, args=(r, late if r.name == "doc2" else None))
+            for r in runs
+        ]
+        for t in threads:
+            t.start()
+        await asyncio.to_thread(_until, lambda: len(b.rounds.waiting) == 3, "3 rounds queued")
+        rec.gate.set()
+        await busy
+        # doc0 and doc1 are back; the model thread waits for doc2 rather than step without it
+        await asyncio.to_thread(
+            _until,
+            lambda: len(b.rounds.waiting) == 2 and b.rounds.returning,
+            "two rounds back, one awaited",
+        )
+        assert [c for c in rec.calls if c[0] == "docs"] == [("docs", ["doc0", "doc1", "doc2"])]
+        late.set()
+        for t in threads:
+            await asyncio.to_thread(t.join, WAIT)
+
+    asyncio.run(main())
+    b.close()
+    assert not errors
+    steps = [sorted(names) for kind, names in rec.calls if kind == "docs"]
+    assert steps == [["doc0", "doc1", "doc2"]] * 3
 
 
 def test_documents_take_turns_with_batch_sentences(rec):

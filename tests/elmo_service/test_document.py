@@ -257,6 +257,33 @@ def test_a_run_steps_a_round_at_a_time(embedder: Embedder) -> None:
         next(run.answer())
 
 
+@pytest.mark.parametrize("round_tokens", (7, 64, 10_000))
+def test_rounds_shorter_than_a_chunk_keep_the_chunks_and_the_vectors(
+    embedder: Embedder, one_pass: Embedder, round_tokens: int
+) -> None:
+    """The server's rounds (pass 1's unit) are shorter than its answer chunks: the answer
+    keeps ``chunk_tokens`` and one pass's vectors, whatever the round (at most a chunk)."""
+    doc = document.tokenize_document(embedder.tokenizer, TEXT, max_tokens=None)
+    runs = [
+        document.DocumentRun(embedder, doc, embedder.output_spec("norm"), 64, round_tokens=r)
+        for r in (round_tokens, None)
+    ]
+    assert runs[0].round_tokens == min(round_tokens, 64)
+    assert runs[0].rounds == -(-(len(doc) + 2) // min(round_tokens, 64))
+    while not runs[0].done:
+        document.advance([runs[0]] if runs[1].done else runs)  # together, then alone
+    got, plain = (list(r.answer()) for r in runs)
+    assert [len(c.tokens) for c in got] == [len(c.tokens) for c in plain]
+    assert all(len(c.tokens) <= 64 for c in got)
+    ref = one_pass.embed([TEXT], mix="norm")[0]
+    assert_close(joined(got)[1], ref.layers)
+    assert_close(joined(got)[2], ref.mix)
+    with pytest.raises(ValueError, match="round_tokens"):
+        document.DocumentRun(embedder, doc, embedder.output_spec(None), 64, round_tokens=0)
+    for r in runs:
+        r.close()
+
+
 def test_the_torch_kernel_advances_documents_together(model_dir: Path) -> None:
     e = Embedder.load(model_dir)
     ref_e = Embedder.load(model_dir, max_sentence_tokens=100_000)
