@@ -142,7 +142,9 @@ def part_b(q: bool, tmp: Path, rounds: int | None = None) -> list[tuple]:
             s / a for s, a in zip(got[f"shared {name}"], got[f"alone {name}"], strict=True)
         )
         print(f"  (b) {label}: idle p99 {got[f'idle {name}']} ms, mixed {got[f'mixed {name}']} ms")
-        print(f"  (b) {label}: batch tokens/s alone {got[f'alone {name}']}, shared {got[f'shared {name}']}")
+        print(
+            f"  (b) {label}: batch tokens/s alone {got[f'alone {name}']}, shared {got[f'shared {name}']}"
+        )
         rows += [
             ("b", f"interactive ({label}) p99 under 12 batch clients / idle", p99, "<= 3",
              p99 <= 3.0),
