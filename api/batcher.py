@@ -368,7 +368,7 @@ class Batcher:
                 if (what := self._pick(worker)) is not None:
                     break
             if what == ROUNDS:
-                # a batch's rows and tokens (rows x chunk: 4 documents of 512-token chunks)
+                # a batch's rows and tokens (rows x round: 8 documents of the route's rounds)
                 taken = self.rounds.take(self.budget.sentences, self.budget.tokens)
             else:
                 taken = self._pop(what, self.take_tokens)

@@ -21,8 +21,8 @@ from elmo_service.document import DocumentCancelled, DocumentRun, advance
 
 POLL_S = 0.05  # how often a waiting round asks whether its caller still wants it
 # the route's round (pass 1's unit; answer chunks stay ``chunk_tokens``): 8 documents' rows
-# (a round each way) fill a batch's 4,096 tokens, which bound a step's buffers. 8 streams of
-# 2,000-token documents ran 1.6x faster than with 512-token rounds (4 documents a step)
+# (a round each way) fill a batch's 4,096 tokens, which bound a step's buffers; with 512-token
+# rounds 4 documents shared a step (bench_targets (c), 8 streams: 0.39-0.40 -> 0.45)
 ROUND_TOKENS = 256
 
 
@@ -103,7 +103,7 @@ class DocumentRounds:
 
     def take(self, rows: int | None = None, tokens: int | None = None) -> list[_Round]:
         """Under the lock: the waiting rounds, oldest first, while their rows (a chunk each
-        way) fit in ``rows`` and their tokens (rows x chunk: the step's buffers) in ``tokens``;
+        way) fit in ``rows`` and their tokens (rows x round: the step's buffers) in ``tokens``;
         at least one, all with None. A step lasts a chunk's time steps whatever its rows:
         more documents a step run faster each."""
         n, used = 0, 0
