@@ -53,7 +53,7 @@ class DocumentRounds:
         # the runs of the last step that have rounds left: their callers queue the next one a
         # moment after the step (their threads wake); a step waits for them (``fill``), or
         # the documents split into groups that take turns, each step half empty
-        self.returning: set[int] = set()
+        self.returning: set[DocumentRun] = set()
 
     def wait_round(
         self,
@@ -69,7 +69,7 @@ class DocumentRounds:
             if self.closed:
                 raise self.closed_error()
             self.waiting.append(r)
-            self.returning.discard(id(run))
+            self.returning.discard(run)
             self.active += 1
             self._cond.notify_all()
         try:
@@ -104,7 +104,7 @@ class DocumentRounds:
     def take(self, rows: int | None = None, tokens: int | None = None) -> list[_Round]:
         """Under the lock: the waiting rounds, oldest first, while their rows (a chunk each
         way) fit in ``rows`` and their tokens (rows x round: the step's buffers) in ``tokens``;
-        at least one, all with None. A step lasts a chunk's time steps whatever its rows:
+        at least one, all with None. A step lasts a round's time steps whatever its rows:
         more documents a step run faster each."""
         n, used = 0, 0
         for r in self.waiting:
@@ -144,6 +144,6 @@ class DocumentRounds:
                 r.error = e
         finally:
             with self._cond:
-                self.returning = {id(r.run) for r in taken if r.error is None and not r.run.done}
+                self.returning = {r.run for r in taken if r.error is None and not r.run.done}
             for r in taken:
                 r.done.set()
