@@ -59,8 +59,7 @@ from elmo_jobs.state import (
     figure,
     name_holder_free,
 )
-from elmo_pretrain.checkpoint import list_checkpoints
-from elmo_pretrain.run_dir import metrics_path
+from elmo_pretrain.run_dir import list_checkpoints, metrics_path
 from elmo_pretrain.tracking import is_stop
 
 log = logging.getLogger("jobs")

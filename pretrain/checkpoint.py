@@ -59,13 +59,13 @@ from typing import Any, BinaryIO, Literal
 
 import torch
 
-from elmo_pretrain.run_dir import CHECKPOINTS_DIR
+# the folder's layout (names, listing) is run_dir's: the job runner reads it without torch
+from elmo_pretrain.run_dir import checkpoint_dir, list_checkpoints
 from elmo_service.atomic import atomic_open, sha256_file, write_text
 from elmo_service.errors import ElmoServiceError
 
 log = logging.getLogger("elmo_pretrain.checkpoint")
 
-_NAME = re.compile(r"^step-(\d{8,})\.pt$")
 _SIDECAR = re.compile(r"^([0-9a-f]{64})  (step-\d{8,}\.pt)\n?$")
 HASH_SUFFIX = ".sha256"
 
@@ -102,28 +102,9 @@ def describe_nonfinite(names: list[str], total: int) -> str:
     return f"{len(names)} of {total} weight tensors hold NaN or infinity ({shown})"
 
 
-def checkpoint_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / CHECKPOINTS_DIR
-
-
 def sidecar(path: str | Path) -> Path:
     p = Path(path)
     return p.with_name(p.name + HASH_SUFFIX)
-
-
-def checkpoint_step(path: str | Path) -> int | None:
-    """``step-00034700.pt`` -> 34700; None for any other name."""
-    m = _NAME.match(Path(path).name)
-    return int(m.group(1)) if m else None
-
-
-def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Checkpoint files under their final names, oldest first (verified or not)."""
-    d = checkpoint_dir(run_dir)
-    if not d.is_dir():
-        return []
-    found = [(step, p) for p in d.iterdir() if (step := checkpoint_step(p)) is not None]
-    return [p for _, p in sorted(found)]
 
 
 # ------------------------------------------------------------------ hashing

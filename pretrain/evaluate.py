@@ -28,11 +28,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from elmo_pretrain.checkpoint import checkpoint_step, list_checkpoints, load_checkpoint
+from elmo_pretrain.checkpoint import list_checkpoints, load_checkpoint
 from elmo_pretrain.config import TrainConfig
 from elmo_pretrain.data import Corpus, eval_batches, stream_eval_batches, to_device
 from elmo_pretrain.lm import LanguageModel
-from elmo_pretrain.run_dir import LM_WEIGHTS, RUN_FILE, run_info_path
+from elmo_pretrain.run_dir import LM_WEIGHTS, RUN_FILE, checkpoint_step, run_info_path
 from elmo_service.errors import ConfigError, InputError
 from elmo_service.runtime import autocast, pick_device, set_threads
 

@@ -16,6 +16,7 @@ An exported language model (``elmo-pretrain export --lm``) is a run folder too:
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 RUN_FILE = "run.json"
@@ -37,3 +38,25 @@ def metrics_path(run_dir: str | Path) -> Path:
 
 def run_info_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / RUN_FILE
+
+
+CHECKPOINT_NAME = re.compile(r"^step-(\d{8,})\.pt$")
+
+
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CHECKPOINTS_DIR
+
+
+def checkpoint_step(path: str | Path) -> int | None:
+    """``step-00034700.pt`` -> 34700; None for any other name."""
+    m = CHECKPOINT_NAME.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Checkpoint files under their final names, oldest first (verified or not)."""
+    d = checkpoint_dir(run_dir)
+    if not d.is_dir():
+        return []
+    found = [(step, p) for p in d.iterdir() if (step := checkpoint_step(p)) is not None]
+    return [p for _, p in sorted(found)]

@@ -35,6 +35,7 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import re
+import subprocess
 import sys
 from dataclasses import dataclass
 from functools import cache
@@ -416,6 +417,20 @@ def test_the_library_install_has_none_of_the_servers_packages():
     server = {"fastapi", "uvicorn", "redis", "rq", "prometheus-client", "httpx", "starlette"}
     assert not required & server, sorted(required & server)
     assert server - {"httpx"} <= _requirement_names(project["optional-dependencies"]["server"])
+
+
+def test_the_job_worker_and_the_preparing_cli_start_without_torch():
+    """A job's worker and its ``prepare`` phase are processes of their own, started per job:
+    neither needs torch (~2 CPU-seconds to import), so neither imports it."""
+    code = (
+        "import sys, elmo_jobs.worker, elmo_pretrain.cli, elmo_pretrain.prepare\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", out.stdout[:500]
 
 
 def test_every_package_folder_is_installed():

@@ -22,21 +22,36 @@ One module per concern:
 
 """
 
-from elmo_pretrain.probe.cli import add_probe_commands
-from elmo_pretrain.probe.features import pooled_features, word_features
-from elmo_pretrain.probe.learn import (
-    MixProbe,
-    ProbeResult,
-    best_mix,
-    polarity_probe,
-    pos_probe,
-    random_artifact,
-    run_probe,
-    train_probe,
-)
-from elmo_pretrain.probe.options import TASK_DEFAULTS, ProbeConfig, ProbeOptions
-from elmo_pretrain.probe.report import results_table, write_report
-from elmo_pretrain.probe.service import check_service, save_task
+import importlib
+
+# the names load on first use: `elmo-pretrain prepare` and `--help` start without torch
+_WHERE = {
+    "add_probe_commands": "elmo_pretrain.probe.cli",
+    "pooled_features": "elmo_pretrain.probe.features",
+    "word_features": "elmo_pretrain.probe.features",
+    "MixProbe": "elmo_pretrain.probe.learn",
+    "ProbeResult": "elmo_pretrain.probe.learn",
+    "best_mix": "elmo_pretrain.probe.learn",
+    "polarity_probe": "elmo_pretrain.probe.learn",
+    "pos_probe": "elmo_pretrain.probe.learn",
+    "random_artifact": "elmo_pretrain.probe.learn",
+    "run_probe": "elmo_pretrain.probe.learn",
+    "train_probe": "elmo_pretrain.probe.learn",
+    "TASK_DEFAULTS": "elmo_pretrain.probe.options",
+    "ProbeConfig": "elmo_pretrain.probe.options",
+    "ProbeOptions": "elmo_pretrain.probe.options",
+    "results_table": "elmo_pretrain.probe.report",
+    "write_report": "elmo_pretrain.probe.report",
+    "check_service": "elmo_pretrain.probe.service",
+    "save_task": "elmo_pretrain.probe.service",
+}
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name]), name)
+
 
 __all__ = [
     "TASK_DEFAULTS",

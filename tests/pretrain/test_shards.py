@@ -19,6 +19,7 @@ from elmo_pretrain import checkpoint as ckpt
 from elmo_pretrain.cli import main
 from elmo_pretrain.config import TrainConfig, apply_overrides
 from elmo_pretrain.data import Corpus
+from elmo_pretrain.run_dir import checkpoint_step
 from elmo_pretrain.train import CorpusMissing, run_training
 from elmo_service.atomic import sha256_file
 from elmo_service.errors import InputError
@@ -134,7 +135,7 @@ def test_a_corpus_deleted_while_training_stops_the_run_at_once(corpus, tmp_path,
     run = tmp_path / "run"
     with pytest.raises(CorpusMissing, match="disappeared during training .at step 1;"):
         run_training(cfg, run, log=delete_on_start)
-    assert [ckpt.checkpoint_step(p) for p in ckpt.list_checkpoints(run)] == [1]
+    assert [checkpoint_step(p) for p in ckpt.list_checkpoints(run)] == [1]
     stop = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     assert stop["event"] == "stop" and stop["reason"] == "error" and "disappeared" in stop["detail"]
 

@@ -16,6 +16,7 @@ import pytest
 
 from elmo_pretrain import checkpoint as ckpt
 from elmo_pretrain.prepare import PrepareOptions, prepare
+from elmo_pretrain.run_dir import checkpoint_step
 from elmo_pretrain.sources.synthetic import write_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,7 +89,7 @@ def test_ctrl_c_under_the_launcher_checkpoints_and_prints_one_line(corpus_dir, t
     ]
     rec = stop_record(run)
     assert rec["reason"] == "signal" and rec["step"] > 0
-    assert [ckpt.checkpoint_step(p) for p in ckpt.list_checkpoints(run)] == [rec["step"]]
+    assert [checkpoint_step(p) for p in ckpt.list_checkpoints(run)] == [rec["step"]]
     assert ckpt.load_checkpoint(ckpt.list_checkpoints(run)[-1])["world_size"] == 2
 
 
@@ -135,9 +136,7 @@ def test_ctrl_c_with_sigint_ignored_still_checkpoints_and_returns(corpus_dir, tm
     finally:
         signal.signal(signal.SIGINT, old)
     assert res["stopped"] == "signal SIGINT"
-    assert [ckpt.checkpoint_step(p) for p in ckpt.list_checkpoints(tmp_path / "run")] == [
-        res["step"]
-    ]
+    assert [checkpoint_step(p) for p in ckpt.list_checkpoints(tmp_path / "run")] == [res["step"]]
 
 
 def test_ctrl_c_in_an_in_process_run_checkpoints_then_reaches_the_caller(corpus_dir, tmp_path):
@@ -154,7 +153,7 @@ def test_ctrl_c_in_an_in_process_run_checkpoints_then_reaches_the_caller(corpus_
         assert {s: signal.getsignal(s) for s in before} == before
     rec = stop_record(run)
     assert rec["reason"] == "signal" and rec["detail"] == "signal SIGINT"
-    assert [ckpt.checkpoint_step(p) for p in ckpt.list_checkpoints(run)] == [rec["step"]]
+    assert [checkpoint_step(p) for p in ckpt.list_checkpoints(run)] == [rec["step"]]
 
 
 def test_a_previous_handler_gets_the_signal_after_the_checkpoint(corpus_dir, tmp_path):
