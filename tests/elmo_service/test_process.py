@@ -14,7 +14,7 @@ import pytest
 
 from elmo_service.bilm.kernels.tuning import OMP_SPINCOUNT
 from elmo_service.errors import ConfigError
-from elmo_service.process import configure_process
+from elmo_service.process import configure_process, openmp_environment
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
@@ -49,11 +49,20 @@ PASSIVE = {"GOMP_SPINCOUNT": None, "OMP_WAIT_POLICY": "PASSIVE"}
     ],
 )
 def test_each_role_gets_its_spin_unless_the_environment_says(role, extra, want):
+    environ = dict(extra)
+    openmp_environment(role, environ)
+    assert {k: environ.get(k) for k in want} == want
+
+
+@pytest.mark.parametrize(("role", "want"), [("serve", SPIN), ("worker", PASSIVE)])
+def test_a_fresh_process_has_its_spin_before_torch_loads_and_its_thread_count(role, want):
+    """The rule above, in a real process: set before torch loads OpenMP (which reads it
+    once), and the count applied."""
     code = (
         "from elmo_service.process import configure_process; "
         f"n = configure_process({role!r}, 1); import torch; assert torch.get_num_threads() == n == 1"
     )
-    got = run(code, **extra)
+    got = run(code)
     assert {k: got[k] for k in want} == want
 
 
