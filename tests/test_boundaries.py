@@ -424,6 +424,8 @@ def test_the_job_worker_and_the_preparing_cli_start_without_torch():
     neither needs torch (~2 CPU-seconds to import), so neither imports it."""
     code = (
         "import sys, elmo_jobs.worker, elmo_pretrain.cli, elmo_pretrain.prepare\n"
+        "import elmo_pretrain.probe as probe\n"
+        "assert 'word_features' in probe.__all__ and not hasattr(probe, 'nothing')\n"
         "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
     )
     out = subprocess.run(

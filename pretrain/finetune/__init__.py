@@ -21,38 +21,17 @@ Data plumbing (built-in tasks, a user's JSONL, line-by-line checks) is the
 probe's: :mod:`elmo_pretrain.probe.tasks`.
 """
 
-import importlib
+from elmo_pretrain.lazy import lazy_exports
 
 # the names load on first use: `elmo-pretrain prepare` and `--help` start without torch
-_WHERE = {
-    "add_finetune_commands": "elmo_pretrain.finetune.cli",
-    "CRF": "elmo_pretrain.finetune.crf",
-    "TaskNetwork": "elmo_pretrain.finetune.network",
-    "FinetuneConfig": "elmo_pretrain.finetune.options",
-    "FinetuneOptions": "elmo_pretrain.finetune.options",
-    "Finetuned": "elmo_pretrain.finetune.run",
-    "build_task": "elmo_pretrain.finetune.run",
-    "finetune": "elmo_pretrain.finetune.run",
-    "span_f1": "elmo_pretrain.finetune.train",
-    "spans": "elmo_pretrain.finetune.train",
-}
-
-
-def __getattr__(name: str):
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_WHERE[name]), name)
-
-
-__all__ = [
-    "CRF",
-    "FinetuneConfig",
-    "FinetuneOptions",
-    "Finetuned",
-    "TaskNetwork",
-    "add_finetune_commands",
-    "build_task",
-    "finetune",
-    "span_f1",
-    "spans",
-]
+__getattr__, __all__ = lazy_exports(
+    __name__,
+    {
+        "cli": ("add_finetune_commands",),
+        "crf": ("CRF",),
+        "network": ("TaskNetwork",),
+        "options": ("FinetuneConfig", "FinetuneOptions"),
+        "run": ("Finetuned", "build_task", "finetune"),
+        "train": ("span_f1", "spans"),
+    },
+)

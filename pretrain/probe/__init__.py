@@ -22,54 +22,26 @@ One module per concern:
 
 """
 
-import importlib
+from elmo_pretrain.lazy import lazy_exports
 
 # the names load on first use: `elmo-pretrain prepare` and `--help` start without torch
-_WHERE = {
-    "add_probe_commands": "elmo_pretrain.probe.cli",
-    "pooled_features": "elmo_pretrain.probe.features",
-    "word_features": "elmo_pretrain.probe.features",
-    "MixProbe": "elmo_pretrain.probe.learn",
-    "ProbeResult": "elmo_pretrain.probe.learn",
-    "best_mix": "elmo_pretrain.probe.learn",
-    "polarity_probe": "elmo_pretrain.probe.learn",
-    "pos_probe": "elmo_pretrain.probe.learn",
-    "random_artifact": "elmo_pretrain.probe.learn",
-    "run_probe": "elmo_pretrain.probe.learn",
-    "train_probe": "elmo_pretrain.probe.learn",
-    "TASK_DEFAULTS": "elmo_pretrain.probe.options",
-    "ProbeConfig": "elmo_pretrain.probe.options",
-    "ProbeOptions": "elmo_pretrain.probe.options",
-    "results_table": "elmo_pretrain.probe.report",
-    "write_report": "elmo_pretrain.probe.report",
-    "check_service": "elmo_pretrain.probe.service",
-    "save_task": "elmo_pretrain.probe.service",
-}
-
-
-def __getattr__(name: str):
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_WHERE[name]), name)
-
-
-__all__ = [
-    "TASK_DEFAULTS",
-    "MixProbe",
-    "ProbeConfig",
-    "ProbeOptions",
-    "ProbeResult",
-    "add_probe_commands",
-    "best_mix",
-    "check_service",
-    "polarity_probe",
-    "pooled_features",
-    "pos_probe",
-    "random_artifact",
-    "results_table",
-    "run_probe",
-    "save_task",
-    "train_probe",
-    "word_features",
-    "write_report",
-]
+__getattr__, __all__ = lazy_exports(
+    __name__,
+    {
+        "cli": ("add_probe_commands",),
+        "features": ("pooled_features", "word_features"),
+        "learn": (
+            "MixProbe",
+            "ProbeResult",
+            "best_mix",
+            "polarity_probe",
+            "pos_probe",
+            "random_artifact",
+            "run_probe",
+            "train_probe",
+        ),
+        "options": ("TASK_DEFAULTS", "ProbeConfig", "ProbeOptions"),
+        "report": ("results_table", "write_report"),
+        "service": ("check_service", "save_task"),
+    },
+)
