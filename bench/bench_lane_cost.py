@@ -29,45 +29,26 @@ import time
 import urllib.request
 from pathlib import Path
 
-import orjson
-
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench import fair  # noqa: E402
-from bench.bench_serve import Conn, Server, load_phase, make_sentences  # noqa: E402
+from bench.bench_lanes import interactive_client  # noqa: E402
+from bench.bench_serve import Server, load_phase, make_sentences  # noqa: E402
 
 MODEL = REPO / "models" / "default"
 MIX = {"output": "mix", "encoding": "base64"}
 RATE = 20.0
+# what the paced client posts: (path, the body of one sentence)
 KINDS = {
     "none": None,
-    "embed-i": ("/v1/embed", {}),
-    "embed-b": ("/v1/embed", {"priority": "batch"}),
-    "tokenize": ("/tokenize", None),
+    "embed-i": ("/v1/embed", lambda s: {"sentences": [s], **MIX}),
+    "embed-b": ("/v1/embed", lambda s: {"sentences": [s], **MIX, "priority": "batch"}),
+    "tokenize": ("/tokenize", lambda s: {"inputs": " ".join(s)}),
 }
 METRICS = re.compile(
     r"(elmo_batch_duration_seconds_count|elmo_batch_sentences_bucket\{le=\"1.0\"\}) ([0-9.e+]+)"
 )
-
-
-async def paced(port: int, stop: float, sents: list[list[str]], path: str, extra) -> list[float]:
-    """RATE requests a second on a fixed schedule; the latencies."""
-    conn, lat, i, start = Conn(port), [], 0, time.perf_counter()
-    try:
-        while time.perf_counter() < stop:
-            await asyncio.sleep(max(0.0, start + i / RATE - time.perf_counter()))
-            s = sents[i % len(sents)]
-            i += 1
-            body = {"inputs": " ".join(s)} if extra is None else {"sentences": [s], **MIX, **extra}
-            t = time.perf_counter()
-            status, data = await conn.post(path, orjson.dumps(body))
-            if status != 200:
-                raise RuntimeError(f"{path} answered {status}: {data[:200]!r}")
-            lat.append(time.perf_counter() - t)
-    finally:
-        conn.close()
-    return lat
 
 
 def calls(port: int) -> tuple[float, float]:
@@ -122,7 +103,9 @@ def main() -> None:
                 if KINDS[kind] is not None:
                     stop = time.perf_counter() + args.seconds
                     few = make_sentences(2_000, seed=next(seeds))
-                    lat[kind] += asyncio.run(paced(srv.port, stop, few, *KINDS[kind]))
+                    path, body = KINDS[kind]
+                    got, _ = asyncio.run(interactive_client(srv.port, stop, few, RATE, path, body))
+                    lat[kind] += got
                 t.join()
                 tput[kind].append(out["b"]["tokens_per_s"])
                 (n1, ones1), cpu1 = calls(srv.port), cpu_seconds(srv.proc.pid)

@@ -30,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -58,12 +59,17 @@ def machine() -> dict:
 
 
 async def interactive_client(
-    port: int, stop: float, sentences: list[list[str]], rate: float | None = None
+    port: int,
+    stop: float,
+    sentences: list[list[str]],
+    rate: float | None = None,
+    path: str = "/v1/embed",
+    body: Callable[[list[str]], dict] | None = None,
 ) -> tuple:
     """One client, one sentence per request, back to back until ``stop`` (or, with
     ``rate``, at most ``rate`` requests a second, on a fixed schedule: light traffic whose
     amount does not grow as latency falls): latencies, and the server's own account of each
-    (its X-*-Time headers)."""
+    (its X-*-Time headers). ``body(sentence)``: the request's JSON (default: an embed of it)."""
     lat: list[float] = []
     parts: list[dict] = []
     conn = Conn(port)
@@ -73,12 +79,13 @@ async def interactive_client(
         while time.perf_counter() < stop:
             if rate:
                 await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
-            body = orjson.dumps({"sentences": [sentences[i % len(sentences)]], **SHAPE})
+            sentence = sentences[i % len(sentences)]
             i += 1
+            payload = orjson.dumps(body(sentence) if body else {"sentences": [sentence], **SHAPE})
             t = time.perf_counter()
-            status, data = await conn.post("/v1/embed", body)
+            status, data = await conn.post(path, payload)
             if status != 200:
-                raise RuntimeError(f"interactive request answered {status}: {data[:200]!r}")
+                raise RuntimeError(f"{path} answered {status}: {data[:200]!r}")
             lat.append(time.perf_counter() - t)
             parts.append(conn.times)
     finally:
