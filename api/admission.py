@@ -7,21 +7,15 @@ running tokens x the measured seconds per token (:class:`WorkEstimate`, from a s
 it fail with 503 later while taking model time from requests that can still make it. A take
 is sorted by length, so a later request can run before an earlier one of its take: it is
 also refused when it would push the oldest queued request of its take past that request's
-deadline. A request with nothing ahead of it is always admitted.
+deadline (:meth:`elmo_api.lanes.LaneQueue.admit`). A request with nothing ahead of it is
+always admitted.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
-
-import numpy as np
-
-from elmo_api.metrics import Metrics
-
-TokenLists = Sequence[Sequence[str]]  # sentences as token texts
-EmbedFn = Callable[[TokenLists], list[np.ndarray]]
 
 
 class QueueFull(Exception):
@@ -100,41 +94,6 @@ class WorkEstimate:
 def token_cost(tokens: Sequence[str]) -> int:
     """What admission counts for a sentence: its tokens and the model's <S> and </S>."""
     return len(tokens) + 2
-
-
-def admit(
-    *,
-    waiting: int,
-    sentences: int,
-    max_queue: int,
-    estimate: WorkEstimate,
-    pending_cost: int,
-    cost: int,
-    timeout: float | None,
-    metrics: Metrics | None,
-    protect: Callable[[int], float | None] | None = None,
-    lane: str = "interactive",
-) -> None:
-    """Raise QueueFull when ``sentences`` more would pass
-    ``max_queue`` waiting, Overloaded when the queued work (``pending_cost`` tokens) and
-    this request's ``cost`` would not finish in time (:meth:`WorkEstimate.check`; ``protect``
-    gives the earliest deadline this request could push back). Each refusal is counted,
-    also per ``lane``."""
-    if waiting + sentences > max_queue:
-        if metrics:
-            metrics.rejected.labels("queue_full").inc()
-            metrics.lane_rejected.labels(lane, "queue_full").inc()
-        raise QueueFull(
-            f"{lane} queue full: {waiting} sentences waiting, limit {max_queue}"
-            + (" (ELMO_BATCH_MAX_QUEUE)" if lane == "batch" else "")
-        )
-    try:
-        estimate.check(pending_cost, cost, timeout, protect(cost) if protect else None)
-    except Overloaded:
-        if metrics:
-            metrics.rejected.labels("overloaded").inc()
-            metrics.lane_rejected.labels(lane, "overloaded").inc()
-        raise
 
 
 # the server's defaults (api/settings.py reads these; the budget's are elmo_service's)

@@ -1,12 +1,12 @@
 """Micro-batching: the server's only model callers, one policy over two priority lanes.
 
-Requests ``submit`` token lists and await a future per sentence. A model thread wakes as
-soon as anything is queued and it is free (no fixed batch delay: what queued while the last
-batch ran forms the next, as in TEI); a take is sorted by length and cut under the token
-budget (``plan_batches``, the library's planner); sentences whose future is done (client
-gone, timed out) are dropped before the model. Each lane (``priority``: ``interactive``,
-the default, or ``batch``) has a queue, a bound and admission (:mod:`elmo_api.admission`).
-Documents are batch-lane work: every waiting document's next round is one batched step
+Requests ``submit`` token lists and await a future per sentence. A model thread wakes as soon
+as anything is queued and it is free (no fixed batch delay: what queued while the last batch
+ran forms the next, as in TEI); a take is sorted by length and cut under the token budget
+(``plan_batches``, the library's planner); sentences whose future is done (client gone, timed
+out) are dropped before the model. Each lane (``priority``: ``interactive``, the default, or
+``batch``) has a queue, a bound and admission (:class:`elmo_api.lanes.LaneQueue`). Documents
+are batch-lane work: every waiting document's next round is one batched step
 (:mod:`elmo_api.document_rounds`), in turns with batch-lane takes.
 
 :meth:`Batcher._pick` decides what each model thread runs next. **The main thread** (every
@@ -14,11 +14,11 @@ intra-op thread) runs batch work first, in full batches, and interactive work wh
 work waits. **The express thread** (CPU: a second kernel instance, one intra-op thread) runs
 interactive work only while the main thread is committed to batch work, so an interactive
 request never waits behind a batch; the main thread runs ``batch_nice`` nicer. **Without
-it** (GPU, or ``ELMO_INTERACTIVE_THREAD=false``) the main thread runs interactive work
-first, between the batches of a take too, and gives batch work ``batch_share``
-(:class:`elmo_api.lanes.LaneShare`). A batch about to start waits -- at most ``fill_ratio``
-of the recent batch time and ``max_fill_wait`` -- for announced requests and returning
-clients, or closed-loop clients alternate batches of 1 and N-1 (docs/serving.md).
+it** (GPU, or ``ELMO_INTERACTIVE_THREAD=false``) the main thread runs interactive work first,
+between the batches of a take too, and gives batch work ``batch_share``
+(:class:`elmo_api.lanes.LaneShare`). A batch about to start waits -- at most ``fill_ratio`` of
+the recent batch time and ``max_fill_wait`` -- for announced requests and returning clients,
+or closed-loop clients alternate batches of 1 and N-1 (docs/serving.md).
 """
 
 from __future__ import annotations
@@ -40,10 +40,8 @@ from elmo_api.admission import (
     DEFAULT_FILL_WAIT_MS,
     DEFAULT_MAX_QUEUE,
     BatcherClosed,
-    EmbedFn,
     Ticket,
     WorkEstimate,
-    admit,
 )
 from elmo_api.document_rounds import DocumentRounds
 from elmo_api.lanes import (
@@ -52,10 +50,11 @@ from elmo_api.lanes import (
     INTERACTIVE,
     LANES,
     Lane,
+    LaneQueue,
     LaneShare,
+    set_results,
 )
 from elmo_api.lanes import QueuedSentence as _Item
-from elmo_api.lanes import set_results as _set_results
 from elmo_api.metrics import Metrics
 from elmo_service.bilm.runner import (
     DEFAULT_BATCH_TOKENS,
@@ -67,7 +66,7 @@ from elmo_service.runtime import renice, start_thread
 
 log = logging.getLogger("elmo_api.batcher")
 
-
+EmbedFn = Callable[[Sequence[Sequence[str]]], list[np.ndarray]]  # one planned batch
 MAIN, EXPRESS = "main", "express"  # the model threads
 ROUNDS = "rounds"  # what the main thread may pick besides a lane: the documents' rounds
 CALL = "call"  # a run_on_each call
@@ -75,17 +74,29 @@ CALL = "call"  # a run_on_each call
 BATCH_QUIET_S = 0.25
 
 
+class _Worker:
+    """A model thread's state: its ``run_on_each`` calls, what it computes (a lane, ROUNDS or
+    None) and since when it has been busy (admission's seconds per token count that time)."""
+
+    __slots__ = ("busy_since", "calls", "computing")
+
+    def __init__(self) -> None:
+        self.calls: deque[tuple[Callable[[EmbedFn], Any], Future]] = deque()
+        self.computing: str | None = None
+        self.busy_since = time.perf_counter()
+
+
 class Batcher:
     """The lanes and the model threads of a served model (see the module docstring).
 
     ``embed_fn`` runs one planned batch (``Embedder.run_batch``) on the main thread;
     ``interactive_fn``, when given, is the express thread's: a second model instance over
-    the same weights, safe to call while ``embed_fn`` runs. ``batch_tokens`` (padded tokens,
-    markers included) and ``max_batch_sentences`` bound a batch; a take is ``take_batches``
-    batches' worth, sorted together. ``max_queue`` / ``batch_max_queue`` bound each lane's
-    queue (:class:`QueueFull`); ``estimate`` is the main thread's seconds per token for
-    admission. ``batch_quiet``: seconds after batch work during which interactive work still
-    goes to the express thread. The rest are described in the module docstring.
+    the same weights, safe to call while ``embed_fn`` runs (both are read per call: a test can
+    wrap them). ``batch_tokens`` (padded tokens, markers included) and
+    ``max_batch_sentences`` bound a batch; a take is ``take_batches`` batches' worth, sorted
+    together. ``max_queue`` / ``batch_max_queue`` bound each lane's queue (:class:`QueueFull`);
+    ``estimate`` is the main thread's seconds per token for admission. ``batch_quiet``:
+    seconds after batch work during which interactive work still goes to the express thread.
     """
 
     quiet_for = 0.05  # idle this long before a drain may close the batcher
@@ -109,49 +120,33 @@ class Batcher:
         batch_nice: int = 0,
         batch_quiet: float = BATCH_QUIET_S,
     ) -> None:
-        self.embed_fn = embed_fn
-        self.interactive_fn = interactive_fn
+        self.embed_fn, self.interactive_fn = embed_fn, interactive_fn
         self.express = interactive_fn is not None
         self.budget = BatchBudget(batch_tokens, max_batch_sentences)
         self.take_tokens = batch_tokens * take_batches
-        self.lane_max_queue = {
-            INTERACTIVE: max_queue,
-            BATCH: max_queue if batch_max_queue is None else batch_max_queue,
-        }
+        batch_max_queue = max_queue if batch_max_queue is None else batch_max_queue
+        self.lanes = {INTERACTIVE: LaneQueue(INTERACTIVE, max_queue), BATCH: LaneQueue(BATCH, batch_max_queue)}  # fmt: skip
         self.share = LaneShare(batch_share, floor=batch_tokens)
         self.metrics = metrics
-        self.max_fill_wait = max_fill_wait
-        self.fill_ratio = fill_ratio
-        self.batch_nice = batch_nice
-        self.batch_quiet = batch_quiet
+        self.max_fill_wait, self.fill_ratio = max_fill_wait, fill_ratio
+        self.batch_nice, self.batch_quiet = batch_nice, batch_quiet
         self.estimate = estimate or WorkEstimate()
         # the express thread's seconds per token: lone sentences cost more per token
         self.interactive_estimate = WorkEstimate() if self.express else self.estimate
-        self._queues: dict[Lane, deque[_Item]] = {lane: deque() for lane in LANES}
-        # tokens (with markers) queued or running, and of which queued, per lane: admission
-        self._pending_cost = {lane: 0 for lane in LANES}
-        self._queued_cost = {lane: 0 for lane in LANES}
-        self._computing: dict[str, str | None] = {MAIN: None, EXPRESS: None}  # what runs
-        self._calls: dict[str, deque[tuple[Callable[[EmbedFn], Any], Future]]] = {
-            MAIN: deque(),
-            EXPRESS: deque(),
-        }  # run_on's calls, before any queued work
+        self._workers = {MAIN: _Worker(), EXPRESS: _Worker()}
         self._running_batch = 0  # batch-lane tokens in the model now
-        self._busy_since = {MAIN: time.perf_counter(), EXPRESS: time.perf_counter()}
         self._last_batch = -float("inf")  # when batch work last arrived or ran
         self._batch_seconds = 0.0  # moving average of the main thread's batch durations
         self._incoming = 0  # announced requests not yet submitted
         self._returning = 0  # sentences answered by the last batch not yet matched by arrivals
-        self._last_fill = (0, 0.0)
+        self._last_fill = (0, 0.0)  # (requests the last fill waited for, its seconds)
         self._cond = threading.Condition()
         self._closed = False
         self.rounds = DocumentRounds(self._cond)  # documents' pass 1, batch-lane work
         self.batches_run = self.sentences_run = self.dropped = 0
         self.recent: deque[tuple[int, int, float]] = deque(maxlen=512)  # (n, announced, waited)
-        self.lanes_run: deque[tuple[int, int]] = deque(maxlen=512)  # (interactive, batch)
         self._threads = [threading.Thread(target=self._work, args=(MAIN,), name=name, daemon=True)]
-        if self.express:
-            # one intra-op thread: beside the main thread's, within the cores
+        if self.express:  # one intra-op thread: beside the main thread's, within the cores
             self._threads.append(
                 start_thread(lambda: self._work(EXPRESS), f"{name}-interactive", 1)
             )
@@ -160,10 +155,10 @@ class Batcher:
     # -- request side (event loop) ---------------------------------------------
     @property
     def depth(self) -> int:
-        return sum(len(q) for q in self._queues.values())
+        return sum(len(q) for q in self.lanes.values())
 
     def lane_depth(self, lane: Lane) -> int:
-        return len(self._queues[lane])
+        return len(self.lanes[lane])
 
     @property
     def idle(self) -> bool:
@@ -173,7 +168,7 @@ class Batcher:
     @property
     def pending_tokens(self) -> int:
         """Tokens (with sentence markers) queued or in the model now."""
-        return sum(self._pending_cost.values())
+        return sum(q.pending for q in self.lanes.values())
 
     def announce(self) -> Ticket:
         """A request is on its way (the fill waits for it); retire the ticket or submit with it."""
@@ -191,38 +186,15 @@ class Batcher:
 
     def _main_on_batch(self) -> bool:
         """Under the lock: the main thread is committed to batch work: computing it, with
-        some waiting, or within ``BATCH_QUIET_S`` of the last (closed-loop batch clients and
+        some waiting, or within ``batch_quiet`` of the last (closed-loop batch clients and
         documents come back within it: an interactive request meanwhile must not wait for
         the main thread, nor run there beside their next batch)."""
         return (
-            self._computing[MAIN] in (BATCH, ROUNDS)
-            or bool(self._queues[BATCH])
+            self._workers[MAIN].computing in (BATCH, ROUNDS)
+            or bool(self.lanes[BATCH])
             or self.rounds.active > 0
             or time.perf_counter() - self._last_batch < self.batch_quiet
         )
-
-    def _ahead(self, lane: Lane, express: bool) -> int:
-        """Tokens a request of ``lane`` waits for (``express``: it goes to the express
-        thread, which runs nothing of the batch lane's)."""
-        if lane == BATCH:
-            return self.pending_tokens
-        return self._pending_cost[INTERACTIVE] + (0 if express else self._running_batch)
-
-    def _protect(self, lane: Lane, cost: int) -> float | None:
-        """Seconds left before the earliest deadline that ``cost`` more tokens could push back.
-
-        A take is sorted by length, so a request joining the take of the oldest queued
-        request of its lane can run before it: admitting it must not make that one miss its
-        deadline (queued requests share the timeout: the oldest live one is the earliest).
-        None when this request would start a later take. Under the lock.
-        """
-        if self._queued_cost[lane] + cost > self.take_tokens:
-            return None
-        now = time.perf_counter()
-        for it in self._queues[lane]:
-            if not it.future.done() and it.deadline > now:
-                return it.deadline - now
-        return None
 
     def submit_nowait(
         self,
@@ -250,16 +222,13 @@ class Batcher:
                 self._incoming -= 1
             if self._closed:
                 raise BatcherClosed("the model is shutting down")
-            cost = sum(it.cost for it in items)
-            queue = self._queues[lane]
+            queue = self.lanes[lane]
             express = lane == INTERACTIVE and self.express and self._main_on_batch()
             estimate = self.interactive_estimate if express else self.estimate
-            admit(
-                waiting=len(queue), sentences=len(items), max_queue=self.lane_max_queue[lane],
-                estimate=estimate, pending_cost=self._ahead(lane, express), cost=cost,
-                timeout=timeout, metrics=self.metrics,
-                protect=lambda c: self._protect(lane, c), lane=lane,
-            )  # fmt: skip
+            # what this request waits for: the express thread runs nothing of the batch lane
+            ahead = self.pending_tokens if lane == BATCH else queue.pending + (0 if express else self._running_batch)  # fmt: skip
+            cost = sum(it.cost for it in items)
+            queue.admit(len(items), cost, ahead, estimate, timeout, self.take_tokens, self.metrics)
             now = time.perf_counter()
             if timeout is not None:
                 for it in items:
@@ -268,9 +237,7 @@ class Batcher:
                 timing.submitted = now
             if lane == BATCH:
                 self._last_batch = now
-            self._pending_cost[lane] += cost
-            self._queued_cost[lane] += cost
-            queue.extend(items)
+            queue.push(items)
             self._returning = max(0, self._returning - len(items))
             self._gauge()
             self._cond.notify_all()
@@ -310,7 +277,7 @@ class Batcher:
         with self._cond:
             for worker in (MAIN, EXPRESS) if self.express else (MAIN,):
                 futures.append(Future())
-                self._calls[worker].append((call, futures[-1]))
+                self._workers[worker].calls.append((call, futures[-1]))
             self._cond.notify_all()
         return futures
 
@@ -324,7 +291,7 @@ class Batcher:
     # -- the policy (under the lock) ----------------------------------------------------
     def _pick(self, worker: str) -> str | None:
         """What ``worker`` runs next: a lane, ``ROUNDS``, or None (nothing for it now)."""
-        interactive, batch, rounds = self._queues[INTERACTIVE], self._queues[BATCH], self.rounds
+        interactive, batch, rounds = self.lanes[INTERACTIVE], self.lanes[BATCH], self.rounds
         if worker == EXPRESS:
             return INTERACTIVE if interactive and self._main_on_batch() else None
         if self.express:
@@ -336,24 +303,25 @@ class Batcher:
             return ROUNDS  # documents and batch takes take turns
         return BATCH if batch else None
 
-    def _take(self, worker: str) -> tuple[str, list] | None:
-        """Wait for ``worker``'s next work and take it: (what, items). None once closed
-        (the main thread first drains what is queued)."""
+    def _take(self, worker: str) -> tuple[str, Any] | None:
+        """Wait for ``worker``'s next work and take it: (what, items), or (CALL, a call). None
+        once closed (the main thread first drains what is queued)."""
+        w = self._workers[worker]
         with self._cond:
             while True:
-                if self._calls[worker]:
-                    return CALL, [self._calls[worker].popleft()]
-                while (what := self._pick(worker)) is None and not self._calls[worker]:
+                if w.calls:
+                    return CALL, w.calls.popleft()
+                while (what := self._pick(worker)) is None and not w.calls:
                     if self._closed and (worker == EXPRESS or not self.depth):
                         if worker == MAIN:
                             self.rounds.fail(self.rounds.closed_error())
                         return None
                     # interactive work the main thread leaves to the express thread for now
-                    # becomes its own once batch work has been quiet for BATCH_QUIET_S
-                    self._cond.wait(self.batch_quiet if self._queues[INTERACTIVE] else None)
+                    # becomes its own once batch work has been quiet for batch_quiet
+                    self._cond.wait(self.batch_quiet if self.lanes[INTERACTIVE] else None)
                 if what is None:
                     continue  # a call came
-                self._busy_since[worker] = time.perf_counter()  # work waits: busy from now
+                w.busy_since = time.perf_counter()  # work waits: busy from now
                 if what == ROUNDS:
                     self.rounds.fill(self.max_fill_wait)
                     break
@@ -362,19 +330,18 @@ class Batcher:
                 # the fill may bring interactive work, or hand the queue to the express thread;
                 # while it waits for batch work the main thread counts as on it (an interactive
                 # request meanwhile goes to the express thread)
-                self._computing[worker] = what
+                w.computing = what
                 self._fill(stop_on_interactive=what == BATCH and not self.express)
-                self._computing[worker] = None
+                w.computing = None
                 if (what := self._pick(worker)) is not None:
                     break
-            if what == ROUNDS:
-                # a batch's rows and tokens (rows x round: 8 documents of the route's rounds)
+            if what == ROUNDS:  # a batch's rows and tokens (8 documents of the route's rounds)
                 taken = self.rounds.take(self.budget.sentences, self.budget.tokens)
             else:
-                taken = self._pop(what, self.take_tokens)
+                taken = self.lanes[what].pop(self.take_tokens)
             if what in (BATCH, ROUNDS):
                 self.rounds.turn = what == BATCH
-            self._computing[worker] = what
+            w.computing = what
             self._gauge()
             self._cond.notify_all()  # the express thread looks again
             return what, taken
@@ -382,49 +349,39 @@ class Batcher:
     def _fill(self, stop_on_interactive: bool) -> None:
         """Wait (bounded) for announced or returning requests while the batch has room."""
         self._last_fill = (self._incoming + self._returning, 0.0)
-        if not (self._incoming or self._returning):
+        if not self._last_fill[0]:
             return
         t0 = time.perf_counter()
         deadline = t0 + min(self.max_fill_wait, self.fill_ratio * self._batch_seconds)
         while (self._incoming > 0 or self._returning > 0) and not self._closed:
-            if stop_on_interactive and self._queues[INTERACTIVE]:
+            if stop_on_interactive and self.lanes[INTERACTIVE]:
                 break
-            queued = sum(self._queued_cost.values())
+            queued = sum(q.queued for q in self.lanes.values())
             if queued >= self.budget.tokens or self.depth >= self.budget.sentences:
                 break
-            left = deadline - time.perf_counter()
-            if left <= 0:
+            if (left := deadline - time.perf_counter()) <= 0:
                 break
             self._cond.wait(left)
         self._last_fill = (self._last_fill[0], time.perf_counter() - t0)
 
-    def _pop(self, lane: Lane, tokens: int) -> list[_Item]:
-        """Sentences of ``lane``, oldest first, while their tokens fit (at least one)."""
-        queue, taken, moved = self._queues[lane], [], 0
-        while queue and (not taken or moved + queue[0].cost <= tokens):
-            it = queue.popleft()
-            moved += it.cost
-            taken.append(it)
-        self._queued_cost[lane] -= moved
-        return taken
-
     def _gauge(self) -> None:
         if self.metrics:
             self.metrics.queue_depth.set(self.depth)
-            for lane, queue in self._queues.items():
+            for lane, queue in self.lanes.items():
                 self.metrics.lane_queue_depth.labels(lane).set(len(queue))
 
     # -- the model threads ---------------------------------------------------------------
     def _work(self, worker: str) -> None:
+        w = self._workers[worker]
         if worker == MAIN and self.express and self.batch_nice > 0:
             renice([threading.current_thread()], self.batch_nice)
         reniced = worker == EXPRESS or not self.express or self.batch_nice <= 0
         while (got := self._take(worker)) is not None:
             what, taken = got
             if what == CALL:
-                (call, fut), fn = taken[0], self.embed_fn if worker == MAIN else self.interactive_fn
+                call, fut = taken
                 try:
-                    fut.set_result(call(fn))
+                    fut.set_result(call(self.embed_fn if worker == MAIN else self.interactive_fn))
                 except Exception as e:  # noqa: BLE001 - the caller gets it
                     fut.set_exception(e)
                 continue
@@ -432,14 +389,14 @@ class Batcher:
                 if what == ROUNDS:
                     self.rounds.run(taken)
                     # admission's seconds per token count sentences' work, not the documents'
-                    self._busy_since[MAIN] = time.perf_counter()
+                    w.busy_since = time.perf_counter()
                 else:
                     self._run_take(worker, what, taken)
             finally:
                 with self._cond:
-                    if self._computing[worker] in (BATCH, ROUNDS):
+                    if w.computing in (BATCH, ROUNDS):
                         self._last_batch = time.perf_counter()
-                    self._computing[worker] = None
+                    w.computing = None
                     self._cond.notify_all()
             if not reniced:
                 # the kernel's direction workers inherit this thread's niceness when it
@@ -455,8 +412,11 @@ class Batcher:
             if batch:
                 self._run(batch, worker)
             rest = batches[k + 1 :]
-            if lane == BATCH and rest and not self.express and self._queues[INTERACTIVE]:
-                self._requeue([it for b in rest for it in b])  # interactive work goes next
+            if lane == BATCH and rest and not self.express and self.lanes[INTERACTIVE]:
+                with self._cond:  # interactive work goes next; the rest goes back in front
+                    self.lanes[BATCH].push([it for b in rest for it in b], front=True)
+                    self._gauge()
+                    self._cond.notify_all()
                 return
 
     def plan(self, items: list[_Item], budget: BatchBudget | None = None) -> list[list[_Item]]:
@@ -464,19 +424,11 @@ class Batcher:
         cut = plan_batches([it.cost for it in items], budget or self.budget)
         return [[items[i] for i in b] for b in cut]
 
-    def _requeue(self, items: list[_Item]) -> None:
-        """Batch-lane sentences taken but not run go back to the front of their queue."""
-        with self._cond:
-            self._queues[BATCH].extendleft(reversed(items))
-            self._queued_cost[BATCH] += sum(it.cost for it in items)
-            self._gauge()
-            self._cond.notify_all()
-
     def _finished(self, items: list[_Item]) -> None:
         """``items`` left the pending work (answered, failed or dropped)."""
         with self._cond:
             for it in items:
-                self._pending_cost[it.lane] -= it.cost
+                self.lanes[it.lane].pending -= it.cost
 
     def _drop_cancelled(self, items: list[_Item]) -> list[_Item]:
         live = [it for it in items if not it.future.done()]
@@ -490,6 +442,7 @@ class Batcher:
     def _complete(
         self, items: list[_Item], values: list | None = None, error: BaseException | None = None
     ) -> None:
+        """The answers (or the error) go back to the requests' event loops."""
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, object]]] = {}
         for i, it in enumerate(items):
             by_loop.setdefault(it.loop, []).append(
@@ -497,11 +450,10 @@ class Batcher:
             )
         for loop, pairs in by_loop.items():
             with contextlib.suppress(RuntimeError):  # a closed loop: its requests are gone
-                loop.call_soon_threadsafe(_set_results, pairs, error)
+                loop.call_soon_threadsafe(set_results, pairs, error)
 
     def _run(self, batch: list[_Item], worker: str = MAIN) -> None:
-        """One model call on ``worker``'s thread (its function read per call: a test can
-        wrap it); the answers go back to the requests' event loops."""
+        """One model call on ``worker``'s thread, and its bookkeeping."""
         main = worker == MAIN
         fn = self.embed_fn if main else self.interactive_fn
         assert fn is not None
@@ -510,12 +462,10 @@ class Batcher:
             self._running_batch = sum(it.cost for it in batch if it.lane == BATCH)
         try:
             with tracing.model_call(batch):
-                out = fn([it.tokens for it in batch])
+                out, error = fn([it.tokens for it in batch]), None
         except Exception as e:  # a model failure fails this batch's requests, not the thread
             log.exception("batch of %d sentences failed", len(batch))
             out, error = None, e
-        else:
-            error = None
         end = time.perf_counter()
         took = end - start
         if main:
@@ -533,13 +483,9 @@ class Batcher:
             self.sentences_run += len(batch)
             if main:  # the fill's inputs (the express thread never waits to fill)
                 self._returning = len(batch)
-                self._batch_seconds = (
-                    took if not self._batch_seconds else 0.8 * self._batch_seconds + 0.2 * took
-                )
+                self._batch_seconds = 0.8 * self._batch_seconds + 0.2 * took if self._batch_seconds else took  # fmt: skip
                 self.share.ran(per_lane)
                 self.recent.append((len(batch), *self._last_fill))
-            n_interactive = sum(it.lane == INTERACTIVE for it in batch)
-            self.lanes_run.append((n_interactive, len(batch) - n_interactive))
         for it in batch:
             if it.timing is not None:
                 it.timing.add_batch(batch_id, took, end)
@@ -548,10 +494,10 @@ class Batcher:
         # the estimate counts the thread's busy time, not only the model's: fill waits and
         # planning are part of what a queued request waits for (updated before the answers
         # go out, so whoever gets them sees the estimate that includes their batch)
-        now = time.perf_counter()
+        w, now = self._workers[worker], time.perf_counter()
         estimate = self.estimate if main else self.interactive_estimate
-        estimate.observe(now - self._busy_since[worker], per_lane[INTERACTIVE] + per_lane[BATCH])
-        self._busy_since[worker] = now
+        estimate.observe(now - w.busy_since, per_lane[INTERACTIVE] + per_lane[BATCH])
+        w.busy_since = now
         if self.metrics and main:
             self.metrics.seconds_per_token.set(self.estimate.seconds_per_token)
         self._complete(batch, out)
@@ -561,13 +507,8 @@ class Batcher:
         """Stop taking work; run (drain) or fail what is still queued; wait for the threads."""
         with self._cond:
             self._closed = self.rounds.closed = True
-            pending: list[_Item] = []
+            pending = [] if drain else [it for q in self.lanes.values() for it in q.clear()]
             if not drain:
-                for lane, queue in self._queues.items():
-                    pending += queue
-                    self._pending_cost[lane] -= sum(it.cost for it in queue)
-                    self._queued_cost[lane] = 0
-                    queue.clear()
                 self.rounds.fail(self.rounds.closed_error())
                 self._gauge()
             self._cond.notify_all()

@@ -1,4 +1,4 @@
-"""Priority lanes: the batcher's queue entries and its fairness rule.
+"""Priority lanes: the batcher's queues and its fairness rule.
 
 Two lanes, named by a request's ``priority``: ``interactive`` (the default) and
 ``batch`` (:mod:`elmo_api.batcher` says how one policy serves them).
@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from elmo_api.admission import token_cost
+from elmo_api.admission import QueueFull, WorkEstimate, token_cost
+from elmo_api.metrics import Metrics
 
 Lane = Literal["interactive", "batch"]
 INTERACTIVE: Lane = "interactive"
@@ -35,7 +37,7 @@ class QueuedSentence:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     lane: Lane = INTERACTIVE
-    timing: Any = None  # the request's elmo_api.lanes.RequestTiming, if it keeps one
+    timing: Any = None  # the request's elmo_api.timing.RequestTiming, if it keeps one
     trace: Any = None  # the request's tracing context, when tracing is on
     enqueued: float = field(default_factory=time.perf_counter)
     deadline: float = math.inf  # by when admission promised it an answer (perf_counter)
@@ -45,8 +47,85 @@ class QueuedSentence:
         return token_cost(self.tokens)
 
 
+class LaneQueue:
+    """A lane's sentences, oldest first, with their tokens (markers included): ``queued``,
+    and ``pending`` (queued or in the model), which admission counts. Under the batcher's
+    lock."""
+
+    def __init__(self, lane: Lane, max_queue: int) -> None:
+        self.lane, self.max_queue = lane, max_queue
+        self.items: deque[QueuedSentence] = deque()
+        self.queued = self.pending = 0
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def admit(
+        self, n: int, cost: int, ahead: int, estimate: WorkEstimate, timeout: float | None,
+        take_tokens: int, metrics: Metrics | None,
+    ) -> None:  # fmt: skip
+        """Raise QueueFull when ``n`` more sentences pass ``max_queue``, Overloaded when the
+        ``ahead`` tokens and these ``cost`` would not finish in time, or would push the oldest
+        queued request of the take they join past its deadline (:mod:`elmo_api.admission`).
+        Each refusal is counted, also per lane."""
+        reason = "queue_full"
+        try:
+            if len(self.items) + n > self.max_queue:
+                raise QueueFull(
+                    f"{self.lane} queue full: {len(self.items)} sentences waiting, "
+                    f"limit {self.max_queue}" + (" (ELMO_BATCH_MAX_QUEUE)" * (self.lane == BATCH))
+                )
+            reason = "overloaded"
+            estimate.check(ahead, cost, timeout, self._protect(cost, take_tokens))
+        except QueueFull:
+            if metrics:
+                metrics.rejected.labels(reason).inc()
+                metrics.lane_rejected.labels(self.lane, reason).inc()
+            raise
+
+    def _protect(self, cost: int, take_tokens: int) -> float | None:
+        """Seconds left before the earliest deadline that ``cost`` more tokens could push back:
+        a take is sorted by length, so a request joining the take of the oldest queued
+        request can run before it (queued requests share the timeout: the oldest live one is
+        the earliest). None when this request would start a later take."""
+        if self.queued + cost > take_tokens:
+            return None
+        now = time.perf_counter()
+        for it in self.items:
+            if not it.future.done() and it.deadline > now:
+                return it.deadline - now
+        return None
+
+    def push(self, items: Sequence[QueuedSentence], front: bool = False) -> None:
+        """New sentences at the back; taken but not run (``front``) back at the front."""
+        cost = sum(it.cost for it in items)
+        if front:
+            self.items.extendleft(reversed(items))
+        else:
+            self.items.extend(items)
+            self.pending += cost
+        self.queued += cost
+
+    def pop(self, tokens: int) -> list[QueuedSentence]:
+        """The oldest sentences while their tokens fit in ``tokens`` (at least one)."""
+        taken, moved = [], 0
+        while self.items and (not taken or moved + self.items[0].cost <= tokens):
+            taken.append(self.items.popleft())
+            moved += taken[-1].cost
+        self.queued -= moved
+        return taken
+
+    def clear(self) -> list[QueuedSentence]:
+        """Everything queued, out of the queue and the pending work."""
+        taken, cost = list(self.items), sum(it.cost for it in self.items)
+        self.items.clear()
+        self.queued -= cost
+        self.pending -= cost
+        return taken
+
+
 def set_results(
-    pairs: list[tuple[asyncio.Future, object]], error: BaseException | None = None
+    pairs: Iterable[tuple[asyncio.Future, object]], error: BaseException | None = None
 ) -> None:
     """Runs on the event loop: complete futures that nobody cancelled meanwhile."""
     for fut, value in pairs:
