@@ -16,7 +16,7 @@ from elmo_api.errors import ApiError
 from elmo_api.responses import streamed_json
 from elmo_api.routers.common import ClientGone, check_request_limits, embed_request
 from elmo_api.schemas import ERROR_RESPONSES, EmbedRequest, EmbedResponse
-from elmo_api.served import ServedModel
+from elmo_api.served import ServedModel, in_turns
 from elmo_service.outputs import OutputSpec, positions, render
 from elmo_service.scalar_mix import MixSpec
 
@@ -97,39 +97,38 @@ def build_sentence(
     return out
 
 
-def build_parts(
-    served: ServedModel,
+def build_data(
     req: EmbedRequest,
     texts: list[str],
     token_lists: list,
     arrays: list[np.ndarray],
     spec: OutputSpec,
-    hits: int,
-    misses: int,
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The answer without its ``data``, and its ``data`` entries (every check done)."""
+    start: int = 0,
+    stop: int | None = None,
+) -> list[dict[str, Any]]:
+    """The answer's ``data`` entries of sentences ``start .. stop`` (every check done)."""
     cause = mix_cause(req, spec.task)
-    data = [
+    return [
         build_sentence(i, texts[i], token_lists[i], arrays[i], req, spec, cause)
-        for i in range(len(arrays))
+        for i in range(start, len(arrays) if stop is None else stop)
     ]
-    head = {
+
+
+def answer_head(
+    served: ServedModel, spec: OutputSpec, token_lists: list, hits: int, misses: int
+) -> dict[str, Any]:
+    """The answer without its ``data``."""
+    return {
         "object": "embed_result",
         "model": {"id": served.name, "version": served.version},
         "task": spec.task,
         "usage": {
-            "sentences": len(arrays),
+            "sentences": len(token_lists),
             "tokens": sum(len(t) for t in token_lists),
             "cache_hits": hits,
             "cache_misses": misses,
         },
     }
-    return head, data
-
-
-def build_body(*args: Any) -> bytes:
-    head, data = build_parts(*args)
-    return dumps({**head, "data": data})
 
 
 @router.post(
@@ -167,11 +166,14 @@ async def embed(
     hits, misses = embedded.hits, embedded.misses
     n_floats = embedded.floats
     texts = [s if isinstance(s, str) else " ".join(s) for s in req.sentences]
-    args = (served, req, texts, token_lists, arrays, spec, hits, misses)
-    if n_floats <= _STREAM_FLOATS:
-        return JSONBytesResponse(build_body(*args))
+    head = answer_head(served, spec, token_lists, hits, misses)
+    if n_floats <= _STREAM_FLOATS:  # built on the event loop, in turns with other requests
+        data = await in_turns(
+            arrays,
+            lambda part, i: build_data(req, texts, token_lists, arrays, spec, i, i + len(part)),
+        )
+        return JSONBytesResponse(dumps({**head, "data": data}))
     # checked (finite, in range) before the status line goes out; then encoded and sent
     # a sentence at a time, off the event loop
-    head, data = await asyncio.to_thread(build_parts, *args)
-    del arrays, args
+    data = await asyncio.to_thread(build_data, req, texts, token_lists, arrays, spec)
     return streamed_json(head, "data", data)

@@ -29,9 +29,9 @@ def tokenizing_threads(monkeypatch):
     seen: list[str] = []
     real = ServedModel.tokenize
 
-    def spy(self, sentences, field="sentences"):
+    def spy(self, sentences, field="sentences", offset=0):
         seen.append(threading.current_thread().name)
-        return real(self, sentences, field)
+        return real(self, sentences, field, offset)
 
     monkeypatch.setattr(ServedModel, "tokenize", spy)
     return seen
