@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -29,11 +28,8 @@ from elmo_service.scalar_mix import MixSpec
 from elmo_service.tokenizers import Token
 
 DEFAULT_MIX_TTL = 1.0
-# a request's sentences at a time between two turns of the event loop (:func:`in_turns`)
-TURN_SENTENCES = 8
 # the ASGI scope key under which a request's resolved ServedModel is left (X-Model-Version)
 SERVED_KEY = "elmo.served"
-T, R = TypeVar("T"), TypeVar("R")
 
 WARMUP_SENTENCES = [
     ["Hello", "world", "."],
@@ -110,19 +106,6 @@ def answer_floats(token_lists: list, spec: OutputSpec, dim: int) -> tuple[int, s
     return positions * outputs_per_position * dim, detail
 
 
-async def in_turns(items: Sequence[T], fn: Callable[[Sequence[T], int], Sequence[R]]) -> list[R]:
-    """``fn(part, start)`` over ``items``, ``TURN_SENTENCES`` at a time, other requests' work
-    running between the parts. A batch client's request is ~0.4 ms of Python a sentence on the
-    event loop (tokens, cache entries, its answer): a one-sentence request arriving behind a
-    few of them waits for a part of each, not for all of them (docs/benchmarks.md)."""
-    out: list[R] = []
-    for start in range(0, len(items), TURN_SENTENCES):
-        if start:
-            await asyncio.sleep(0)
-        out += fn(items[start : start + TURN_SENTENCES], start)
-    return out
-
-
 @dataclass
 class ServedModel:
     name: str
@@ -159,11 +142,10 @@ class ServedModel:
         return self.embedder.dim
 
     def tokenize(
-        self, sentences: Sequence[str | list[str]], field: str = "sentences", offset: int = 0
+        self, sentences: list[str | list[str]], field: str = "sentences"
     ) -> list[list[Token]]:
-        """In the request path; raises InputError/LimitError naming ``field[i]`` (``offset``:
-        the first sentence's ``i``, for a part of a request)."""
-        return self.embedder.tokenize(sentences, field=field, offset=offset)
+        """Cheap, in the request path; raises InputError/LimitError naming ``field[i]``."""
+        return self.embedder.tokenize(sentences, field=field)
 
     async def output_spec(self, **options: Any) -> OutputSpec:
         """What each sentence's answer is (``elmo_service.outputs.plan_output``'s options),
@@ -205,7 +187,7 @@ class ServedModel:
                 self._off_loop(), self.tokenize, sentences, field
             )
         else:
-            token_lists = await in_turns(sentences, lambda part, i: self.tokenize(part, field, i))
+            token_lists = self.tokenize(sentences, field)
         if timing is not None:
             timing.lane, timing.used = lane, True
             timing.tokenization = time.perf_counter() - t0
@@ -323,12 +305,7 @@ class ServedModel:
                 elif self._large(len(miss)):  # packing and checksumming entries: Python too
                     await loop.run_in_executor(self._off_loop(), cache.put, computed, miss_digests)
                 else:
-
-                    def put(digests: Sequence[bytes], i: int) -> Sequence[bytes]:
-                        cache.put(computed[i : i + len(digests)], digests)
-                        return digests
-
-                    await in_turns(miss_digests, put)
+                    cache.put(computed, miss_digests)
         if self.metrics is not None and cache.enabled:
             self.metrics.cache_hits.inc(hits)
             self.metrics.cache_misses.inc(len(miss))

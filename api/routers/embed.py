@@ -16,7 +16,7 @@ from elmo_api.errors import ApiError
 from elmo_api.responses import streamed_json
 from elmo_api.routers.common import ClientGone, check_request_limits, embed_request
 from elmo_api.schemas import ERROR_RESPONSES, EmbedRequest, EmbedResponse
-from elmo_api.served import ServedModel, in_turns
+from elmo_api.served import ServedModel
 from elmo_service.outputs import OutputSpec, positions, render
 from elmo_service.scalar_mix import MixSpec
 
@@ -97,38 +97,39 @@ def build_sentence(
     return out
 
 
-def build_data(
+def build_parts(
+    served: ServedModel,
     req: EmbedRequest,
     texts: list[str],
     token_lists: list,
     arrays: list[np.ndarray],
     spec: OutputSpec,
-    start: int = 0,
-    stop: int | None = None,
-) -> list[dict[str, Any]]:
-    """The answer's ``data`` entries of sentences ``start .. stop`` (every check done)."""
+    hits: int,
+    misses: int,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The answer without its ``data``, and its ``data`` entries (every check done)."""
     cause = mix_cause(req, spec.task)
-    return [
+    data = [
         build_sentence(i, texts[i], token_lists[i], arrays[i], req, spec, cause)
-        for i in range(start, len(arrays) if stop is None else stop)
+        for i in range(len(arrays))
     ]
-
-
-def answer_head(
-    served: ServedModel, spec: OutputSpec, token_lists: list, hits: int, misses: int
-) -> dict[str, Any]:
-    """The answer without its ``data``."""
-    return {
+    head = {
         "object": "embed_result",
         "model": {"id": served.name, "version": served.version},
         "task": spec.task,
         "usage": {
-            "sentences": len(token_lists),
+            "sentences": len(arrays),
             "tokens": sum(len(t) for t in token_lists),
             "cache_hits": hits,
             "cache_misses": misses,
         },
     }
+    return head, data
+
+
+def build_body(*args: Any) -> bytes:
+    head, data = build_parts(*args)
+    return dumps({**head, "data": data})
 
 
 @router.post(
@@ -166,14 +167,11 @@ async def embed(
     hits, misses = embedded.hits, embedded.misses
     n_floats = embedded.floats
     texts = [s if isinstance(s, str) else " ".join(s) for s in req.sentences]
-    head = answer_head(served, spec, token_lists, hits, misses)
-    if n_floats <= _STREAM_FLOATS:  # built on the event loop, in turns with other requests
-        data = await in_turns(
-            arrays,
-            lambda part, i: build_data(req, texts, token_lists, arrays, spec, i, i + len(part)),
-        )
-        return JSONBytesResponse(dumps({**head, "data": data}))
+    args = (served, req, texts, token_lists, arrays, spec, hits, misses)
+    if n_floats <= _STREAM_FLOATS:
+        return JSONBytesResponse(build_body(*args))
     # checked (finite, in range) before the status line goes out; then encoded and sent
     # a sentence at a time, off the event loop
-    data = await asyncio.to_thread(build_data, req, texts, token_lists, arrays, spec)
+    head, data = await asyncio.to_thread(build_parts, *args)
+    del arrays, args
     return streamed_json(head, "data", data)

@@ -29,9 +29,9 @@ def tokenizing_threads(monkeypatch):
     seen: list[str] = []
     real = ServedModel.tokenize
 
-    def spy(self, sentences, field="sentences", offset=0):
+    def spy(self, sentences, field="sentences"):
         seen.append(threading.current_thread().name)
-        return real(self, sentences, field, offset)
+        return real(self, sentences, field)
 
     monkeypatch.setattr(ServedModel, "tokenize", spy)
     return seen
