@@ -38,9 +38,13 @@ def thread_cpu(pid: int, tid: int) -> float:
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def cases(sentences: list[list[str]]) -> dict[str, tuple[str, str, list[bytes | None]]]:
-    """name -> (method, path, bodies); the cached cases cycle over 50 bodies (warm first)."""
+def cases(
+    sentences: list[list[str]], r: int, n: int
+) -> dict[str, tuple[str, str, list[bytes | None]]]:
+    """name -> (method, path, bodies) for round ``r`` of ``n`` requests: the cached cases cycle
+    over 50 bodies (warmed first); the new ones get sentences of their own (20 to warm up)."""
     few = sentences[:50]
+    fresh = [sentences[50 + (2 * r + k) * (n + 20) :][: n + 20] for k in (0, 1)]
     return {
         "GET /healthz": ("GET", "/healthz", [None]),
         "POST /tokenize (TEI)": (
@@ -53,7 +57,11 @@ def cases(sentences: list[list[str]]) -> dict[str, tuple[str, str, list[bytes | 
             "POST", "/v1/embed", [orjson.dumps({"sentences": [" ".join(s)], **MIX}) for s in few],
         ),
         "POST /v1/embed, new sentences": (
-            "POST", "/v1/embed", [orjson.dumps({"sentences": [s], **MIX}) for s in sentences[50:]],
+            "POST", "/v1/embed", [orjson.dumps({"sentences": [s], **MIX}) for s in fresh[0]],
+        ),
+        "POST /v1/embeddings (OpenAI), new": (
+            "POST", "/v1/embeddings",
+            [orjson.dumps({"input": " ".join(s), "model": "default"}) for s in fresh[1]],
         ),
     }  # fmt: skip
 
@@ -87,16 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)
     print("\n".join(fair.header(1)))
-    sentences = make_sentences(50 + 20 + args.rounds * args.n, seed=5)
+    sentences = make_sentences(50 + 2 * args.rounds * (args.n + 20), seed=5)
     with tempfile.TemporaryDirectory(prefix="bench-request-cost-") as tmp:
         srv = Server(REPO / "models" / "default", None, Path(tmp))
         try:
             srv.wait_ready()
             results: dict[str, list[float]] = {}
             for r in range(args.rounds):  # cases alternate within each round
-                for name, (method, path, bodies) in cases(sentences).items():
-                    if name.endswith("new sentences"):  # fresh ones every round
-                        bodies = bodies[r * args.n : (r + 1) * args.n + 20]
+                for name, (method, path, bodies) in cases(sentences, r, args.n).items():
                     ms = measure(srv.port, srv.proc.pid, method, path, bodies, args.n)
                     results.setdefault(name, []).append(ms)
         finally:

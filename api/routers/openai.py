@@ -67,9 +67,11 @@ async def embeddings(
         inputs = list(req.input)
     check_openai_limits(inputs, settings)
     spec = await served.output_spec(output="mix", pooling="mean")  # the default mix, pooled
-    # errors name input[i] of the whole request, whichever part it falls in
-    await asyncio.to_thread(served.tokenize, inputs, "input")
     part = settings.max_sentences
+    if len(inputs) > part:
+        # errors name input[i] of the whole request, whichever part it falls in, before any
+        # part runs (one part: its own tokenization names them, before the model runs)
+        await asyncio.to_thread(served.tokenize, inputs, "input")
     lane = req.priority if len(inputs) <= part else "batch"
     fmt = "base64" if req.encoding_format == "base64" else "json"
     data, n_tokens = [], 0
