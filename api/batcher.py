@@ -124,8 +124,10 @@ class Batcher:
         self.express = interactive_fn is not None
         self.budget = BatchBudget(batch_tokens, max_batch_sentences)
         self.take_tokens = batch_tokens * take_batches
-        batch_max_queue = max_queue if batch_max_queue is None else batch_max_queue
-        self.lanes = {INTERACTIVE: LaneQueue(INTERACTIVE, max_queue), BATCH: LaneQueue(BATCH, batch_max_queue)}  # fmt: skip
+        self.lanes = {
+            INTERACTIVE: LaneQueue(INTERACTIVE, max_queue),
+            BATCH: LaneQueue(BATCH, max_queue if batch_max_queue is None else batch_max_queue),
+        }
         self.share = LaneShare(batch_share, floor=batch_tokens)
         self.metrics = metrics
         self.max_fill_wait, self.fill_ratio = max_fill_wait, fill_ratio
@@ -226,7 +228,10 @@ class Batcher:
             express = lane == INTERACTIVE and self.express and self._main_on_batch()
             estimate = self.interactive_estimate if express else self.estimate
             # what this request waits for: the express thread runs nothing of the batch lane
-            ahead = self.pending_tokens if lane == BATCH else queue.pending + (0 if express else self._running_batch)  # fmt: skip
+            if lane == BATCH:
+                ahead = self.pending_tokens
+            else:
+                ahead = queue.pending + (0 if express else self._running_batch)
             cost = sum(it.cost for it in items)
             queue.admit(len(items), cost, ahead, estimate, timeout, self.take_tokens, self.metrics)
             now = time.perf_counter()
@@ -483,7 +488,9 @@ class Batcher:
             self.sentences_run += len(batch)
             if main:  # the fill's inputs (the express thread never waits to fill)
                 self._returning = len(batch)
-                self._batch_seconds = 0.8 * self._batch_seconds + 0.2 * took if self._batch_seconds else took  # fmt: skip
+                self._batch_seconds = (
+                    took if not self._batch_seconds else 0.8 * self._batch_seconds + 0.2 * took
+                )
                 self.share.ran(per_lane)
                 self.recent.append((len(batch), *self._last_fill))
         for it in batch:

@@ -61,9 +61,15 @@ class LaneQueue:
         return len(self.items)
 
     def admit(
-        self, n: int, cost: int, ahead: int, estimate: WorkEstimate, timeout: float | None,
-        take_tokens: int, metrics: Metrics | None,
-    ) -> None:  # fmt: skip
+        self,
+        n: int,
+        cost: int,
+        ahead: int,
+        estimate: WorkEstimate,
+        timeout: float | None,
+        take_tokens: int,
+        metrics: Metrics | None,
+    ) -> None:
         """Raise QueueFull when ``n`` more sentences pass ``max_queue``, Overloaded when the
         ``ahead`` tokens and these ``cost`` would not finish in time, or would push the oldest
         queued request of the take they join past its deadline (:mod:`elmo_api.admission`).
@@ -71,9 +77,10 @@ class LaneQueue:
         reason = "queue_full"
         try:
             if len(self.items) + n > self.max_queue:
+                setting = " (ELMO_BATCH_MAX_QUEUE)" if self.lane == BATCH else ""
                 raise QueueFull(
                     f"{self.lane} queue full: {len(self.items)} sentences waiting, "
-                    f"limit {self.max_queue}" + (" (ELMO_BATCH_MAX_QUEUE)" * (self.lane == BATCH))
+                    f"limit {self.max_queue}{setting}"
                 )
             reason = "overloaded"
             estimate.check(ahead, cost, timeout, self._protect(cost, take_tokens))
