@@ -88,6 +88,27 @@ def test_2048_inputs_in_parts_in_order(client, ref):
     assert r.status_code == 413 and r.json()["error"]["param"] == "input[5]", r.text
 
 
+def test_a_request_of_one_part_is_tokenized_once_and_names_its_input(client, monkeypatch):
+    from elmo_api.served import ServedModel
+
+    calls: list[int] = []
+    real = ServedModel.tokenize
+
+    def spy(self, sentences, field="sentences"):
+        calls.append(len(sentences))
+        return real(self, sentences, field)
+
+    monkeypatch.setattr(ServedModel, "tokenize", spy)
+    ok = client.post("/v1/embeddings", json={"input": ["bank 1 .", "bank 2 ."], "model": "tiny"})
+    assert ok.status_code == 200 and calls == [2], (ok.text, calls)  # one part (of 2): once
+    calls.clear()
+    r = client.post("/v1/embeddings", json={"input": ["bank .", "x " * 20], "model": "tiny"})
+    assert r.status_code == 413 and r.json()["error"]["param"] == "input[1]", r.text
+    calls.clear()
+    three = client.post("/v1/embeddings", json={"input": ["a .", "b .", "c ."], "model": "tiny"})
+    assert three.status_code == 200 and calls == [3, 2, 1], calls  # the whole, then each part
+
+
 def test_normalisation_is_a_setting(tiny_model_dir, tmp_path, ref):
     s = load_settings(
         model_path=tiny_model_dir, threads=1, cache=False, data_dir=tmp_path, openai_normalize=False
