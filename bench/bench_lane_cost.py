@@ -60,11 +60,6 @@ def calls(port: int) -> tuple[float, float]:
     )
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -97,7 +92,7 @@ def main() -> None:
                         load_phase(srv.port, 12, args.seconds, many, 4, batch, True)
                     )
 
-                (n0, ones0), cpu0 = calls(srv.port), cpu_seconds(srv.proc.pid)
+                (n0, ones0), cpu0 = calls(srv.port), fair.cpu_seconds(srv.proc.pid)
                 t = threading.Thread(target=flood)
                 t.start()
                 if KINDS[kind] is not None:
@@ -108,7 +103,7 @@ def main() -> None:
                     lat[kind] += got
                 t.join()
                 tput[kind].append(out["b"]["tokens_per_s"])
-                (n1, ones1), cpu1 = calls(srv.port), cpu_seconds(srv.proc.pid)
+                (n1, ones1), cpu1 = calls(srv.port), fair.cpu_seconds(srv.proc.pid)
                 print(
                     f"  round {r} {kind:9s} batch clients {tput[kind][-1]:7.0f} tokens/s; model "
                     f"calls {n1 - n0:.0f} ({ones1 - ones0:.0f} of one sentence); server CPU "

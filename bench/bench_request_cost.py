@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import os
 import statistics
 import sys
 import tempfile
@@ -30,12 +29,6 @@ from bench import fair  # noqa: E402
 from bench.bench_serve import Server, make_sentences  # noqa: E402
 
 MIX = {"output": "mix", "encoding": "base64"}
-
-
-def thread_cpu(pid: int, tid: int) -> float:
-    """utime + stime of one thread, seconds."""
-    f = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def cases(
@@ -82,11 +75,11 @@ def measure(port: int, pid: int, method: str, path: str, bodies: list, n: int) -
     for i in range(min(len(bodies), 100) if cached else 20):
         one(i)
     start = 0 if cached else 20
-    c0 = thread_cpu(pid, pid)
+    c0 = fair.cpu_seconds(pid, pid)
     for i in range(start, start + n):
         one(i)
     conn.close()
-    return 1e3 * (thread_cpu(pid, pid) - c0) / n
+    return 1e3 * (fair.cpu_seconds(pid, pid) - c0) / n
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -97,6 +97,13 @@ def footer() -> str:
     return f"load average at end {load[0]:.2f} (1 min) / {load[1]:.2f} (5 min)"
 
 
+def cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """User + system CPU time of process ``pid`` (all its threads), or of its thread ``tid``."""
+    stat = Path(f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat")
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 # -- a side in its own process ------------------------------------------------------
 def clean_env() -> dict[str, str]:
     """The parent's environment without any OpenMP / MKL / thread tuning."""
