@@ -172,14 +172,18 @@ class ServedModel:
         max_floats: int | None = None,
         lane: str = "interactive",
         timing: Any = None,
+        tokens: list[list[Token]] | None = None,
     ) -> Embedded:
-        """What a route asks of the model: tokenize (errors name ``field[i]``), bound the
+        """What a route asks of the model: tokenize (errors name ``field[i]``; ``tokens``: the
+        sentences' tokens, when the caller already has them), bound the
         answer ``spec`` would make by ``max_floats`` before any work (ResponseTooLarge
         naming ``field``), then the layers (:meth:`layers`) in priority ``lane``. A sentence
         with no tokens (``""``, ``[]``) gets ``[L+1, 0, D]``, as from the library (#51).
         ``timing`` (``elmo_api.timing.RequestTiming``) gets the tokenization, queue and model time."""
         t0 = time.perf_counter()
-        if self._large(len(sentences)):
+        if tokens is not None:
+            token_lists = tokens
+        elif self._large(len(sentences)):
             # a large request's tokens (~0.1 ms a sentence of Python) off the event loop, on
             # one thread: the small requests queued behind it are parsed and answered between
             # its sentences (the GIL changes hands), not after all of them

@@ -96,9 +96,11 @@ async def embed_request(
     spec: OutputSpec | None = None,
     max_floats: int | None = None,
     priority: str = "interactive",
+    tokens: list | None = None,
 ) -> Embedded:
     """:meth:`ServedModel.embed` with the request's ticket, cancelled when the client goes
-    (ClientGone). ``priority``: the batcher's lane; the request's timing (``X-*-Time``, left
+    (ClientGone). ``priority``: the batcher's lane; ``tokens``: the sentences' tokens, when
+    the route already has them; the request's timing (``X-*-Time``, left
     in the scope by the TimingMiddleware) is filled in on the way. Its refusals (queue full,
     timeout, too large) are answered by ``api/errors.py``'s table."""
     ticket = request.scope.get(TICKET_KEY)
@@ -111,5 +113,6 @@ async def embed_request(
         max_floats=max_floats,
         lane=priority,
         timing=timing,
+        tokens=tokens,
     )
     return await run_guarded(request, work)

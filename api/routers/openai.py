@@ -68,10 +68,12 @@ async def embeddings(
     check_openai_limits(inputs, settings)
     spec = await served.output_spec(output="mix", pooling="mean")  # the default mix, pooled
     part = settings.max_sentences
+    tokens = None
     if len(inputs) > part:
         # errors name input[i] of the whole request, whichever part it falls in, before any
-        # part runs (one part: its own tokenization names them, before the model runs)
-        await asyncio.to_thread(served.tokenize, inputs, "input")
+        # part runs; the parts take their tokens from here (one part tokenizes itself, its
+        # errors named the same way, before the model runs)
+        tokens = await asyncio.to_thread(served.tokenize, inputs, "input")
     lane = req.priority if len(inputs) <= part else "batch"
     fmt = "base64" if req.encoding_format == "base64" else "json"
     data, n_tokens = [], 0
@@ -85,6 +87,7 @@ async def embeddings(
                 spec,
                 settings.max_response_floats,
                 priority=lane,
+                tokens=None if tokens is None else tokens[lo : lo + part],
             )
         except ClientGone:
             return Response(status_code=499)
