@@ -173,5 +173,4 @@ async def embed(
     # checked (finite, in range) before the status line goes out; then encoded and sent
     # a sentence at a time, off the event loop
     head, data = await asyncio.to_thread(build_parts, *args)
-    del arrays, args
     return streamed_json(head, "data", data)
