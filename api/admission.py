@@ -1,21 +1,21 @@
-"""Admission control: the queue bound and the work estimate.
+"""Admission control: refuse at the door (429) what could not be answered in time.
 
-A request is refused at the door with a 429: :class:`QueueFull` when its lane's queue is
-full, :class:`Overloaded` (with ``Retry-After``) when the work ahead of it -- queued and
-running tokens x the measured seconds per token (:class:`WorkEstimate`, from a slow prior)
--- plus its own would not finish within 80 % of its timeout. Admitting it would only make
-it fail with 503 later while taking model time from requests that can still make it. A take
-is sorted by length, so a later request can run before an earlier one of its take: it is
-also refused when it would push the oldest queued request of its take past that request's
-deadline (:meth:`elmo_api.lanes.LaneQueue.admit`). A request with nothing ahead of it is
-always admitted.
+:class:`QueueFull` when a lane's queue is full; :class:`Overloaded` (``Retry-After``) when
+the tokens ahead x the measured seconds per token (:class:`WorkEstimate`), plus the
+request's own, would not finish within 80 % of its timeout, or would push the oldest queued
+request of the take it joins past its deadline (a take is sorted by length:
+:meth:`elmo_api.lanes.LaneQueue.admit`). Admitted, it would fail with 503 later while taking
+model time from requests that can still make it. Nothing ahead: always admitted.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
+
+# the server's defaults (api/settings.py reads these; the budget's are elmo_service's)
+DEFAULT_FILL_WAIT_MS = 10.0
+DEFAULT_MAX_QUEUE = 4096
 
 
 class QueueFull(Exception):
@@ -30,29 +30,26 @@ class Overloaded(QueueFull):
     """The work already queued would not let the request finish inside its timeout."""
 
 
-class WorkEstimate:
-    """Seconds per token: a token-weighted moving average over real batches.
+class BatcherClosed(Exception):
+    """The batcher was stopped (shutdown or model swap) before the work ran."""
 
-    ``seconds_per_token`` is ``prior`` until a batch has been measured, then
-    ``sum(decayed seconds) / sum(decayed tokens)`` -- big batches weigh more than
-    the small ones whose fixed overhead makes them look slow per token. The
-    seconds are the batcher's busy time, not only the model's.
-    """
+
+class WorkEstimate:
+    """Seconds per token, ``prior`` until measured, then decayed seconds / decayed tokens
+    over the batcher's busy time (big batches weigh more than small ones, whose fixed
+    overhead makes them look slow per token)."""
 
     def __init__(self, prior: float = 5e-3, decay: float = 0.8, headroom: float = 0.8) -> None:
-        self.prior = prior
-        self.decay = decay
-        # admit only what the estimate finishes within this share of the timeout: the rate
-        # moves with load on the machine, and the estimate follows it a few batches late
+        self.prior, self.decay = prior, decay
+        # admit what finishes within this share of the timeout: the rate moves with the
+        # machine's load, and the estimate follows it a few batches late
         self.headroom = headroom
-        self._seconds = 0.0
-        self._tokens = 0.0
+        self._seconds = self._tokens = 0.0
 
     def observe(self, seconds: float, tokens: int) -> None:
-        if tokens <= 0 or seconds < 0:
-            return
-        self._seconds = self.decay * self._seconds + seconds
-        self._tokens = self.decay * self._tokens + tokens
+        if tokens > 0 and seconds >= 0:
+            self._seconds = self.decay * self._seconds + seconds
+            self._tokens = self.decay * self._tokens + tokens
 
     def reset(self) -> None:
         """Back to the prior: forget what was measured so far."""
@@ -66,54 +63,36 @@ class WorkEstimate:
         self, pending: int, cost: int, timeout: float | None, protect: float | None = None
     ) -> None:
         """Raise Overloaded unless ``pending`` tokens (queued or running) + ``cost`` finish
-        within ``headroom`` x ``timeout`` and, when given, within ``protect`` seconds (what
-        is left of the earliest deadline among queued requests this one could delay)."""
+        within ``headroom`` x ``timeout`` and within ``protect`` seconds when given (what is
+        left of the earliest deadline among the queued requests this one could delay)."""
         if timeout is None or pending <= 0:
             return
         spt = self.seconds_per_token
         ahead, total = pending * spt, (pending + cost) * spt
-        budget = timeout * self.headroom
-        if protect is not None:
-            budget = min(budget, protect)
+        budget = min(timeout * self.headroom, math.inf if protect is None else protect)
         if total <= budget:
             return
-        # when enough of the queue has drained (all of it, if this request alone is too big)
-        retry = max(1, math.ceil(min(ahead, total - budget)))
+        why = (
+            f"could not finish within its {timeout:g}s timeout"
+            if budget >= timeout * self.headroom
+            else "would delay queued requests past their timeout"
+        )
         raise Overloaded(
-            f"about {ahead:.1f}s of work is queued ({pending} tokens at "
-            f"{spt * 1e3:.3g} ms/token); with this request's {cost} tokens it "
-            + (
-                f"could not finish within its {timeout:g}s timeout"
-                if budget >= timeout * self.headroom
-                else "would delay queued requests past their timeout"
-            ),
-            retry_after=retry,
+            f"about {ahead:.1f}s of work is queued ({pending} tokens at {spt * 1e3:.3g} "
+            f"ms/token); with this request's {cost} tokens it {why}",
+            # when enough of the queue has drained (all of it, if this request alone is too big)
+            retry_after=max(1, math.ceil(min(ahead, total - budget))),
         )
 
 
-def token_cost(tokens: Sequence[str]) -> int:
-    """What admission counts for a sentence: its tokens and the model's <S> and </S>."""
-    return len(tokens) + 2
-
-
-# the server's defaults (api/settings.py reads these; the budget's are elmo_service's)
-DEFAULT_FILL_WAIT_MS = 10.0
-DEFAULT_MAX_QUEUE = 4096
-
-
 class Ticket:
-    """An announced request; ``retire`` is idempotent."""
+    """An announced request (the batch fill waits for it); ``retire`` is idempotent."""
 
     __slots__ = ("live", "runner")
 
-    def __init__(self, runner: Any) -> None:  # the runner it was announced to, or None
-        self.runner = runner
-        self.live = runner is not None
+    def __init__(self, runner: Any) -> None:  # the batcher it was announced to, or None
+        self.runner, self.live = runner, runner is not None
 
     def retire(self) -> None:
         if self.live and self.runner is not None:
             self.runner.retire(self)
-
-
-class BatcherClosed(Exception):
-    """The batcher was stopped (shutdown or model swap) before the work ran."""

@@ -4,21 +4,17 @@ Requests ``submit`` token lists and await a future per sentence. A model thread 
 as anything is queued and it is free (no fixed batch delay: what queued while the last batch
 ran forms the next, as in TEI); a take is sorted by length and cut under the token budget
 (``plan_batches``, the library's planner); sentences whose future is done (client gone, timed
-out) are dropped before the model. Each lane (``priority``: ``interactive``, the default, or
-``batch``) has a queue, a bound and admission (:class:`elmo_api.lanes.LaneQueue`). Documents
-are batch-lane work: every waiting document's next round is one batched step
+out) are dropped before the model. Each lane has a queue, a bound and admission
+(:class:`elmo_api.lanes.LaneQueue`); documents' rounds are batch-lane work
 (:mod:`elmo_api.document_rounds`), in turns with batch-lane takes.
 
-:meth:`Batcher._pick` decides what each model thread runs next. **The main thread** (every
-intra-op thread) runs batch work first, in full batches, and interactive work when no batch
-work waits. **The express thread** (CPU: a second kernel instance, one intra-op thread) runs
-interactive work only while the main thread is committed to batch work, so an interactive
-request never waits behind a batch; the main thread runs ``batch_nice`` nicer. **Without
-it** (GPU, or ``ELMO_INTERACTIVE_THREAD=false``) the main thread runs interactive work first,
-between the batches of a take too, and gives batch work ``batch_share``
-(:class:`elmo_api.lanes.LaneShare`). A batch about to start waits -- at most ``fill_ratio`` of
-the recent batch time and ``max_fill_wait`` -- for announced requests and returning clients,
-or closed-loop clients alternate batches of 1 and N-1 (docs/serving.md).
+:meth:`Batcher._pick` decides what each model thread runs next: **the main thread** (every
+intra-op thread, ``batch_nice`` nicer) batch work first, interactive work when none waits;
+**the express thread** (CPU: a second kernel instance, one intra-op thread) interactive work
+while the main thread is on batch work; **without it** (GPU, ``ELMO_INTERACTIVE_THREAD=false``)
+the main thread interactive work first, giving batch work ``batch_share``. A batch about to
+start waits (bounded) for announced requests and returning clients, or closed-loop clients
+alternate batches of 1 and N-1. docs/serving.md has the policy and its figures.
 """
 
 from __future__ import annotations
@@ -29,7 +25,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -52,7 +48,6 @@ from elmo_api.lanes import (
     Lane,
     LaneQueue,
     LaneShare,
-    set_results,
 )
 from elmo_api.lanes import QueuedSentence as _Item
 from elmo_api.metrics import Metrics
@@ -75,8 +70,8 @@ BATCH_QUIET_S = 0.25
 
 
 class _Worker:
-    """A model thread's state: its ``run_on_each`` calls, what it computes (a lane, ROUNDS or
-    None) and since when it has been busy (admission's seconds per token count that time)."""
+    """A model thread: its ``run_on_each`` calls, what it computes (a lane, ROUNDS or None),
+    since when it has been busy (admission's seconds per token count that time)."""
 
     __slots__ = ("busy_since", "calls", "computing")
 
@@ -90,13 +85,12 @@ class Batcher:
     """The lanes and the model threads of a served model (see the module docstring).
 
     ``embed_fn`` runs one planned batch (``Embedder.run_batch``) on the main thread;
-    ``interactive_fn``, when given, is the express thread's: a second model instance over
-    the same weights, safe to call while ``embed_fn`` runs (both are read per call: a test can
-    wrap them). ``batch_tokens`` (padded tokens, markers included) and
-    ``max_batch_sentences`` bound a batch; a take is ``take_batches`` batches' worth, sorted
-    together. ``max_queue`` / ``batch_max_queue`` bound each lane's queue (:class:`QueueFull`);
-    ``estimate`` is the main thread's seconds per token for admission. ``batch_quiet``:
-    seconds after batch work during which interactive work still goes to the express thread.
+    ``interactive_fn``, when given, on the express thread (a second model instance over the
+    same weights; both read per call: a test can wrap them). ``batch_tokens`` (padded, markers
+    included) and ``max_batch_sentences`` bound a batch, ``take_batches`` batches a take;
+    ``max_queue`` / ``batch_max_queue`` bound each lane; ``estimate``: the main thread's
+    seconds per token; ``batch_quiet``: seconds after batch work during which the main
+    thread still counts as on it.
     """
 
     quiet_for = 0.05  # idle this long before a drain may close the batcher
@@ -124,9 +118,10 @@ class Batcher:
         self.express = interactive_fn is not None
         self.budget = BatchBudget(batch_tokens, max_batch_sentences)
         self.take_tokens = batch_tokens * take_batches
+        batch_max_queue = max_queue if batch_max_queue is None else batch_max_queue
         self.lanes = {
             INTERACTIVE: LaneQueue(INTERACTIVE, max_queue),
-            BATCH: LaneQueue(BATCH, max_queue if batch_max_queue is None else batch_max_queue),
+            BATCH: LaneQueue(BATCH, batch_max_queue),
         }
         self.share = LaneShare(batch_share, floor=batch_tokens)
         self.metrics = metrics
@@ -187,10 +182,10 @@ class Batcher:
                 self._cond.notify_all()
 
     def _main_on_batch(self) -> bool:
-        """Under the lock: the main thread is committed to batch work: computing it, with
-        some waiting, or within ``batch_quiet`` of the last (closed-loop batch clients and
-        documents come back within it: an interactive request meanwhile must not wait for
-        the main thread, nor run there beside their next batch)."""
+        """Under the lock: the main thread is on batch work: computing it, with some waiting,
+        or within ``batch_quiet`` of the last (closed-loop batch clients and documents come
+        back within it: an interactive request meanwhile must neither wait for the main
+        thread nor run there beside their next batch)."""
         return (
             self._workers[MAIN].computing in (BATCH, ROUNDS)
             or bool(self.lanes[BATCH])
@@ -210,11 +205,8 @@ class Batcher:
         when the work ahead would not let them finish within ``timeout``) / BatcherClosed."""
         if lane not in LANES:
             raise ValueError(f"unknown lane {lane!r} (one of {', '.join(LANES)})")
-        loop = asyncio.get_running_loop()
-        trace = tracing.capture()
-        items = [
-            _Item(toks, loop.create_future(), loop, lane, timing, trace) for toks in token_lists
-        ]
+        loop, trace = asyncio.get_running_loop(), tracing.capture()
+        items = [_Item(t, loop.create_future(), loop, lane, timing, trace) for t in token_lists]
         if ticket is not None and ticket.runner is not self:
             ticket.retire()  # announced to another batcher (the model was swapped meanwhile)
             ticket = None
@@ -232,12 +224,10 @@ class Batcher:
                 ahead = self.pending_tokens
             else:
                 ahead = queue.pending + (0 if express else self._running_batch)
-            cost = sum(it.cost for it in items)
-            queue.admit(len(items), cost, ahead, estimate, timeout, self.take_tokens, self.metrics)
+            queue.admit(items, ahead, estimate, timeout, self.take_tokens, self.metrics)
             now = time.perf_counter()
-            if timeout is not None:
-                for it in items:
-                    it.deadline = now + estimate.headroom * timeout
+            for it in items if timeout is not None else ():
+                it.deadline = now + estimate.headroom * timeout
             if timing is not None:
                 timing.submitted = now
             if lane == BATCH:
@@ -275,9 +265,9 @@ class Batcher:
         return out
 
     def run_on_each(self, call: Callable[[EmbedFn], Any]) -> list[Future]:
-        """Run ``call(model_fn)`` once on each model thread with its own model function, before
-        any queued work (the warm-up: the express thread's kernel instance is warmed on its
-        thread, though no request would reach it without batch work)."""
+        """Run ``call(model_fn)`` once on each model thread with its own model function,
+        before any queued work (the warm-up: the express thread's kernel instance is warmed
+        on its thread, though no request would reach it without batch work)."""
         futures = []
         with self._cond:
             for worker in (MAIN, EXPRESS) if self.express else (MAIN,):
@@ -287,9 +277,8 @@ class Batcher:
         return futures
 
     def forget_warm_up(self) -> None:
-        """The warm-up's batches built kernel caches and compiled (12 ms/token measured for
-        a kernel instance's first batch against ~0.2 in a flood): the estimates start from
-        the prior again rather than refuse the first real work."""
+        """The warm-up's batches built kernel caches and compiled (docs/serving.md): the
+        estimates start from the prior again rather than refuse the first real work."""
         self.estimate.reset()
         self.interactive_estimate.reset()
 
@@ -333,8 +322,7 @@ class Batcher:
                 if worker == EXPRESS:
                     break
                 # the fill may bring interactive work, or hand the queue to the express thread;
-                # while it waits for batch work the main thread counts as on it (an interactive
-                # request meanwhile goes to the express thread)
+                # while it waits for batch work the main thread counts as on it
                 w.computing = what
                 self._fill(stop_on_interactive=what == BATCH and not self.express)
                 w.computing = None
@@ -377,16 +365,16 @@ class Batcher:
 
     # -- the model threads ---------------------------------------------------------------
     def _work(self, worker: str) -> None:
-        w = self._workers[worker]
-        if worker == MAIN and self.express and self.batch_nice > 0:
-            renice([threading.current_thread()], self.batch_nice)
-        reniced = worker == EXPRESS or not self.express or self.batch_nice <= 0
+        w, fn = self._workers[worker], "embed_fn" if worker == MAIN else "interactive_fn"
+        nice = self.batch_nice if worker == MAIN and self.express else 0
+        if nice > 0:
+            renice([threading.current_thread()], nice)
         while (got := self._take(worker)) is not None:
             what, taken = got
             if what == CALL:
                 call, fut = taken
                 try:
-                    fut.set_result(call(self.embed_fn if worker == MAIN else self.interactive_fn))
+                    fut.set_result(call(getattr(self, fn)))
                 except Exception as e:  # noqa: BLE001 - the caller gets it
                     fut.set_exception(e)
                 continue
@@ -403,31 +391,32 @@ class Batcher:
                         self._last_batch = time.perf_counter()
                     w.computing = None
                     self._cond.notify_all()
-            if not reniced:
+            if nice > 0:
                 # the kernel's direction workers inherit this thread's niceness when it
                 # starts them, but another thread may have started them (a library call)
-                reniced = True
-                pool = [t for t in threading.enumerate() if t.name.startswith("elmo-bilstm")]
-                renice(pool, self.batch_nice)
+                renice([t for t in threading.enumerate() if t.name.startswith("elmo-bilstm")], nice)
+                nice = 0
 
     def _run_take(self, worker: str, lane: str, taken: list[_Item]) -> None:
-        batches = self.plan(self._drop_cancelled(taken))
+        """A take, sorted by length and cut under the budget; without the express thread,
+        queued interactive work goes before the rest of a batch take (back in front)."""
+        taken = self._drop_cancelled(taken)
+        batches = [
+            [taken[i] for i in b] for b in plan_batches([it.cost for it in taken], self.budget)
+        ]
         for k, batch in enumerate(batches):
             batch = self._drop_cancelled(batch)  # cancelled while earlier batches ran
             if batch:
                 self._run(batch, worker)
-            rest = batches[k + 1 :]
-            if lane == BATCH and rest and not self.express and self.lanes[INTERACTIVE]:
-                with self._cond:  # interactive work goes next; the rest goes back in front
-                    self.lanes[BATCH].push([it for b in rest for it in b], front=True)
-                    self._gauge()
-                    self._cond.notify_all()
-                return
-
-    def plan(self, items: list[_Item], budget: BatchBudget | None = None) -> list[list[_Item]]:
-        """Sort by length (longest first) and cut under the padded-token budget."""
-        cut = plan_batches([it.cost for it in items], budget or self.budget)
-        return [[items[i] for i in b] for b in cut]
+            if lane == BATCH and k + 1 < len(batches) and not self.express:
+                with self._cond:
+                    if self.lanes[INTERACTIVE]:
+                        self.lanes[BATCH].push(
+                            [it for b in batches[k + 1 :] for it in b], front=True
+                        )
+                        self._gauge()
+                        self._cond.notify_all()
+                        return
 
     def _finished(self, items: list[_Item]) -> None:
         """``items`` left the pending work (answered, failed or dropped)."""
@@ -444,8 +433,9 @@ class Batcher:
                 self.metrics.dropped.labels("cancelled").inc(len(items) - len(live))
         return live
 
+    @staticmethod
     def _complete(
-        self, items: list[_Item], values: list | None = None, error: BaseException | None = None
+        items: list[_Item], values: list | None = None, error: BaseException | None = None
     ) -> None:
         """The answers (or the error) go back to the requests' event loops."""
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, object]]] = {}
@@ -455,16 +445,17 @@ class Batcher:
             )
         for loop, pairs in by_loop.items():
             with contextlib.suppress(RuntimeError):  # a closed loop: its requests are gone
-                loop.call_soon_threadsafe(set_results, pairs, error)
+                loop.call_soon_threadsafe(_set_results, pairs, error)
 
     def _run(self, batch: list[_Item], worker: str = MAIN) -> None:
         """One model call on ``worker``'s thread, and its bookkeeping."""
         main = worker == MAIN
         fn = self.embed_fn if main else self.interactive_fn
         assert fn is not None
+        per_lane = {lane: sum(it.cost for it in batch if it.lane == lane) for lane in LANES}
         start = time.perf_counter()
         if main:
-            self._running_batch = sum(it.cost for it in batch if it.lane == BATCH)
+            self._running_batch = per_lane[BATCH]
         try:
             with tracing.model_call(batch):
                 out, error = fn([it.tokens for it in batch]), None
@@ -479,9 +470,6 @@ class Batcher:
         if error is not None:
             self._complete(batch, error=error)
             return
-        per_lane = {lane: 0 for lane in LANES}
-        for it in batch:
-            per_lane[it.lane] += it.cost
         with self._cond:  # two threads: ids and counts under the lock
             batch_id = self.batches_run
             self.batches_run += 1
@@ -489,7 +477,7 @@ class Batcher:
             if main:  # the fill's inputs (the express thread never waits to fill)
                 self._returning = len(batch)
                 self._batch_seconds = (
-                    took if not self._batch_seconds else 0.8 * self._batch_seconds + 0.2 * took
+                    0.8 * self._batch_seconds + 0.2 * took if self._batch_seconds else took
                 )
                 self.share.ran(per_lane)
                 self.recent.append((len(batch), *self._last_fill))
@@ -498,9 +486,8 @@ class Batcher:
                 it.timing.add_batch(batch_id, took, end)
         if self.metrics:
             self.metrics.observe_batch(start, took, batch)
-        # the estimate counts the thread's busy time, not only the model's: fill waits and
-        # planning are part of what a queued request waits for (updated before the answers
-        # go out, so whoever gets them sees the estimate that includes their batch)
+        # the estimate counts the thread's busy time, fill waits and planning included (before
+        # the answers go out, so whoever gets them sees the estimate with their batch)
         w, now = self._workers[worker], time.perf_counter()
         estimate = self.estimate if main else self.interactive_estimate
         estimate.observe(now - w.busy_since, per_lane[INTERACTIVE] + per_lane[BATCH])
@@ -527,3 +514,15 @@ class Batcher:
     @property
     def alive(self) -> bool:
         return all(t.is_alive() for t in self._threads) and not self._closed
+
+
+def _set_results(
+    pairs: Iterable[tuple[asyncio.Future, object]], error: BaseException | None = None
+) -> None:
+    """On the event loop: complete the futures that nobody cancelled meanwhile."""
+    for fut, value in pairs:
+        if not fut.done():
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(value)

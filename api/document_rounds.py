@@ -1,28 +1,27 @@
 """Documents as batch-lane work of the batcher: several documents' rounds in one step.
 
 A document's pass 1 (``elmo_service.document.DocumentRun``) is a sequence of rounds, each a
-chunk of both directions from the state the previous round left. The route's thread asks for
-one round at a time (:meth:`DocumentRounds.wait_round`); the batcher's main thread takes the
-waiting rounds and computes them as one step (``elmo_service.document.advance``: a row per
-document and direction), never before queued interactive work and in turns with batch-lane
-takes. A caller that stops wanting its round withdraws it while it is queued; a round in the
-model is waited for, so the caller may close its run (and its spills) once ``wait_round``
-returns or raises.
+chunk of both directions from the state the previous round left. The route's thread waits
+for one round at a time (:meth:`DocumentRounds.wait_round`); the batcher's main thread
+computes the waiting rounds as one step (``elmo_service.document.advance``: a row per
+document and direction). A caller that stops wanting its round withdraws it while it is
+queued; a round in the model is waited for, so its run (and spills) may be closed once
+``wait_round`` returns or raises.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, wait
+from threading import Condition
 
 from elmo_api.admission import BatcherClosed
 from elmo_service.document import DocumentCancelled, DocumentRun, advance
 
 POLL_S = 0.05  # how often a waiting round asks whether its caller still wants it
-# the route's round (pass 1's unit; answer chunks stay ``chunk_tokens``): 8 documents' rows
-# (a round each way) fill a batch's 4,096 tokens, which bound a step's buffers; with 512-token
-# rounds 4 documents shared a step (bench_targets (c), 8 streams: 0.39-0.40 -> 0.45)
+# the route's round (pass 1's unit; answer chunks stay ``chunk_tokens``): 8 documents' rows,
+# a round each way, fill a batch's 4,096 tokens, which bound a step's buffers (docs/documents.md)
 ROUND_TOKENS = 256
 
 
@@ -30,29 +29,27 @@ class RoundTimeout(TimeoutError):
     """A round waited past its timeout without reaching the model."""
 
 
-class _Round:
-    __slots__ = ("done", "error", "run")
+class _Round(Future):
+    """A round of ``run``: done once computed (its exception: the step's failure)."""
 
     def __init__(self, run: DocumentRun) -> None:
+        super().__init__()
         self.run = run
-        self.done = threading.Event()
-        self.error: BaseException | None = None
 
 
 class DocumentRounds:
     """Rounds waiting for the model, under the batcher's condition ``cond``."""
 
-    def __init__(self, cond: threading.Condition) -> None:
+    def __init__(self, cond: Condition) -> None:
         self._cond = cond
         self.waiting: list[_Round] = []
         self.turn = False  # the documents' turn next when batch sentences wait too
-        self.steps = 0  # batched steps run
-        self.rounds_run = 0  # rounds computed (a step computes one per document)
+        self.steps = self.rounds_run = 0  # batched steps run; rounds computed (one a document)
         self.active = 0  # callers waiting for a round (queued or in the model)
         self.closed = False  # the batcher closed: no more rounds
-        # the runs of the last step that have rounds left: their callers queue the next one a
-        # moment after the step (their threads wake); a step waits for them (``fill``), or
-        # the documents split into groups that take turns, each step half empty
+        # the runs of the last step with rounds left: their callers queue the next a moment
+        # after it (their threads wake); a step waits for them (``fill``), or the documents
+        # split into groups that take turns, each step half empty
         self.returning: set[DocumentRun] = set()
 
     def wait_round(
@@ -80,10 +77,9 @@ class DocumentRounds:
 
     def _wait(self, r: _Round, cancelled: Callable[[], bool], timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not r.done.wait(POLL_S):
+        while not wait([r], POLL_S).done:
             gone = cancelled()
-            late = deadline is not None and time.monotonic() > deadline
-            if not (gone or late):
+            if not gone and (deadline is None or time.monotonic() <= deadline):
                 continue
             with self._cond:
                 queued = r in self.waiting
@@ -91,11 +87,10 @@ class DocumentRounds:
                     self.waiting.remove(r)
             if queued:
                 raise DocumentCancelled if gone else RoundTimeout(timeout)
-            r.done.wait()  # in the model now: the run is not ours to close until it ends
+            wait([r])  # in the model now: the run is not ours to close until it ends
             if gone:
                 raise DocumentCancelled
-        if r.error is not None:
-            raise r.error
+        r.result()  # the step's failure, if it failed
 
     @staticmethod
     def closed_error() -> BaseException:
@@ -109,8 +104,8 @@ class DocumentRounds:
         n, used = 0, 0
         for r in self.waiting:
             cost = 2 * r.run.round_tokens
-            if n and ((rows is not None and 2 * (n + 1) > rows) or
-                      (tokens is not None and used + cost > tokens)):  # fmt: skip
+            over_rows = rows is not None and 2 * (n + 1) > rows
+            if n and (over_rows or (tokens is not None and used + cost > tokens)):
                 break
             n, used = n + 1, used + cost
         taken, self.waiting = self.waiting[:n], self.waiting[n:]
@@ -120,30 +115,29 @@ class DocumentRounds:
         """Under the lock: wait at most ``seconds`` for the last step's documents to queue
         their next rounds."""
         deadline = time.monotonic() + seconds
-        while self.returning and not self.closed:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
+        while self.returning and not self.closed and (left := deadline - time.monotonic()) > 0:
             self._cond.wait(left)
         self.returning.clear()
 
     def fail(self, error: BaseException) -> None:
         """Under the lock: fail every waiting round (the batcher closes)."""
         for r in self.take():
-            r.error = error
-            r.done.set()
+            r.set_exception(error)
 
     def run(self, taken: list[_Round]) -> None:
         """On the model thread, without the lock: one batched step of ``taken``'s rounds."""
+        error: BaseException | None = None
         try:
             advance([r.run for r in taken])
             self.steps += 1
             self.rounds_run += len(taken)
         except Exception as e:  # noqa: BLE001 - a failed step fails its documents, not the worker
-            for r in taken:
-                r.error = e
+            error = e
         finally:
             with self._cond:
-                self.returning = {r.run for r in taken if r.error is None and not r.run.done}
+                self.returning = set() if error else {r.run for r in taken if not r.run.done}
             for r in taken:
-                r.done.set()
+                if error is None:
+                    r.set_result(None)
+                else:
+                    r.set_exception(error)

@@ -1,7 +1,7 @@
 """Priority lanes: the batcher's queues and its fairness rule.
 
-Two lanes, named by a request's ``priority``: ``interactive`` (the default) and
-``batch`` (:mod:`elmo_api.batcher` says how one policy serves them).
+Two lanes, named by a request's ``priority``: ``interactive`` (the default) and ``batch``
+(:mod:`elmo_api.batcher` says how one policy serves them; docs/serving.md, the figures).
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import asyncio
 import math
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from elmo_api.admission import QueueFull, WorkEstimate, token_cost
+from elmo_api.admission import QueueFull, WorkEstimate
 from elmo_api.metrics import Metrics
 
 Lane = Literal["interactive", "batch"]
@@ -25,7 +25,7 @@ LANES: tuple[Lane, ...] = (INTERACTIVE, BATCH)
 # the lanes' defaults (api/settings.py reads these; docs/serving.md says how they were chosen)
 DEFAULT_BATCH_SHARE = 0.2
 # the batch lane's niceness beside the express thread: the CPU goes to interactive work and
-# the event loop first (interactive p99 1.8x idle under a batch flood, against 9.5-11.7x at 0)
+# the event loop first
 DEFAULT_BATCH_NICE = 10
 
 
@@ -44,13 +44,13 @@ class QueuedSentence:
 
     @property
     def cost(self) -> int:
-        return token_cost(self.tokens)
+        """What admission counts: its tokens and the model's <S> and </S>."""
+        return len(self.tokens) + 2
 
 
 class LaneQueue:
-    """A lane's sentences, oldest first, with their tokens (markers included): ``queued``,
-    and ``pending`` (queued or in the model), which admission counts. Under the batcher's
-    lock."""
+    """A lane's sentences, oldest first, with their tokens: ``queued``, and ``pending``
+    (queued or in the model), which admission counts. Under the batcher's lock."""
 
     def __init__(self, lane: Lane, max_queue: int) -> None:
         self.lane, self.max_queue = lane, max_queue
@@ -62,25 +62,22 @@ class LaneQueue:
 
     def admit(
         self,
-        n: int,
-        cost: int,
+        items: Sequence[QueuedSentence],
         ahead: int,
         estimate: WorkEstimate,
         timeout: float | None,
         take_tokens: int,
         metrics: Metrics | None,
     ) -> None:
-        """Raise QueueFull when ``n`` more sentences pass ``max_queue``, Overloaded when the
-        ``ahead`` tokens and these ``cost`` would not finish in time, or would push the oldest
-        queued request of the take they join past its deadline (:mod:`elmo_api.admission`).
-        Each refusal is counted, also per lane."""
-        reason = "queue_full"
+        """Raise QueueFull when ``items`` would pass ``max_queue``, Overloaded when the
+        ``ahead`` tokens and theirs would not finish in time (:mod:`elmo_api.admission`);
+        each refusal counted, also per lane."""
+        reason, cost = "queue_full", sum(it.cost for it in items)
         try:
-            if len(self.items) + n > self.max_queue:
-                setting = " (ELMO_BATCH_MAX_QUEUE)" if self.lane == BATCH else ""
+            if len(self.items) + len(items) > self.max_queue:
                 raise QueueFull(
-                    f"{self.lane} queue full: {len(self.items)} sentences waiting, "
-                    f"limit {self.max_queue}{setting}"
+                    f"{self.lane} queue full: {len(self.items)} sentences waiting, limit "
+                    f"{self.max_queue}{' (ELMO_BATCH_MAX_QUEUE)' if self.lane == BATCH else ''}"
                 )
             reason = "overloaded"
             estimate.check(ahead, cost, timeout, self._protect(cost, take_tokens))
@@ -91,10 +88,9 @@ class LaneQueue:
             raise
 
     def _protect(self, cost: int, take_tokens: int) -> float | None:
-        """Seconds left before the earliest deadline that ``cost`` more tokens could push back:
-        a take is sorted by length, so a request joining the take of the oldest queued
-        request can run before it (queued requests share the timeout: the oldest live one is
-        the earliest). None when this request would start a later take."""
+        """Seconds left of the oldest live queued request's deadline when ``cost`` more
+        tokens join its take (sorted by length, they may run first; queued requests share
+        the timeout, so the oldest is the earliest); None when they start a later take."""
         if self.queued + cost > take_tokens:
             return None
         now = time.perf_counter()
@@ -131,37 +127,20 @@ class LaneQueue:
         return taken
 
 
-def set_results(
-    pairs: Iterable[tuple[asyncio.Future, object]], error: BaseException | None = None
-) -> None:
-    """Runs on the event loop: complete futures that nobody cancelled meanwhile."""
-    for fut, value in pairs:
-        if fut.done():
-            continue
-        if error is not None:
-            fut.set_exception(error)
-        else:
-            fut.set_result(value)
-
-
 class LaneShare:
-    """The batch lane's share of the model over recent batches, in tokens (one model thread).
-
-    A share, not an age rule: under a sustained batch flood an age rule hands the whole model
-    to the aged backlog, always. While both lanes wait the batch lane gets at least
-    ``batch_share`` and interactive work the rest. Tokens stand for model time (and keep the
-    rule deterministic); each batch decays the past by ``decay``.
-    """
+    """Without the express thread: the batch lane's share of the model, in tokens over
+    recent batches (each decays the past by ``decay``). While both lanes wait, batch work
+    gets at least ``batch_share``: a share, not an age rule, which under a sustained batch
+    flood would hand the whole model to the aged backlog. Tokens stand for model time and
+    keep the rule deterministic."""
 
     def __init__(self, batch_share: float = 0.2, decay: float = 0.9, floor: float = 0.0) -> None:
         if not 0.0 <= batch_share <= 1.0:
             raise ValueError("batch_share must be in [0, 1]")
-        self.batch_share = batch_share
-        self.decay = decay
-        # light interactive traffic never yields: below ``floor`` recent interactive tokens
-        # (the batcher passes one batch budget) batch work already gets the idle model and
-        # the room in interactive batches, and making a lone interactive request wait for
-        # a batch slice would only add latency
+        self.batch_share, self.decay = batch_share, decay
+        # light interactive traffic (below ``floor`` recent tokens: the batcher passes a batch
+        # budget) never yields: batch work already gets the idle model and the room in
+        # interactive batches, and a lone request waiting for a batch slice only adds latency
         self.floor = floor
         self.tokens = {INTERACTIVE: 0.0, BATCH: 0.0}
 
