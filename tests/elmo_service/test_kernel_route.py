@@ -1,6 +1,6 @@
-"""The per-machine route between the native biLSTM and the model's torch code
-(elmo_service/bilm/kernels/calibrate.py): measured once, cached per machine and shape, and
-whichever way it goes, the same vectors."""
+"""The per-machine route between the native biLSTM and the model's torch code, and the batched
+recurrent product's library (elmo_service/bilm/kernels/calibrate.py): measured once, cached
+per machine and shape, and whichever way it goes, the same vectors."""
 
 import json
 
@@ -28,8 +28,11 @@ def test_route_is_measured_once_cached_and_answers_the_same(tmp_path, monkeypatc
     bilm = model()
     kernel = CpuBiLM(bilm)
     kernel.warm_up()
-    assert set(kernel.route) == {"one", "batch"}
-    assert set(kernel.route.values()) <= {"native", "torch"}
+    assert set(kernel.route) == {"one", "batch", "recurrent_rows"}
+    assert {kernel.route["one"], kernel.route["batch"]} <= {"native", "torch"}
+    rows = kernel.route["recurrent_rows"]
+    assert rows in (*calibrate.RECURRENT_ROWS, 1 << 20)
+    assert kernel.bilstm_kernel().layers[0][1].w_hh.transposed_below == rows  # applied
     stored = json.loads((tmp_path / "route.json").read_text())
     assert stored[calibrate.machine_key(bilm)] == kernel.route
     # a new process (empty memory) reads the file instead of measuring again
@@ -46,6 +49,37 @@ def test_route_is_measured_once_cached_and_answers_the_same(tmp_path, monkeypatc
         with torch.inference_mode():
             outs.append(again.contextualize(x, n))
     assert (outs[0] - outs[1]).abs().max() <= 1e-5
+    # and the batched product on oneDNN's pack or on W_hh^T (MKL): the same vectors
+    again.route = {"one": "native", "batch": "native"}
+    real_addmm, on_transposed = torch.addmm, []
+    for rows in (0, 1 << 20):
+        again.recurrent_rows = rows
+        calls = []
+        spy = lambda *a, calls=calls, **k: calls.append(1) or real_addmm(*a, **k)  # noqa: E731
+        monkeypatch.setattr(torch, "addmm", spy)  # MKL's product with the input gates added
+        with torch.inference_mode():
+            outs.append(again.contextualize(x, n))
+        monkeypatch.setattr(torch, "addmm", real_addmm)
+        on_transposed.append(len(calls))
+    # steps of one row run on W_hh^T either way; those of several too with the second
+    assert on_transposed[1] > on_transposed[0]
+    assert again.bilstm_kernel().layers[1][0].w_hh.transposed_below == 1 << 20
+    assert (outs[2] - outs[3]).abs().max() <= 1e-5 and (outs[2] - outs[0]).abs().max() <= 1e-5
+
+
+def test_an_old_route_without_the_recurrent_library_is_measured_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("ELMO_KERNEL_CALIBRATION", "on")
+    monkeypatch.setenv("ELMO_KERNEL_CACHE", str(tmp_path / "route.json"))
+    monkeypatch.setattr(calibrate, "MIN_CELL_ELEMENTS", 0)
+    monkeypatch.setattr(calibrate, "_memory", {})
+    bilm = model()
+    old = {calibrate.machine_key(bilm): {"one": "native", "batch": "torch"}}
+    (tmp_path / "route.json").write_text(json.dumps(old))
+    kernel = CpuBiLM(bilm)
+    kernel.warm_up()
+    assert "recurrent_rows" in kernel.route
+    stored = json.loads((tmp_path / "route.json").read_text())
+    assert stored[calibrate.machine_key(bilm)] == kernel.route
 
 
 def test_route_off_or_rounded_weights_stay_native(tmp_path, monkeypatch):

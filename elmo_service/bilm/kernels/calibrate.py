@@ -1,7 +1,8 @@
 """Never slower than plain torch: the native biLSTM or the model's own torch code, chosen per
-machine by measuring both, once.
+machine by measuring both, once; and the faster library for the batched recurrent product.
 
-    route = calibrated_route(cpu_bilm)   # {"one": "native" | "torch", "batch": ...}
+    route = calibrated_route(cpu_bilm)
+    # {"one": "native" | "torch", "batch": ..., "recurrent_rows": n}
 
 The native kernels' constants (``tuning.py``) were measured on one CPU (an AMD EPYC
 with AVX-512). On another the step loops may lose to the model's own torch code
@@ -12,12 +13,19 @@ routes each regime to the faster. Both compute the same function (held to one
 reference, ``tests/elmo_service/test_every_path.py``), so the route changes speed,
 not answers beyond float32 summation order.
 
+Before that, the batched step's recurrent product ``h W_hh^T`` is timed on oneDNN's
+packed weight and on MKL with ``W_hh^T`` (which the single-row loop holds anyway) at
+:data:`RECURRENT_ROWS`, on the thread count a step runs with: ``recurrent_rows`` is
+where oneDNN starts to win for good (steps of fewer rows run on MKL). On the AMD EPYC
+oneDNN won from 4 rows; on an Intel Xeon (Sapphire/Emerald Rapids) MKL won 1.15-1.4x up
+to 256 rows (docs/bench-embedder.md).
+
 The choice is cached per machine and model shape (CPU model, ISA flags, torch
 version, threads, the biLSTM's shape) in ``$ELMO_KERNEL_CACHE`` or
 ``$XDG_CACHE_HOME/elmo-service/kernel-route.json`` (``~/.cache/...``), so only a
 machine's first load of a shape pays (a few seconds for the original ELMo on a quiet machine). Unwritable: kept
-in memory for the process. ``ELMO_KERNEL_CALIBRATION=off`` turns it off (native always;
-the test suite does, for repeatable kernel paths).
+in memory for the process. ``ELMO_KERNEL_CALIBRATION=off`` turns it off (native always,
+oneDNN for the batched product; the test suite does, for repeatable kernel paths).
 """
 
 from __future__ import annotations
@@ -42,8 +50,11 @@ log = logging.getLogger(__name__)
 MIN_CELL_ELEMENTS = 1 << 17
 REPS = 3
 ONE_TOKENS, BATCH_ROWS = 12, 8
+# the batched recurrent product's rows measured (a step's rows: up to a batch's sentences)
+RECURRENT_ROWS = (2, 8, 32, 128, 256)
+ROUTE_KEYS = {"one", "batch", "recurrent_rows"}
 _lock = threading.Lock()
-_memory: dict[str, dict[str, str]] = {}
+_memory: dict[str, dict[str, Any]] = {}
 
 
 def enabled() -> bool:
@@ -83,7 +94,7 @@ def _read() -> dict:
         return {}
 
 
-def calibrated_route(kernel: Any) -> dict[str, str]:
+def calibrated_route(kernel: Any) -> dict[str, Any]:
     # kernel: a CpuBiLM (not imported: cpu_bilm imports this module)
     """The regime -> kernel route for ``kernel``'s model on this machine (measured once)."""
     bilm = kernel.bilm
@@ -94,7 +105,7 @@ def calibrated_route(kernel: Any) -> dict[str, str]:
         if key in _memory:
             return _memory[key]
         stored = _read().get(key)
-        if isinstance(stored, dict) and set(stored) == {"one", "batch"}:
+        if isinstance(stored, dict) and set(stored) == ROUTE_KEYS:
             _memory[key] = stored
             return stored
         route = _measure(kernel)
@@ -111,7 +122,54 @@ def calibrated_route(kernel: Any) -> dict[str, str]:
         return route
 
 
-def _measure(kernel: Any) -> dict[str, str]:
+def _measure(kernel: Any) -> dict[str, Any]:
+    """The recurrent product's library, then the native and torch biLSTM per regime (median
+    seconds, interleaved), the native one with that library."""
+    rows = _measure_recurrent(kernel)
+    kernel.recurrent_rows = rows
+    return {**_measure_regimes(kernel), "recurrent_rows": rows}
+
+
+def _measure_recurrent(kernel: Any) -> int:
+    """Rows from which oneDNN multiplies by ``W_hh`` faster than MKL on ``W_hh^T`` at every
+    larger count measured (a step's product, on the thread count a step runs with)."""
+    from elmo_service.bilm.kernels.bilstm import direction_pool  # imports this module's users
+
+    w_hh = kernel.bilstm_kernel().layers[0][0].w_hh  # one direction of the first layer
+    g = torch.Generator().manual_seed(0)
+
+    def medians() -> list[tuple[float, float]]:
+        out = []
+        with torch.inference_mode():
+            for n in RECURRENT_ROWS:
+                h, add = torch.randn(n, w_hh.k, generator=g), torch.randn(n, w_hh.n, generator=g)
+                times: dict[int, list[float]] = {0: [], n + 1: []}  # oneDNN; W^T
+                for below in times:  # first calls: the packs, the allocator
+                    w_hh.transposed_below = below
+                    w_hh(h, add=add)
+                for _ in range(REPS):
+                    for below, ts in times.items():
+                        w_hh.transposed_below = below
+                        t = time.perf_counter()
+                        w_hh(h, add=add)
+                        ts.append(time.perf_counter() - t)
+                out.append((statistics.median(times[0]), statistics.median(times[n + 1])))
+        return out
+
+    pool, before = direction_pool(), w_hh.transposed_below  # a step's directions run there
+    try:
+        timed = medians() if pool is None else pool.submit(medians).result()
+    finally:
+        w_hh.transposed_below = before
+    rows = 1 << 20  # MKL won at the most rows measured: for every step
+    for n, (onednn, transposed) in reversed(list(zip(RECURRENT_ROWS, timed, strict=True))):
+        if onednn > transposed:
+            break
+        rows = n
+    return rows
+
+
+def _measure_regimes(kernel: Any) -> dict[str, str]:
     """Median seconds of the native and torch biLSTM per regime, interleaved."""
     bilm = kernel.bilm
     p = bilm.cfg.projection_dim

@@ -21,6 +21,7 @@ model changes (an optimizer step, ``load_state_dict``: see :class:`KernelCache`)
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 import torch
@@ -83,7 +84,10 @@ class CpuBiLM:
         # regime ("one", "batch") -> "torch" where the model's own code measured faster on
         # this machine (kernels/calibrate.py; fp32 only: the rounded paths have no torch
         # twin); None until the warm-up or the first call decides it
-        self.route: dict[str, str] | None = None if weights == "fp32" else {}
+        self.route: dict[str, Any] | None = None if weights == "fp32" else {}
+        # batched steps below this many rows multiply on W_hh^T (MKL), not oneDNN's pack:
+        # from the route (its "recurrent_rows"), where it measured faster on this machine
+        self.recurrent_rows = 0
 
     def warm_up(self) -> None:
         """Compile the native kernels (see :func:`compile_kernels`), then, for fp32, route
@@ -97,6 +101,7 @@ class CpuBiLM:
             from elmo_service.bilm.kernels.calibrate import calibrated_route
 
             self.route = calibrated_route(self)
+            self.recurrent_rows = int(self.route.get("recurrent_rows", 0))
         return self.route
 
     # -- the character CNN ------------------------------------------------------
@@ -186,7 +191,7 @@ class CpuBiLM:
     ) -> Tensor:
         """:meth:`contextualize` in the native kernels, whatever the route."""
         compile_kernels()
-        kernel = self._bilstm()
+        kernel = self.bilstm_kernel()
         b, t = tokens.shape[:2]
         if b == 1 and int(lengths[0]) == t:
             return self._one(kernel, tokens[0])
@@ -205,13 +210,13 @@ class CpuBiLM:
     def stream_state(self) -> object:
         """A new row's zero state for :meth:`stream`."""
         compile_kernels()
-        return self._bilstm().stream_state()
+        return self.bilstm_kernel().stream_state()
 
     @torch.no_grad()
     def stream(self, inputs: Chunks, states: list, meanwhile: Meanwhile = None) -> ChunkLayers:
         """Rows from their carried states (``BiLstmKernel.stream``): one row in the native
         loop, several in batched steps."""
-        return self._bilstm().stream(inputs, states, meanwhile)
+        return self.bilstm_kernel().stream(inputs, states, meanwhile)
 
     def _one(self, kernel: BiLstmKernel, tokens: Tensor) -> Tensor:
         """One unpadded sentence ``[T, P]``: no sorting, masking or gathers (a
@@ -222,10 +227,12 @@ class CpuBiLM:
             layers.append(torch.cat([y[0, :, 0], y[1, :, 0].flip(0)], dim=-1))
         return torch.stack(layers).unsqueeze(1)  # [L+1, 1, T, 2P]
 
-    def _bilstm(self) -> BiLstmKernel:
+    def bilstm_kernel(self) -> BiLstmKernel:
         """The :class:`BiLstmKernel` for the model's current weights."""
         pairs = list(zip(self.bilm.forward_layers, self.bilm.backward_layers, strict=True))
         params = [p for pair in pairs for m in pair for p in m.parameters()]
-        return self._cache.get_or_build(
+        kernel = self._cache.get_or_build(
             "bilstm", params, lambda: BiLstmKernel(pairs, self.bilm.cfg.residual, self.weights)
         )
+        kernel.recurrent_on_transposed(self.recurrent_rows)
+        return kernel

@@ -82,6 +82,9 @@ class PackedLinear:
             and (self.n > self.k or self.n * self.k >= tuning.ONEDNN_MIN_ELEMENTS)
         )
         self._int8: Any = None
+        # below this many rows, a matrix with ``W^T`` runs on it (MKL) rather than on oneDNN's
+        # pack: which is faster depends on the CPU (kernels/calibrate.py measures it)
+        self.transposed_below = 0
         if int8 and self.n * self.k >= tuning.INT8_MIN_ELEMENTS:
             self._int8 = _int8_pack(self.weight)
             self.weight = None  # type: ignore[assignment]  # the int8 pack replaces it
@@ -108,8 +111,9 @@ class PackedLinear:
         """``x [M, K]`` -> ``[M, N]``; ``add [M, N]`` is added (in the same call where the kernel can)."""
         if self._int8 is not None:
             return self._int8_call(x, add)
-        single = x.shape[0] == 1 and (self.weight is not None or self._wt is not None)
-        if self._use_onednn and not single:
+        rows = x.shape[0]
+        single = rows == 1 and (self.weight is not None or self._wt is not None)
+        if self._use_onednn and not single and (rows >= self.transposed_below or self._wt is None):
             if self._onednn is None:
                 self._onednn = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
             if add is None:
@@ -117,7 +121,7 @@ class PackedLinear:
                     x, self._onednn, self.bias, "none", [], ""
                 )
             return torch.ops.mkldnn._linear_pointwise.binary(x, add, self._onednn, self.bias, "add")
-        if x.shape[0] == 1 and self.n <= self.k and self.weight is not None:
+        if rows == 1 and self.n <= self.k and self.weight is not None:
             w = self.weight.t()  # a single row streams tall matrices fastest as stored
         else:
             if self._wt is None:
