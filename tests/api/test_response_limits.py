@@ -171,8 +171,9 @@ def test_a_client_that_never_reads_is_dropped_after_the_send_deadline(live):
 
 @pytest.mark.slow
 def test_a_slow_reader_that_keeps_reading_gets_the_whole_answer(live):
-    """The deadline runs between two reads, not on the whole answer: pauses of half the
-    deadline, many deadlines in all."""
+    """The deadline runs between two reads, not on the whole answer: pauses of a quarter of
+    the deadline (half left a loaded machine's scheduling too little room), many deadlines
+    in all."""
     sock = _post_raw(live, _big_request(128), rcvbuf=256 * 1024)  # ~5 MB, streamed
     got = b""
     pauses = 0
@@ -182,9 +183,9 @@ def test_a_slow_reader_that_keeps_reading_gets_the_whole_answer(live):
             chunk = sock.recv(256 * 1024)
             assert chunk, f"the server closed a reader that kept reading, after {len(got)} bytes"
             got += chunk
-            time.sleep(SEND_S / 2)
+            time.sleep(SEND_S / 4)
             pauses += 1
     finally:
         sock.close()
     assert got.startswith(b"HTTP/1.1 200 ") and b"transfer-encoding: chunked" in got
-    assert len(got) > 4 << 20 and pauses * SEND_S / 2 > 3 * SEND_S
+    assert len(got) > 4 << 20 and pauses * SEND_S / 4 > 3 * SEND_S
