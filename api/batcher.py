@@ -226,8 +226,9 @@ class Batcher:
                 ahead = queue.pending + (0 if express else self._running_batch)
             queue.admit(items, ahead, estimate, timeout, self.take_tokens, self.metrics)
             now = time.perf_counter()
-            for it in items if timeout is not None else ():
-                it.deadline = now + estimate.headroom * timeout
+            if timeout is not None:
+                for it in items:
+                    it.deadline = now + estimate.headroom * timeout
             if timing is not None:
                 timing.submitted = now
             if lane == BATCH:
@@ -365,7 +366,7 @@ class Batcher:
 
     # -- the model threads ---------------------------------------------------------------
     def _work(self, worker: str) -> None:
-        w, fn = self._workers[worker], "embed_fn" if worker == MAIN else "interactive_fn"
+        w = self._workers[worker]
         nice = self.batch_nice if worker == MAIN and self.express else 0
         if nice > 0:
             renice([threading.current_thread()], nice)
@@ -374,7 +375,7 @@ class Batcher:
             if what == CALL:
                 call, fut = taken
                 try:
-                    fut.set_result(call(getattr(self, fn)))
+                    fut.set_result(call(self.embed_fn if worker == MAIN else self.interactive_fn))
                 except Exception as e:  # noqa: BLE001 - the caller gets it
                     fut.set_exception(e)
                 continue

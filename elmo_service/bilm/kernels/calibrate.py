@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from elmo_service.atomic import write_text
+from elmo_service.bilm.kernels.bilstm import direction_pool
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +134,6 @@ def _measure(kernel: Any) -> dict[str, Any]:
 def _measure_recurrent(kernel: Any) -> int:
     """Rows from which oneDNN multiplies by ``W_hh`` faster than MKL on ``W_hh^T`` at every
     larger count measured (a step's product, on the thread count a step runs with)."""
-    from elmo_service.bilm.kernels.bilstm import direction_pool  # imports this module's users
-
     w_hh = kernel.bilstm_kernel().layers[0][0].w_hh  # one direction of the first layer
     g = torch.Generator().manual_seed(0)
 

@@ -82,8 +82,8 @@ class CpuBiLM:
         self.name = f"cpu-native {weights}"
         self._cache = KernelCache()
         # regime ("one", "batch") -> "torch" where the model's own code measured faster on
-        # this machine (kernels/calibrate.py; fp32 only: the rounded paths have no torch
-        # twin); None until the warm-up or the first call decides it
+        # this machine, and "recurrent_rows" (kernels/calibrate.py; fp32 only: the rounded
+        # paths have no torch twin); None until the warm-up or the first call decides it
         self.route: dict[str, Any] | None = None if weights == "fp32" else {}
         # batched steps below this many rows multiply on W_hh^T (MKL), not oneDNN's pack:
         # from the route (its "recurrent_rows"), where it measured faster on this machine
