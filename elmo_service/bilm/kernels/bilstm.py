@@ -163,16 +163,13 @@ class BiLstmKernel:
         self.layers = [tuple(ScaledLayer(m, weights=weights) for m in pair) for pair in layers]
         # one sentence runs in the native loop (fp32, or the compact rounded weights)
         self.has_row_loop = True
-        self.recurrent_rows = 0  # see recurrent_on_transposed
 
     def recurrent_on_transposed(self, rows: int) -> None:
         """Batched steps of fewer than ``rows`` rows multiply by ``W_hh^T`` (MKL), more by
         oneDNN's pack: the faster of the two on this CPU (``kernels/calibrate.py``)."""
-        if rows != self.recurrent_rows:
-            for pair in self.layers:
-                for sl in pair:
-                    sl.w_hh.transposed_below = rows
-            self.recurrent_rows = rows
+        for pair in self.layers:
+            for sl in pair:
+                sl.w_hh.transposed_below = rows
 
     def __call__(
         self, x: Tensor, active: list[int], distinct: tuple[Tensor, Tensor] | None = None

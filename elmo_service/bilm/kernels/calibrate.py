@@ -36,6 +36,7 @@ import os
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -131,28 +132,39 @@ def _measure(kernel: Any) -> dict[str, Any]:
     return {**_measure_regimes(kernel), "recurrent_rows": rows}
 
 
+def _medians(runs: dict[str, Callable[[], object]]) -> dict[str, float]:
+    """Median seconds of each run: a first call each (packing, the allocator), then
+    :data:`REPS` calls each, interleaved."""
+    for f in runs.values():
+        f()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(REPS):
+        for name, f in runs.items():
+            t = time.perf_counter()
+            f()
+            times[name].append(time.perf_counter() - t)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
 def _measure_recurrent(kernel: Any) -> int:
     """Rows from which oneDNN multiplies by ``W_hh`` faster than MKL on ``W_hh^T`` at every
     larger count measured (a step's product, on the thread count a step runs with)."""
     w_hh = kernel.bilstm_kernel().layers[0][0].w_hh  # one direction of the first layer
     g = torch.Generator().manual_seed(0)
 
-    def medians() -> list[tuple[float, float]]:
+    def product(below: int, h: torch.Tensor, add: torch.Tensor) -> Callable[[], object]:
+        def run() -> object:
+            w_hh.transposed_below = below  # 0: oneDNN; more than the rows: W^T
+            return w_hh(h, add=add)
+
+        return run
+
+    def medians() -> list[dict[str, float]]:
         out = []
         with torch.inference_mode():
             for n in RECURRENT_ROWS:
                 h, add = torch.randn(n, w_hh.k, generator=g), torch.randn(n, w_hh.n, generator=g)
-                times: dict[int, list[float]] = {0: [], n + 1: []}  # oneDNN; W^T
-                for below in times:  # first calls: the packs, the allocator
-                    w_hh.transposed_below = below
-                    w_hh(h, add=add)
-                for _ in range(REPS):
-                    for below, ts in times.items():
-                        w_hh.transposed_below = below
-                        t = time.perf_counter()
-                        w_hh(h, add=add)
-                        ts.append(time.perf_counter() - t)
-                out.append((statistics.median(times[0]), statistics.median(times[n + 1])))
+                out.append(_medians({"onednn": product(0, h, add), "wt": product(n + 1, h, add)}))
         return out
 
     pool, before = direction_pool(), w_hh.transposed_below  # a step's directions run there
@@ -161,8 +173,8 @@ def _measure_recurrent(kernel: Any) -> int:
     finally:
         w_hh.transposed_below = before
     rows = 1 << 20  # MKL won at the most rows measured: for every step
-    for n, (onednn, transposed) in reversed(list(zip(RECURRENT_ROWS, timed, strict=True))):
-        if onednn > transposed:
+    for n, med in reversed(list(zip(RECURRENT_ROWS, timed, strict=True))):
+        if med["onednn"] > med["wt"]:
             break
         rows = n
     return rows
@@ -180,18 +192,11 @@ def _measure_regimes(kernel: Any) -> dict[str, str]:
     route = {}
     with torch.inference_mode():
         for regime, (x, n) in (("one", one), ("batch", batch)):
-            times: dict[str, list[float]] = {"native": [], "torch": []}
-            runs = {
-                "native": lambda x=x, n=n: kernel.native_contextualize(x, n),
-                "torch": lambda x=x, n=n: bilm.contextualize(x, n),
-            }
-            for f in runs.values():
-                f()  # first calls: packing, allocator
-            for _ in range(REPS):
-                for name, f in runs.items():
-                    t = time.perf_counter()
-                    f()
-                    times[name].append(time.perf_counter() - t)
-            med = {k: statistics.median(v) for k, v in times.items()}
+            med = _medians(
+                {
+                    "native": lambda x=x, n=n: kernel.native_contextualize(x, n),
+                    "torch": lambda x=x, n=n: bilm.contextualize(x, n),
+                }
+            )
             route[regime] = "torch" if med["torch"] < med["native"] else "native"
     return route
