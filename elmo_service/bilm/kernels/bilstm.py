@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
@@ -131,16 +131,38 @@ class ScaledLayer:
         xg, hn, cn, y = x_gates.numpy(), h.numpy(), c2.numpy(), out.numpy()
         lstmp_row_from(xg, *self.row, self.cell_clip2, self.proj_clip, hn, cn, y)
 
-    def step(self, x_gates: Tensor, h: Tensor, c2: Tensor) -> Tensor:
-        """One batched step: input gates ``[n, 4C]``, ``h [n, P]``, the doubled cell
-        ``c2 [n, C]`` (updated in place) -> the new ``h [n, P]``."""
-        gates = self.w_hh(h, add=x_gates)
-        m = gates.new_empty(c2.shape)  # o * tanh(c) / 2, by the native element-wise cell
-        lstm_cell(gates.numpy(), c2.numpy(), self.cell_clip2, m.numpy())
-        h = self.w_proj(m)
-        if self.proj_clip:
-            h.clamp_(-self.proj_clip, self.proj_clip)
-        return h
+    def run_steps(
+        self,
+        gates_of: Callable[[int, int], Tensor],
+        h: Tensor,
+        c2: Tensor,
+        out: Tensor,
+        active: Sequence[int],
+    ) -> None:
+        """Batched steps ``s = 0, 1, ...`` while ``active[s]`` rows (sorted longest first:
+        finished rows drop off the end) are left: ``gates_of(s, n)`` gives a step's input
+        gates ``[n, 4C]``; ``h [>= n, P]`` is the state before the first step and the
+        doubled cell ``c2 [>= n, C]`` is updated in place. Step ``s``'s ``h`` is written to
+        ``out[s, :n]`` (``out [S, B, P]``, time-major) and the next step reads it there.
+
+        A step is the recurrent matmul (the input gates added in the same call), the native
+        element-wise cell and the projection, into buffers made once: the per-step Python
+        and allocations were a fifth of a step at 8 rows (docs/bench-embedder.md)."""
+        gates_buf = out.new_empty(out.shape[1], self.w_hh.n)
+        m_buf = out.new_empty(out.shape[1], self.w_proj.k)
+        width = -1
+        for s, n in enumerate(active):
+            if n <= 0:
+                break
+            if n != width:  # the views change only when rows finish
+                width, h = n, h[:n]
+                gates, m, c = gates_buf[:n], m_buf[:n], c2[:n]
+                gates_np, m_np, c_np = gates.numpy(), m.numpy(), c.numpy()
+            self.w_hh(h, add=gates_of(s, n), out=gates)
+            lstm_cell(gates_np, c_np, self.cell_clip2, m_np)  # o * tanh(c) / 2 into m
+            h = self.w_proj(m, out=out[s, :n])
+            if self.proj_clip:
+                h.clamp_(-self.proj_clip, self.proj_clip)
 
 
 class BiLstmKernel:
@@ -296,15 +318,17 @@ class BiLstmKernel:
             c2 = torch.cat([states[r][i][1] for r in order])
             y = x.new_zeros(t, b, sl.w_proj.n)
             for lo in range(0, t, block):
-                hi = min(lo + block, t)
-                xg = sl.w_ih(x[lo:hi].reshape(-1, x.shape[2]))
-                for s in range(lo, hi):
-                    n = active[s]
-                    at = (s - lo) * b
-                    h[:n] = sl.step(xg[at : at + n], h[:n], c2[:n])  # c2[:n] updated in place
-                    y[s, :n] = h[:n]
+                xg = sl.w_ih(x[lo : lo + block].reshape(-1, x.shape[2]))
+                sl.run_steps(
+                    lambda s, n, xg=xg: xg[s * b : s * b + n],
+                    h if lo == 0 else y[lo - 1],
+                    c2,  # rows :n updated in place: a finished row keeps its last state
+                    y[lo : lo + block],
+                    active[lo : lo + block],
+                )
             for j, r in enumerate(order):
-                states[r][i] = (h[j : j + 1].clone(), c2[j : j + 1].clone())
+                last = y[lens[j] - 1, j : j + 1] if lens[j] else h[j : j + 1]
+                states[r][i] = (last.clone(), c2[j : j + 1].clone())
             if self.residual and i > 0:
                 y.add_(x)
             for j, r in enumerate(order):
@@ -364,19 +388,11 @@ class BiLstmKernel:
     ) -> None:
         """One direction of one layer: ``x [T, B, P]`` -> ``out [T, B, P]`` (zeros past
         each row's length, as allocated)."""
-        t, b, p = x.shape
+        _, b, p = x.shape
         scaled = self.layers[layer][d]
         xg = self._input_gates(layer, d, x, rows, gather)
-        h = x.new_zeros(b, p)
-        c2 = x.new_zeros(b, scaled.w_proj.k)  # 2 * cell state
-        for s in range(t):
-            n = active[s]
-            if n == 0:
-                break
-            if n < h.shape[0]:  # rows sorted longest first: finished rows drop off the end
-                h, c2 = h[:n], c2[:n]
-            h = scaled.step(xg.step(offset[s], n), h, c2)
-            out[s, :n] = h
+        h0, c2 = x.new_zeros(b, p), x.new_zeros(b, scaled.w_proj.k)  # c2: 2 * cell state
+        scaled.run_steps(lambda s, n: xg.step(offset[s], n), h0, c2, out, active)
 
     def _input_gates(
         self,

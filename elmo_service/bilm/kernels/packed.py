@@ -107,20 +107,24 @@ class PackedLinear:
     def is_int8(self) -> bool:
         return self._int8 is not None
 
-    def __call__(self, x: Tensor, add: Tensor | None = None) -> Tensor:
-        """``x [M, K]`` -> ``[M, N]``; ``add [M, N]`` is added (in the same call where the kernel can)."""
+    def __call__(self, x: Tensor, add: Tensor | None = None, out: Tensor | None = None) -> Tensor:
+        """``x [M, K]`` -> ``[M, N]``; ``add [M, N]`` is added (in the same call where the kernel
+        can); ``out``: written there (MKL's calls write it directly: a step allocates nothing)."""
         if self._int8 is not None:
-            return self._int8_call(x, add)
+            y = self._int8_call(x, add)
+            return y if out is None else out.copy_(y)
         rows = x.shape[0]
         single = rows == 1 and (self.weight is not None or self._wt is not None)
         if self._use_onednn and not single and (rows >= self.transposed_below or self._wt is None):
             if self._onednn is None:
                 self._onednn = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
             if add is None:
-                return torch.ops.mkldnn._linear_pointwise(
-                    x, self._onednn, self.bias, "none", [], ""
+                y = torch.ops.mkldnn._linear_pointwise(x, self._onednn, self.bias, "none", [], "")
+            else:
+                y = torch.ops.mkldnn._linear_pointwise.binary(
+                    x, add, self._onednn, self.bias, "add"
                 )
-            return torch.ops.mkldnn._linear_pointwise.binary(x, add, self._onednn, self.bias, "add")
+            return y if out is None else out.copy_(y)
         if rows == 1 and self.n <= self.k and self.weight is not None:
             w = self.weight.t()  # a single row streams tall matrices fastest as stored
         else:
@@ -128,8 +132,10 @@ class PackedLinear:
                 self._wt = self.weight.t().contiguous()
             w = self._wt
         if add is None:
-            return torch.mm(x, w) if self.bias is None else torch.addmm(self.bias, x, w)
-        return torch.addmm(add if self.bias is None else add + self.bias, x, w)
+            if self.bias is None:
+                return torch.mm(x, w, out=out)
+            return torch.addmm(self.bias, x, w, out=out)
+        return torch.addmm(add if self.bias is None else add + self.bias, x, w, out=out)
 
     def _int8_call(self, x: Tensor, add: Tensor | None) -> Tensor:
         """int8 weights; each input row carried at ~13 bits as two 7-bit rows of one call.
