@@ -1,13 +1,16 @@
 """The per-machine route between the native biLSTM and the model's torch code, and the batched
 recurrent product's library (elmo_service/bilm/kernels/calibrate.py): measured once, cached
-per machine and shape, and whichever way it goes, the same vectors."""
+per machine and shape, and whichever way it goes, the same vectors; the pack a route never
+uses is not held."""
 
 import json
 
+import pytest
 import torch
 
 import elmo_service.bilm.kernels.calibrate as calibrate
 from elmo_service.bilm.kernels.cpu_bilm import CpuBiLM
+from elmo_service.bilm.kernels.packed import EVERY_STEP, PackedLinear, onednn_available
 from elmo_service.bilm.model import BiLM
 from tests.support.configs import small_test_config
 
@@ -94,3 +97,27 @@ def test_route_off_or_rounded_weights_stay_native(tmp_path, monkeypatch):
     rounded = CpuBiLM(model(), weights="bf16")
     rounded.warm_up()
     assert rounded.route == {} and not (tmp_path / "route.json").exists()
+
+
+def test_every_step_on_w_transposed_lets_the_pack_go_and_builds_it_again_if_asked():
+    """A machine whose route multiplies every step on ``W_hh^T`` holds no oneDNN pack of it
+    (2 MiB a layer and direction for the bundled model, twice with the express thread)."""
+    if not onednn_available():
+        pytest.skip("this torch has no oneDNN")
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(512, 64, generator=g)  # wide: oneDNN's pack for several rows
+    lin = PackedLinear(w)
+    lin.use_transposed(w.t().contiguous())
+    lin.pack_now()
+    assert lin._onednn is None  # W^T is held: the pack waits for its first use
+    x, add = torch.randn(8, 64, generator=g), torch.randn(8, 512, generator=g)
+    on_pack = lin(x, add=add)
+    assert lin._onednn is not None
+    lin.transposed_below = EVERY_STEP
+    assert lin._onednn is None  # let go
+    on_wt = lin(x, add=add)
+    assert lin._onednn is None  # W^T ran
+    lin.transposed_below = 0  # a route that changes back: the pack again, from W^T
+    again = lin(x, add=add, out=torch.empty(8, 512))
+    assert lin._onednn is not None
+    assert (on_pack - on_wt).abs().max() <= 1e-5 and torch.equal(on_pack, again)

@@ -109,7 +109,8 @@ class ScaledLayer:
         self.w_ih = PackedLinear(w_ih, layer.w_ih.bias * scale).pack_now()
         self.w_hh = PackedLinear(w_hh)
         self.w_proj = PackedLinear(w_proj)
-        # W^T for one row of a batch (its last steps), oneDNN for several
+        # W^T for one row (a batch's last steps), and for several where the route says so;
+        # else oneDNN's pack, built on its first use
         w_hh_t = w_hh.t().contiguous()
         self.w_hh.use_transposed(w_hh_t)
         self.w_hh.pack_now()

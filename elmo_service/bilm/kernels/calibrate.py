@@ -44,6 +44,7 @@ import torch
 
 from elmo_service.atomic import write_text
 from elmo_service.bilm.kernels.bilstm import direction_pool
+from elmo_service.bilm.kernels.packed import EVERY_STEP
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +173,7 @@ def _measure_recurrent(kernel: Any) -> int:
         timed = medians() if pool is None else pool.submit(medians).result()
     finally:
         w_hh.transposed_below = before
-    rows = 1 << 20  # MKL won at the most rows measured: for every step
+    rows = EVERY_STEP  # MKL won at the most rows measured: for every step
     for n, med in reversed(list(zip(RECURRENT_ROWS, timed, strict=True))):
         if med["onednn"] > med["wt"]:
             break

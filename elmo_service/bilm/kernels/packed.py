@@ -60,6 +60,10 @@ def int8_available() -> bool:
     )
 
 
+# ``transposed_below`` for "every row count on W^T": more rows than any batch holds
+EVERY_STEP = 1 << 20
+
+
 class PackedLinear:
     """``x W^T + b`` for inference, the weight packed once (see the module docstring).
 
@@ -82,12 +86,23 @@ class PackedLinear:
             and (self.n > self.k or self.n * self.k >= tuning.ONEDNN_MIN_ELEMENTS)
         )
         self._int8: Any = None
-        # below this many rows, a matrix with ``W^T`` runs on it (MKL) rather than on oneDNN's
-        # pack: which is faster depends on the CPU (kernels/calibrate.py measures it)
-        self.transposed_below = 0
+        self._transposed_below = 0
         if int8 and self.n * self.k >= tuning.INT8_MIN_ELEMENTS:
             self._int8 = _int8_pack(self.weight)
             self.weight = None  # type: ignore[assignment]  # the int8 pack replaces it
+
+    @property
+    def transposed_below(self) -> int:
+        """Below this many rows, a matrix with ``W^T`` runs on it (MKL) rather than on
+        oneDNN's pack: which is faster depends on the CPU (kernels/calibrate.py measures it).
+        Set to :data:`EVERY_STEP`, the pack is let go (built again from ``W^T`` if asked)."""
+        return self._transposed_below
+
+    @transposed_below.setter
+    def transposed_below(self, rows: int) -> None:
+        self._transposed_below = rows
+        if rows >= EVERY_STEP and self._wt is not None:
+            self._onednn = None
 
     def use_transposed(self, wt: Tensor) -> None:
         """Use ``wt`` (``W^T [K, N]``, contiguous) instead of building a copy."""
@@ -97,9 +112,12 @@ class PackedLinear:
     def pack_now(self) -> PackedLinear:
         """Pack for several rows now and drop the fp32 ``[N, K]`` copy (a big model's
         weights are then held once per layout they run in). A single row then runs
-        on ``W^T`` when one was given, else on the oneDNN pack."""
+        on ``W^T`` when one was given, else on the oneDNN pack. With ``W^T`` given, the
+        pack waits for its first use and is built from it: a route that runs every row
+        count on ``W^T`` never holds one."""
         if self._int8 is None and self._use_onednn:
-            self._onednn = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
+            if self._wt is None:
+                self._onednn = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
             self.weight = None  # type: ignore[assignment]
         return self
 
@@ -117,7 +135,8 @@ class PackedLinear:
         single = rows == 1 and (self.weight is not None or self._wt is not None)
         if self._use_onednn and not single and (rows >= self.transposed_below or self._wt is None):
             if self._onednn is None:
-                self._onednn = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
+                w = self.weight if self.weight is not None else self._wt.t().contiguous()
+                self._onednn = torch.ops.mkldnn._reorder_linear_weight(w, None)
             if add is None:
                 y = torch.ops.mkldnn._linear_pointwise(x, self._onednn, self.bias, "none", [], "")
             else:
