@@ -386,6 +386,7 @@ async def load_phase(
         "p50_ms": pct(lat, 50) * 1e3,
         "p95_ms": pct(lat, 95) * 1e3,
         "p99_ms": pct(lat, 99) * 1e3,
+        "latencies": lat,  # seconds, each answered request's
         "served": served,
     }
 
@@ -873,6 +874,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in (cold, cold1, warm, warm1, naive, big):
             if r:
                 r.pop("served", None)
+                r.pop("latencies", None)
         results.update(cold=cold, warm=warm, warm_1_client=warm1, naive=naive, cold_big_requests=big,
                        in_process=inproc, in_process_same_batch=inproc_same, cold_1_client=cold1, in_process_batch_1=inproc_1,
                        checks={n: {"value": v, "pass": ok} for n, v, ok, _ in checks})  # fmt: skip
