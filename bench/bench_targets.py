@@ -147,7 +147,7 @@ def part_b(q: bool, tmp: Path, rounds: int | None = None) -> list[tuple]:
             s / a for s, a in zip(got[f"shared {name}"], got[f"alone {name}"], strict=True)
         )
         print(f"  (b) {label}: idle p99 {got[f'idle {name}']} ms, mixed {got[f'mixed {name}']} ms")
-        # the same quantile over every round's requests at once (~3x the samples a round has)
+        # the 99th percentile over every round's requests at once (~3x the samples a round has)
         pooled = [
             statistics.quantiles(got[f"{phase} {name} pooled"], n=100)[98]
             for phase in ("mixed", "idle")
