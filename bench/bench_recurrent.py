@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch  # noqa: PLC0415
 
     from bench.bench_document import build_text  # noqa: PLC0415
+    from elmo_service.bilm.kernels.packed import EVERY_STEP  # noqa: PLC0415
     from elmo_service.document import DocumentRun, advance, tokenize_document  # noqa: PLC0415
     from elmo_service.embedder import Embedder  # noqa: PLC0415
 
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
         for d in range(8)
     ]
     spec = emb.output_spec(None, "token")
-    sides = {"oneDNN": 0, "W^T (MKL)": 1 << 20}  # recurrent_rows: MKL below this many rows
+    sides = {"oneDNN": 0, "W^T (MKL)": EVERY_STEP}  # recurrent_rows: MKL below this many rows
 
     def batches(size: int, n: int) -> float:
         work = [toks[i : i + size] for i in range(0, n, size)]

@@ -34,7 +34,7 @@ def test_route_is_measured_once_cached_and_answers_the_same(tmp_path, monkeypatc
     assert set(kernel.route) == {"one", "batch", "recurrent_rows"}
     assert {kernel.route["one"], kernel.route["batch"]} <= {"native", "torch"}
     rows = kernel.route["recurrent_rows"]
-    assert rows in (*calibrate.RECURRENT_ROWS, 1 << 20)
+    assert rows in (*calibrate.RECURRENT_ROWS, EVERY_STEP)
     assert kernel.bilstm_kernel().layers[0][1].w_hh.transposed_below == rows  # applied
     stored = json.loads((tmp_path / "route.json").read_text())
     assert stored[calibrate.machine_key(bilm)] == kernel.route
@@ -55,7 +55,7 @@ def test_route_is_measured_once_cached_and_answers_the_same(tmp_path, monkeypatc
     # and the batched product on oneDNN's pack or on W_hh^T (MKL): the same vectors
     again.route = {"one": "native", "batch": "native"}
     real_addmm, on_transposed = torch.addmm, []
-    for rows in (0, 1 << 20):
+    for rows in (0, EVERY_STEP):
         again.recurrent_rows = rows
         calls = []
         spy = lambda *a, calls=calls, **k: calls.append(1) or real_addmm(*a, **k)  # noqa: E731
@@ -66,7 +66,7 @@ def test_route_is_measured_once_cached_and_answers_the_same(tmp_path, monkeypatc
         on_transposed.append(len(calls))
     # steps of one row run on W_hh^T either way; those of several too with the second
     assert on_transposed[1] > on_transposed[0]
-    assert again.bilstm_kernel().layers[1][0].w_hh.transposed_below == 1 << 20
+    assert again.bilstm_kernel().layers[1][0].w_hh.transposed_below == EVERY_STEP
     assert (outs[2] - outs[3]).abs().max() <= 1e-5 and (outs[2] - outs[0]).abs().max() <= 1e-5
 
 
